@@ -1,0 +1,80 @@
+// The protocol both backends implement: a gate, and runners that execute one task's
+// phases as preemptible launches. The executor drives them and never touches a device.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "task.hpp"
+
+namespace freeride {
+
+// Stream handle meaning "no stream": a gate write takes effect immediately.
+constexpr uintptr_t kImmediate = ~uintptr_t(0);
+
+// One task's execution state on a backend: the counters of its current phase.
+class PhaseRunner {
+ public:
+  virtual ~PhaseRunner() = default;
+
+  // Start `phase` of the task with `n_items` items: zero its claim and done counters.
+  virtual void begin_phase(uint64_t phase, uint64_t n_items) = 0;
+
+  // One launch of the current phase: waits on this thread until the gate is open or
+  // stop() is requested (cuda with stream_wait: a stream wait on the side stream
+  // instead), then runs items until the phase is complete, the gate closes or stop() is
+  // requested. Returns once no item of the launch is executing any more. Throws if an
+  // item or the launch failed.
+  virtual void run() = 0;
+
+  // Thread-safe. stop(): the running (or next) launch claims no further item; sticky
+  // until resume(). The executor serialises both calls under its lock.
+  virtual void stop() = 0;
+  virtual void resume() = 0;
+
+  // Items of the current phase finished so far; readable from any thread at any time.
+  virtual uint64_t done() const = 0;
+
+  // True while items of a launch may be executing: from admission (the gate read open)
+  // until every block or worker exited (cuda with stream_wait: from enqueueing).
+  virtual bool executing() const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string kind() const = 0;  // "host" or "cuda"
+  virtual int device() const = 0;        // CUDA ordinal, -1 for the host
+
+  // Gate. `stream` is a CUDA stream handle (0 = legacy default stream) or kImmediate.
+  virtual void gate_write(uint32_t value, uintptr_t stream) = 0;
+  virtual uint32_t gate_read() const = 0;
+  // Address of the gate word as kernels see it (device pointer; host pointer on host).
+  virtual uintptr_t gate_address() const = 0;
+
+  virtual std::unique_ptr<PhaseRunner> make_runner(std::shared_ptr<Task> task) = 0;
+
+  // Close-time helper: lets a run() that is held waiting for the gate reach its stop
+  // flag. Called repeatedly until the executor's run() returns.
+  virtual void unblock() = 0;
+
+  // Side stream handle (0 on the host backend).
+  virtual uintptr_t side_stream() const = 0;
+
+  // Joins threads and frees resources. No run() may be in progress.
+  virtual void shutdown() = 0;
+};
+
+// Factories. make_cuda_backend throws where the build has no CUDA or no device exists.
+std::unique_ptr<Backend> make_host_backend(int workers);
+// stream_wait: admit launches with cuStreamWaitValue32 on the side stream rather than
+// by polling the gate's host mirror (see cuda_backend.cpp for why polling is the default).
+std::unique_ptr<Backend> make_cuda_backend(int device, bool gate_in_host_memory,
+                                           bool stream_wait);
+// kind "host" (workers threads) or "cuda" (device ordinal, gate placement, admission).
+std::unique_ptr<Backend> make_backend(const std::string& kind, int device, int workers,
+                                      bool gate_in_host_memory, bool stream_wait);
+
+}  // namespace freeride

@@ -1,0 +1,733 @@
+// The CUDA backend: a gate word on the device (or in mapped pinned host memory) with a
+// host-visible mirror written in the same stream order, a lowest-priority side stream,
+// and runners whose phase counters live in device memory across launches.
+//
+// A launch is admitted when the mirror reads open (the executor thread polls it), not by
+// a cuStreamWaitValue32 left pending on the side stream: a pending wait on a closed gate
+// turns any device-wide synchronisation issued before the matching open
+// (torch.cuda.synchronize, cudaFree, empty_cache, an OOM retry) into a deadlock, and
+// with CUDA_DEVICE_MAX_CONNECTIONS=1 it blocks the training stream itself. Kernels still
+// read the gate before every item, so a launch admitted just before a close exits at its
+// next item boundary. The stream wait remains available as an option (stream_wait).
+//
+// Threads: the executor thread calls PhaseRunner::run/begin_phase; Python threads call
+// gate_write (on the training hot path), stop/resume, done and gate_read. Every public
+// method selects the device itself and puts the caller's device back afterwards.
+#include <cuda_runtime_api.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <atomic>
+#include <cstddef>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "backend.hpp"
+#include "check.hpp"
+#include "cuda_driver.hpp"
+#include "freeride/item_ctx.h"
+#include "launchers.hpp"
+
+namespace freeride {
+namespace {
+
+static_assert(std::is_same_v<uint32_t, unsigned int>, "gate words are 32-bit unsigned int");
+static_assert(offsetof(fr_phase_state, next) == 0 && offsetof(fr_phase_state, done) == 8 &&
+                  offsetof(fr_phase_state, stop) == 16,
+              "begin_phase zeroes [next, done] as one range in front of stop");
+
+constexpr size_t kGateStride = 128;           // one gate per 128-byte line: no false sharing
+constexpr size_t kGateSlabBytes = 64 * 1024;  // 512 gates per allocation
+constexpr size_t kStateStride = 128;          // fr_phase_state slots, one line each
+constexpr size_t kWordStride = 64;            // host words: [0] progress, [1] readback
+constexpr size_t kSlotsPerSlab = 1024;
+static_assert(sizeof(fr_phase_state) <= kStateStride && sizeof(fr_phase_state) <= kWordStride);
+
+[[noreturn]] void throw_cuda(cudaError_t err, const char* call, const char* file, int line) {
+  std::ostringstream os;
+  os << "CUDA error " << cudaGetErrorName(err) << " in " << call << ": "
+     << cudaGetErrorString(err) << detail::where(file, line);
+  throw RuntimeFailure(os.str());
+}
+
+// Selects `device` for the calling thread and puts the caller's device back. The caller's
+// device is restored only where its primary context already exists: restoring the
+// default device 0 of a thread that never chose one would create a context (hundreds of
+// MiB) on a GPU this process may not otherwise use.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) : device_(device) {
+    FR_CUDA_CHECK(cudaGetDevice(&prev_));
+    if (prev_ != device_) FR_CUDA_CHECK(cudaSetDevice(device_));
+  }
+  ~DeviceGuard() {
+    if (prev_ != device_ && cuda_driver::primary_context_active(prev_)) {
+      (void)cudaSetDevice(prev_);
+    }
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int device_;
+  int prev_ = -1;
+};
+
+// ---------------------------------------------------------------------------------------
+// Gates: a per-device, process-lifetime pool. Never freed and never reused: a training
+// stream may still hold stream-ordered writes to a gate after its harvester closed, and
+// they must neither land in freed memory nor flip a later harvester's gate.
+
+struct GateSlot {
+  unsigned int* dev = nullptr;         // the word kernels read, as the device sees it
+  unsigned int* mirror = nullptr;      // host view of the host-visible copy; for a
+                                       // host-memory gate, the gate itself
+  unsigned int* mirror_dev = nullptr;  // device view of that copy (== dev for a host gate)
+};
+
+GateSlot acquire_gate(int device, bool host_memory) {
+  struct Slab {
+    char* dev = nullptr;
+    char* host = nullptr;      // mapped pinned: the mirrors (or host-memory gates)
+    char* host_dev = nullptr;  // device view of `host`
+    size_t used = kGateSlabBytes;  // "full": the first acquire allocates
+  };
+  static std::mutex mu;
+  static auto* slabs = new std::map<std::pair<int, bool>, Slab>();  // leaked on purpose
+  std::lock_guard<std::mutex> lk(mu);
+  Slab& slab = (*slabs)[{device, host_memory}];
+  if (slab.used + kGateStride > kGateSlabBytes) {
+    Slab fresh;
+    fresh.used = 0;
+    void* host = nullptr;
+    FR_CUDA_CHECK(cudaHostAlloc(&host, kGateSlabBytes, cudaHostAllocMapped | cudaHostAllocPortable));
+    void* host_dev = nullptr;
+    const cudaError_t err = cudaHostGetDevicePointer(&host_dev, host, 0);
+    if (err != cudaSuccess) {
+      (void)cudaFreeHost(host);
+      throw_cuda(err, "cudaHostGetDevicePointer", __FILE__, __LINE__);
+    }
+    fresh.host = static_cast<char*>(host);
+    fresh.host_dev = static_cast<char*>(host_dev);
+    if (host_memory) {
+      fresh.dev = fresh.host_dev;
+    } else {
+      void* dev = nullptr;
+      FR_CUDA_CHECK(cudaMalloc(&dev, kGateSlabBytes));
+      fresh.dev = static_cast<char*>(dev);
+    }
+    slab = fresh;  // the previous slab is abandoned, not freed
+  }
+  GateSlot slot;
+  slot.dev = reinterpret_cast<unsigned int*>(slab.dev + slab.used);
+  slot.mirror = reinterpret_cast<unsigned int*>(slab.host + slab.used);
+  slot.mirror_dev = reinterpret_cast<unsigned int*>(slab.host_dev + slab.used);
+  slab.used += kGateStride;
+  return slot;
+}
+
+// Process-lifetime pinned constants {CLOSED, OPEN}: the source of stream-ordered gate
+// writes by copy on the fallback path. Never freed, for the same reason as the gates.
+const unsigned int* gate_constants() {
+  static std::mutex mu;
+  static unsigned int* constants = nullptr;
+  std::lock_guard<std::mutex> lk(mu);
+  if (constants == nullptr) {
+    void* p = nullptr;
+    FR_CUDA_CHECK(cudaHostAlloc(&p, 2 * sizeof(unsigned int), cudaHostAllocPortable));
+    constants = static_cast<unsigned int*>(p);
+    constants[FREERIDE_GATE_CLOSED] = FREERIDE_GATE_CLOSED;
+    constants[FREERIDE_GATE_OPEN] = FREERIDE_GATE_OPEN;
+  }
+  return constants;
+}
+
+// ---------------------------------------------------------------------------------------
+// Backend-owned slot pools: one allocation per kSlotsPerSlab slots, reused via a free
+// list. The caller serialises access (CudaShared::pool_mu).
+
+class SlotPool {
+ public:
+  struct Slot {
+    char* dev = nullptr;   // device address
+    char* host = nullptr;  // host address (mapped host pools only)
+  };
+
+  SlotPool(bool host_memory, size_t stride) : host_memory_(host_memory), stride_(stride) {}
+  SlotPool(const SlotPool&) = delete;
+  SlotPool& operator=(const SlotPool&) = delete;
+  ~SlotPool() { free_all(); }
+
+  Slot acquire() {
+    if (free_.empty()) grow();
+    Slot slot = free_.back();
+    free_.pop_back();
+    // A reused host slot may hold the previous runner's progress.
+    if (slot.host != nullptr) std::memset(slot.host, 0, stride_);
+    return slot;
+  }
+
+  // Cannot reallocate: every slot came from free_, whose capacity covers all of them.
+  void release(Slot slot) noexcept { free_.push_back(slot); }
+
+  void free_all() noexcept {
+    for (void* base : slabs_) {
+      if (host_memory_) {
+        (void)cudaFreeHost(base);
+      } else {
+        (void)cudaFree(base);
+      }
+    }
+    slabs_.clear();
+    free_.clear();
+    // Errors here (e.g. at process exit) must not surface as a later launch's error.
+    (void)cudaGetLastError();
+  }
+
+ private:
+  void grow() {
+    slabs_.reserve(slabs_.size() + 1);
+    free_.reserve((slabs_.size() + 1) * kSlotsPerSlab);
+    const size_t bytes = kSlotsPerSlab * stride_;
+    Slot base;
+    if (host_memory_) {
+      void* host = nullptr;
+      FR_CUDA_CHECK(cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+      void* dev = nullptr;
+      const cudaError_t err = cudaHostGetDevicePointer(&dev, host, 0);
+      if (err != cudaSuccess) {
+        (void)cudaFreeHost(host);
+        throw_cuda(err, "cudaHostGetDevicePointer", __FILE__, __LINE__);
+      }
+      slabs_.push_back(host);
+      base.host = static_cast<char*>(host);
+      base.dev = static_cast<char*>(dev);
+    } else {
+      void* dev = nullptr;
+      FR_CUDA_CHECK(cudaMalloc(&dev, bytes));
+      slabs_.push_back(dev);
+      base.dev = static_cast<char*>(dev);
+    }
+    // Reversed, so that slots are handed out in address order.
+    for (size_t i = kSlotsPerSlab; i-- > 0;) {
+      Slot s;
+      s.dev = base.dev + i * stride_;
+      if (base.host != nullptr) s.host = base.host + i * stride_;
+      free_.push_back(s);
+    }
+  }
+
+  bool host_memory_;
+  size_t stride_;
+  std::vector<void*> slabs_;
+  std::vector<Slot> free_;
+};
+
+// ---------------------------------------------------------------------------------------
+// State shared by the backend and its runners. Runners may outlive shutdown() (the
+// executor drops them later), so their memory is released only once both the backend is
+// shut down and the last runner is gone.
+
+struct CudaShared {
+  int device = -1;
+  bool host_gate = false;
+  bool stream_wait = false;  // admit launches with cuStreamWaitValue32 instead of polling
+  bool memops = false;  // stream memory operations usable on this device
+  std::string memops_reason;
+  int sm_count = 0;
+  cudaStream_t side = nullptr;
+  cudaStream_t control = nullptr;
+  GateSlot gate;
+
+  // Shared by every operation, exclusive for shutdown(): shutdown cannot pull streams
+  // out from under a call in progress. Readers never wait for each other.
+  std::shared_mutex life;
+  bool shut_down = false;  // written under `life` held exclusively
+
+  std::mutex pool_mu;  // guards the pools, `runners`, `orphaned`
+  SlotPool states{false, kStateStride};
+  SlotPool words{true, kWordStride};
+  int runners = 0;
+  bool orphaned = false;  // shut down: free the pools when the last runner goes
+  bool pools_freed = false;
+
+  std::mutex staging_mu;       // guards `staging`
+  SlotPool::Slot staging;      // pinned bounce word for immediate reads and copies
+  SlotPool::Slot zeros;        // pinned zeros (never written) to clear a phase state
+
+  CudaShared() = default;
+  CudaShared(const CudaShared&) = delete;
+  CudaShared& operator=(const CudaShared&) = delete;
+
+  ~CudaShared() {
+    try {
+      DeviceGuard guard(device);
+      destroy_streams();
+      free_pools();
+    } catch (...) {
+      // Destructors never throw; at process exit the runtime may already be gone.
+    }
+  }
+
+  void destroy_streams() noexcept {
+    if (side != nullptr) (void)cudaStreamDestroy(side);
+    if (control != nullptr) (void)cudaStreamDestroy(control);
+    side = nullptr;
+    control = nullptr;
+    (void)cudaGetLastError();
+  }
+
+  // Caller holds pool_mu (or is the destructor).
+  void free_pools() noexcept {
+    if (pools_freed) return;
+    pools_freed = true;
+    states.free_all();
+    words.free_all();
+  }
+
+  // Stream-ordered write of a 32-bit word on `stream`.
+  void enqueue_write(unsigned int* word, uint32_t value, cudaStream_t stream) const {
+    if (memops) {
+      const CUresult res = cuda_driver::api().stream_write_value32(
+          stream, cuda_driver::device_ptr(word), value, CU_STREAM_WRITE_VALUE_DEFAULT);
+      if (res != CUDA_SUCCESS) {
+        cuda_driver::throw_driver_error(res, "cuStreamWriteValue32", __FILE__, __LINE__);
+      }
+      return;
+    }
+    // Fallback: copy from pinned constants. A copy needs no SM, while a write kernel
+    // could not start until a full-occupancy side kernel drains, which would turn the
+    // pause latency into the rest of the phase. cudaMemcpyDefault: the word may be device
+    // memory or mapped host memory (a mirror or a host gate).
+    if (value == FREERIDE_GATE_OPEN || value == FREERIDE_GATE_CLOSED) {
+      const cudaError_t err = cudaMemcpyAsync(word, gate_constants() + value, sizeof(unsigned int),
+                                              cudaMemcpyDefault, stream);
+      if (err != cudaSuccess) throw_cuda(err, "cudaMemcpyAsync (gate write)", __FILE__, __LINE__);
+      return;
+    }
+    kernels::launch_gate_write(word, value, stream);
+  }
+
+  // Immediate write of a device-memory word: through the high-priority control stream,
+  // complete (visible to the device) on return.
+  void write_now(unsigned int* word, uint32_t value) {
+    if (memops) {
+      enqueue_write(word, value, control);
+      FR_CUDA_CHECK(cudaStreamSynchronize(control));
+      return;
+    }
+    // Fallback: a copy rather than the write kernel, for the SM reason above.
+    std::lock_guard<std::mutex> lk(staging_mu);
+    auto* src = reinterpret_cast<unsigned int*>(staging.host);
+    *src = value;
+    FR_CUDA_CHECK(cudaMemcpyAsync(word, src, sizeof(unsigned int), cudaMemcpyHostToDevice, control));
+    FR_CUDA_CHECK(cudaStreamSynchronize(control));
+  }
+
+  // Stream-ordered gate write: the word kernels read, then its host mirror, so that a
+  // mirror reading open implies the gate is open.
+  void enqueue_gate_write(uint32_t value, cudaStream_t stream) const {
+    enqueue_write(gate.dev, value, stream);
+    if (!host_gate) enqueue_write(gate.mirror_dev, value, stream);
+  }
+
+  // Immediate gate write, complete on return.
+  void write_gate_now(uint32_t value) {
+    if (!host_gate) write_now(gate.dev, value);
+    std::atomic_ref<unsigned int>(*gate.mirror).store(value);
+  }
+
+  uint32_t mirror() const { return std::atomic_ref<unsigned int>(*gate.mirror).load(); }
+};
+
+// The executor thread polls the mirror while the gate is closed; with the default 50 us
+// timer slack each sleep would overshoot by that much, delaying the start of side work
+// in every bubble.
+void tighten_timer_slack() {
+#ifdef __linux__
+  thread_local bool done = false;
+  if (!done) {
+    (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+    done = true;
+  }
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+
+class CudaRunner final : public PhaseRunner {
+ public:
+  CudaRunner(std::shared_ptr<CudaShared> shared, std::shared_ptr<Task> task)
+      : s_(std::move(shared)), task_(std::move(task)) {
+    CudaShared& s = *s_;
+    FR_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventBlockingSync | cudaEventDisableTiming));
+    try {
+      {
+        std::lock_guard<std::mutex> lk(s.pool_mu);
+        state_slot_ = s.states.acquire();
+        try {
+          word_slot_ = s.words.acquire();
+        } catch (...) {
+          s.states.release(state_slot_);
+          throw;
+        }
+        ++s.runners;
+      }
+      state_ = reinterpret_cast<fr_phase_state*>(state_slot_.dev);
+      progress_dev_ = reinterpret_cast<unsigned long long*>(word_slot_.dev);
+      progress_host_ = reinterpret_cast<unsigned long long*>(word_slot_.host);
+      readback_host_ = progress_host_ + 1;
+      try {
+        // A reused slot may hold a previous runner's stop flag. Cleared on the control
+        // stream and waited for here: a later stop() must not be overtaken by it.
+        FR_CUDA_CHECK(cudaMemcpyAsync(state_, s.zeros.host, sizeof(fr_phase_state),
+                                      cudaMemcpyHostToDevice, s.control));
+        FR_CUDA_CHECK(cudaStreamSynchronize(s.control));
+      } catch (...) {
+        give_back_slots();
+        throw;
+      }
+    } catch (...) {
+      (void)cudaEventDestroy(event_);
+      throw;
+    }
+  }
+
+  ~CudaRunner() override {
+    try {
+      DeviceGuard guard(s_->device);
+      (void)cudaEventDestroy(event_);
+      (void)cudaGetLastError();
+    } catch (...) {
+    }
+    give_back_slots();
+  }
+
+  void begin_phase(uint64_t phase, uint64_t n_items) override {
+    CudaShared& s = *s_;
+    std::shared_lock<std::shared_mutex> lk(s.life);
+    FR_CHECK(!s.shut_down, "begin_phase() after the CUDA backend was shut down");
+    FR_CHECK(!executing_.load(), "begin_phase() while a launch of the task is in flight");
+    DeviceGuard guard(s.device);
+    // Only [next, done]: `stop` belongs to stop()/resume(). On the side stream, so it is
+    // ordered after this task's previous launch and before its next one.
+    FR_CUDA_CHECK(cudaMemsetAsync(state_, 0, offsetof(fr_phase_state, stop), s.side));
+    {
+      std::lock_guard<std::mutex> plk(progress_mu_);
+      std::atomic_ref<unsigned long long>(*progress_host_).store(0);
+      max_seen_ = 0;
+    }
+    phase_ = phase;
+    n_items_ = n_items;
+    begun_ = true;
+  }
+
+  void run() override {
+    CudaShared& s = *s_;
+    std::shared_lock<std::shared_mutex> lk(s.life);
+    FR_CHECK(!s.shut_down, "run() after the CUDA backend was shut down");
+    FR_CHECK(begun_, "run() before begin_phase()");
+    if (!s.stream_wait && !wait_for_open()) return;  // stopped while the gate was closed
+    DeviceGuard guard(s.device);
+
+    struct ClearOnExit {
+      std::atomic<bool>& flag;
+      ~ClearOnExit() { flag.store(false); }
+    };
+    executing_.store(true);
+    ClearOnExit clear{executing_};
+
+    // stream_wait: nothing of this launch may start while the gate is closed. Stop is not
+    // part of the memop wait's condition: close() releases a waiting launch with unblock().
+    if (!s.stream_wait) {
+      // Admitted by wait_for_open() above.
+    } else if (s.memops) {
+      const CUresult res = cuda_driver::api().stream_wait_value32(
+          s.side, cuda_driver::device_ptr(s.gate.dev), FREERIDE_GATE_OPEN, CU_STREAM_WAIT_VALUE_EQ);
+      if (res != CUDA_SUCCESS) {
+        cuda_driver::throw_driver_error(res, "cuStreamWaitValue32", __FILE__, __LINE__);
+      }
+    } else {
+      kernels::launch_gate_wait(s.gate.dev, stop_word(), s.side);
+    }
+
+    try {
+      fr_item_ctx ctx{};
+      ctx.gate = s.gate.dev;
+      ctx.state = state_;
+      ctx.progress = progress_dev_;
+      ctx.n_items = n_items_;
+      ctx.phase = phase_;
+      task_->launch_cuda(CudaLaunch{ctx, s.side, s.sm_count, s.device});
+      FR_CUDA_CHECK(cudaGetLastError());
+      // The exact count: progress-mirror stores from different blocks land in any order.
+      FR_CUDA_CHECK(cudaMemcpyAsync(readback_host_, done_word(), sizeof(unsigned long long),
+                                    cudaMemcpyDeviceToHost, s.side));
+      FR_CUDA_CHECK(cudaEventRecord(event_, s.side));
+    } catch (...) {
+      drain_side();
+      throw;
+    }
+    // Blocking-sync event: the executor thread sleeps here instead of spinning a core.
+    FR_CUDA_CHECK(cudaEventSynchronize(event_));
+    raise_progress(std::atomic_ref<unsigned long long>(*readback_host_).load());
+  }
+
+  void stop() override {
+    stop_requested_.store(true);
+    set_stop(1u);
+  }
+  void resume() override {
+    set_stop(0u);
+    stop_requested_.store(false);
+  }
+
+  uint64_t done() const override {
+    std::lock_guard<std::mutex> lk(progress_mu_);
+    const uint64_t mirror = std::atomic_ref<unsigned long long>(*progress_host_).load();
+    max_seen_ = std::max<uint64_t>(max_seen_, mirror);
+    return max_seen_;
+  }
+
+  bool executing() const override { return executing_.load(); }
+
+ private:
+  void set_stop(uint32_t value) {
+    CudaShared& s = *s_;
+    std::shared_lock<std::shared_mutex> lk(s.life);
+    if (s.shut_down) return;  // nothing can run any more
+    DeviceGuard guard(s.device);
+    s.write_now(stop_word(), value);
+  }
+
+  // Polls the gate's host mirror until it reads open (true) or stop() is requested
+  // (false). Spins briefly first: gaps between compute actions are often microseconds.
+  bool wait_for_open() const {
+    tighten_timer_slack();
+    for (int spins = 0;; ++spins) {
+      if (stop_requested_.load()) return false;
+      if (s_->mirror() == FREERIDE_GATE_OPEN) return true;
+      if (spins < 200) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+    }
+  }
+
+  // Addresses inside the device-memory state, computed without dereferencing it.
+  unsigned int* stop_word() const {
+    return reinterpret_cast<unsigned int*>(reinterpret_cast<char*>(state_) +
+                                           offsetof(fr_phase_state, stop));
+  }
+  const void* done_word() const {
+    return reinterpret_cast<const char*>(state_) + offsetof(fr_phase_state, done);
+  }
+
+  void raise_progress(uint64_t value) {
+    std::lock_guard<std::mutex> lk(progress_mu_);
+    max_seen_ = std::max(max_seen_, value);
+  }
+
+  // Best effort after a failed enqueue: run() must not return while items it enqueued
+  // may still execute.
+  void drain_side() noexcept {
+    if (cudaEventRecord(event_, s_->side) == cudaSuccess) {
+      (void)cudaEventSynchronize(event_);
+    } else {
+      (void)cudaStreamSynchronize(s_->side);
+    }
+    (void)cudaGetLastError();
+  }
+
+  void give_back_slots() noexcept {
+    CudaShared& s = *s_;
+    std::lock_guard<std::mutex> lk(s.pool_mu);
+    if (state_slot_.dev == nullptr) return;
+    s.states.release(state_slot_);
+    s.words.release(word_slot_);
+    state_slot_ = SlotPool::Slot{};
+    word_slot_ = SlotPool::Slot{};
+    --s.runners;
+    if (s.orphaned && s.runners == 0) {
+      try {
+        DeviceGuard guard(s.device);
+        s.free_pools();
+      } catch (...) {
+      }
+    }
+  }
+
+  std::shared_ptr<CudaShared> s_;
+  std::shared_ptr<Task> task_;
+  SlotPool::Slot state_slot_;
+  SlotPool::Slot word_slot_;
+  fr_phase_state* state_ = nullptr;               // device memory
+  unsigned long long* progress_dev_ = nullptr;    // word slot [0], device view
+  unsigned long long* progress_host_ = nullptr;   // word slot [0], host view
+  unsigned long long* readback_host_ = nullptr;   // word slot [1]: exact done after a launch
+  cudaEvent_t event_ = nullptr;
+
+  std::atomic<bool> executing_{false};
+  std::atomic<bool> stop_requested_{false};  // host copy of the stop flag, for admission
+  mutable std::mutex progress_mu_;
+  mutable uint64_t max_seen_ = 0;  // done() never goes backwards within a phase
+  uint64_t phase_ = 0;
+  uint64_t n_items_ = 0;
+  bool begun_ = false;  // executor thread only
+};
+
+// ---------------------------------------------------------------------------------------
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, bool gate_in_host_memory, bool stream_wait)
+      : s_(std::make_shared<CudaShared>()) {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      FR_THROW(RuntimeFailure, "CUDA device " << device << " is not usable: cudaGetDeviceCount failed with "
+                                              << cudaGetErrorName(err) << " ("
+                                              << cudaGetErrorString(err) << ")");
+    }
+    FR_ARG(device >= 0 && device < count,
+           "CUDA device " << device << " does not exist (" << count << " device(s) visible)");
+
+    CudaShared& s = *s_;
+    s.device = device;
+    s.host_gate = gate_in_host_memory;
+    s.stream_wait = stream_wait;
+    DeviceGuard guard(device);
+    FR_CUDA_CHECK(cudaDeviceGetAttribute(&s.sm_count, cudaDevAttrMultiProcessorCount, device));
+    int least = 0;
+    int greatest = 0;
+    FR_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    // Side work yields to everything, the control stream (immediate writes, reads)
+    // overtakes everything.
+    FR_CUDA_CHECK(cudaStreamCreateWithPriority(&s.side, cudaStreamNonBlocking, least));
+    FR_CUDA_CHECK(cudaStreamCreateWithPriority(&s.control, cudaStreamNonBlocking, greatest));
+    {
+      std::lock_guard<std::mutex> lk(s.pool_mu);
+      s.staging = s.words.acquire();
+      s.zeros = s.words.acquire();
+    }
+    if (!s.host_gate) (void)gate_constants();  // fail now rather than in a training hook
+    s.gate = acquire_gate(device, gate_in_host_memory);
+
+    const uint32_t open = FREERIDE_GATE_OPEN;
+    std::atomic_ref<unsigned int>(*s.gate.mirror).store(open);
+    if (cuda_driver::memops_disabled_by_env()) {
+      s.memops = false;
+      s.memops_reason = "disabled by FREERIDE_NO_STREAM_MEMOPS";
+    } else {
+      // The trial writes OPEN, so on success it has also initialised the gate.
+      s.memops = cuda_driver::probe_stream_mem_ops(device, s.control, s.gate.dev, open,
+                                                   &s.memops_reason);
+    }
+    if (!s.host_gate && !s.memops) s.write_now(s.gate.dev, open);
+  }
+
+  ~CudaBackend() override {
+    try {
+      shutdown();
+    } catch (...) {
+    }
+  }
+
+  std::string kind() const override { return "cuda"; }
+  int device() const override { return s_->device; }
+
+  void gate_write(uint32_t value, uintptr_t stream) override {
+    CudaShared& s = *s_;
+    if (stream == kImmediate && s.host_gate) {
+      std::atomic_ref<unsigned int>(*s.gate.mirror).store(value);
+      return;
+    }
+    std::shared_lock<std::shared_mutex> lk(s.life);
+    DeviceGuard guard(s.device);
+    if (stream == kImmediate) {
+      FR_CHECK(!s.shut_down, "immediate gate write after the CUDA backend was shut down");
+      s.write_gate_now(value);
+      return;
+    }
+    // Still allowed after shutdown (the gate is never freed): a training hook that fires
+    // after close must not fail the training step.
+    s.enqueue_gate_write(value, reinterpret_cast<cudaStream_t>(stream));
+  }
+
+  // The mirror: every write that has taken effect on the GPU, read without a copy.
+  uint32_t gate_read() const override { return s_->mirror(); }
+
+  uintptr_t gate_address() const override { return reinterpret_cast<uintptr_t>(s_->gate.dev); }
+
+  std::unique_ptr<PhaseRunner> make_runner(std::shared_ptr<Task> task) override {
+    FR_ARG(task != nullptr, "make_runner: task must not be null");
+    CudaShared& s = *s_;
+    std::shared_lock<std::shared_mutex> lk(s.life);
+    FR_CHECK(!s.shut_down, "make_runner() after the CUDA backend was shut down");
+    DeviceGuard guard(s.device);
+    return std::make_unique<CudaRunner>(s_, std::move(task));
+  }
+
+  // A run() held by the stream wait on a closed gate only gets to its (already set)
+  // stop flag once the gate opens. Opening it is harmless at close: this harvester
+  // launches nothing more, and the released kernel exits before claiming an item.
+  // Without stream_wait nothing is ever held on the GPU: the stop flag ends the poll.
+  void unblock() override {
+    CudaShared& s = *s_;
+    if (!s.stream_wait) return;
+    if (s.host_gate) {
+      std::atomic_ref<unsigned int>(*s.gate.mirror).store(FREERIDE_GATE_OPEN);
+      return;
+    }
+    std::shared_lock<std::shared_mutex> lk(s.life);
+    if (s.shut_down) return;
+    DeviceGuard guard(s.device);
+    s.write_gate_now(FREERIDE_GATE_OPEN);
+  }
+
+  uintptr_t side_stream() const override { return reinterpret_cast<uintptr_t>(s_->side); }
+
+  void shutdown() override {
+    CudaShared& s = *s_;
+    std::unique_lock<std::shared_mutex> lk(s.life);
+    if (s.shut_down) return;
+    s.shut_down = true;
+    DeviceGuard guard(s.device);
+    const cudaError_t err = cudaStreamSynchronize(s.side);
+    s.destroy_streams();
+    {
+      std::lock_guard<std::mutex> plk(s.pool_mu);
+      s.orphaned = true;
+      // The backend's own staging slots count as released along with it.
+      if (s.runners == 0) s.free_pools();
+    }
+    if (err != cudaSuccess) throw_cuda(err, "cudaStreamSynchronize (side stream)", __FILE__, __LINE__);
+  }
+
+ private:
+  std::shared_ptr<CudaShared> s_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int device, bool gate_in_host_memory,
+                                           bool stream_wait) {
+  return std::make_unique<CudaBackend>(device, gate_in_host_memory, stream_wait);
+}
+
+}  // namespace freeride

@@ -1,0 +1,138 @@
+#include "cuda_driver.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <utility>
+
+#include "check.hpp"
+
+namespace freeride::cuda_driver {
+namespace {
+
+// cudaEnableLegacyStream: a stream handle of 0 must mean the legacy default stream, as it
+// does for PyTorch and CuPy, not the per-thread default stream.
+template <typename Fn>
+void resolve(const char* symbol, unsigned int version, Fn* out, std::string* error) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t err =
+      cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableLegacyStream, &status);
+  if (err == cudaSuccess && status == cudaDriverEntryPointSuccess && fn != nullptr) {
+    *out = reinterpret_cast<Fn>(fn);
+    return;
+  }
+  // The failure would otherwise linger as this thread's last error and be reported by the
+  // next unrelated cudaGetLastError check (after a kernel launch) as that launch's failure.
+  (void)cudaGetLastError();
+  *out = nullptr;
+  std::ostringstream os;
+  os << symbol << ": ";
+  if (err != cudaSuccess) {
+    os << cudaGetErrorName(err) << " (" << cudaGetErrorString(err) << ")";
+  } else if (status == cudaDriverEntryPointVersionNotSufficent) {
+    os << "the driver is older than CUDA " << version / 1000 << "." << (version % 1000) / 10;
+  } else {
+    os << "not found in the driver";
+  }
+  if (!error->empty()) *error += "; ";
+  *error += os.str();
+}
+
+std::once_flag g_api_once;
+Api g_api;
+
+std::mutex g_probe_mu;
+std::map<int, bool> g_probe;  // device -> outcome of the last trial on it
+
+}  // namespace
+
+const Api& api() {
+  std::call_once(g_api_once, [] {
+    Api a;
+    try {
+      resolve("cuStreamWriteValue32", 11070, &a.stream_write_value32, &a.error);
+      resolve("cuStreamWaitValue32", 11070, &a.stream_wait_value32, &a.error);
+      resolve("cuGetErrorName", 6000, &a.get_error_name, &a.error);
+      resolve("cuDeviceGet", 2000, &a.device_get, &a.error);
+      resolve("cuDevicePrimaryCtxGetState", 7000, &a.primary_ctx_get_state, &a.error);
+    } catch (...) {
+      // Only std::string growth can throw here; keep whatever resolved.
+    }
+    g_api = std::move(a);
+  });
+  return g_api;
+}
+
+bool memops_disabled_by_env() {
+  const char* v = std::getenv("FREERIDE_NO_STREAM_MEMOPS");
+  return v != nullptr && v[0] != '\0' && !(v[0] == '0' && v[1] == '\0');
+}
+
+std::string error_name(int result) {
+  const Api& a = api();
+  if (a.get_error_name != nullptr) {
+    const char* name = nullptr;
+    if (a.get_error_name(static_cast<CUresult>(result), &name) == CUDA_SUCCESS &&
+        name != nullptr) {
+      return name;
+    }
+  }
+  return "CUresult " + std::to_string(result);
+}
+
+bool primary_context_active(int device) {
+  const Api& a = api();
+  if (a.device_get == nullptr || a.primary_ctx_get_state == nullptr) return false;
+  CUdevice dev = 0;
+  if (a.device_get(&dev, device) != CUDA_SUCCESS) return false;
+  unsigned int flags = 0;
+  int active = 0;
+  if (a.primary_ctx_get_state(dev, &flags, &active) != CUDA_SUCCESS) return false;
+  return active != 0;
+}
+
+bool probe_stream_mem_ops(int device, CUstream stream, uint32_t* device_word, uint32_t value,
+                          std::string* why) {
+  const Api& a = api();
+  if (!a.has_memops()) {
+    if (why != nullptr) *why = "stream memory operations unavailable: " + a.error;
+    return false;
+  }
+  int res = a.stream_write_value32(stream, device_ptr(device_word), value,
+                                   CU_STREAM_WRITE_VALUE_DEFAULT);
+  const char* op = "cuStreamWriteValue32";
+  if (res == CUDA_SUCCESS) {
+    res = a.stream_wait_value32(stream, device_ptr(device_word), value, CU_STREAM_WAIT_VALUE_EQ);
+    op = "cuStreamWaitValue32";
+  }
+  // Whatever part of the trial was enqueued must finish before the caller relies on the
+  // word; an asynchronous failure here means the context itself is broken.
+  FR_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const bool ok = res == CUDA_SUCCESS;
+  if (!ok && why != nullptr) *why = std::string(op) + " failed: " + error_name(res);
+  {
+    std::lock_guard<std::mutex> lk(g_probe_mu);
+    g_probe[device] = ok;
+  }
+  return ok;
+}
+
+bool stream_mem_ops_usable(int device) {
+  if (memops_disabled_by_env()) return false;
+  if (!api().has_memops()) return false;
+  std::lock_guard<std::mutex> lk(g_probe_mu);
+  const auto it = g_probe.find(device);
+  return it == g_probe.end() ? true : it->second;
+}
+
+void throw_driver_error(int result, const char* expr, const char* file, int line) {
+  std::ostringstream os;
+  os << "CUDA driver error " << error_name(result) << " in " << expr << detail::where(file, line);
+  throw RuntimeFailure(os.str());
+}
+
+}  // namespace freeride::cuda_driver

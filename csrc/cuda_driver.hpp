@@ -1,0 +1,75 @@
+// CUDA driver API access without linking libcuda. The few driver functions the CUDA
+// backend needs come through cudaGetDriverEntryPointByVersion of the statically linked
+// runtime, so the extension still imports (and reports "no CUDA") on a machine without
+// a driver. <cuda.h> is included for types and constants only: nothing here may call a
+// cu* symbol directly, or the link would need libcuda.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <cudaTypedefs.h>
+
+namespace freeride::cuda_driver {
+
+// Entry points, resolved once per process. A null pointer: the driver lacks the function
+// (or there is no driver); `error` says why.
+struct Api {
+  PFN_cuStreamWriteValue32_v11070 stream_write_value32 = nullptr;
+  PFN_cuStreamWaitValue32_v11070 stream_wait_value32 = nullptr;
+  PFN_cuGetErrorName_v6000 get_error_name = nullptr;
+  PFN_cuDeviceGet_v2000 device_get = nullptr;
+  PFN_cuDevicePrimaryCtxGetState_v7000 primary_ctx_get_state = nullptr;
+  std::string error;
+
+  bool has_memops() const {
+    return stream_write_value32 != nullptr && stream_wait_value32 != nullptr;
+  }
+};
+
+// Thread-safe, resolves on first use; never throws.
+const Api& api();
+
+// FREERIDE_NO_STREAM_MEMOPS set to anything but "" or "0": use the fallback kernels.
+// Read on every call, so a test can flip it between backends.
+bool memops_disabled_by_env();
+
+// "CUDA_ERROR_NOT_SUPPORTED" for 801; "CUresult N" where the driver cannot name it.
+std::string error_name(int result);
+
+// Whether the primary context of a device already exists. False where unknown: callers
+// use it to avoid creating a context (hundreds of MiB of device memory) as a side effect.
+bool primary_context_active(int device);
+
+// Enqueues a trial cuStreamWriteValue32(word := value) and a cuStreamWaitValue32 on it
+// (already satisfied), then synchronises `stream`. Returns false, with the reason in
+// *why, where the driver refuses either operation (CUDA_ERROR_NOT_SUPPORTED on platforms
+// without stream memory operations). The calling thread's current device must be
+// `device`. Throws only if the stream synchronisation itself fails. Records the outcome
+// for stream_mem_ops_usable().
+bool probe_stream_mem_ops(int device, CUstream stream, uint32_t* device_word, uint32_t value,
+                          std::string* why);
+
+// What a backend on `device` would use, for backend_info: false when disabled by the
+// environment or the entry points are missing; otherwise the trial's outcome where a
+// backend has run one, else true (the V2 memory operations need no opt-in since CUDA
+// 11.7, and CUDA 12 removed the device attribute that used to tell). Never creates a
+// context; never throws.
+bool stream_mem_ops_usable(int device);
+
+[[noreturn]] void throw_driver_error(int result, const char* expr, const char* file, int line);
+
+inline CUdeviceptr device_ptr(const volatile void* p) {
+  return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(p));
+}
+
+}  // namespace freeride::cuda_driver
+
+// Like FR_CU_CHECK, with the driver's name for the error.
+#define FR_DRV_CHECK(expr)                                                           \
+  do {                                                                               \
+    const int fr_drv_res_ = static_cast<int>(expr);                                  \
+    if (fr_drv_res_ != 0) {                                                          \
+      ::freeride::cuda_driver::throw_driver_error(fr_drv_res_, #expr, __FILE__, __LINE__); \
+    }                                                                                \
+  } while (0)

@@ -1,0 +1,276 @@
+#include "executor.hpp"
+
+#include <chrono>
+#include <exception>
+
+#include "check.hpp"
+
+namespace freeride {
+
+const char* state_name(TaskState state) {
+  switch (state) {
+    case TaskState::Queued: return "queued";
+    case TaskState::Running: return "running";
+    case TaskState::Paused: return "paused";
+    case TaskState::Done: return "done";
+    case TaskState::Failed: return "failed";
+    case TaskState::Cancelled: return "cancelled";
+  }
+  return "unknown";
+}
+
+Executor::Executor(std::unique_ptr<Backend> backend, uint64_t memory_budget)
+    : backend_(std::move(backend)), budget_(memory_budget) {
+  FR_ARG(backend_ != nullptr, "backend must not be null");
+  thread_ = std::thread([this] { loop(); });
+}
+
+Executor::~Executor() {
+  try {
+    close();
+  } catch (...) {
+    // A destructor must not throw; close() already did all it could.
+  }
+}
+
+uint64_t Executor::submit(std::shared_ptr<Task> task, int priority) {
+  FR_ARG(task != nullptr, "task must not be null");
+  const uint64_t total = task->total_items();
+  std::lock_guard<std::mutex> lock(mutex_);
+  FR_CHECK(!closing_, "the harvester is closed");
+  auto rec = std::make_unique<Record>();
+  Record& r = *rec;
+  r.id = next_id_++;
+  r.priority = priority;
+  r.items_total = total;
+  r.memory_bytes = task->memory_bytes();
+  r.task = std::move(task);
+  records_.emplace(r.id, std::move(rec));
+  if (budget_ > 0 && r.memory_bytes > budget_) {
+    std::ostringstream os;
+    os << r.task->name() << " needs " << r.memory_bytes << " bytes of device memory, more than "
+       << "the harvester's whole memory_budget of " << budget_ << " bytes";
+    finish_locked(r, TaskState::Failed, ErrorKind::MemoryBudget, os.str());
+    return r.id;
+  }
+  runnable_.insert(key(r));
+  // A more urgent task takes over at the running one's next item boundary; the
+  // preempted task keeps its counters and resumes later.
+  if (active_ != nullptr && priority > active_->priority) active_->runner->stop();
+  work_cv_.notify_all();
+  return r.id;
+}
+
+Executor::Record& Executor::record_locked(uint64_t id) const {
+  auto it = records_.find(id);
+  FR_ARG(it != records_.end(), "unknown task id " << id);
+  return *it->second;
+}
+
+TaskStatus Executor::status(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Record& r = record_locked(id);
+  TaskStatus s;
+  s.state = r.state;
+  // Started, not final and no item executing (held by the gate or preempted): paused.
+  if (r.state == TaskState::Running && !r.runner->executing()) s.state = TaskState::Paused;
+  s.items_done = r.items_before_phase + (r.runner ? r.runner->done() : 0);
+  s.items_total = r.items_total;
+  s.phase = r.phase;
+  s.launches = r.launches;
+  s.error_kind = r.error_kind;
+  s.error = r.error;
+  return s;
+}
+
+bool Executor::wait(uint64_t id, double timeout_s) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  record_locked(id);
+  auto ready = [&] {
+    auto it = records_.find(id);
+    return it == records_.end() || is_final(it->second->state);
+  };
+  if (timeout_s < 0) {
+    done_cv_.wait(lock, ready);
+    return true;
+  }
+  return done_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), ready);
+}
+
+bool Executor::wait_all(double timeout_s) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto ready = [&] {
+    for (const auto& [id, r] : records_) {
+      if (!is_final(r->state)) return false;
+    }
+    return true;
+  };
+  if (timeout_s < 0) {
+    done_cv_.wait(lock, ready);
+    return true;
+  }
+  return done_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), ready);
+}
+
+bool Executor::cancel(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Record& r = record_locked(id);
+  if (is_final(r.state)) return false;
+  if (&r == active_) {
+    // Items already claimed finish; the loop marks it cancelled when the launch exits.
+    r.cancel_requested = true;
+    r.runner->stop();
+  } else {
+    finish_locked(r, TaskState::Cancelled, ErrorKind::Cancelled, "cancelled");
+  }
+  return true;
+}
+
+void Executor::forget(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = records_.find(id);
+  if (it != records_.end() && is_final(it->second->state)) records_.erase(it);
+}
+
+uint64_t Executor::memory_used() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return used_;
+}
+
+bool Executor::closed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return closing_;
+}
+
+Executor::Record* Executor::pick_locked() {
+  for (const QueueKey& k : runnable_) {
+    Record& r = *records_.at(k.second);
+    // A task waits in the queue until the memory of running ones is released.
+    if (r.admitted || budget_ == 0 || used_ + r.memory_bytes <= budget_) return &r;
+  }
+  return nullptr;
+}
+
+void Executor::admit_locked(Record& r) {
+  r.admitted = true;
+  used_ += r.memory_bytes;
+  r.runner = backend_->make_runner(r.task);
+  r.phase = 0;
+  r.runner->begin_phase(0, r.task->num_items(0));
+  advance_locked(r);
+}
+
+// Moves past every completed phase; a phase starts only after the previous one completed.
+void Executor::advance_locked(Record& r) {
+  while (r.runner->done() >= r.task->num_items(r.phase)) {
+    r.items_before_phase += r.task->num_items(r.phase);
+    if (++r.phase == r.task->num_phases()) {
+      r.phase = r.task->num_phases() - 1;
+      finish_locked(r, TaskState::Done, ErrorKind::None, "");
+      return;
+    }
+    r.runner->begin_phase(r.phase, r.task->num_items(r.phase));
+  }
+}
+
+void Executor::finish_locked(Record& r, TaskState state, ErrorKind kind, std::string error) {
+  // Done: advance_locked already counted every phase. Otherwise keep what the current
+  // phase finished, so items_done stays exact after a cancel or a failure.
+  if (r.runner && state != TaskState::Done) r.items_before_phase += r.runner->done();
+  r.state = state;
+  r.error_kind = kind;
+  r.error = std::move(error);
+  runnable_.erase(key(r));
+  r.runner.reset();
+  r.task.reset();
+  if (r.admitted) {
+    used_ -= r.memory_bytes;
+    r.admitted = false;
+  }
+  done_cv_.notify_all();
+  work_cv_.notify_all();  // released memory may admit a queued task
+}
+
+void Executor::loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (true) {
+    Record* r = nullptr;
+    work_cv_.wait(lock, [&] { return closing_ || (r = pick_locked()) != nullptr; });
+    if (closing_) break;
+    try {
+      if (!r->admitted) admit_locked(*r);
+    } catch (const std::exception& e) {
+      finish_locked(*r, TaskState::Failed, ErrorKind::Failed, e.what());
+      continue;
+    }
+    if (is_final(r->state)) continue;  // every phase was empty
+
+    active_ = r;
+    r->state = TaskState::Running;
+    ++r->launches;
+    PhaseRunner* runner = r->runner.get();
+    std::string error;
+    try {
+      runner->resume();
+      lock.unlock();
+      runner->run();
+    } catch (const std::exception& e) {
+      error = e.what();
+      if (error.empty()) error = "side task failed";
+    } catch (...) {
+      error = "side task failed with a non-standard exception";
+    }
+    if (!lock.owns_lock()) lock.lock();
+    active_ = nullptr;
+
+    if (!error.empty()) {
+      finish_locked(*r, TaskState::Failed, ErrorKind::Failed, r->task->name() + ": " + error);
+    } else if (r->cancel_requested) {
+      finish_locked(*r, TaskState::Cancelled, ErrorKind::Cancelled, "cancelled");
+    } else {
+      try {
+        advance_locked(*r);
+      } catch (const std::exception& e) {
+        finish_locked(*r, TaskState::Failed, ErrorKind::Failed, e.what());
+      }
+      // Held by the closed gate or preempted: it goes back to the queue as it is.
+      if (!is_final(r->state)) r->state = TaskState::Paused;
+    }
+    done_cv_.notify_all();
+  }
+  loop_exited_ = true;
+  done_cv_.notify_all();
+}
+
+void Executor::close() {
+  std::lock_guard<std::mutex> close_lock(close_mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (closed_) return;
+  closing_ = true;
+  if (active_ != nullptr) active_->runner->stop();
+  work_cv_.notify_all();
+  // A launch held by a closed gate (cuda: a stream wait) must be let through to see its
+  // stop flag; keep nudging until the loop has left it.
+  while (!loop_exited_) {
+    lock.unlock();
+    backend_->unblock();
+    lock.lock();
+    done_cv_.wait_for(lock, std::chrono::milliseconds(1), [&] { return loop_exited_; });
+  }
+  lock.unlock();
+  if (thread_.joinable()) thread_.join();
+  lock.lock();
+  for (auto& [id, r] : records_) {
+    if (!is_final(r->state)) {
+      finish_locked(*r, TaskState::Cancelled, ErrorKind::Cancelled,
+                    "cancelled: the harvester was closed");
+    }
+  }
+  lock.unlock();
+  backend_->shutdown();
+  lock.lock();
+  closed_ = true;
+  done_cv_.notify_all();
+}
+
+}  // namespace freeride

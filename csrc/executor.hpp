@@ -1,0 +1,115 @@
+// The per-device executor: a priority queue of side tasks and one C++ thread that runs
+// them phase by phase through a backend, behind the gate.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+
+#include "backend.hpp"
+#include "task.hpp"
+
+namespace freeride {
+
+enum class TaskState : int { Queued = 0, Running, Paused, Done, Failed, Cancelled };
+enum class ErrorKind : int { None = 0, Failed, MemoryBudget, Cancelled };
+
+struct TaskStatus {
+  TaskState state = TaskState::Queued;
+  uint64_t items_done = 0;
+  uint64_t items_total = 0;
+  uint64_t phase = 0;
+  uint64_t launches = 0;  // kernel launches so far (one more after every pause)
+  ErrorKind error_kind = ErrorKind::None;
+  std::string error;
+};
+
+class Executor {
+ public:
+  // memory_budget: bytes of device memory side tasks may hold at once; 0 = unlimited.
+  Executor(std::unique_ptr<Backend> backend, uint64_t memory_budget);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  Backend& backend() { return *backend_; }
+
+  // Queues a task; higher priority first, FIFO within a priority. A task larger than
+  // the whole budget is returned already failed with ErrorKind::MemoryBudget.
+  uint64_t submit(std::shared_ptr<Task> task, int priority);
+
+  TaskStatus status(uint64_t id) const;
+  // Blocks until the task is final or timeout_s passed (negative: no timeout).
+  bool wait(uint64_t id, double timeout_s);
+  // Blocks until every submitted task is final.
+  bool wait_all(double timeout_s);
+  // No further item of the task starts. False if it was already final.
+  bool cancel(uint64_t id);
+  // Drops a final task's record.
+  void forget(uint64_t id);
+
+  // Stops the thread, cancels what is not final, frees the backend. Idempotent.
+  void close();
+  bool closed() const;
+
+  uint64_t memory_budget() const { return budget_; }
+  uint64_t memory_used() const;
+
+ private:
+  struct Record {
+    uint64_t id = 0;
+    int priority = 0;
+    std::shared_ptr<Task> task;
+    std::unique_ptr<PhaseRunner> runner;  // exists while admitted and not final
+    TaskState state = TaskState::Queued;
+    uint64_t phase = 0;
+    uint64_t items_before_phase = 0;  // items of the phases already completed
+    uint64_t items_total = 0;
+    uint64_t memory_bytes = 0;
+    uint64_t launches = 0;
+    bool admitted = false;
+    bool cancel_requested = false;
+    ErrorKind error_kind = ErrorKind::None;
+    std::string error;
+  };
+  using QueueKey = std::pair<int64_t, uint64_t>;  // (-priority, id): begin() runs first
+
+  static bool is_final(TaskState s) {
+    return s == TaskState::Done || s == TaskState::Failed || s == TaskState::Cancelled;
+  }
+  static QueueKey key(const Record& r) { return {-static_cast<int64_t>(r.priority), r.id}; }
+
+  void loop();
+  Record* pick_locked();
+  void admit_locked(Record& r);
+  void advance_locked(Record& r);
+  void finish_locked(Record& r, TaskState state, ErrorKind kind, std::string error);
+  Record& record_locked(uint64_t id) const;
+
+  std::unique_ptr<Backend> backend_;
+  const uint64_t budget_;
+  uint64_t used_ = 0;
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_cv_;  // the loop waits here for runnable work
+  std::condition_variable done_cv_;  // wait() and close() wait here
+  std::unordered_map<uint64_t, std::unique_ptr<Record>> records_;
+  std::set<QueueKey> runnable_;  // queued or paused tasks
+  Record* active_ = nullptr;
+  uint64_t next_id_ = 1;
+  bool closing_ = false;
+  bool loop_exited_ = false;
+  bool closed_ = false;
+  std::mutex close_mutex_;
+  std::thread thread_;
+};
+
+const char* state_name(TaskState state);
+
+}  // namespace freeride

@@ -1,0 +1,68 @@
+// freeride's item protocol for preemptible kernels. A user kernel writes only the body
+// of one item:
+//
+//   #include <freeride/preempt.cuh>
+//   extern "C" __global__ void scale(fr_item_ctx ctx, float* x, float a, unsigned long long n) {
+//     freeride::for_each_item(ctx, [&](unsigned long long item) {
+//       unsigned long long i = item * blockDim.x + threadIdx.x;
+//       if (i < n) x[i] *= a;
+//     });
+//   }
+//
+// Before claiming each item, the block's leader reads the gate (and the phase's stop
+// flag); if side work must not run, the whole block exits. A claimed item always runs
+// to completion, so an exited kernel has lost nothing and the next launch of the same
+// phase resumes at the next unclaimed item: every item runs exactly once.
+#pragma once
+
+#include "item_ctx.h"
+
+namespace freeride {
+
+constexpr unsigned long long kNoItem = ~0ull;
+
+__device__ __forceinline__ bool leader_thread() {
+  return threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0;
+}
+
+// May side work start now? One volatile read each of the gate and the stop flag.
+__device__ __forceinline__ bool may_run(const fr_item_ctx& ctx) {
+  return *ctx.gate == FREERIDE_GATE_OPEN &&
+         *reinterpret_cast<volatile unsigned int*>(&ctx.state->stop) == 0u;
+}
+
+// Leader only: claim the next item, or kNoItem when paused or the phase is drained.
+__device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx) {
+  if (!may_run(ctx)) return kNoItem;
+  const unsigned long long item = atomicAdd(&ctx.state->next, 1ull);
+  return item < ctx.n_items ? item : kNoItem;
+}
+
+// Leader only, after the whole block finished an item: publish its completion. The
+// fence orders the item's writes before the count that lets the host start the next phase.
+__device__ __forceinline__ void finish_item(const fr_item_ctx& ctx) {
+  __threadfence_system();
+  const unsigned long long done = atomicAdd(&ctx.state->done, 1ull) + 1ull;
+  if (ctx.progress != nullptr) {
+    // Stores from different blocks may land out of order; the host takes the maximum.
+    *ctx.progress = done;
+  }
+}
+
+// Runs body(item) for every item this block claims until the gate closes, the phase is
+// stopped or no item is left. Every thread of the block must call it (it synchronises).
+template <typename Body>
+__device__ __forceinline__ void for_each_item(const fr_item_ctx& ctx, Body&& body) {
+  __shared__ unsigned long long s_item;
+  while (true) {
+    if (leader_thread()) s_item = claim_item(ctx);
+    __syncthreads();
+    const unsigned long long item = s_item;
+    if (item == kNoItem) return;  // uniform across the block
+    body(item);
+    __syncthreads();  // the item is complete, and s_item may be overwritten
+    if (leader_thread()) finish_item(ctx);
+  }
+}
+
+}  // namespace freeride

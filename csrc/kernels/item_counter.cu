@@ -1,0 +1,71 @@
+// ItemCounter: the test probe for the exactly-once and phase-ordering rules. It mirrors
+// ItemCounterTask::run_item in builtin_tasks.cpp, one leader thread per item.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "check.hpp"
+#include "freeride/preempt.cuh"
+#include "grid.cuh"
+#include "launchers.hpp"
+
+namespace freeride::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    item_counter_kernel(fr_item_ctx ctx, unsigned int* counts, unsigned long long* phase_done,
+                        unsigned long long* violations, unsigned long long items_per_phase,
+                        unsigned long long ns) {
+  freeride::for_each_item(ctx, [&](unsigned long long item) {
+    if (!freeride::leader_thread()) return;
+    const unsigned long long phase = ctx.phase;
+    if (phase > 0) {
+      // Written by earlier launches; volatile so the read is not served from a stale L1 line.
+      const unsigned long long prev =
+          *reinterpret_cast<volatile unsigned long long*>(&phase_done[phase - 1]);
+      if (prev != items_per_phase) atomicAdd(violations, 1ull);
+    }
+    atomicAdd(&counts[phase * items_per_phase + item], 1u);
+    if (ns > 0) {
+      const unsigned long long start = global_ns();
+      while (global_ns() - start < ns) {
+      }
+    }
+    // The count above must be visible before this item is reported as finished.
+    __threadfence();
+    atomicAdd(&phase_done[phase], 1ull);
+  });
+}
+
+}  // namespace
+
+void launch_item_counter(const CudaLaunch& launch, uint32_t* counts,
+                         unsigned long long* phase_done, unsigned long long* violations,
+                         uint64_t items_per_phase, uint64_t ns_per_item) {
+  FR_ARG(launch.ctx.state != nullptr && launch.ctx.gate != nullptr,
+         "ItemCounter: launch context lacks gate or phase state");
+  FR_ARG(counts != nullptr && phase_done != nullptr && violations != nullptr,
+         "ItemCounter: counter buffers must not be null");
+  // Item indices index counts[phase * items_per_phase + item]: more items would write past
+  // the row of their phase.
+  FR_ARG(launch.ctx.n_items <= items_per_phase,
+         "ItemCounter: phase has " << launch.ctx.n_items << " items, more than items_per_phase "
+                                   << items_per_phase);
+  const unsigned int blocks =
+      persistent_grid(item_counter_kernel, kThreads, launch.sm_count, launch.ctx.n_items);
+  item_counter_kernel<<<blocks, kThreads, 0,
+                        static_cast<cudaStream_t>(launch.stream)>>>(
+      launch.ctx, counts, phase_done, violations, items_per_phase, ns_per_item);
+  FR_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace freeride::kernels

@@ -1,0 +1,31 @@
+// Every CUDA kernel launcher of the core, in one place. Defined in kernels/*.cu; only
+// compiled where the build has CUDA (FREERIDE_WITH_CUDA).
+#pragma once
+
+#include <cstdint>
+
+#include "task.hpp"
+
+namespace freeride::kernels {
+
+// Gate fallbacks for devices without stream memory operations: a one-thread kernel that
+// writes the word, and one that spins until the gate opens or `stop` becomes nonzero.
+void launch_gate_write(volatile unsigned int* gate, unsigned int value, void* stream);
+void launch_gate_wait(const volatile unsigned int* gate, const volatile unsigned int* stop,
+                      void* stream);
+
+// Built-in tasks. Each enqueues one preemptible kernel for launch.ctx's phase.
+void launch_spin(const CudaLaunch& launch, uint64_t ns_per_item);
+// y[i] += a * x[i] over n elements, `chunk` elements per item; dtype 0 = float32, 1 = float64.
+void launch_saxpy(const CudaLaunch& launch, double a, const void* x, void* y, uint64_t n,
+                  uint64_t chunk, int dtype);
+// Test probe: counts[phase * items + item] += 1; violations += 1 for an item that starts
+// before every item of the previous phase finished (phase_done counts per phase).
+void launch_item_counter(const CudaLaunch& launch, uint32_t* counts,
+                         unsigned long long* phase_done, unsigned long long* violations,
+                         uint64_t items_per_phase, uint64_t ns_per_item);
+
+// Plain (non-preemptible) references for the item-overhead benchmark.
+void launch_saxpy_plain(double a, const void* x, void* y, uint64_t n, int dtype, void* stream);
+
+}  // namespace freeride::kernels

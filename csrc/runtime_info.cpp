@@ -1,0 +1,87 @@
+#include "runtime_info.hpp"
+
+#ifdef FREERIDE_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include <exception>
+#include <string>
+
+#include "cuda_driver.hpp"
+#endif
+
+namespace freeride {
+
+#ifdef FREERIDE_WITH_CUDA
+namespace {
+
+std::string describe(const char* call, cudaError_t err) {
+  return std::string(call) + " failed: " + cudaGetErrorName(err) + " (" +
+         cudaGetErrorString(err) + ")";
+}
+
+// Fills info from the runtime. Only device attributes are read: none of the calls below
+// creates a context, so asking costs no device memory on any GPU.
+void query_cuda(BackendInfo& info) {
+  int runtime = 0;
+  if (cudaRuntimeGetVersion(&runtime) == cudaSuccess) info.runtime_version = runtime;
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) == cudaSuccess) info.driver_version = driver;  // 0: none
+
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    // cudaErrorNoDevice, cudaErrorInsufficientDriver (no driver, or one older than this
+    // runtime), ... must not linger as the thread's last error.
+    (void)cudaGetLastError();
+    info.reason = describe("cudaGetDeviceCount", err);
+    return;
+  }
+  if (count <= 0) {
+    info.reason = "no CUDA device visible";
+    return;
+  }
+  for (int i = 0; i < count; ++i) {
+    DeviceInfo dev;
+    dev.index = i;
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, i) == cudaSuccess) {
+      dev.name = prop.name;
+      dev.sm_count = prop.multiProcessorCount;
+      dev.compute_capability = prop.major * 10 + prop.minor;
+    } else {
+      (void)cudaGetLastError();
+      dev.name = "unknown";
+    }
+    dev.stream_mem_ops = cuda_driver::stream_mem_ops_usable(i);
+    info.devices.push_back(std::move(dev));
+  }
+  info.cuda = true;
+}
+
+}  // namespace
+#endif
+
+BackendInfo query_backend_info() {
+  BackendInfo info;
+#ifdef FREERIDE_WITH_CUDA
+  info.cuda_built = true;
+  try {
+    query_cuda(info);
+  } catch (const std::exception& e) {
+    info.cuda = false;
+    info.devices.clear();
+    info.reason = std::string("querying CUDA failed: ") + e.what();
+  } catch (...) {
+    info.cuda = false;
+    info.devices.clear();
+    info.reason = "querying CUDA failed";
+  }
+#else
+  info.cuda_built = false;
+  info.cuda = false;
+  info.reason = "built without CUDA";
+#endif
+  return info;
+}
+
+}  // namespace freeride

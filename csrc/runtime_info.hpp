@@ -1,0 +1,28 @@
+// What this build and this machine offer: reported by fr.backend_info().
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace freeride {
+
+struct DeviceInfo {
+  int index = 0;
+  std::string name;
+  int sm_count = 0;
+  int compute_capability = 0;  // major * 10 + minor
+  bool stream_mem_ops = false; // cuStreamWriteValue32 / cuStreamWaitValue32 usable
+};
+
+struct BackendInfo {
+  bool cuda_built = false;     // compiled with the CUDA backend
+  bool cuda = false;           // a usable CUDA device is present
+  int runtime_version = 0;     // CUDA runtime linked in (0 without CUDA)
+  int driver_version = 0;      // 0 where no driver is installed
+  std::vector<DeviceInfo> devices;
+  std::string reason;          // why cuda is false, when it is
+};
+
+BackendInfo query_backend_info();
+
+}  // namespace freeride

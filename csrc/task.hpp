@@ -1,0 +1,49 @@
+// A side task as the executor sees it: a sequence of phases, each a set of items.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "freeride/item_ctx.h"
+
+namespace freeride {
+
+// What a CUDA launch of one phase gets from the backend.
+struct CudaLaunch {
+  fr_item_ctx ctx;      // device pointers of gate and counters, items of this phase
+  void* stream;         // the side stream (cudaStream_t)
+  int sm_count;         // multiprocessors of the device, for sizing persistent grids
+  int device;           // CUDA device ordinal
+};
+
+class Task {
+ public:
+  virtual ~Task() = default;
+
+  virtual std::string name() const = 0;
+  virtual uint64_t num_phases() const = 0;
+  virtual uint64_t num_items(uint64_t phase) const = 0;
+
+  // Bytes of memory this task holds on the harvester's device (inputs, outputs and
+  // workspaces); charged against the harvester's budget while the task is admitted.
+  uint64_t memory_bytes() const { return memory_bytes_; }
+  void set_memory_bytes(uint64_t bytes) { memory_bytes_ = bytes; }
+
+  // Host backend: runs one item on the calling worker thread. May throw; the task then fails.
+  virtual void run_item(uint64_t phase, uint64_t item) = 0;
+
+  // CUDA backend: enqueues one preemptible kernel for the phase on launch.stream.
+  // Throws where the task has no CUDA implementation or the build has no CUDA.
+  virtual void launch_cuda(const CudaLaunch& launch) = 0;
+
+  uint64_t total_items() const {
+    uint64_t total = 0;
+    for (uint64_t p = 0; p < num_phases(); ++p) total += num_items(p);
+    return total;
+  }
+
+ private:
+  uint64_t memory_bytes_ = 0;
+};
+
+}  // namespace freeride

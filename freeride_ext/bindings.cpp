@@ -1,0 +1,123 @@
+// freeride._C: thin pybind11 bindings over the core. Converts types, maps C++
+// exceptions to Python ones, and releases the GIL around anything that may block.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "backend.hpp"
+#include "builtin_tasks.hpp"
+#include "check.hpp"
+#include "executor.hpp"
+#include "runtime_info.hpp"
+
+namespace py = pybind11;
+using freeride::Executor;
+using freeride::Task;
+
+namespace {
+
+using release_gil = py::call_guard<py::gil_scoped_release>;
+
+py::dict backend_info() {
+  const freeride::BackendInfo info = freeride::query_backend_info();
+  py::list devices;
+  for (const auto& d : info.devices) {
+    py::dict dev;
+    dev["index"] = d.index;
+    dev["name"] = d.name;
+    dev["sm_count"] = d.sm_count;
+    dev["compute_capability"] = py::make_tuple(d.compute_capability / 10, d.compute_capability % 10);
+    dev["stream_mem_ops"] = d.stream_mem_ops;
+    devices.append(dev);
+  }
+  py::dict out;
+  out["cuda_built"] = info.cuda_built;
+  out["cuda"] = info.cuda;
+  out["runtime_version"] = info.runtime_version;
+  out["driver_version"] = info.driver_version;
+  out["devices"] = devices;
+  out["reason"] = info.reason;
+  return out;
+}
+
+std::unique_ptr<Executor> make_executor(const std::string& kind, int device, int workers,
+                                        bool gate_in_host_memory, bool stream_wait,
+                                        uint64_t memory_budget) {
+  return std::make_unique<Executor>(
+      freeride::make_backend(kind, device, workers, gate_in_host_memory, stream_wait),
+      memory_budget);
+}
+
+py::tuple status_tuple(const Executor& ex, uint64_t id) {
+  const freeride::TaskStatus s = ex.status(id);
+  return py::make_tuple(freeride::state_name(s.state), s.items_done, s.items_total, s.phase,
+                        s.launches, static_cast<int>(s.error_kind), s.error);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "freeride core: gate, executor, host and CUDA backends, built-in tasks";
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const freeride::InvalidArgument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const freeride::RuntimeFailure& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+  });
+
+  m.attr("GATE_OPEN") = FREERIDE_GATE_OPEN;
+  m.attr("GATE_CLOSED") = FREERIDE_GATE_CLOSED;
+  m.attr("IMMEDIATE") = py::int_(static_cast<uint64_t>(freeride::kImmediate));
+#ifdef FREERIDE_WITH_CUDA
+  m.attr("CUDA_BUILT") = true;
+#else
+  m.attr("CUDA_BUILT") = false;
+#endif
+  m.def("backend_info", &backend_info, "What this build and machine offer.");
+
+  py::class_<Task, std::shared_ptr<Task>>(m, "Task")
+      .def_property_readonly("name", &Task::name)
+      .def_property_readonly("num_phases", &Task::num_phases)
+      .def("num_items", &Task::num_items, py::arg("phase"))
+      .def_property_readonly("total_items", &Task::total_items)
+      .def_property("memory_bytes", &Task::memory_bytes, &Task::set_memory_bytes);
+
+  m.def("spin_task", &freeride::make_spin_task, py::arg("items"), py::arg("phases"),
+        py::arg("ns_per_item"));
+  m.def("saxpy_task", &freeride::make_saxpy_task, py::arg("a"), py::arg("x"), py::arg("y"),
+        py::arg("n"), py::arg("chunk"), py::arg("dtype"));
+  m.def("item_counter_task", &freeride::make_item_counter_task, py::arg("items"),
+        py::arg("phases"), py::arg("counts"), py::arg("phase_done"), py::arg("violations"),
+        py::arg("ns_per_item"), py::arg("fail_phase"), py::arg("fail_item"));
+
+  py::class_<Executor>(m, "Executor")
+      .def(py::init(&make_executor), py::arg("kind"), py::arg("device"), py::arg("workers"),
+           py::arg("gate_in_host_memory"), py::arg("stream_wait"), py::arg("memory_budget"),
+           release_gil())
+      .def("submit", &Executor::submit, py::arg("task"), py::arg("priority"), release_gil())
+      .def("status", &status_tuple, py::arg("id"))
+      .def("wait", &Executor::wait, py::arg("id"), py::arg("timeout"), release_gil())
+      .def("wait_all", &Executor::wait_all, py::arg("timeout"), release_gil())
+      .def("cancel", &Executor::cancel, py::arg("id"), release_gil())
+      .def("forget", &Executor::forget, py::arg("id"))
+      .def("close", &Executor::close, release_gil())
+      .def_property_readonly("closed", &Executor::closed)
+      .def_property_readonly("memory_budget", &Executor::memory_budget)
+      .def_property_readonly("memory_used", &Executor::memory_used)
+      .def(
+          "gate_write",
+          [](Executor& ex, uint32_t value, uint64_t stream) {
+            ex.backend().gate_write(value, static_cast<uintptr_t>(stream));
+          },
+          py::arg("value"), py::arg("stream"), release_gil())
+      .def("gate_read", [](Executor& ex) { return ex.backend().gate_read(); }, release_gil())
+      .def_property_readonly("gate_address",
+                             [](Executor& ex) { return ex.backend().gate_address(); })
+      .def_property_readonly("side_stream",
+                             [](Executor& ex) { return ex.backend().side_stream(); })
+      .def_property_readonly("kind", [](Executor& ex) { return ex.backend().kind(); })
+      .def_property_readonly("device", [](Executor& ex) { return ex.backend().device(); });
+}

@@ -1,0 +1,71 @@
+"""freeride: run side tasks in the bubbles of pipeline-parallel training.
+
+    import freeride as fr
+    with fr.Harvester(device="cuda:0", memory_budget="8GiB") as h:
+        t = h.submit(fr.tasks.Spin(items=1000, ns_per_item=20_000))
+        ...
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict
+
+from . import _C, tasks
+from .errors import (
+    CudaUnavailableError,
+    FreerideError,
+    HarvesterClosedError,
+    MemoryBudgetError,
+    TaskCancelledError,
+    TaskFailedError,
+)
+from .gate import Gate
+from .handle import TaskHandle
+from .harvester import Harvester
+
+__version__ = "0.1.0"
+
+
+def backend_info() -> Dict[str, Any]:
+    """What this build and machine offer: ``cuda`` (a usable GPU), ``cuda_built``,
+    ``devices`` (name, SMs, compute capability, ``stream_mem_ops``), ``stream_mem_ops``
+    (all devices support them), ``runtime_version``, ``driver_version``, ``version``,
+    and ``reason`` when cuda is False."""
+    info = dict(_C.backend_info())
+    info["stream_mem_ops"] = bool(info["devices"]) and all(
+        d["stream_mem_ops"] for d in info["devices"]
+    )
+    info["version"] = __version__
+    info["default_backend"] = "cuda" if info["cuda"] else "host"
+    return info
+
+
+def include_dir() -> str:
+    """Folder holding freeride/preempt.cuh, for compiling user kernels
+    (``-I`` + this path, then ``#include <freeride/preempt.cuh>``)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    installed = os.path.join(here, "include")
+    if os.path.isfile(os.path.join(installed, "freeride", "preempt.cuh")):
+        return installed
+    source = os.path.normpath(os.path.join(here, "..", "..", "csrc", "include"))
+    if os.path.isfile(os.path.join(source, "freeride", "preempt.cuh")):
+        return source
+    raise FileNotFoundError("freeride's headers are missing from this installation")
+
+
+__all__ = [
+    "backend_info",
+    "include_dir",
+    "Harvester",
+    "Gate",
+    "TaskHandle",
+    "tasks",
+    "FreerideError",
+    "MemoryBudgetError",
+    "TaskFailedError",
+    "TaskCancelledError",
+    "HarvesterClosedError",
+    "CudaUnavailableError",
+    "__version__",
+]

@@ -1,0 +1,25 @@
+"""Exceptions raised by freeride."""
+
+
+class FreerideError(Exception):
+    """Base class of freeride's own errors."""
+
+
+class MemoryBudgetError(FreerideError):
+    """A side task needs more device memory than the harvester's ``memory_budget``."""
+
+
+class TaskFailedError(FreerideError):
+    """A side task raised or its launch failed; the message carries the cause."""
+
+
+class TaskCancelledError(FreerideError):
+    """``result()`` of a task that was cancelled (by ``cancel()`` or by ``close()``)."""
+
+
+class HarvesterClosedError(FreerideError, RuntimeError):
+    """The harvester was closed; it accepts no more work or gate writes."""
+
+
+class CudaUnavailableError(FreerideError, RuntimeError):
+    """A CUDA device was requested where freeride cannot use one."""

@@ -1,0 +1,102 @@
+"""TaskHandle: the user's view of one submitted side task."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from . import _C
+from .errors import MemoryBudgetError, TaskCancelledError, TaskFailedError
+
+# Must match freeride::ErrorKind in csrc/executor.hpp.
+_ERR_FAILED, _ERR_BUDGET, _ERR_CANCELLED = 1, 2, 3
+
+
+class TaskHandle:
+    """A submitted side task. States: 'queued', 'running', 'paused', 'done', 'failed',
+    'cancelled'. 'paused' means started, not finished, and no item executing now (the
+    gate is closed or a more urgent task runs)."""
+
+    def __init__(self, executor: "_C.Executor", task_id: int, task: Any, built: Any) -> None:
+        self._ex = executor
+        self._id = task_id
+        self.task = task
+        self._built = built  # keeps the task's buffers alive while the core uses them
+        self._final_status: Optional[tuple] = None
+
+    def _status(self) -> tuple:
+        if self._final_status is not None:
+            return self._final_status
+        status = self._ex.status(self._id)
+        if status[0] in ("done", "failed", "cancelled"):
+            self._final_status = status
+        return status
+
+    @property
+    def id(self) -> int:
+        """The executor's id of this task."""
+        return self._id
+
+    @property
+    def state(self) -> str:
+        """One of 'queued', 'running', 'paused', 'done', 'failed', 'cancelled'."""
+        return self._status()[0]
+
+    @property
+    def items_done(self) -> int:
+        """Items finished so far over all phases; read without stopping the GPU."""
+        return self._status()[1]
+
+    @property
+    def items_total(self) -> int:
+        """Items of all phases together."""
+        return self._status()[2]
+
+    @property
+    def progress(self) -> float:
+        """items_done / items_total, from 0.0 to 1.0."""
+        status = self._status()
+        return status[1] / status[2] if status[2] else 1.0
+
+    @property
+    def phase(self) -> int:
+        """Index of the phase running now (the last one once done)."""
+        return self._status()[3]
+
+    @property
+    def launches(self) -> int:
+        """Preemptible launches so far: one more after every pause."""
+        return self._status()[4]
+
+    def done(self) -> bool:
+        """True once the task is final (done, failed or cancelled)."""
+        return self.state in ("done", "failed", "cancelled")
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Blocks until the task is final or `timeout` seconds passed; True if final.
+        Releases the GIL while it waits."""
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be None or >= 0, got {timeout}")
+        return self._ex.wait(self._id, -1.0 if timeout is None else float(timeout))
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        """Waits for the task and returns its result; re-raises its error
+        (TaskFailedError, MemoryBudgetError) or raises TaskCancelledError."""
+        if not self.wait(timeout):
+            raise TimeoutError(f"task {self._id} did not finish within {timeout} s")
+        state, _, _, _, _, kind, message = self._status()
+        if state == "done":
+            return self._built.result()
+        if kind == _ERR_BUDGET:
+            raise MemoryBudgetError(message)
+        if state == "cancelled":
+            raise TaskCancelledError(f"task {self._id} ({self.task!r}) was {message}")
+        raise TaskFailedError(message)
+
+    def cancel(self) -> bool:
+        """Starts no further item of the task. Items already claimed finish (none is lost
+        or repeated). False if the task was already final."""
+        return self._ex.cancel(self._id)
+
+    def __repr__(self) -> str:
+        state, done, total = self._status()[:3]
+        return f"TaskHandle(id={self._id}, task={self.task!r}, state={state!r}, items={done}/{total})"

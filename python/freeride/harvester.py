@@ -1,0 +1,176 @@
+"""Harvester: the per-device object that owns the gate, the side stream and the executor."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import weakref
+from typing import Any, Iterator, List, Optional, Union
+
+from . import _C
+from ._device import resolve_device
+from ._units import parse_memory
+from .errors import HarvesterClosedError
+from .gate import Gate
+from .handle import TaskHandle
+from .tasks._base import Task, check_count
+
+
+def _default_workers() -> int:
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+class Harvester:
+    """Runs side tasks on one device, only while its gate is open.
+
+    Args:
+        device: "auto" or None (cuda:0 when a GPU is usable, else the host backend),
+            "cpu", "cuda", "cuda:N", an int N or a torch.device.
+        memory_budget: device memory side tasks may hold at once: bytes, a size string
+            ("8GiB", "512MB"), or None for no limit.
+        workers: host backend only: threads that run items (default: half the cores).
+        gate_in_host_memory: CUDA only: keep the gate in mapped pinned host memory
+            instead of device memory.
+        stream_wait: CUDA only: hold each launch on the side stream with
+            cuStreamWaitValue32 until the gate opens, instead of admitting it when the
+            executor thread sees the gate open. Not even an empty launch then reaches the
+            GPU during compute, but a device-wide synchronisation (torch.cuda.synchronize,
+            cudaFree, empty_cache) issued while the gate is closed and before its open
+            waits forever, and with CUDA_DEVICE_MAX_CONNECTIONS=1 the pending wait blocks
+            the training stream. Off by default.
+
+    Use it as a context manager, or call close().
+    """
+
+    def __init__(
+        self,
+        device: Any = "auto",
+        memory_budget: Optional[Union[int, str]] = None,
+        *,
+        workers: Optional[int] = None,
+        gate_in_host_memory: bool = False,
+        stream_wait: bool = False,
+    ) -> None:
+        self._kind, self._device_index = resolve_device(device)
+        budget = parse_memory(memory_budget, "memory_budget")
+        workers = _default_workers() if workers is None else check_count(workers, "workers", 1, 1024)
+        if not isinstance(gate_in_host_memory, bool):
+            raise TypeError("gate_in_host_memory must be a bool")
+        if not isinstance(stream_wait, bool):
+            raise TypeError("stream_wait must be a bool")
+        self._ex = _C.Executor(self._kind, self._device_index, workers, gate_in_host_memory,
+                               stream_wait, budget)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._handles: "weakref.WeakSet[TaskHandle]" = weakref.WeakSet()
+        self.gate = Gate(self._ex, self._kind, self._device_index, self._check_open)
+
+    # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def device(self) -> str:
+        """"cpu" or "cuda:N"."""
+        return "cpu" if self._kind == "host" else f"cuda:{self._device_index}"
+
+    @property
+    def backend(self) -> str:
+        """"host" or "cuda"."""
+        return self._kind
+
+    @property
+    def side_stream(self) -> int:
+        """Handle of the low-priority stream side kernels run on (0 on the host backend)."""
+        return self._ex.side_stream
+
+    @property
+    def memory_budget(self) -> Optional[int]:
+        """Bytes side tasks may hold at once, or None for no limit."""
+        return self._ex.memory_budget or None
+
+    @property
+    def memory_used(self) -> int:
+        """Bytes held by the side tasks admitted now."""
+        return self._ex.memory_used
+
+    @property
+    def closed(self) -> bool:
+        """True after close()."""
+        return self._closed
+
+    # -- work ---------------------------------------------------------------------------------
+
+    def submit(self, task: Task, priority: int = 0) -> TaskHandle:
+        """Queues `task`; higher `priority` runs first, FIFO within a priority. A task that
+        would exceed the memory budget on its own comes back failed with MemoryBudgetError."""
+        self._check_open()
+        if not isinstance(task, Task):
+            raise TypeError(f"task must be a freeride task (fr.tasks.*), got {type(task).__name__}")
+        priority = check_count(priority, "priority", -(2**31), 2**31 - 1)
+        built = task._build(self)
+        with self._lock:
+            self._check_open()
+            task_id = self._ex.submit(built.core, priority)
+            handle = TaskHandle(self._ex, task_id, task, built)
+            self._handles.add(handle)
+        return handle
+
+    def wait_all(self, timeout: Optional[float] = None) -> bool:
+        """Blocks until every submitted task is final; True if they are."""
+        self._check_open()
+        return self._ex.wait_all(-1.0 if timeout is None else float(timeout))
+
+    @contextlib.contextmanager
+    def compute(self, stream: Any = None) -> Iterator[None]:
+        """Closes the gate before the block's work on `stream` and opens it after, in
+        stream order: the manual hook for training loops freeride does not attach to."""
+        self.gate.close(stream)
+        try:
+            yield
+        finally:
+            if not self._closed:
+                self.gate.open(stream)
+
+    @contextlib.contextmanager
+    def bubble(self, stream: Any = None) -> Iterator[None]:
+        """The opposite of compute(): opens the gate for the block, closes it after."""
+        self.gate.open(stream)
+        try:
+            yield
+        finally:
+            if not self._closed:
+                self.gate.close(stream)
+
+    def tasks(self) -> List[TaskHandle]:
+        """Handles of the submitted tasks that are still referenced."""
+        return sorted(self._handles, key=lambda h: h.id)
+
+    # -- lifetime -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Cancels what has not finished, stops the executor thread and frees the side
+        stream and every buffer. Returns promptly even with tasks running. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._ex.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise HarvesterClosedError("the harvester is closed")
+
+    def __enter__(self) -> "Harvester":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        ex = getattr(self, "_ex", None)
+        if ex is not None and not getattr(self, "_closed", True):
+            ex.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"Harvester(device={self.device!r}, {state})"

@@ -1,0 +1,8 @@
+"""Built-in side tasks."""
+
+from ._base import Task
+from .item_counter import ItemCounter, ItemCounts
+from .saxpy import Saxpy
+from .spin import Spin
+
+__all__ = ["Task", "Spin", "Saxpy", "ItemCounter", "ItemCounts"]

@@ -1,0 +1,100 @@
+"""What every side task gives the harvester: a core task plus how to read its result."""
+
+from __future__ import annotations
+
+import math
+import operator
+import sys
+from typing import Any, Callable, Optional, Sequence, Tuple
+
+import numpy as np
+
+_U64 = 2**64 - 1
+
+
+class Built:
+    """A task bound to one harvester: the core task, its result reader, and references
+    to every buffer the core uses (they must outlive the task)."""
+
+    def __init__(self, core: Any, result: Callable[[], Any] = lambda: None,
+                 keep: Sequence[Any] = ()) -> None:
+        self.core = core
+        self._result = result
+        self.keep = tuple(keep)
+
+    def result(self) -> Any:
+        return self._result()
+
+
+class Task:
+    """Base class of the side tasks built from preemptible items."""
+
+    def _build(self, harvester: Any) -> Built:
+        """Validates the task against the harvester's device and creates the core task."""
+        raise NotImplementedError
+
+
+def check_count(value: Any, name: str, minimum: int = 1, maximum: int = 2**63 - 1) -> int:
+    """An integer in [minimum, maximum]; counters are 64-bit, so item counts beyond
+    32 bits are fine."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got a bool")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+    return value
+
+
+def check_float(value: Any, name: str) -> float:
+    """A finite real number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return value
+
+
+def zeros(shape: Tuple[int, ...], dtype: str, kind: str, device: int) -> Tuple[Any, int]:
+    """A zeroed buffer on the harvester's device and its address: numpy on the host,
+    torch (or CuPy) on a GPU."""
+    if kind == "host":
+        arr = np.zeros(shape, dtype=dtype)
+        return arr, int(arr.ctypes.data)
+    try:
+        import torch
+
+        arr = torch.zeros(shape, dtype=getattr(torch, dtype), device=f"cuda:{device}")
+        return arr, int(arr.data_ptr())
+    except ImportError:
+        pass
+    cupy = sys.modules.get("cupy")
+    if cupy is None:
+        try:
+            import cupy
+        except ImportError:
+            raise ImportError(
+                "buffers on a GPU need torch or cupy; install one of them"
+            ) from None
+    with cupy.cuda.Device(device):
+        arr = cupy.zeros(shape, dtype=dtype)
+    return arr, int(arr.data.ptr)
+
+
+def to_numpy(arr: Any) -> np.ndarray:
+    """Host copy of a buffer made by zeros()."""
+    if isinstance(arr, np.ndarray):
+        return arr.copy()
+    if hasattr(arr, "cpu"):
+        return arr.cpu().numpy()
+    return arr.get()
+
+
+def describe(task: Any, **fields: Optional[Any]) -> str:
+    inner = ", ".join(f"{k}={v!r}" for k, v in fields.items())
+    return f"{type(task).__name__}({inner})"

@@ -1,0 +1,46 @@
+"""Saxpy: y += a * x, a memory-bound side task."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from .. import _C
+from .._arrays import as_array
+from ._base import Built, Task, check_count, check_float, describe
+
+# Bytes of x per item: small enough that an item takes microseconds even when every
+# resident block shares the memory bandwidth, large enough to amortise the claim.
+_ITEM_BYTES = 16384
+
+
+class Saxpy(Task):
+    """y += a * x over float32 or float64 tensors of the same size, in place.
+
+    `chunk` is the number of elements per item (default: 16 KiB of x). The result is y.
+    """
+
+    def __init__(self, a: float, x: Any, y: Any, chunk: Optional[int] = None) -> None:
+        self.a = check_float(a, "a")
+        self.x = x
+        self.y = y
+        self.chunk = None if chunk is None else check_count(chunk, "chunk")
+
+    def _build(self, harvester: Any) -> Built:
+        kind, device = harvester._kind, harvester._device_index
+        x = as_array(self.x, "x", kind, device)
+        y = as_array(self.y, "y", kind, device, writable=True)
+        if x.dtype != y.dtype:
+            raise TypeError(f"x and y must have the same dtype, got {x.dtype} and {y.dtype}")
+        if x.size != y.size:
+            raise ValueError(f"x and y must have the same number of elements, got {x.size} and {y.size}")
+        if x.ptr == y.ptr:
+            raise ValueError("x and y must not be the same memory")
+        itemsize = x.nbytes // x.size
+        chunk = self.chunk or max(1, _ITEM_BYTES // itemsize)
+        core = _C.saxpy_task(self.a, x.ptr, y.ptr, x.size, chunk, 0 if x.dtype == "float32" else 1)
+        core.memory_bytes = x.nbytes + y.nbytes
+        return Built(core, lambda: self.y, keep=(x, y))
+
+    def __repr__(self) -> str:
+        n = getattr(self.x, "shape", None)
+        return describe(self, a=self.a, shape=tuple(n) if n is not None else None)

@@ -1,0 +1,50 @@
+import os
+import time
+
+import pytest
+
+import freeride as fr
+
+_INFO = fr.backend_info()
+HAS_GPU = bool(_INFO["cuda"])
+NO_GPU_REASON = f"no usable CUDA GPU here ({_INFO.get('reason') or 'none found'})"
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason=NO_GPU_REASON)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+# Every protocol test runs on the host backend; with -m gpu on a GPU machine, also on cuda.
+BACKENDS = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(params=BACKENDS)
+def harvester(request):
+    kwargs = {"workers": 4} if request.param == "cpu" else {}
+    with fr.Harvester(request.param, **kwargs) as h:
+        yield h
+
+
+@pytest.fixture
+def host():
+    with fr.Harvester("cpu", workers=4) as h:
+        yield h
+
+
+def wait_until(predicate, timeout=10.0, interval=0.002):
+    """Polls predicate until true; fails the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"condition not reached within {timeout} s")
+
+
+def os_threads() -> int:
+    return len(os.listdir("/proc/self/task"))

@@ -1,0 +1,168 @@
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import freeride as fr
+
+from conftest import os_threads, wait_until
+
+
+def test_priorities_higher_first_fifo_within(host):
+    host.gate.close(stream="host")
+    order = []
+    low = host.submit(fr.tasks.ItemCounter(8, ns_per_item=5_000_000), priority=0)
+    high_a = host.submit(fr.tasks.ItemCounter(8, ns_per_item=5_000_000), priority=5)
+    high_b = host.submit(fr.tasks.ItemCounter(8, ns_per_item=5_000_000), priority=5)
+    mid = host.submit(fr.tasks.ItemCounter(8, ns_per_item=5_000_000), priority=2)
+    handles = {"low": low, "high_a": high_a, "high_b": high_b, "mid": mid}
+
+    def watch():
+        pending = dict(handles)
+        while pending:
+            for name, h in list(pending.items()):
+                if h.done():
+                    order.append(name)
+                    del pending[name]
+            time.sleep(0.0005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    host.gate.open(stream="host")
+    assert host.wait_all(timeout=30)
+    watcher.join()
+    assert order == ["high_a", "high_b", "mid", "low"]
+    for h in handles.values():
+        assert (h.result().counts == 1).all()
+
+
+def test_higher_priority_preempts_running_task(host):
+    low = host.submit(fr.tasks.ItemCounter(2000, ns_per_item=500_000), priority=0)
+    wait_until(lambda: low.items_done > 10)
+    high = host.submit(fr.tasks.ItemCounter(40, ns_per_item=100_000), priority=1)
+    assert high.wait(timeout=30)
+    assert not low.done()  # low had far more work left; it yielded at an item boundary
+    low.cancel()
+    low.wait(timeout=30)
+    counts = low.task.snapshot().counts
+    assert counts.max() == 1
+    assert int(counts.sum()) == low.items_done
+    assert (high.result().counts == 1).all()
+
+
+def test_failing_task_reports_and_others_continue(harvester):
+    if harvester.backend != "host":
+        pytest.skip("injected item failures exist on the host backend only")
+    bad = harvester.submit(fr.tasks.ItemCounter(100, phases=2, fail_at=(1, 17)))
+    good = harvester.submit(fr.tasks.ItemCounter(100, phases=2))
+    assert bad.wait(timeout=30) and good.wait(timeout=30)
+    assert bad.state == "failed"
+    with pytest.raises(fr.TaskFailedError, match="injected failure at phase 1, item 17"):
+        bad.result()
+    counts = bad.task.snapshot().counts
+    assert (counts[0] == 1).all() and counts[1, 17] == 0 and counts.max() == 1
+    assert (good.result().counts == 1).all()
+    after = harvester.submit(fr.tasks.Spin(10, 1000))
+    assert after.wait(timeout=30) and after.state == "done"
+
+
+def test_cancel_queued_running_and_finished(host):
+    host.gate.close(stream="host")
+    queued = host.submit(fr.tasks.Spin(10, 1000))
+    assert queued.cancel()
+    assert queued.state == "cancelled"
+    with pytest.raises(fr.TaskCancelledError):
+        queued.result()
+    host.gate.open(stream="host")
+    running = host.submit(fr.tasks.ItemCounter(5000, ns_per_item=200_000))
+    wait_until(lambda: running.items_done > 5)
+    assert running.cancel()
+    assert running.wait(timeout=10)
+    assert running.state == "cancelled"
+    snap = running.task.snapshot()
+    assert snap.counts.max() == 1 and int(snap.counts.sum()) == running.items_done
+    finished = host.submit(fr.tasks.Spin(4, 1000))
+    assert finished.wait(timeout=10)
+    assert not finished.cancel()
+    assert finished.state == "done"
+
+
+def test_progress_and_items_done_grow_while_running(host):
+    t = host.submit(fr.tasks.Spin(400, 500_000, phases=2))
+    wait_until(lambda: 0 < t.items_done < 800)
+    assert 0.0 < t.progress < 1.0
+    assert t.items_total == 800
+    assert t.wait(timeout=60)
+    assert t.progress == 1.0 and t.items_done == 800
+
+
+def test_memory_budget_rejects_oversized_task(host):
+    with fr.Harvester("cpu", memory_budget="4KiB", workers=2) as h:
+        big = h.submit(fr.tasks.Saxpy(2.0, np.ones(4096, np.float32), np.ones(4096, np.float32)))
+        small_y = np.ones(64, np.float32)
+        small = h.submit(fr.tasks.Saxpy(2.0, np.ones(64, np.float32), small_y))
+        assert big.wait(timeout=10) and small.wait(timeout=10)
+        assert big.state == "failed"
+        with pytest.raises(fr.MemoryBudgetError, match="memory_budget"):
+            big.result()
+        assert small.state == "done"
+        np.testing.assert_array_equal(small_y, np.full(64, 3.0, np.float32))
+        assert h.memory_used == 0
+
+
+def test_memory_budget_queues_until_memory_is_released():
+    with fr.Harvester("cpu", memory_budget=3000, workers=2) as h:
+        h.gate.close(stream="host")
+        a = h.submit(fr.tasks.ItemCounter(500))  # 2000 + 16 bytes
+        b = h.submit(fr.tasks.ItemCounter(500))
+        h.gate.open(stream="host")
+        assert a.wait(timeout=30) and b.wait(timeout=30)
+        assert a.state == b.state == "done"
+        assert h.memory_used == 0
+
+
+def test_close_with_running_tasks_returns_and_leaves_no_thread():
+    before = os_threads()
+    h = fr.Harvester("cpu", workers=4)
+    assert os_threads() == before + 5  # 4 workers + the executor thread
+    running = h.submit(fr.tasks.Spin(100_000, 1_000_000))
+    queued = h.submit(fr.tasks.Spin(10, 1_000))
+    wait_until(lambda: running.items_done > 0)
+    h.close()
+    assert os_threads() == before
+    assert running.state == "cancelled" and queued.state == "cancelled"
+    assert running.items_done < 100_000
+    with pytest.raises(fr.TaskCancelledError, match="closed"):
+        queued.result()
+
+
+def test_close_while_gate_closed_and_task_waiting():
+    before = os_threads()
+    h = fr.Harvester("cpu", workers=2)
+    h.gate.close(stream="host")
+    t = h.submit(fr.tasks.Spin(10, 1000))
+    time.sleep(0.05)
+    h.close()
+    assert t.state == "cancelled"
+    assert os_threads() == before
+
+
+def test_closed_harvester_refuses_work(host):
+    host.close()
+    host.close()  # idempotent
+    with pytest.raises(fr.HarvesterClosedError):
+        host.submit(fr.tasks.Spin(1, 1))
+    with pytest.raises(fr.HarvesterClosedError):
+        host.gate.close()
+    with pytest.raises(fr.HarvesterClosedError):
+        with host.compute():
+            pass
+
+
+def test_many_harvesters_open_and_close_without_leaks():
+    before = os_threads()
+    for _ in range(20):
+        with fr.Harvester("cpu", workers=3) as h:
+            h.submit(fr.tasks.Spin(50, 10_000))
+    assert os_threads() == before
