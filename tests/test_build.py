@@ -8,8 +8,16 @@ from freeride import _C
 
 def test_backend_info_shape():
     info = fr.backend_info()
-    for key in ("cuda", "cuda_built", "devices", "stream_mem_ops", "version", "runtime_version",
-                "driver_version", "default_backend"):
+    for key in (
+        "cuda",
+        "cuda_built",
+        "devices",
+        "stream_mem_ops",
+        "version",
+        "runtime_version",
+        "driver_version",
+        "default_backend",
+    ):
         assert key in info
     assert isinstance(info["devices"], list)
     if not info["cuda"]:
@@ -17,8 +25,10 @@ def test_backend_info_shape():
         assert info["default_backend"] == "host"
 
 
-@pytest.mark.skipif(os.environ.get("FREERIDE_EXPECT_CUDA_BUILD") != "1",
-                    reason="only where the build is expected to include CUDA (CI sets it)")
+@pytest.mark.skipif(
+    os.environ.get("FREERIDE_EXPECT_CUDA_BUILD") != "1",
+    reason="only where the build is expected to include CUDA (CI sets it)",
+)
 def test_cuda_backend_compiled_in():
     assert _C.CUDA_BUILT
     assert fr.backend_info()["cuda_built"]

@@ -60,12 +60,21 @@ def test_memory_budget_parses(text, nbytes):
         (lambda: fr.tasks.Spin(10, 2 * 10**9), ValueError, "ns_per_item must be <="),
         (lambda: fr.tasks.Spin(10.5, 10), TypeError, "items must be an integer"),
         (lambda: fr.tasks.Spin("10", 10), TypeError, "items must be an integer"),
-        (lambda: fr.tasks.Saxpy(float("nan"), np.ones(4, np.float32), np.ones(4, np.float32)),
-         ValueError, "a must be finite"),
-        (lambda: fr.tasks.Saxpy("2", np.ones(4, np.float32), np.ones(4, np.float32)),
-         TypeError, "a must be a real number"),
-        (lambda: fr.tasks.Saxpy(2.0, np.ones(4, np.float32), np.ones(4, np.float32), chunk=0),
-         ValueError, "chunk must be >= 1"),
+        (
+            lambda: fr.tasks.Saxpy(float("nan"), np.ones(4, np.float32), np.ones(4, np.float32)),
+            ValueError,
+            "a must be finite",
+        ),
+        (
+            lambda: fr.tasks.Saxpy("2", np.ones(4, np.float32), np.ones(4, np.float32)),
+            TypeError,
+            "a must be a real number",
+        ),
+        (
+            lambda: fr.tasks.Saxpy(2.0, np.ones(4, np.float32), np.ones(4, np.float32), chunk=0),
+            ValueError,
+            "chunk must be >= 1",
+        ),
         (lambda: fr.tasks.ItemCounter(10, fail_at=(0, 10)), ValueError, r"fail_at\[1\]"),
     ],
 )
@@ -86,7 +95,12 @@ def test_huge_item_counts_use_64_bit_counters(host):
 @pytest.mark.parametrize(
     "x, y, exc, match",
     [
-        (np.ones(8, np.int32), np.ones(8, np.int32), TypeError, "x must have dtype float32 or float64"),
+        (
+            np.ones(8, np.int32),
+            np.ones(8, np.int32),
+            TypeError,
+            "x must have dtype float32 or float64",
+        ),
         (np.ones(8, np.float32), np.ones(8, np.float64), TypeError, "same dtype"),
         (np.ones(8, np.float32), np.ones(9, np.float32), ValueError, "same number of elements"),
         (np.ones(16, np.float32)[::2], np.ones(8, np.float32), ValueError, "x must be contiguous"),

@@ -84,8 +84,10 @@ def test_exactly_once_under_a_flipping_thread():
         thread = threading.Thread(target=flipper)
         thread.start()
         try:
-            handles = [h.submit(fr.tasks.ItemCounter(500, phases=4, ns_per_item=5_000), priority=p)
-                       for p in (0, 1, 0, 2)]
+            handles = [
+                h.submit(fr.tasks.ItemCounter(500, phases=4, ns_per_item=5_000), priority=p)
+                for p in (0, 1, 0, 2)
+            ]
             for handle in handles:
                 assert handle.wait(timeout=120)
         finally:
@@ -99,8 +101,9 @@ def test_exactly_once_under_a_flipping_thread():
 
 def test_exactly_once_with_cancels_mid_phase():
     with fr.Harvester("cpu", workers=4) as h:
-        handles = [h.submit(fr.tasks.ItemCounter(300, phases=3, ns_per_item=50_000))
-                   for _ in range(4)]
+        handles = [
+            h.submit(fr.tasks.ItemCounter(300, phases=3, ns_per_item=50_000)) for _ in range(4)
+        ]
         time.sleep(0.02)
         for handle in handles[::2]:
             handle.cancel()

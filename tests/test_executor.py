@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 import freeride as fr
-
 from conftest import os_threads, wait_until
 
 
@@ -155,9 +154,8 @@ def test_closed_harvester_refuses_work(host):
         host.submit(fr.tasks.Spin(1, 1))
     with pytest.raises(fr.HarvesterClosedError):
         host.gate.close()
-    with pytest.raises(fr.HarvesterClosedError):
-        with host.compute():
-            pass
+    with pytest.raises(fr.HarvesterClosedError), host.compute():
+        pass
 
 
 def test_many_harvesters_open_and_close_without_leaks():

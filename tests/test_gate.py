@@ -3,7 +3,6 @@ import time
 import pytest
 
 import freeride as fr
-
 from conftest import wait_until
 
 
@@ -22,9 +21,8 @@ def test_compute_closes_then_reopens(harvester):
 
 
 def test_compute_reopens_after_exception(host):
-    with pytest.raises(KeyError):
-        with host.compute():
-            raise KeyError("training step failed")
+    with pytest.raises(KeyError), host.compute():
+        raise KeyError("training step failed")
     assert host.gate.is_open
 
 

@@ -1,15 +1,15 @@
 """freeride: run side tasks in the bubbles of pipeline-parallel training.
 
-    import freeride as fr
-    with fr.Harvester(device="cuda:0", memory_budget="8GiB") as h:
-        t = h.submit(fr.tasks.Spin(items=1000, ns_per_item=20_000))
-        ...
+import freeride as fr
+with fr.Harvester(device="cuda:0", memory_budget="8GiB") as h:
+    t = h.submit(fr.tasks.Spin(items=1000, ns_per_item=20_000))
+    ...
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Dict
+from typing import Any
 
 from . import _C, tasks
 from .errors import (
@@ -27,7 +27,7 @@ from .harvester import Harvester
 __version__ = "0.1.0"
 
 
-def backend_info() -> Dict[str, Any]:
+def backend_info() -> dict[str, Any]:
     """What this build and machine offer: ``cuda`` (a usable GPU), ``cuda_built``,
     ``devices`` (name, SMs, compute capability, ``stream_mem_ops``), ``stream_mem_ops``
     (all devices support them), ``runtime_version``, ``driver_version``, ``version``,
@@ -55,17 +55,17 @@ def include_dir() -> str:
 
 
 __all__ = [
+    "CudaUnavailableError",
+    "FreerideError",
+    "Gate",
+    "Harvester",
+    "HarvesterClosedError",
+    "MemoryBudgetError",
+    "TaskCancelledError",
+    "TaskFailedError",
+    "TaskHandle",
+    "__version__",
     "backend_info",
     "include_dir",
-    "Harvester",
-    "Gate",
-    "TaskHandle",
     "tasks",
-    "FreerideError",
-    "MemoryBudgetError",
-    "TaskFailedError",
-    "TaskCancelledError",
-    "HarvesterClosedError",
-    "CudaUnavailableError",
-    "__version__",
 ]

@@ -3,8 +3,9 @@ before any pointer reaches the core."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -37,8 +38,10 @@ def as_array(
     where = "cpu" if kind == "host" else f"cuda:{device}"
     if _is_torch_tensor(x):
         dev = x.device
-        on_it = dev.type == "cpu" if kind == "host" else (
-            dev.type == "cuda" and (dev.index or 0) == device
+        on_it = (
+            dev.type == "cpu"
+            if kind == "host"
+            else (dev.type == "cuda" and (dev.index or 0) == device)
         )
         if not on_it:
             raise ValueError(f"{name} must be on {where} (the harvester's device), got {dev}")
@@ -46,10 +49,14 @@ def as_array(
         contiguous = x.is_contiguous()
         if writable and x.requires_grad:
             raise ValueError(f"{name} must not require grad: side tasks write it in place")
-        ref = ArrayRef(x, int(x.data_ptr()), int(x.numel()), dtype, int(x.numel() * x.element_size()))
+        ref = ArrayRef(
+            x, int(x.data_ptr()), int(x.numel()), dtype, int(x.numel() * x.element_size())
+        )
     elif isinstance(x, np.ndarray):
         if kind != "host":
-            raise ValueError(f"{name} is a numpy array (host memory) but the harvester is on {where}")
+            raise ValueError(
+                f"{name} is a numpy array (host memory) but the harvester is on {where}"
+            )
         dtype = x.dtype.name
         contiguous = x.flags.c_contiguous
         if writable and not x.flags.writeable:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Tuple
+from typing import Any
 
 from . import _C
 from .errors import CudaUnavailableError
@@ -11,7 +11,7 @@ from .errors import CudaUnavailableError
 _CUDA = re.compile(r"^cuda(?::(\d+))?$")
 
 
-def resolve_device(device: Any) -> Tuple[str, int]:
+def resolve_device(device: Any) -> tuple[str, int]:
     """Returns ("host", -1) or ("cuda", index) for None/"auto", "cpu", "cuda", "cuda:N",
     an int N or a torch.device."""
     if device is None:
@@ -36,9 +36,7 @@ def resolve_device(device: Any) -> Tuple[str, int]:
         return "host", -1
     match = _CUDA.match(text)
     if match is None:
-        raise ValueError(
-            f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N'; got {device!r}"
-        )
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N'; got {device!r}")
     return "cuda", _check_cuda(int(match.group(1) or 0))
 
 

@@ -34,9 +34,7 @@ def stream_handle(stream: Any, kind: str, device: int) -> int:
         raise TypeError(f"stream must be {STREAM_ARG}; got {type(stream).__name__}")
     stream_device = _device_of(stream)
     if stream_device is not None and stream_device != device:
-        raise ValueError(
-            f"stream is on cuda:{stream_device} but the harvester is on cuda:{device}"
-        )
+        raise ValueError(f"stream is on cuda:{stream_device} but the harvester is on cuda:{device}")
     return handle
 
 

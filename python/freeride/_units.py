@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import Optional, Union
 
 _UNITS = {
     "": 1,
@@ -25,7 +24,7 @@ _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 _MAX = 2**64 - 1
 
 
-def parse_memory(value: Optional[Union[int, str]], name: str = "memory_budget") -> int:
+def parse_memory(value: int | str | None, name: str = "memory_budget") -> int:
     """Bytes from an int or a size string; None means unlimited and returns 0.
 
     Decimal units (KB, MB, GB, TB) are powers of 1000, binary ones (KiB, MiB, GiB, TiB)

@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 import time
-from typing import List, Optional
 
 import numpy as np
 
@@ -19,8 +18,9 @@ def _compute_step(size: int, rng: np.random.Generator) -> None:
         a = np.tanh(a @ a * (1.0 / size))
 
 
-def _train(h: Harvester, iters: int, actions: int, bubble_s: float, size: int,
-           harvest: bool) -> tuple:
+def _train(
+    h: Harvester, iters: int, actions: int, bubble_s: float, size: int, harvest: bool
+) -> tuple:
     """A stand-in for one pipeline stage: compute actions separated by waits for
     neighbours (sleeps). Returns (seconds, compute seconds)."""
     rng = np.random.default_rng(0)
@@ -70,15 +70,27 @@ def demo(args: argparse.Namespace) -> int:
         handle.wait(10)
     bubble_s = side_s - compute_s
     rows = [
-        ("iterations", f"{args.iters} x {args.actions} compute actions, "
-                       f"{args.bubble_ms:g} ms bubble after each"),
+        (
+            "iterations",
+            (
+                f"{args.iters} x {args.actions} compute actions, "
+                f"{args.bubble_ms:g} ms bubble after each"
+            ),
+        ),
         ("bubble fraction", f"{bubble_s / side_s:.1%} ({bubble_s:.3f} s of {side_s:.3f} s)"),
         ("side work done", f"{items:,} Spin items of {args.item_us} us"),
-        ("harvest efficiency", f"{items / (rate * bubble_s):.0%} of what an idle device "
-                               f"does in that bubble time ({rate:,.0f} items/s)"),
+        (
+            "harvest efficiency",
+            (
+                f"{items / (rate * bubble_s):.0%} of what an idle device "
+                f"does in that bubble time ({rate:,.0f} items/s)"
+            ),
+        ),
         ("iteration, no side work", f"{base_s / args.iters * 1000:.2f} ms"),
-        ("iteration, harvesting", f"{side_s / args.iters * 1000:.2f} ms "
-                                  f"({(side_s - base_s) / base_s:+.1%})"),
+        (
+            "iteration, harvesting",
+            (f"{side_s / args.iters * 1000:.2f} ms ({(side_s - base_s) / base_s:+.1%})"),
+        ),
     ]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
@@ -91,7 +103,7 @@ def info(_: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="freeride", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="run a side task in the bubbles of a stand-in training loop")

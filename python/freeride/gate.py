@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from . import _C
 from ._streams import stream_handle
@@ -17,8 +18,9 @@ class Gate:
     backend every write is immediate (its compute is synchronous).
     """
 
-    def __init__(self, executor: "_C.Executor", kind: str, device: int,
-                 check_open: Callable[[], None]) -> None:
+    def __init__(
+        self, executor: _C.Executor, kind: str, device: int, check_open: Callable[[], None]
+    ) -> None:
         self._ex = executor
         self._kind = kind
         self._device = device

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from . import _C
 from .errors import MemoryBudgetError, TaskCancelledError, TaskFailedError
@@ -16,12 +16,12 @@ class TaskHandle:
     'cancelled'. 'paused' means started, not finished, and no item executing now (the
     gate is closed or a more urgent task runs)."""
 
-    def __init__(self, executor: "_C.Executor", task_id: int, task: Any, built: Any) -> None:
+    def __init__(self, executor: _C.Executor, task_id: int, task: Any, built: Any) -> None:
         self._ex = executor
         self._id = task_id
         self.task = task
         self._built = built  # keeps the task's buffers alive while the core uses them
-        self._final_status: Optional[tuple] = None
+        self._final_status: tuple | None = None
 
     def _status(self) -> tuple:
         if self._final_status is not None:
@@ -71,14 +71,14 @@ class TaskHandle:
         """True once the task is final (done, failed or cancelled)."""
         return self.state in ("done", "failed", "cancelled")
 
-    def wait(self, timeout: Optional[float] = None) -> bool:
+    def wait(self, timeout: float | None = None) -> bool:
         """Blocks until the task is final or `timeout` seconds passed; True if final.
         Releases the GIL while it waits."""
         if timeout is not None and timeout < 0:
             raise ValueError(f"timeout must be None or >= 0, got {timeout}")
         return self._ex.wait(self._id, -1.0 if timeout is None else float(timeout))
 
-    def result(self, timeout: Optional[float] = None) -> Any:
+    def result(self, timeout: float | None = None) -> Any:
         """Waits for the task and returns its result; re-raises its error
         (TaskFailedError, MemoryBudgetError) or raises TaskCancelledError."""
         if not self.wait(timeout):
@@ -99,4 +99,6 @@ class TaskHandle:
 
     def __repr__(self) -> str:
         state, done, total = self._status()[:3]
-        return f"TaskHandle(id={self._id}, task={self.task!r}, state={state!r}, items={done}/{total})"
+        return (
+            f"TaskHandle(id={self._id}, task={self.task!r}, state={state!r}, items={done}/{total})"
+        )

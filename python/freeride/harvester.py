@@ -6,7 +6,10 @@ import contextlib
 import os
 import threading
 import weakref
-from typing import Any, Iterator, List, Optional, Union
+from collections.abc import Iterator
+from typing import Any
+
+from typing_extensions import Self
 
 from . import _C
 from ._device import resolve_device
@@ -46,36 +49,39 @@ class Harvester:
     def __init__(
         self,
         device: Any = "auto",
-        memory_budget: Optional[Union[int, str]] = None,
+        memory_budget: int | str | None = None,
         *,
-        workers: Optional[int] = None,
+        workers: int | None = None,
         gate_in_host_memory: bool = False,
         stream_wait: bool = False,
     ) -> None:
         self._kind, self._device_index = resolve_device(device)
         budget = parse_memory(memory_budget, "memory_budget")
-        workers = _default_workers() if workers is None else check_count(workers, "workers", 1, 1024)
+        workers = (
+            _default_workers() if workers is None else check_count(workers, "workers", 1, 1024)
+        )
         if not isinstance(gate_in_host_memory, bool):
             raise TypeError("gate_in_host_memory must be a bool")
         if not isinstance(stream_wait, bool):
             raise TypeError("stream_wait must be a bool")
-        self._ex = _C.Executor(self._kind, self._device_index, workers, gate_in_host_memory,
-                               stream_wait, budget)
+        self._ex = _C.Executor(
+            self._kind, self._device_index, workers, gate_in_host_memory, stream_wait, budget
+        )
         self._lock = threading.Lock()
         self._closed = False
-        self._handles: "weakref.WeakSet[TaskHandle]" = weakref.WeakSet()
+        self._handles: weakref.WeakSet[TaskHandle] = weakref.WeakSet()
         self.gate = Gate(self._ex, self._kind, self._device_index, self._check_open)
 
     # -- properties ---------------------------------------------------------------------------
 
     @property
     def device(self) -> str:
-        """"cpu" or "cuda:N"."""
+        """ "cpu" or "cuda:N"."""
         return "cpu" if self._kind == "host" else f"cuda:{self._device_index}"
 
     @property
     def backend(self) -> str:
-        """"host" or "cuda"."""
+        """ "host" or "cuda"."""
         return self._kind
 
     @property
@@ -84,7 +90,7 @@ class Harvester:
         return self._ex.side_stream
 
     @property
-    def memory_budget(self) -> Optional[int]:
+    def memory_budget(self) -> int | None:
         """Bytes side tasks may hold at once, or None for no limit."""
         return self._ex.memory_budget or None
 
@@ -115,7 +121,7 @@ class Harvester:
             self._handles.add(handle)
         return handle
 
-    def wait_all(self, timeout: Optional[float] = None) -> bool:
+    def wait_all(self, timeout: float | None = None) -> bool:
         """Blocks until every submitted task is final; True if they are."""
         self._check_open()
         return self._ex.wait_all(-1.0 if timeout is None else float(timeout))
@@ -141,7 +147,7 @@ class Harvester:
             if not self._closed:
                 self.gate.close(stream)
 
-    def tasks(self) -> List[TaskHandle]:
+    def tasks(self) -> list[TaskHandle]:
         """Handles of the submitted tasks that are still referenced."""
         return sorted(self._handles, key=lambda h: h.id)
 
@@ -160,10 +166,10 @@ class Harvester:
         if self._closed:
             raise HarvesterClosedError("the harvester is closed")
 
-    def __enter__(self) -> "Harvester":
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:

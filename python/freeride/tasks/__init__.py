@@ -5,4 +5,4 @@ from .item_counter import ItemCounter, ItemCounts
 from .saxpy import Saxpy
 from .spin import Spin
 
-__all__ = ["Task", "Spin", "Saxpy", "ItemCounter", "ItemCounts"]
+__all__ = ["ItemCounter", "ItemCounts", "Saxpy", "Spin", "Task"]

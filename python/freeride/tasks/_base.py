@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import operator
 import sys
-from typing import Any, Callable, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -16,8 +17,9 @@ class Built:
     """A task bound to one harvester: the core task, its result reader, and references
     to every buffer the core uses (they must outlive the task)."""
 
-    def __init__(self, core: Any, result: Callable[[], Any] = lambda: None,
-                 keep: Sequence[Any] = ()) -> None:
+    def __init__(
+        self, core: Any, result: Callable[[], Any] = lambda: None, keep: Sequence[Any] = ()
+    ) -> None:
         self.core = core
         self._result = result
         self.keep = tuple(keep)
@@ -60,7 +62,7 @@ def check_float(value: Any, name: str) -> float:
     return value
 
 
-def zeros(shape: Tuple[int, ...], dtype: str, kind: str, device: int) -> Tuple[Any, int]:
+def zeros(shape: tuple[int, ...], dtype: str, kind: str, device: int) -> tuple[Any, int]:
     """A zeroed buffer on the harvester's device and its address: numpy on the host,
     torch (or CuPy) on a GPU."""
     if kind == "host":
@@ -78,9 +80,7 @@ def zeros(shape: Tuple[int, ...], dtype: str, kind: str, device: int) -> Tuple[A
         try:
             import cupy
         except ImportError:
-            raise ImportError(
-                "buffers on a GPU need torch or cupy; install one of them"
-            ) from None
+            raise ImportError("buffers on a GPU need torch or cupy; install one of them") from None
     with cupy.cuda.Device(device):
         arr = cupy.zeros(shape, dtype=dtype)
     return arr, int(arr.data.ptr)
@@ -95,6 +95,6 @@ def to_numpy(arr: Any) -> np.ndarray:
     return arr.get()
 
 
-def describe(task: Any, **fields: Optional[Any]) -> str:
+def describe(task: Any, **fields: Any | None) -> str:
     inner = ", ".join(f"{k}={v!r}" for k, v in fields.items())
     return f"{type(task).__name__}({inner})"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -28,8 +28,13 @@ class ItemCounter(Task):
     pauses and cancels, every counter must be 0 or 1, and all 1 for a finished task.
     `fail_at=(phase, item)` makes that item raise (host backend only), to test failures."""
 
-    def __init__(self, items: int, phases: int = 1, ns_per_item: int = 0,
-                 fail_at: Optional[Tuple[int, int]] = None) -> None:
+    def __init__(
+        self,
+        items: int,
+        phases: int = 1,
+        ns_per_item: int = 0,
+        fail_at: tuple[int, int] | None = None,
+    ) -> None:
         self.items = check_count(items, "items", 1, 2**31)
         self.phases = check_count(phases, "phases", 1, 2**16)
         self.ns_per_item = check_count(ns_per_item, "ns_per_item", 0, MAX_NS_PER_ITEM)
@@ -38,8 +43,10 @@ class ItemCounter(Task):
         if fail_at is not None:
             if not isinstance(fail_at, tuple) or len(fail_at) != 2:
                 raise TypeError("fail_at must be None or a (phase, item) tuple")
-            fail_at = (check_count(fail_at[0], "fail_at[0]", 0, self.phases - 1),
-                       check_count(fail_at[1], "fail_at[1]", 0, self.items - 1))
+            fail_at = (
+                check_count(fail_at[0], "fail_at[0]", 0, self.phases - 1),
+                check_count(fail_at[1], "fail_at[1]", 0, self.items - 1),
+            )
         self.fail_at = fail_at
         self._last = None
 
@@ -49,8 +56,16 @@ class ItemCounter(Task):
         phase_done, phase_done_ptr = zeros((self.phases,), "uint64", kind, device)
         violations, violations_ptr = zeros((1,), "uint64", kind, device)
         fail_phase, fail_item = self.fail_at if self.fail_at is not None else (-1, -1)
-        core = _C.item_counter_task(self.items, self.phases, counts_ptr, phase_done_ptr,
-                                    violations_ptr, self.ns_per_item, fail_phase, fail_item)
+        core = _C.item_counter_task(
+            self.items,
+            self.phases,
+            counts_ptr,
+            phase_done_ptr,
+            violations_ptr,
+            self.ns_per_item,
+            fail_phase,
+            fail_item,
+        )
         core.memory_bytes = 4 * self.items * self.phases + 8 * self.phases + 8
 
         def read() -> ItemCounts:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from .. import _C
 from .._arrays import as_array
@@ -19,7 +19,7 @@ class Saxpy(Task):
     `chunk` is the number of elements per item (default: 16 KiB of x). The result is y.
     """
 
-    def __init__(self, a: float, x: Any, y: Any, chunk: Optional[int] = None) -> None:
+    def __init__(self, a: float, x: Any, y: Any, chunk: int | None = None) -> None:
         self.a = check_float(a, "a")
         self.x = x
         self.y = y
@@ -32,7 +32,9 @@ class Saxpy(Task):
         if x.dtype != y.dtype:
             raise TypeError(f"x and y must have the same dtype, got {x.dtype} and {y.dtype}")
         if x.size != y.size:
-            raise ValueError(f"x and y must have the same number of elements, got {x.size} and {y.size}")
+            raise ValueError(
+                f"x and y must have the same number of elements, got {x.size} and {y.size}"
+            )
         if x.ptr == y.ptr:
             raise ValueError("x and y must not be the same memory")
         itemsize = x.nbytes // x.size
