@@ -63,6 +63,20 @@ static_assert(sizeof(fr_phase_state) <= kStateStride && sizeof(fr_phase_state) <
   throw RuntimeFailure(os.str());
 }
 
+// Mapped pinned host memory and its device view; throws (freeing nothing left behind).
+void alloc_mapped(size_t bytes, char** host, char** dev) {
+  void* h = nullptr;
+  FR_CUDA_CHECK(cudaHostAlloc(&h, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+  void* d = nullptr;
+  const cudaError_t err = cudaHostGetDevicePointer(&d, h, 0);
+  if (err != cudaSuccess) {
+    (void)cudaFreeHost(h);
+    throw_cuda(err, "cudaHostGetDevicePointer", __FILE__, __LINE__);
+  }
+  *host = static_cast<char*>(h);
+  *dev = static_cast<char*>(d);
+}
+
 // Selects `device` for the calling thread and puts the caller's device back. The caller's
 // device is restored only where its primary context already exists: restoring the
 // default device 0 of a thread that never chose one would create a context (hundreds of
@@ -112,16 +126,7 @@ GateSlot acquire_gate(int device, bool host_memory) {
   if (slab.used + kGateStride > kGateSlabBytes) {
     Slab fresh;
     fresh.used = 0;
-    void* host = nullptr;
-    FR_CUDA_CHECK(cudaHostAlloc(&host, kGateSlabBytes, cudaHostAllocMapped | cudaHostAllocPortable));
-    void* host_dev = nullptr;
-    const cudaError_t err = cudaHostGetDevicePointer(&host_dev, host, 0);
-    if (err != cudaSuccess) {
-      (void)cudaFreeHost(host);
-      throw_cuda(err, "cudaHostGetDevicePointer", __FILE__, __LINE__);
-    }
-    fresh.host = static_cast<char*>(host);
-    fresh.host_dev = static_cast<char*>(host_dev);
+    alloc_mapped(kGateSlabBytes, &fresh.host, &fresh.host_dev);
     if (host_memory) {
       fresh.dev = fresh.host_dev;
     } else {
@@ -204,14 +209,9 @@ class SlotPool {
     const size_t bytes = kSlotsPerSlab * stride_;
     Slot base;
     if (host_memory_) {
-      void* host = nullptr;
-      FR_CUDA_CHECK(cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
-      void* dev = nullptr;
-      const cudaError_t err = cudaHostGetDevicePointer(&dev, host, 0);
-      if (err != cudaSuccess) {
-        (void)cudaFreeHost(host);
-        throw_cuda(err, "cudaHostGetDevicePointer", __FILE__, __LINE__);
-      }
+      char* host = nullptr;
+      char* dev = nullptr;
+      alloc_mapped(bytes, &host, &dev);
       slabs_.push_back(host);
       base.host = static_cast<char*>(host);
       base.dev = static_cast<char*>(dev);

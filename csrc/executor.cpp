@@ -86,40 +86,31 @@ TaskStatus Executor::status(uint64_t id) const {
 bool Executor::wait(uint64_t id, double timeout_s) {
   std::unique_lock<std::mutex> lock(mutex_);
   record_locked(id);
-  auto ready = [&] {
+  return wait_locked(lock, timeout_s, [&] {
     auto it = records_.find(id);
     return it == records_.end() || is_final(it->second->state);
-  };
-  if (timeout_s < 0) {
-    done_cv_.wait(lock, ready);
-    return true;
-  }
-  return done_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), ready);
+  });
 }
 
 bool Executor::wait_all(double timeout_s) {
   std::unique_lock<std::mutex> lock(mutex_);
-  auto ready = [&] {
+  return wait_locked(lock, timeout_s, [&] {
     for (const auto& [id, r] : records_) {
       if (!is_final(r->state)) return false;
     }
     return true;
-  };
-  if (timeout_s < 0) {
-    done_cv_.wait(lock, ready);
-    return true;
-  }
-  return done_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), ready);
+  });
 }
 
-bool Executor::cancel(uint64_t id) {
-  std::lock_guard<std::mutex> lock(mutex_);
+bool Executor::cancel(uint64_t id, bool wait) {
+  std::unique_lock<std::mutex> lock(mutex_);
   Record& r = record_locked(id);
   if (is_final(r.state)) return false;
   if (&r == active_) {
     // Items already claimed finish; the loop marks it cancelled when the launch exits.
     r.cancel_requested = true;
     r.runner->stop();
+    if (wait) wait_locked(lock, -1.0, [&] { return is_final(r.state); });
   } else {
     finish_locked(r, TaskState::Cancelled, ErrorKind::Cancelled, "cancelled");
   }

@@ -2,6 +2,7 @@
 // them phase by phase through a backend, behind the gate.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -49,8 +50,10 @@ class Executor {
   bool wait(uint64_t id, double timeout_s);
   // Blocks until every submitted task is final.
   bool wait_all(double timeout_s);
-  // No further item of the task starts. False if it was already final.
-  bool cancel(uint64_t id);
+  // No further item of the task starts. With `wait`, returns once none executes any more
+  // (a launch held by a stream wait on a closed gate ends only when the gate opens).
+  // False if the task was already final.
+  bool cancel(uint64_t id, bool wait);
   // Drops a final task's record.
   void forget(uint64_t id);
 
@@ -91,6 +94,15 @@ class Executor {
   void advance_locked(Record& r);
   void finish_locked(Record& r, TaskState state, ErrorKind kind, std::string error);
   Record& record_locked(uint64_t id) const;
+  // Waits on done_cv_ until ready() or timeout_s (negative: forever); ready()'s result.
+  template <typename Ready>
+  bool wait_locked(std::unique_lock<std::mutex>& lock, double timeout_s, Ready ready) {
+    if (timeout_s < 0) {
+      done_cv_.wait(lock, ready);
+      return true;
+    }
+    return done_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), ready);
+  }
 
   std::unique_ptr<Backend> backend_;
   const uint64_t budget_;

@@ -8,6 +8,9 @@
 #include "check.hpp"
 #include "executor.hpp"
 #include "runtime_info.hpp"
+#ifdef FREERIDE_WITH_CUDA
+#include "launchers.hpp"
+#endif
 
 namespace py = pybind11;
 using freeride::Executor;
@@ -77,6 +80,18 @@ PYBIND11_MODULE(_C, m) {
   m.attr("CUDA_BUILT") = false;
 #endif
   m.def("backend_info", &backend_info, "What this build and machine offer.");
+#ifdef FREERIDE_WITH_CUDA
+  // The plain (non-preemptible) Saxpy kernel: the baseline of the item-overhead benchmark.
+  m.def(
+      "saxpy_plain",
+      [](double a, uintptr_t x, uintptr_t y, uint64_t n, int dtype, uintptr_t stream) {
+        freeride::kernels::launch_saxpy_plain(a, reinterpret_cast<const void*>(x),
+                                              reinterpret_cast<void*>(y), n, dtype,
+                                              reinterpret_cast<void*>(stream));
+      },
+      py::arg("a"), py::arg("x"), py::arg("y"), py::arg("n"), py::arg("dtype"), py::arg("stream"),
+      release_gil());
+#endif
 
   py::class_<Task, std::shared_ptr<Task>>(m, "Task")
       .def_property_readonly("name", &Task::name)
@@ -101,7 +116,7 @@ PYBIND11_MODULE(_C, m) {
       .def("status", &status_tuple, py::arg("id"))
       .def("wait", &Executor::wait, py::arg("id"), py::arg("timeout"), release_gil())
       .def("wait_all", &Executor::wait_all, py::arg("timeout"), release_gil())
-      .def("cancel", &Executor::cancel, py::arg("id"), release_gil())
+      .def("cancel", &Executor::cancel, py::arg("id"), py::arg("wait"), release_gil())
       .def("forget", &Executor::forget, py::arg("id"))
       .def("close", &Executor::close, release_gil())
       .def_property_readonly("closed", &Executor::closed)

@@ -7,19 +7,13 @@
 
 #include "check.hpp"
 #include "freeride/preempt.cuh"
-#include "grid.cuh"
+#include "common.cuh"
 #include "launchers.hpp"
 
 namespace freeride::kernels {
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 __global__ void __launch_bounds__(kThreads)
     item_counter_kernel(fr_item_ctx ctx, unsigned int* counts, unsigned long long* phase_done,

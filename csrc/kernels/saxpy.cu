@@ -7,7 +7,7 @@
 
 #include "check.hpp"
 #include "freeride/preempt.cuh"
-#include "grid.cuh"
+#include "common.cuh"
 #include "launchers.hpp"
 
 namespace freeride::kernels {

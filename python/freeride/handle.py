@@ -92,10 +92,13 @@ class TaskHandle:
             raise TaskCancelledError(f"task {self._id} ({self.task!r}) was {message}")
         raise TaskFailedError(message)
 
-    def cancel(self) -> bool:
-        """Starts no further item of the task. Items already claimed finish (none is lost
-        or repeated). False if the task was already final."""
-        return self._ex.cancel(self._id)
+    def cancel(self, wait: bool = True) -> bool:
+        """Starts no further item of the task; items already claimed finish (none is lost
+        or repeated). With `wait`, returns once no item of it executes any more, so
+        `items_done` is final (with ``stream_wait=True`` a launch held by a closed gate
+        ends only when the gate opens: pass ``wait=False`` not to block on it). False if
+        the task was already final."""
+        return self._ex.cancel(self._id, bool(wait))
 
     def __repr__(self) -> str:
         state, done, total = self._status()[:3]

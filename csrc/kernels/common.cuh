@@ -1,4 +1,4 @@
-// Grid sizing shared by the preemptible kernels.
+// Helpers shared by the built-in kernels: grid sizing and the GPU's nanosecond clock.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,6 +9,13 @@
 #include "check.hpp"
 
 namespace freeride::kernels {
+
+// %globaltimer: nanoseconds, the same clock on every SM.
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 
 // Blocks of `kernel` that fit on the device at once.
 template <typename Kernel>
