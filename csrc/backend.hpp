@@ -13,6 +13,15 @@ namespace freeride {
 // Stream handle meaning "no stream": a gate write takes effect immediately.
 constexpr uintptr_t kImmediate = ~uintptr_t(0);
 
+// elapsed_ns() while a mark is still ahead of its stream.
+constexpr int64_t kPending = INT64_MIN;
+
+// Marks (timestamps in the device's own timeline) of one launch; 0 = not recorded.
+struct LaunchMarks {
+  uint64_t start = 0;
+  uint64_t end = 0;
+};
+
 // One task's execution state on a backend: the counters of its current phase.
 class PhaseRunner {
  public:
@@ -25,8 +34,9 @@ class PhaseRunner {
   // stop() is requested (cuda with stream_wait: a stream wait on the side stream
   // instead), then runs items until the phase is complete, the gate closes or stop() is
   // requested. Returns once no item of the launch is executing any more. Throws if an
-  // item or the launch failed.
-  virtual void run() = 0;
+  // item or the launch failed. With `record`, marks the launch's start and end (a
+  // launch that never started, stopped while the gate was closed, has no marks).
+  virtual LaunchMarks run(bool record) = 0;
 
   // Thread-safe. stop(): the running (or next) launch claims no further item; sticky
   // until resume(). The executor serialises both calls under its lock.
@@ -49,8 +59,19 @@ class Backend {
   virtual int device() const = 0;        // CUDA ordinal, -1 for the host
 
   // Gate. `stream` is a CUDA stream handle (0 = legacy default stream) or kImmediate.
-  virtual void gate_write(uint32_t value, uintptr_t stream) = 0;
+  // `seq` is written beside the gate in the same order (before the value), so a reader of
+  // the host-visible state knows which write it sees. Host backend: closing waits until
+  // no item executes, which is when a close "takes effect" there.
+  virtual void gate_write(uint32_t value, uintptr_t stream, uint32_t seq) = 0;
   virtual uint32_t gate_read() const = 0;
+  virtual uint32_t gate_seq() const = 0;
+
+  // Timestamps in stream order. mark() records "now" when `stream` reaches it (host: the
+  // steady clock now) and returns an id; elapsed_ns(a, b) is the time from a to b once
+  // both have been reached, else kPending; release_mark() frees an id. Thread-safe.
+  virtual uint64_t mark(uintptr_t stream) = 0;
+  virtual int64_t elapsed_ns(uint64_t from, uint64_t to) = 0;
+  virtual void release_mark(uint64_t id) = 0;
   // Address of the gate word as kernels see it (device pointer; host pointer on host).
   virtual uintptr_t gate_address() const = 0;
 

@@ -19,9 +19,8 @@
 #endif
 
 #include <algorithm>
-#include <chrono>
-#include <thread>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <exception>
@@ -31,7 +30,9 @@
 #include <shared_mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -338,19 +339,82 @@ struct CudaShared {
   }
 
   // Stream-ordered gate write: the word kernels read, then its host mirror, so that a
-  // mirror reading open implies the gate is open.
-  void enqueue_gate_write(uint32_t value, cudaStream_t stream) const {
+  // mirror reading open implies the gate is open. The sequence word (beside the mirror)
+  // goes before an open and after a close: a close is never held behind it, and an open
+  // is seen with its own sequence number.
+  void enqueue_gate_write(uint32_t value, cudaStream_t stream, uint32_t seq) const {
+    if (value == FREERIDE_GATE_OPEN) enqueue_write(gate.mirror_dev + 1, seq, stream);
     enqueue_write(gate.dev, value, stream);
     if (!host_gate) enqueue_write(gate.mirror_dev, value, stream);
+    if (value != FREERIDE_GATE_OPEN) enqueue_write(gate.mirror_dev + 1, seq, stream);
   }
 
   // Immediate gate write, complete on return.
-  void write_gate_now(uint32_t value) {
+  void write_gate_now(uint32_t value, uint32_t seq) {
+    std::atomic_ref<unsigned int>(gate.mirror[1]).store(seq);
     if (!host_gate) write_now(gate.dev, value);
     std::atomic_ref<unsigned int>(*gate.mirror).store(value);
   }
 
   uint32_t mirror() const { return std::atomic_ref<unsigned int>(*gate.mirror).load(); }
+  uint32_t mirror_seq() const { return std::atomic_ref<unsigned int>(gate.mirror[1]).load(); }
+
+  // Marks: pooled timing events. Their ids are the executor's and Python's handles.
+  std::mutex marks_mu;
+  std::unordered_map<uint64_t, cudaEvent_t> marks;
+  std::vector<cudaEvent_t> free_events;
+  uint64_t next_mark = 1;
+
+  uint64_t mark(cudaStream_t stream) {
+    std::lock_guard<std::mutex> lk(marks_mu);
+    cudaEvent_t ev = nullptr;
+    if (free_events.empty()) {
+      FR_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDefault));
+    } else {
+      ev = free_events.back();
+      free_events.pop_back();
+    }
+    const cudaError_t err = cudaEventRecord(ev, stream);
+    if (err != cudaSuccess) {
+      free_events.push_back(ev);
+      throw_cuda(err, "cudaEventRecord (mark)", __FILE__, __LINE__);
+    }
+    const uint64_t id = next_mark++;
+    marks.emplace(id, ev);
+    return id;
+  }
+
+  int64_t elapsed_ns(uint64_t from, uint64_t to) {
+    std::lock_guard<std::mutex> lk(marks_mu);
+    auto a = marks.find(from);
+    auto b = marks.find(to);
+    FR_ARG(a != marks.end() && b != marks.end(), "unknown mark " << from << " or " << to);
+    float ms = 0.f;
+    const cudaError_t err = cudaEventElapsedTime(&ms, a->second, b->second);
+    if (err == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // not sticky, but must not surface as a launch's error
+      return kPending;
+    }
+    if (err != cudaSuccess) throw_cuda(err, "cudaEventElapsedTime", __FILE__, __LINE__);
+    return static_cast<int64_t>(static_cast<double>(ms) * 1e6);
+  }
+
+  void release_mark(uint64_t id) noexcept {
+    std::lock_guard<std::mutex> lk(marks_mu);
+    auto it = marks.find(id);
+    if (it == marks.end()) return;
+    free_events.push_back(it->second);
+    marks.erase(it);
+  }
+
+  void destroy_events() noexcept {
+    std::lock_guard<std::mutex> lk(marks_mu);
+    for (auto& [id, ev] : marks) (void)cudaEventDestroy(ev);
+    for (cudaEvent_t ev : free_events) (void)cudaEventDestroy(ev);
+    marks.clear();
+    free_events.clear();
+    (void)cudaGetLastError();
+  }
 };
 
 // The executor thread polls the mirror while the gate is closed; with the default 50 us
@@ -435,12 +499,13 @@ class CudaRunner final : public PhaseRunner {
     begun_ = true;
   }
 
-  void run() override {
+  LaunchMarks run(bool record) override {
     CudaShared& s = *s_;
     std::shared_lock<std::shared_mutex> lk(s.life);
     FR_CHECK(!s.shut_down, "run() after the CUDA backend was shut down");
     FR_CHECK(begun_, "run() before begin_phase()");
-    if (!s.stream_wait && !wait_for_open()) return;  // stopped while the gate was closed
+    LaunchMarks marks;
+    if (!s.stream_wait && !wait_for_open()) return marks;  // stopped while the gate was closed
     DeviceGuard guard(s.device);
 
     struct ClearOnExit {
@@ -465,6 +530,7 @@ class CudaRunner final : public PhaseRunner {
     }
 
     try {
+      if (record) marks.start = s.mark(s.side);
       fr_item_ctx ctx{};
       ctx.gate = s.gate.dev;
       ctx.state = state_;
@@ -473,17 +539,21 @@ class CudaRunner final : public PhaseRunner {
       ctx.phase = phase_;
       task_->launch_cuda(CudaLaunch{ctx, s.side, s.sm_count, s.device});
       FR_CUDA_CHECK(cudaGetLastError());
+      if (record) marks.end = s.mark(s.side);
       // The exact count: progress-mirror stores from different blocks land in any order.
       FR_CUDA_CHECK(cudaMemcpyAsync(readback_host_, done_word(), sizeof(unsigned long long),
                                     cudaMemcpyDeviceToHost, s.side));
       FR_CUDA_CHECK(cudaEventRecord(event_, s.side));
     } catch (...) {
       drain_side();
+      s.release_mark(marks.start);
+      s.release_mark(marks.end);
       throw;
     }
     // Blocking-sync event: the executor thread sleeps here instead of spinning a core.
     FR_CUDA_CHECK(cudaEventSynchronize(event_));
     raise_progress(std::atomic_ref<unsigned long long>(*readback_host_).load());
+    return marks;
   }
 
   void stop() override {
@@ -651,26 +721,45 @@ class CudaBackend final : public Backend {
   std::string kind() const override { return "cuda"; }
   int device() const override { return s_->device; }
 
-  void gate_write(uint32_t value, uintptr_t stream) override {
+  void gate_write(uint32_t value, uintptr_t stream, uint32_t seq) override {
     CudaShared& s = *s_;
     if (stream == kImmediate && s.host_gate) {
-      std::atomic_ref<unsigned int>(*s.gate.mirror).store(value);
+      s.write_gate_now(value, seq);
       return;
     }
     std::shared_lock<std::shared_mutex> lk(s.life);
     DeviceGuard guard(s.device);
     if (stream == kImmediate) {
       FR_CHECK(!s.shut_down, "immediate gate write after the CUDA backend was shut down");
-      s.write_gate_now(value);
+      s.write_gate_now(value, seq);
       return;
     }
     // Still allowed after shutdown (the gate is never freed): a training hook that fires
     // after close must not fail the training step.
-    s.enqueue_gate_write(value, reinterpret_cast<cudaStream_t>(stream));
+    s.enqueue_gate_write(value, reinterpret_cast<cudaStream_t>(stream), seq);
   }
 
   // The mirror: every write that has taken effect on the GPU, read without a copy.
   uint32_t gate_read() const override { return s_->mirror(); }
+  uint32_t gate_seq() const override { return s_->mirror_seq(); }
+
+  uint64_t mark(uintptr_t stream) override {
+    CudaShared& s = *s_;
+    std::shared_lock<std::shared_mutex> lk(s.life);
+    FR_CHECK(!s.shut_down, "mark() after the CUDA backend was shut down");
+    DeviceGuard guard(s.device);
+    return s.mark(stream == kImmediate ? s.control : reinterpret_cast<cudaStream_t>(stream));
+  }
+
+  int64_t elapsed_ns(uint64_t from, uint64_t to) override {
+    CudaShared& s = *s_;
+    std::shared_lock<std::shared_mutex> lk(s.life);
+    FR_CHECK(!s.shut_down, "elapsed_ns() after the CUDA backend was shut down");
+    DeviceGuard guard(s.device);
+    return s.elapsed_ns(from, to);
+  }
+
+  void release_mark(uint64_t id) override { s_->release_mark(id); }
 
   uintptr_t gate_address() const override { return reinterpret_cast<uintptr_t>(s_->gate.dev); }
 
@@ -697,7 +786,7 @@ class CudaBackend final : public Backend {
     std::shared_lock<std::shared_mutex> lk(s.life);
     if (s.shut_down) return;
     DeviceGuard guard(s.device);
-    s.write_gate_now(FREERIDE_GATE_OPEN);
+    s.write_gate_now(FREERIDE_GATE_OPEN, s.mirror_seq());
   }
 
   uintptr_t side_stream() const override { return reinterpret_cast<uintptr_t>(s_->side); }
@@ -710,6 +799,7 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(s.device);
     const cudaError_t err = cudaStreamSynchronize(s.side);
     s.destroy_streams();
+    s.destroy_events();
     {
       std::lock_guard<std::mutex> plk(s.pool_mu);
       s.orphaned = true;

@@ -128,6 +128,18 @@ uint64_t Executor::memory_used() const {
   return used_;
 }
 
+void Executor::set_recording(bool on) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  recording_ = on;
+}
+
+std::vector<LaunchRecord> Executor::take_launch_log() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<LaunchRecord> out(launch_log_.begin(), launch_log_.end());
+  launch_log_.clear();
+  return out;
+}
+
 bool Executor::closed() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return closing_;
@@ -200,11 +212,15 @@ void Executor::loop() {
     r->state = TaskState::Running;
     ++r->launches;
     PhaseRunner* runner = r->runner.get();
+    const bool record = recording_;
+    const uint64_t done_before = runner->done();
+    const uint64_t phase = r->phase;
+    LaunchMarks marks;
     std::string error;
     try {
       runner->resume();
       lock.unlock();
-      runner->run();
+      marks = runner->run(record);
     } catch (const std::exception& e) {
       error = e.what();
       if (error.empty()) error = "side task failed";
@@ -213,6 +229,14 @@ void Executor::loop() {
     }
     if (!lock.owns_lock()) lock.lock();
     active_ = nullptr;
+    if (marks.start != 0) {
+      launch_log_.push_back({r->id, phase, marks.start, marks.end, runner->done() - done_before});
+      if (launch_log_.size() > kMaxLaunchLog) {
+        backend_->release_mark(launch_log_.front().start_mark);
+        backend_->release_mark(launch_log_.front().end_mark);
+        launch_log_.pop_front();
+      }
+    }
 
     if (!error.empty()) {
       finish_locked(*r, TaskState::Failed, ErrorKind::Failed, r->task->name() + ": " + error);

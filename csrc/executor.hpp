@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -12,6 +13,7 @@
 #include <thread>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "backend.hpp"
 #include "task.hpp"
@@ -29,6 +31,15 @@ struct TaskStatus {
   uint64_t launches = 0;  // kernel launches so far (one more after every pause)
   ErrorKind error_kind = ErrorKind::None;
   std::string error;
+};
+
+// One launch of a phase, for the bubble record: its marks are the backend's.
+struct LaunchRecord {
+  uint64_t task_id = 0;
+  uint64_t phase = 0;
+  uint64_t start_mark = 0;
+  uint64_t end_mark = 0;
+  uint64_t items = 0;  // items the launch finished
 };
 
 class Executor {
@@ -63,6 +74,13 @@ class Executor {
 
   uint64_t memory_budget() const { return budget_; }
   uint64_t memory_used() const;
+
+  // While recording, every launch is marked and logged; take_launch_log() hands the log
+  // over (the caller then owns and releases its marks). The log keeps at most
+  // kMaxLaunchLog launches; older ones are dropped with their marks.
+  void set_recording(bool on);
+  std::vector<LaunchRecord> take_launch_log();
+  static constexpr size_t kMaxLaunchLog = 1 << 20;
 
  private:
   struct Record {
@@ -115,6 +133,8 @@ class Executor {
   std::set<QueueKey> runnable_;  // queued or paused tasks
   Record* active_ = nullptr;
   uint64_t next_id_ = 1;
+  bool recording_ = false;
+  std::deque<LaunchRecord> launch_log_;
   bool closing_ = false;
   bool loop_exited_ = false;
   bool closed_ = false;

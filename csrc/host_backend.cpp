@@ -2,10 +2,12 @@
 // threads running the same claim-then-check loop as preempt.cuh, so the whole protocol
 // runs and is tested on a machine without a GPU.
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "backend.hpp"
@@ -15,6 +17,12 @@ namespace freeride {
 namespace {
 
 class HostBackend;
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 class HostRunner final : public PhaseRunner {
  public:
@@ -27,28 +35,35 @@ class HostRunner final : public PhaseRunner {
     next_.store(0);
     done_.store(0);
   }
-  void run() override;
+  LaunchMarks run(bool record) override;
   void stop() override;
   void resume() override { stop_.store(false); }
   uint64_t done() const override { return done_.load(); }
   bool executing() const override { return executing_.load(); }
 
   // The claim loop of one worker: exits when the gate closes, stop is set, an item
-  // failed or no item is left. A claimed item always runs to completion.
-  void work(const std::atomic<uint32_t>& gate) {
-    while (gate.load(std::memory_order_acquire) == FREERIDE_GATE_OPEN && !stop_.load()) {
+  // failed or no item is left. A claimed item always runs to completion. `active` is
+  // raised before the gate is read and lowered after the item: with sequentially
+  // consistent operations on both words, a closer that stored CLOSED and then sees
+  // active == 0 knows no item runs and none will start (HostBackend::gate_write).
+  void work(const std::atomic<uint32_t>& gate, std::atomic<int>& active) {
+    while (true) {
+      active.fetch_add(1);
+      if (gate.load() != FREERIDE_GATE_OPEN || stop_.load()) break;
       const uint64_t item = next_.fetch_add(1);
-      if (item >= n_items_) return;
+      if (item >= n_items_) break;
       try {
         task_->run_item(phase_, item);
       } catch (...) {
         std::lock_guard<std::mutex> lock(error_mutex_);
         if (!error_) error_ = std::current_exception();
         stop_.store(true);
-        return;
+        break;
       }
-      done_.fetch_add(1, std::memory_order_release);
+      done_.fetch_add(1);
+      active.fetch_sub(1);
     }
+    active.fetch_sub(1);
   }
 
   bool stop_requested() const { return stop_.load(); }
@@ -78,15 +93,41 @@ class HostBackend final : public Backend {
   std::string kind() const override { return "host"; }
   int device() const override { return -1; }
 
-  void gate_write(uint32_t value, uintptr_t /*stream*/) override {
+  void gate_write(uint32_t value, uintptr_t /*stream*/, uint32_t seq) override {
     // Host work is synchronous, so a write "in stream order" is a write now.
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      gate_.store(value, std::memory_order_release);
+      seq_.store(seq);
+      gate_.store(value);
     }
     gate_cv_.notify_all();
+    // A close takes effect once the items that passed the gate before it have finished:
+    // at most one item's run time, the host backend's pause latency.
+    if (value != FREERIDE_GATE_OPEN) {
+      while (active_.load() > 0) std::this_thread::yield();
+    }
   }
-  uint32_t gate_read() const override { return gate_.load(std::memory_order_acquire); }
+  uint32_t gate_read() const override { return gate_.load(); }
+  uint32_t gate_seq() const override { return seq_.load(); }
+
+  uint64_t mark(uintptr_t /*stream*/) override {
+    const int64_t now = steady_ns();
+    std::lock_guard<std::mutex> lock(marks_mutex_);
+    const uint64_t id = next_mark_++;
+    marks_.emplace(id, now);
+    return id;
+  }
+  int64_t elapsed_ns(uint64_t from, uint64_t to) override {
+    std::lock_guard<std::mutex> lock(marks_mutex_);
+    auto a = marks_.find(from);
+    auto b = marks_.find(to);
+    FR_ARG(a != marks_.end() && b != marks_.end(), "unknown mark " << from << " or " << to);
+    return b->second - a->second;
+  }
+  void release_mark(uint64_t id) override {
+    std::lock_guard<std::mutex> lock(marks_mutex_);
+    marks_.erase(id);
+  }
   uintptr_t gate_address() const override { return reinterpret_cast<uintptr_t>(&gate_); }
 
   std::unique_ptr<PhaseRunner> make_runner(std::shared_ptr<Task> task) override {
@@ -148,13 +189,18 @@ class HostBackend final : public Backend {
       seen = generation_;
       HostRunner* job = job_;
       lock.unlock();
-      job->work(gate_);
+      job->work(gate_, active_);
       lock.lock();
       if (--running_ == 0) done_cv_.notify_all();
     }
   }
 
   std::atomic<uint32_t> gate_{FREERIDE_GATE_OPEN};
+  std::atomic<uint32_t> seq_{0};
+  std::atomic<int> active_{0};  // workers between their gate check and the end of an item
+  std::mutex marks_mutex_;
+  std::unordered_map<uint64_t, int64_t> marks_;
+  uint64_t next_mark_ = 1;
   std::mutex mutex_;
   std::condition_variable gate_cv_, work_cv_, done_cv_;
   std::vector<std::thread> threads_;
@@ -164,17 +210,25 @@ class HostBackend final : public Backend {
   bool closed_ = false;
 };
 
-void HostRunner::run() {
-  if (!backend_.wait_for_gate(*this)) return;
+LaunchMarks HostRunner::run(bool record) {
+  LaunchMarks marks;
+  if (!backend_.wait_for_gate(*this)) return marks;
+  if (record) marks.start = backend_.mark(0);
   executing_.store(true);
   backend_.launch(*this);
   executing_.store(false);
+  if (record) marks.end = backend_.mark(0);
   std::lock_guard<std::mutex> lock(error_mutex_);
   if (error_) {
     std::exception_ptr error = error_;
     error_ = nullptr;
+    if (record) {
+      backend_.release_mark(marks.start);
+      backend_.release_mark(marks.end);
+    }
     std::rethrow_exception(error);
   }
+  return marks;
 }
 
 void HostRunner::stop() {

@@ -124,11 +124,42 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("memory_used", &Executor::memory_used)
       .def(
           "gate_write",
-          [](Executor& ex, uint32_t value, uint64_t stream) {
-            ex.backend().gate_write(value, static_cast<uintptr_t>(stream));
+          [](Executor& ex, uint32_t value, uint64_t stream, uint32_t seq) {
+            ex.backend().gate_write(value, static_cast<uintptr_t>(stream), seq);
           },
-          py::arg("value"), py::arg("stream"), release_gil())
-      .def("gate_read", [](Executor& ex) { return ex.backend().gate_read(); }, release_gil())
+          py::arg("value"), py::arg("stream"), py::arg("seq"), release_gil())
+      .def("gate_read", [](Executor& ex) { return ex.backend().gate_read(); })
+      .def("gate_seq", [](Executor& ex) { return ex.backend().gate_seq(); })
+      .def(
+          "mark",
+          [](Executor& ex, uint64_t stream) {
+            return ex.backend().mark(static_cast<uintptr_t>(stream));
+          },
+          py::arg("stream"), release_gil())
+      .def(
+          "elapsed_ns",
+          [](Executor& ex, uint64_t from, uint64_t to) -> py::object {
+            int64_t ns;
+            {
+              py::gil_scoped_release release;
+              ns = ex.backend().elapsed_ns(from, to);
+            }
+            if (ns == freeride::kPending) return py::none();
+            return py::int_(ns);
+          },
+          py::arg("from_mark"), py::arg("to_mark"))
+      .def(
+          "release_mark", [](Executor& ex, uint64_t id) { ex.backend().release_mark(id); },
+          py::arg("id"))
+      .def("set_recording", &Executor::set_recording, py::arg("on"))
+      .def("take_launch_log",
+           [](Executor& ex) {
+             py::list out;
+             for (const auto& r : ex.take_launch_log()) {
+               out.append(py::make_tuple(r.task_id, r.phase, r.start_mark, r.end_mark, r.items));
+             }
+             return out;
+           })
       .def_property_readonly("gate_address",
                              [](Executor& ex) { return ex.backend().gate_address(); })
       .def_property_readonly("side_stream",

@@ -46,9 +46,14 @@ class Gate:
         """Address of the gate word as kernels see it (a device pointer on CUDA)."""
         return self._ex.gate_address
 
-    def _write(self, value: int, stream: Any) -> None:
+    @property
+    def seq(self) -> int:
+        """Sequence number of the latest write that has taken effect."""
+        return self._ex.gate_seq()
+
+    def _write(self, value: int, stream: Any, seq: int = 0) -> None:
         self._check_open()
-        self._ex.gate_write(value, stream_handle(stream, self._kind, self._device))
+        self._ex.gate_write(value, stream_handle(stream, self._kind, self._device), seq)
 
     def __repr__(self) -> str:
         return f"Gate(device={'cpu' if self._kind == 'host' else f'cuda:{self._device}'})"
