@@ -19,6 +19,12 @@ namespace {
 }
 #endif
 
+uint64_t steady_now_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
 void spin_for(uint64_t ns) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(ns);
   while (std::chrono::steady_clock::now() < until) {
@@ -105,11 +111,13 @@ class SaxpyTask final : public UniformTask {
 class ItemCounterTask final : public UniformTask {
  public:
   ItemCounterTask(uint64_t items, uint64_t phases, uintptr_t counts, uintptr_t phase_done,
-                  uintptr_t violations, uint64_t ns, int64_t fail_phase, int64_t fail_item)
+                  uintptr_t violations, uintptr_t times, uint64_t ns, int64_t fail_phase,
+                  int64_t fail_item)
       : UniformTask(items, phases),
         counts_(reinterpret_cast<uint32_t*>(counts)),
         phase_done_(reinterpret_cast<uint64_t*>(phase_done)),
         violations_(reinterpret_cast<uint64_t*>(violations)),
+        times_(reinterpret_cast<uint64_t*>(times)),
         ns_(ns),
         fail_phase_(fail_phase),
         fail_item_(fail_item) {
@@ -120,11 +128,14 @@ class ItemCounterTask final : public UniformTask {
     if (static_cast<int64_t>(phase) == fail_phase_ && static_cast<int64_t>(item) == fail_item_) {
       FR_THROW(RuntimeFailure, "injected failure at phase " << phase << ", item " << item);
     }
+    const uint64_t slot = phase * items_ + item;
+    if (times_ != nullptr) times_[2 * slot] = steady_now_ns();
     if (phase > 0 && std::atomic_ref<uint64_t>(phase_done_[phase - 1]).load() != items_) {
       std::atomic_ref<uint64_t>(*violations_).fetch_add(1);
     }
-    std::atomic_ref<uint32_t>(counts_[phase * items_ + item]).fetch_add(1);
+    std::atomic_ref<uint32_t>(counts_[slot]).fetch_add(1);
     if (ns_ > 0) spin_for(ns_);
+    if (times_ != nullptr) times_[2 * slot + 1] = steady_now_ns();
     std::atomic_ref<uint64_t>(phase_done_[phase]).fetch_add(1);
   }
   void launch_cuda(const CudaLaunch& launch) override {
@@ -133,7 +144,8 @@ class ItemCounterTask final : public UniformTask {
 #ifdef FREERIDE_WITH_CUDA
     kernels::launch_item_counter(launch, counts_,
                                  reinterpret_cast<unsigned long long*>(phase_done_),
-                                 reinterpret_cast<unsigned long long*>(violations_), items_, ns_);
+                                 reinterpret_cast<unsigned long long*>(violations_),
+                                 reinterpret_cast<unsigned long long*>(times_), items_, ns_);
 #else
     (void)launch;
     no_cuda("ItemCounter");
@@ -144,6 +156,7 @@ class ItemCounterTask final : public UniformTask {
   uint32_t* counts_;
   uint64_t* phase_done_;
   uint64_t* violations_;
+  uint64_t* times_;
   uint64_t ns_;
   int64_t fail_phase_;
   int64_t fail_item_;
@@ -162,9 +175,9 @@ std::shared_ptr<Task> make_saxpy_task(double a, uintptr_t x, uintptr_t y, uint64
 
 std::shared_ptr<Task> make_item_counter_task(uint64_t items, uint64_t phases, uintptr_t counts,
                                              uintptr_t phase_done, uintptr_t violations,
-                                             uint64_t ns_per_item, int64_t fail_phase,
-                                             int64_t fail_item) {
-  return std::make_shared<ItemCounterTask>(items, phases, counts, phase_done, violations,
+                                             uintptr_t times, uint64_t ns_per_item,
+                                             int64_t fail_phase, int64_t fail_item) {
+  return std::make_shared<ItemCounterTask>(items, phases, counts, phase_done, violations, times,
                                            ns_per_item, fail_phase, fail_item);
 }
 

@@ -20,10 +20,12 @@ void launch_spin(const CudaLaunch& launch, uint64_t ns_per_item);
 void launch_saxpy(const CudaLaunch& launch, double a, const void* x, void* y, uint64_t n,
                   uint64_t chunk, int dtype);
 // Test probe: counts[phase * items + item] += 1; violations += 1 for an item that starts
-// before every item of the previous phase finished (phase_done counts per phase).
+// before every item of the previous phase finished (phase_done counts per phase); times
+// (optional) gets each item's start and end on %globaltimer.
 void launch_item_counter(const CudaLaunch& launch, uint32_t* counts,
                          unsigned long long* phase_done, unsigned long long* violations,
-                         uint64_t items_per_phase, uint64_t ns_per_item);
+                         unsigned long long* times, uint64_t items_per_phase,
+                         uint64_t ns_per_item);
 
 // Plain (non-preemptible) references for the item-overhead benchmark.
 void launch_saxpy_plain(double a, const void* x, void* y, uint64_t n, int dtype, void* stream);

@@ -106,7 +106,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("n"), py::arg("chunk"), py::arg("dtype"));
   m.def("item_counter_task", &freeride::make_item_counter_task, py::arg("items"),
         py::arg("phases"), py::arg("counts"), py::arg("phase_done"), py::arg("violations"),
-        py::arg("ns_per_item"), py::arg("fail_phase"), py::arg("fail_item"));
+        py::arg("times"), py::arg("ns_per_item"), py::arg("fail_phase"), py::arg("fail_item"));
 
   py::class_<Executor>(m, "Executor")
       .def(py::init(&make_executor), py::arg("kind"), py::arg("device"), py::arg("workers"),

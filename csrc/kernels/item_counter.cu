@@ -17,23 +17,26 @@ constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads)
     item_counter_kernel(fr_item_ctx ctx, unsigned int* counts, unsigned long long* phase_done,
-                        unsigned long long* violations, unsigned long long items_per_phase,
-                        unsigned long long ns) {
+                        unsigned long long* violations, unsigned long long* times,
+                        unsigned long long items_per_phase, unsigned long long ns) {
   freeride::for_each_item(ctx, [&](unsigned long long item) {
     if (!freeride::leader_thread()) return;
     const unsigned long long phase = ctx.phase;
+    const unsigned long long slot = phase * items_per_phase + item;
+    if (times != nullptr) times[2 * slot] = global_ns();
     if (phase > 0) {
       // Written by earlier launches; volatile so the read is not served from a stale L1 line.
       const unsigned long long prev =
           *reinterpret_cast<volatile unsigned long long*>(&phase_done[phase - 1]);
       if (prev != items_per_phase) atomicAdd(violations, 1ull);
     }
-    atomicAdd(&counts[phase * items_per_phase + item], 1u);
+    atomicAdd(&counts[slot], 1u);
     if (ns > 0) {
       const unsigned long long start = global_ns();
       while (global_ns() - start < ns) {
       }
     }
+    if (times != nullptr) times[2 * slot + 1] = global_ns();
     // The count above must be visible before this item is reported as finished.
     __threadfence();
     atomicAdd(&phase_done[phase], 1ull);
@@ -44,7 +47,8 @@ __global__ void __launch_bounds__(kThreads)
 
 void launch_item_counter(const CudaLaunch& launch, uint32_t* counts,
                          unsigned long long* phase_done, unsigned long long* violations,
-                         uint64_t items_per_phase, uint64_t ns_per_item) {
+                         unsigned long long* times, uint64_t items_per_phase,
+                         uint64_t ns_per_item) {
   FR_ARG(launch.ctx.state != nullptr && launch.ctx.gate != nullptr,
          "ItemCounter: launch context lacks gate or phase state");
   FR_ARG(counts != nullptr && phase_done != nullptr && violations != nullptr,
@@ -58,7 +62,7 @@ void launch_item_counter(const CudaLaunch& launch, uint32_t* counts,
       persistent_grid(item_counter_kernel, kThreads, launch.sm_count, launch.ctx.n_items);
   item_counter_kernel<<<blocks, kThreads, 0,
                         static_cast<cudaStream_t>(launch.stream)>>>(
-      launch.ctx, counts, phase_done, violations, items_per_phase, ns_per_item);
+      launch.ctx, counts, phase_done, violations, times, items_per_phase, ns_per_item);
   FR_CUDA_CHECK(cudaGetLastError());
 }
 

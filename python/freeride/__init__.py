@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from . import _C, tasks
+from .distributed import gather_reports, stage_table
 from .errors import (
     CudaUnavailableError,
     FreerideError,
@@ -23,6 +24,8 @@ from .errors import (
 from .gate import Gate
 from .handle import TaskHandle
 from .harvester import Harvester
+from .iterative import IterativeHandle, IterativeTask
+from .report import Report, merge_chrome_traces
 
 __version__ = "0.1.0"
 
@@ -60,12 +63,18 @@ __all__ = [
     "Gate",
     "Harvester",
     "HarvesterClosedError",
+    "IterativeHandle",
+    "IterativeTask",
     "MemoryBudgetError",
+    "Report",
     "TaskCancelledError",
     "TaskFailedError",
     "TaskHandle",
     "__version__",
     "backend_info",
+    "gather_reports",
     "include_dir",
+    "merge_chrome_traces",
+    "stage_table",
     "tasks",
 ]

@@ -63,6 +63,11 @@ class TaskHandle:
         return self._status()[3]
 
     @property
+    def overruns(self) -> int:
+        """Steps that did not fit their bubble (iterative tasks); 0 for item tasks."""
+        return 0
+
+    @property
     def launches(self) -> int:
         """Preemptible launches so far: one more after every pause."""
         return self._status()[4]

@@ -5,11 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
-
-from typing_extensions import Self
 
 from . import _C
 from ._device import resolve_device
@@ -17,7 +16,21 @@ from ._units import parse_memory
 from .errors import HarvesterClosedError
 from .gate import Gate
 from .handle import TaskHandle
+from .iterative import IterativeHandle, IterativeRunner, IterativeTask
+from .pipeline import Attachment
+from .recorder import Recorder, attribute_side_work
+from .report import Report
+from .report_model import TaskSummary
 from .tasks._base import Task, check_count
+
+
+def _rank() -> int | None:
+    import sys
+
+    dist = getattr(sys.modules.get("torch"), "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return None
 
 
 def _default_workers() -> int:
@@ -70,7 +83,10 @@ class Harvester:
         self._lock = threading.Lock()
         self._closed = False
         self._handles: weakref.WeakSet[TaskHandle] = weakref.WeakSet()
-        self.gate = Gate(self._ex, self._kind, self._device_index, self._check_open)
+        self._recorder = Recorder(self._ex, self._kind, self._device_index)
+        self._attachment: Attachment | None = None
+        self._iterative: IterativeRunner | None = None
+        self.gate = Gate(self._recorder, self._ex, self._check_open)
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -106,36 +122,60 @@ class Harvester:
 
     # -- work ---------------------------------------------------------------------------------
 
-    def submit(self, task: Task, priority: int = 0) -> TaskHandle:
+    def submit(self, task: Task | IterativeTask, priority: int = 0) -> TaskHandle | IterativeHandle:
         """Queues `task`; higher `priority` runs first, FIFO within a priority. A task that
-        would exceed the memory budget on its own comes back failed with MemoryBudgetError."""
+        would exceed the memory budget on its own comes back failed with MemoryBudgetError.
+        Item tasks (fr.tasks.*) run as preemptible kernels; an fr.IterativeTask runs its
+        steps in the bubbles they are predicted to fit."""
         self._check_open()
+        if isinstance(task, IterativeTask):
+            priority = check_count(priority, "priority", -(2**31), 2**31 - 1)
+            with self._lock:
+                self._check_open()
+                if self._iterative is None:
+                    self._iterative = IterativeRunner(self)
+                handle = self._iterative.submit(task, priority)
+                self._handles.add(handle)
+            return handle
         if not isinstance(task, Task):
-            raise TypeError(f"task must be a freeride task (fr.tasks.*), got {type(task).__name__}")
+            raise TypeError(
+                "task must be a freeride task (fr.tasks.*) or an fr.IterativeTask, "
+                f"got {type(task).__name__}"
+            )
         priority = check_count(priority, "priority", -(2**31), 2**31 - 1)
         built = task._build(self)
         with self._lock:
             self._check_open()
             task_id = self._ex.submit(built.core, priority)
             handle = TaskHandle(self._ex, task_id, task, built)
+            self._recorder.name_task(task_id, repr(task))
             self._handles.add(handle)
         return handle
 
     def wait_all(self, timeout: float | None = None) -> bool:
         """Blocks until every submitted task is final; True if they are."""
         self._check_open()
-        return self._ex.wait_all(-1.0 if timeout is None else float(timeout))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._ex.wait_all(-1.0 if timeout is None else float(timeout)):
+            return False
+        for handle in self.tasks():
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not handle.wait(left):
+                return False
+        return True
 
     @contextlib.contextmanager
-    def compute(self, stream: Any = None) -> Iterator[None]:
-        """Closes the gate before the block's work on `stream` and opens it after, in
-        stream order: the manual hook for training loops freeride does not attach to."""
-        self.gate.close(stream)
+    def compute(self, stream: Any = None, label: str = "compute") -> Iterator[None]:
+        """Closes the gate before the block's work on `stream` and, if it was open,
+        reopens it after, in stream order: the manual hook for training loops freeride
+        does not attach to. Inside ``iteration()`` it is recorded as a compute action."""
+        self._check_open()
+        self._recorder.compute_begin(label, stream)
         try:
             yield
         finally:
             if not self._closed:
-                self.gate.open(stream)
+                self._recorder.compute_end(stream)
 
     @contextlib.contextmanager
     def bubble(self, stream: Any = None) -> Iterator[None]:
@@ -146,6 +186,71 @@ class Harvester:
         finally:
             if not self._closed:
                 self.gate.close(stream)
+
+    @contextlib.contextmanager
+    def iteration(self, stream: Any = None) -> Iterator[None]:
+        """One training iteration of a manual loop: opens the gate at the start, closes
+        it at the end, and records its compute actions (``compute()`` blocks) and bubbles
+        for ``report()``. attach() does the same around every schedule.step()."""
+        self._check_open()
+        self._recorder.begin_iteration(stream)
+        try:
+            yield
+        finally:
+            if not self._closed:
+                self._recorder.end_iteration(stream)
+
+    # -- pipelines ----------------------------------------------------------------------------
+
+    def attach(self, schedule: Any) -> None:
+        """Harvests the bubbles of a torch.distributed.pipelining schedule (any kind,
+        single- or multi-stage): the gate opens when step() starts, closes around every
+        forward, backward, backward-input, backward-weight and loss computation of every
+        stage on this rank, and closes when step() returns. Closes the gate now, so side
+        work runs only inside steps. Undo with detach()."""
+        self._check_open()
+        if self._attachment is not None:
+            raise RuntimeError("this harvester is already attached to a schedule; detach() first")
+        self._attachment = Attachment(self._recorder, schedule, self._kind, self._device_index)
+        self._recorder.close_gate()
+
+    def attach_optimizer(self, optimizer: Any) -> None:
+        """Keeps the gate closed through optimizer.step() (recorded as a compute action
+        when it runs inside a step)."""
+        self._check_open()
+        if self._attachment is None:
+            raise RuntimeError("attach(schedule) before attach_optimizer()")
+        self._attachment.add_optimizer(self._recorder, optimizer)
+
+    def detach(self) -> None:
+        """Removes every hook attach() and attach_optimizer() placed, leaving the schedule,
+        its stages and the optimizers exactly as they were. The gate stays closed."""
+        if self._attachment is not None:
+            self._attachment.detach()
+            self._attachment = None
+
+    def report(self, timeout: float = 30.0) -> Report:
+        """The bubble record so far: every recorded iteration's compute actions and
+        bubbles, the side launches and what they did in each bubble, and totals. Waits
+        (up to `timeout` s) for the device to pass what was recorded."""
+        self._check_open()
+        self._recorder.flush(block=True, timeout=timeout)
+        iterations = self._recorder.iterations()
+        launches = self._recorder.launches()
+        attribute_side_work(iterations, launches)
+        tasks = [
+            TaskSummary(h.id, repr(h.task), h.state, h.items_done, h.items_total, h.overruns)
+            for h in self.tasks()
+        ]
+        return Report(
+            device=self.device,
+            backend=self._kind,
+            rank=_rank(),
+            iterations=iterations,
+            launches=launches,
+            tasks=tasks,
+            settings={"memory_budget": self.memory_budget},
+        )
 
     def tasks(self) -> list[TaskHandle]:
         """Handles of the submitted tasks that are still referenced."""
@@ -160,13 +265,16 @@ class Harvester:
             if self._closed:
                 return
             self._closed = True
+        self.detach()
+        if self._iterative is not None:
+            self._iterative.close()
         self._ex.close()
 
     def _check_open(self) -> None:
         if self._closed:
             raise HarvesterClosedError("the harvester is closed")
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> Harvester:
         return self
 
     def __exit__(self, *exc: object) -> None:

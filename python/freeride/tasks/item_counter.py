@@ -20,13 +20,17 @@ class ItemCounts:
     counts: np.ndarray  # uint32 [phases, items]
     phase_done: np.ndarray  # uint64 [phases]
     violations: int
+    # uint64 [phases, items, 2]: start and end of each item (steady-clock ns on the host
+    # backend, %globaltimer ns on a GPU; 0 for items that did not run), if recorded
+    times: np.ndarray | None = None
 
 
 class ItemCounter(Task):
     """Every item adds one to its own counter (and optionally spins `ns_per_item`), and
     checks that the previous phase had completed when it started. After any pattern of
     pauses and cancels, every counter must be 0 or 1, and all 1 for a finished task.
-    `fail_at=(phase, item)` makes that item raise (host backend only), to test failures."""
+    `fail_at=(phase, item)` makes that item raise (host backend only), to test failures;
+    `record_times` keeps every item's start and end time."""
 
     def __init__(
         self,
@@ -34,6 +38,7 @@ class ItemCounter(Task):
         phases: int = 1,
         ns_per_item: int = 0,
         fail_at: tuple[int, int] | None = None,
+        record_times: bool = False,
     ) -> None:
         self.items = check_count(items, "items", 1, 2**31)
         self.phases = check_count(phases, "phases", 1, 2**16)
@@ -48,6 +53,7 @@ class ItemCounter(Task):
                 check_count(fail_at[1], "fail_at[1]", 0, self.items - 1),
             )
         self.fail_at = fail_at
+        self.record_times = bool(record_times)
         self._last = None
 
     def _build(self, harvester: Any) -> Built:
@@ -55,6 +61,9 @@ class ItemCounter(Task):
         counts, counts_ptr = zeros((self.phases, self.items), "uint32", kind, device)
         phase_done, phase_done_ptr = zeros((self.phases,), "uint64", kind, device)
         violations, violations_ptr = zeros((1,), "uint64", kind, device)
+        times, times_ptr = None, 0
+        if self.record_times:
+            times, times_ptr = zeros((self.phases, self.items, 2), "uint64", kind, device)
         fail_phase, fail_item = self.fail_at if self.fail_at is not None else (-1, -1)
         core = _C.item_counter_task(
             self.items,
@@ -62,16 +71,24 @@ class ItemCounter(Task):
             counts_ptr,
             phase_done_ptr,
             violations_ptr,
+            times_ptr,
             self.ns_per_item,
             fail_phase,
             fail_item,
         )
-        core.memory_bytes = 4 * self.items * self.phases + 8 * self.phases + 8
+        core.memory_bytes = (
+            (4 + 16 * self.record_times) * self.items * self.phases + 8 * self.phases + 8
+        )
 
         def read() -> ItemCounts:
-            return ItemCounts(to_numpy(counts), to_numpy(phase_done), int(to_numpy(violations)[0]))
+            return ItemCounts(
+                to_numpy(counts),
+                to_numpy(phase_done),
+                int(to_numpy(violations)[0]),
+                None if times is None else to_numpy(times),
+            )
 
-        built = Built(core, read, keep=(counts, phase_done, violations))
+        built = Built(core, read, keep=(counts, phase_done, violations, times))
         self._last = built
         return built
 

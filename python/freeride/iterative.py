@@ -1,0 +1,359 @@
+"""Iterative side tasks: PyTorch work made of step() calls that cannot stop mid-step.
+
+A step is started only inside a bubble it is predicted to fit: the harvester learns the
+length of each bubble slot of the schedule (the k-th bubble of an iteration) from the
+bubble record, and each task's step time from its own steps. Steps run on the side stream
+(a worker thread on the host backend); a step still running when the bubble closed counts
+as an overrun.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import sys
+import threading
+import time
+from typing import Any
+
+from . import _C
+from .errors import MemoryBudgetError, TaskCancelledError, TaskFailedError
+
+# Ids of iterative tasks, far from the executor's, so reports can mix both.
+_IDS = itertools.count(1 << 40)
+# A step must fit this many times its recent worst duration into what is left.
+_MARGIN = 1.1
+_POLL_S = 50e-6
+
+
+class IterativeTask:
+    """Base class of side work made of Python steps (e.g. one optimizer step of a small
+    model per step()). Override step() and usually setup(), finished(), teardown() and
+    result(). `memory_bytes` is charged to the harvester's memory budget; `total_steps`
+    (if known) gives progress."""
+
+    memory_bytes: int = 0
+    total_steps: int | None = None
+
+    def setup(self) -> None:
+        """Called once on the side stream before the first step (allocate, load)."""
+
+    def step(self) -> None:
+        """One unit of work; must not block on the training (it runs in its bubbles)."""
+        raise NotImplementedError
+
+    def finished(self) -> bool:
+        """True once no more steps are needed."""
+        return False
+
+    def teardown(self) -> None:
+        """Called once at the end, also after a failure or a cancel (free memory)."""
+
+    def result(self) -> Any:
+        """What the handle's result() returns once the task is done."""
+        return None
+
+
+class IterativeHandle:
+    """Handle of a submitted IterativeTask; the same interface as TaskHandle, where an
+    item is one step."""
+
+    def __init__(self, runner: IterativeRunner, task: IterativeTask, priority: int) -> None:
+        self._runner = runner
+        self.task = task
+        self.priority = priority
+        self._id = next(_IDS)
+        self._state = "queued"
+        self._steps = 0
+        self._overruns = 0
+        self._error: BaseException | None = None
+        self._cancel = False
+        self._set_up = False
+        self._reserved = 0
+        self._step_ns: list[int] = []
+        self._done = threading.Event()
+
+    @property
+    def id(self) -> int:
+        """This task's id (shared id space with item tasks in reports)."""
+        return self._id
+
+    @property
+    def state(self) -> str:
+        """'queued', 'running' (a step executes), 'paused' (waiting for a bubble that
+        fits), 'done', 'failed' or 'cancelled'."""
+        return self._state
+
+    @property
+    def items_done(self) -> int:
+        """Steps finished."""
+        return self._steps
+
+    @property
+    def items_total(self) -> int | None:
+        """The task's total_steps, if it declares one."""
+        return self.task.total_steps
+
+    @property
+    def progress(self) -> float:
+        """Steps done over total_steps (1.0 once done; 0.0 while unknown)."""
+        if self._state == "done":
+            return 1.0
+        total = self.task.total_steps
+        return min(1.0, self._steps / total) if total else 0.0
+
+    @property
+    def overruns(self) -> int:
+        """Steps still running when their bubble closed."""
+        return self._overruns
+
+    @property
+    def step_ns(self) -> int | None:
+        """The step time the scheduler plans with (recent worst), once measured."""
+        return max(self._step_ns) if self._step_ns else None
+
+    def done(self) -> bool:
+        """True once the task is final."""
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until the task is final or `timeout` seconds passed; True if final."""
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be None or >= 0, got {timeout}")
+        return self._done.wait(timeout)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Waits and returns task.result(); re-raises the task's error as
+        TaskFailedError (with the original as __cause__), or raises TaskCancelledError."""
+        if not self.wait(timeout):
+            raise TimeoutError(f"task {self._id} did not finish within {timeout} s")
+        if self._state == "done":
+            return self.task.result()
+        if isinstance(self._error, MemoryBudgetError):
+            raise self._error
+        if self._state == "cancelled":
+            raise TaskCancelledError(f"task {self._id} ({self.task!r}) was cancelled")
+        raise TaskFailedError(f"{self.task!r} failed: {self._error!r}") from self._error
+
+    def cancel(self, wait: bool = True) -> bool:
+        """No further step starts; with `wait`, returns once a running step finished.
+        False if the task was already final."""
+        if self.done():
+            return False
+        self._runner.cancel(self)
+        if wait:
+            self._done.wait()
+        return True
+
+    def __repr__(self) -> str:
+        return f"IterativeHandle(id={self._id}, task={self.task!r}, state={self._state!r}, steps={self._steps})"
+
+
+class IterativeRunner:
+    """One thread per harvester that runs iterative tasks' steps in fitting bubbles."""
+
+    def __init__(self, harvester: Any) -> None:
+        self._h = harvester
+        self._ex = harvester._ex
+        self._recorder = harvester._recorder
+        self._lock = threading.Condition()
+        self._queue: list[tuple[int, int, IterativeHandle]] = []
+        self._seq = itertools.count()
+        self._closing = False
+        self._reserved = 0
+        self._thread = threading.Thread(target=self._main, name="freeride-iterative", daemon=True)
+        self._thread.start()
+
+    # -- called by the harvester ----------------------------------------------------------------
+
+    def submit(self, task: IterativeTask, priority: int) -> IterativeHandle:
+        handle = IterativeHandle(self, task, priority)
+        self._recorder.name_task(handle.id, repr(task))
+        need = int(getattr(task, "memory_bytes", 0) or 0)
+        budget = self._h._ex.memory_budget
+        if need < 0:
+            raise ValueError(f"{task!r}.memory_bytes must be >= 0, got {need}")
+        if budget and need > budget:
+            self._finish(
+                handle,
+                "failed",
+                MemoryBudgetError(
+                    f"{task!r} needs {need} bytes of device memory, more than the harvester's "
+                    f"whole memory_budget of {budget} bytes"
+                ),
+            )
+            return handle
+        with self._lock:
+            heapq.heappush(self._queue, (-priority, next(self._seq), handle))
+            self._lock.notify_all()
+        return handle
+
+    def cancel(self, handle: IterativeHandle) -> None:
+        with self._lock:
+            handle._cancel = True
+            self._lock.notify_all()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            for _, _, handle in self._queue:
+                handle._cancel = True
+            self._lock.notify_all()
+        self._thread.join()
+
+    # -- the thread -----------------------------------------------------------------------------
+
+    def _finish(self, handle: IterativeHandle, state: str, error: BaseException | None = None):
+        if handle._set_up:
+            try:
+                handle.task.teardown()
+            except Exception as exc:  # a failing teardown fails the task, nothing else
+                if error is None and state == "done":
+                    state, error = "failed", exc
+        with self._lock:
+            self._reserved -= handle._reserved
+            handle._reserved = 0
+            self._lock.notify_all()
+        handle._error = error
+        handle._state = state
+        handle._done.set()
+
+    def _pick(self) -> IterativeHandle | None:
+        """Highest priority first; a task waits until its memory fits the budget."""
+        budget = self._h._ex.memory_budget
+        for _, _, handle in sorted(self._queue):
+            if handle._cancel:
+                return handle
+            need = int(getattr(handle.task, "memory_bytes", 0) or 0)
+            if (
+                handle._reserved
+                or not budget
+                or (self._ex.memory_used + self._reserved + need <= budget)
+            ):
+                return handle
+        return None
+
+    def _main(self) -> None:
+        while True:
+            with self._lock:
+                while not self._closing and self._pick() is None:
+                    self._lock.wait(0.05)
+                if self._closing:
+                    pending = [h for _, _, h in self._queue]
+                    self._queue.clear()
+                    break
+                handle = self._pick()
+                if not handle._reserved:
+                    handle._reserved = int(getattr(handle.task, "memory_bytes", 0) or 0)
+                    self._reserved += handle._reserved
+            if handle._cancel:
+                self._drop(handle)
+                self._finish(handle, "cancelled")
+                continue
+            self._serve(handle)
+        for handle in pending:
+            if not handle.done():
+                self._finish(handle, "cancelled")
+
+    def _drop(self, handle: IterativeHandle) -> None:
+        with self._lock:
+            self._queue = [entry for entry in self._queue if entry[2] is not handle]
+            heapq.heapify(self._queue)
+
+    def _preempted(self, handle: IterativeHandle) -> bool:
+        """A more urgent iterative task is queued."""
+        with self._lock:
+            best = min(self._queue) if self._queue else None
+        return best is not None and best[2] is not handle and -best[0] > handle.priority
+
+    def _serve(self, handle: IterativeHandle) -> None:
+        """Runs steps of `handle` until it ends, is cancelled or a more urgent task waits."""
+        task = handle.task
+        try:
+            if not handle._set_up:
+                handle._set_up = True
+                with self._side_stream():
+                    task.setup()
+            while not handle._cancel and not self._closing and not self._preempted(handle):
+                handle._state = "paused" if handle._steps else "queued"
+                seq = self._wait_for_fit(handle)
+                if seq is None:
+                    continue
+                self._one_step(handle, seq)
+                if task.finished():
+                    self._drop(handle)
+                    self._finish(handle, "done")
+                    return
+            if handle._cancel or self._closing:
+                self._drop(handle)
+                self._finish(handle, "cancelled")
+        except Exception as exc:
+            self._drop(handle)
+            self._finish(handle, "failed", exc)
+
+    def _side_stream(self):
+        torch = sys.modules.get("torch")
+        if self._h._kind != "cuda" or torch is None:
+            import contextlib
+
+            return contextlib.nullcontext()
+        return torch.cuda.stream(torch.cuda.ExternalStream(self._ex.side_stream))
+
+    def _wait_for_fit(self, handle: IterativeHandle) -> int | None:
+        """Polls the gate until a bubble with room for one step; its sequence number, or
+        None when the task should stop waiting (cancel, close, preemption)."""
+        seen_seq, seen_at = None, 0.0
+        polls = 0
+        while not handle._cancel and not self._closing:
+            if self._ex.gate_read() == _C.GATE_OPEN:
+                seq = self._ex.gate_seq()
+                if seq != seen_seq:
+                    seen_seq, seen_at = seq, time.monotonic_ns()
+                if self._fits(handle, seq, time.monotonic_ns() - seen_at):
+                    return seq
+            polls += 1
+            if polls % 64 == 0 and self._preempted(handle):
+                return None
+            time.sleep(_POLL_S)
+        return None
+
+    def _fits(self, handle: IterativeHandle, seq: int, elapsed_ns: int) -> bool:
+        recorder = self._recorder
+        if not recorder.recording:
+            return True  # no schedule recorded: the gate alone says when
+        slot = recorder.slot_of(seq)
+        if slot is None:
+            return False  # not a bubble of a recorded iteration (e.g. between steps)
+        predicted = recorder.predicted_slot_ns(slot)
+        if predicted is None:
+            return False  # learn this slot's length first
+        step = handle.step_ns
+        if step is None:
+            # First step: measure it in the longest bubble the schedule has.
+            longest = max((recorder.predicted_slot_ns(k) or 0) for k in recorder.known_slots())
+            return predicted >= longest and elapsed_ns < predicted // 4
+        return step * _MARGIN <= predicted - elapsed_ns
+
+    def _one_step(self, handle: IterativeHandle, seq: int) -> None:
+        handle._state = "running"
+        stream = self._ex.side_stream
+        start = self._ex.mark(stream)
+        with self._side_stream():
+            handle.task.step()
+        end = self._ex.mark(stream)
+        if self._h._kind == "cuda":
+            torch = sys.modules["torch"]
+            torch.cuda.ExternalStream(stream).synchronize()
+        elapsed = self._ex.elapsed_ns(start, end)
+        handle._steps += 1
+        if elapsed is not None:
+            handle._step_ns.append(elapsed)
+            del handle._step_ns[:-8]
+        # The gate moved on (its sequence changed) before the step was over: an overrun.
+        if self._ex.gate_seq() != seq or self._ex.gate_read() != _C.GATE_OPEN:
+            handle._overruns += 1
+        if self._recorder.recording:
+            self._recorder.add_launch_marks(handle.id, 0, start, end, 1)
+        else:
+            self._ex.release_mark(start)
+            self._ex.release_mark(end)

@@ -1,0 +1,306 @@
+"""The bubble record: gate writes of the training loop, timestamped in the training
+stream's own timeline, turned into compute intervals and bubbles per iteration."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _C
+from ._streams import stream_handle
+from .report_model import Bubble, Compute, Iteration, SideLaunch
+
+_SEQ_MASK = 2**32 - 1
+
+
+@dataclass
+class _Pending:
+    """An iteration whose marks the GPU may not have reached yet."""
+
+    index: int
+    origin: int  # mark id of the iteration's start
+    # (kind, label, mark, free_memory): kind "open" or "close"
+    events: list[tuple[str, str, int, int | None]] = field(default_factory=list)
+
+
+class Recorder:
+    """Writes the gate for the training loop's hooks and records when each write took
+    effect. One per harvester; used by attach(), compute() and iteration()."""
+
+    def __init__(self, ex: Any, kind: str, device: int, keep_iterations: int = 1000) -> None:
+        self._ex = ex
+        self._kind = kind
+        self._device = device
+        self._seq = 0
+        self._open = True  # the gate's value in stream order, as the hooks wrote it
+        self._depth = 0  # nesting of compute actions: only the outermost writes
+        self._saved_open: list[bool] = []
+        self._current: _Pending | None = None
+        self._pending: deque[_Pending] = deque()
+        self._iterations: deque[Iteration] = deque(maxlen=keep_iterations)
+        self._launches: deque[SideLaunch] = deque()
+        self._raw_launches: list[tuple] = []
+        self._anchor: tuple[int, int] | None = None  # (mark, ns since recording start)
+        self._next_index = 0
+        self._slot = 0
+        self._seq_slot: dict[int, int] = {}  # gate sequence number -> bubble slot
+        self._slot_ns: dict[int, deque[int]] = {}  # slot -> recent durations
+        self._task_names: dict[int, str] = {}
+        # The iterative runner's thread reads slot predictions and adds launches while the
+        # training thread records: these two structures are shared.
+        self._shared = threading.Lock()
+        self.clock_origin_ns: int | None = None  # host backend: steady-clock ns of time 0
+        self.recording = False
+
+    # -- gate writes ---------------------------------------------------------------------
+
+    def _write(self, value: int, stream: Any, mark: bool = False) -> tuple[int, int]:
+        """Writes the gate; with `mark`, also records when the write took effect: after
+        a close (side work has stopped), before an open (side work has not resumed), so
+        recorded compute intervals contain no side work and bubbles hold all of it."""
+        self._seq = (self._seq + 1) & _SEQ_MASK
+        handle = stream_handle(stream, self._kind, self._device)
+        opening = value == _C.GATE_OPEN
+        mark_id = self._ex.mark(handle) if mark and opening else 0
+        self._ex.gate_write(value, handle, self._seq)
+        if mark and not opening:
+            mark_id = self._ex.mark(handle)
+        self._open = opening
+        return self._seq, mark_id
+
+    def _free_memory(self) -> int | None:
+        if self._kind != "cuda":
+            return None
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
+        return int(torch.cuda.mem_get_info(self._device)[0])
+
+    def begin_iteration(self, stream: Any = None) -> None:
+        """Opens the gate at the start of an iteration (schedule.step())."""
+        if self._current is not None:
+            raise RuntimeError("an iteration is already being recorded (nested step()?)")
+        if not self.recording:
+            self.recording = True
+            self._ex.set_recording(True)
+        self.flush(block=False)
+        seq, mark = self._write(_C.GATE_OPEN, stream, mark=True)
+        self._current = _Pending(self._next_index, mark)
+        self._next_index += 1
+        self._slot = 0
+        self._remember_slot(seq)
+        self._current.events.append(("open", "", self._current.origin, self._free_memory()))
+
+    def end_iteration(self, stream: Any = None) -> None:
+        """Closes the gate at the end of an iteration."""
+        current = self._current
+        if current is None:
+            return
+        _, mark = self._write(_C.GATE_CLOSED, stream, mark=True)
+        current.events.append(("close", "", mark, None))
+        self._current = None
+        self._depth = 0
+        self._saved_open.clear()
+        self._pending.append(current)
+        self.flush(block=False)
+
+    def compute_begin(self, label: str, stream: Any = None) -> None:
+        """Closes the gate before a compute action."""
+        self._depth += 1
+        if self._depth > 1:
+            return
+        self._saved_open.append(self._open)
+        recording = self._current is not None
+        _, mark = self._write(_C.GATE_CLOSED, stream, mark=recording)
+        if recording:
+            self._current.events.append(("close", label, mark, None))
+
+    def compute_end(self, stream: Any = None) -> None:
+        """After a compute action: reopens the gate if it was open before it."""
+        if self._depth == 0:
+            return
+        self._depth -= 1
+        if self._depth > 0:
+            return
+        if not self._saved_open.pop():
+            return
+        recording = self._current is not None
+        seq, mark = self._write(_C.GATE_OPEN, stream, mark=recording)
+        if recording:
+            self._slot += 1
+            self._remember_slot(seq)
+            self._current.events.append(("open", "", mark, self._free_memory()))
+
+    def close_gate(self, stream: Any = None) -> None:
+        self._write(_C.GATE_CLOSED, stream)
+
+    def open_gate(self, stream: Any = None) -> None:
+        self._write(_C.GATE_OPEN, stream)
+
+    # -- what iterative tasks ask -----------------------------------------------------------
+
+    def _remember_slot(self, seq: int) -> None:
+        self._seq_slot[seq] = self._slot
+        if len(self._seq_slot) > 65536:  # forget the oldest half
+            for key in list(self._seq_slot)[:32768]:
+                del self._seq_slot[key]
+
+    def slot_of(self, seq: int) -> int | None:
+        """Bubble slot opened by the gate write with sequence number `seq`, if any."""
+        return self._seq_slot.get(seq)
+
+    def predicted_slot_ns(self, slot: int) -> int | None:
+        """Median of the slot's recent durations, once it has been measured."""
+        with self._shared:
+            history = self._slot_ns.get(slot)
+            if not history:
+                return None
+            ordered = sorted(history)
+        return ordered[len(ordered) // 2]
+
+    def known_slots(self) -> list[int]:
+        """Slots whose length has been measured."""
+        with self._shared:
+            return list(self._slot_ns)
+
+    # -- resolution ------------------------------------------------------------------------
+
+    def name_task(self, task_id: int, name: str) -> None:
+        self._task_names[task_id] = name
+
+    def add_launch(self, launch: SideLaunch) -> None:
+        """A side launch measured outside the executor (an iterative task's step)."""
+        self._launches.append(launch)
+
+    def add_launch_marks(self, task_id: int, phase: int, start: int, end: int, items: int) -> None:
+        """A side launch whose marks still have to be resolved."""
+        with self._shared:
+            self._raw_launches.append((task_id, phase, start, end, items))
+
+    def flush(self, block: bool, timeout: float = 30.0) -> None:
+        """Resolves every iteration and launch the device has passed. With `block`, waits
+        (up to `timeout` s) until everything recorded so far is resolved."""
+        deadline = time.monotonic() + timeout
+        while True:
+            log = self._ex.take_launch_log()
+            with self._shared:
+                self._raw_launches.extend(log)
+            done = self._resolve_iterations() and self._resolve_launches()
+            if done or not block or time.monotonic() > deadline:
+                return
+            time.sleep(0.001)
+
+    def _elapsed(self, a: int, b: int) -> int | None:
+        return self._ex.elapsed_ns(a, b)
+
+    def _resolve_iterations(self) -> bool:
+        while self._pending:
+            pend = self._pending[0]
+            if self._anchor is None:
+                origin_ns = 0
+                if self._kind == "host":
+                    self.clock_origin_ns = self._elapsed(0, pend.origin)
+            else:
+                delta = self._elapsed(self._anchor[0], pend.origin)
+                if delta is None:
+                    return False
+                origin_ns = self._anchor[1] + delta
+            offsets = []
+            for _, _, mark, _ in pend.events:
+                rel = self._elapsed(pend.origin, mark)
+                if rel is None:
+                    return False
+                offsets.append(origin_ns + rel)
+            self._iterations.append(self._build(pend, offsets))
+            for _, _, mark, _ in pend.events:
+                if mark != pend.origin:
+                    self._ex.release_mark(mark)
+            if self._anchor is not None:
+                self._ex.release_mark(self._anchor[0])
+            self._anchor = (pend.origin, origin_ns)
+            self._pending.popleft()
+        return True
+
+    def _build(self, pend: _Pending, times: list[int]) -> Iteration:
+        it = Iteration(pend.index, times[0], times[-1])
+        open_at: int | None = None
+        open_mem: int | None = None
+        close_at: int | None = None
+        label = ""
+        slot = 0
+        for (kind, lab, _, mem), t in zip(pend.events, times):
+            if kind == "open":
+                if close_at is not None:
+                    it.compute.append(Compute(close_at, t, label))
+                    close_at = None
+                open_at, open_mem = t, mem
+            else:
+                if open_at is not None:
+                    it.bubbles.append(Bubble(pend.index, slot, open_at, t, open_mem))
+                    with self._shared:
+                        self._slot_ns.setdefault(slot, deque(maxlen=16)).append(t - open_at)
+                    slot += 1
+                    open_at = None
+                close_at, label = t, lab
+        return it
+
+    def _resolve_launches(self) -> bool:
+        if self._anchor is None:
+            return True  # nothing to measure them against until an iteration resolves
+        anchor, anchor_ns = self._anchor
+        with self._shared:
+            raw, self._raw_launches = self._raw_launches, []
+        left = []
+        for task_id, phase, start, end, items in raw:
+            a = self._elapsed(anchor, start)
+            b = self._elapsed(anchor, end)
+            if a is None or b is None:
+                left.append((task_id, phase, start, end, items))
+                continue
+            name = self._task_names.get(task_id, f"task {task_id}")
+            self._launches.append(
+                SideLaunch(task_id, name, phase, anchor_ns + a, anchor_ns + b, items)
+            )
+            self._ex.release_mark(start)
+            self._ex.release_mark(end)
+        with self._shared:
+            self._raw_launches[:0] = left
+        # Launches older than every kept iteration are no longer needed.
+        if self._iterations:
+            first = self._iterations[0].start_ns
+            while self._launches and self._launches[0].end_ns < first:
+                self._launches.popleft()
+        return not left
+
+    # -- output ----------------------------------------------------------------------------
+
+    def iterations(self) -> list[Iteration]:
+        return list(self._iterations)
+
+    def launches(self) -> list[SideLaunch]:
+        return sorted(self._launches, key=lambda launch: launch.start_ns)
+
+
+def attribute_side_work(iterations: list[Iteration], launches: list[SideLaunch]) -> None:
+    """Fills each bubble's `side` with the side work that overlapped it: task id ->
+    (items pro-rated by overlap, nanoseconds of overlap)."""
+    ordered = sorted(launches, key=lambda launch: launch.start_ns)
+    first = 0
+    for it in iterations:
+        for bubble in it.bubbles:
+            bubble.side = {}
+            while first < len(ordered) and ordered[first].end_ns <= bubble.start_ns:
+                first += 1
+            for launch in ordered[first:]:
+                if launch.start_ns >= bubble.end_ns:
+                    break
+                overlap = min(launch.end_ns, bubble.end_ns) - max(launch.start_ns, bubble.start_ns)
+                if overlap <= 0:
+                    continue
+                span = max(1, launch.end_ns - launch.start_ns)
+                items, ns = bubble.side.get(launch.task_id, (0.0, 0))
+                bubble.side[launch.task_id] = (items + launch.items * overlap / span, ns + overlap)

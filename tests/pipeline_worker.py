@@ -1,0 +1,182 @@
+"""A real multi-process pipeline on CPU (gloo) for the attach tests. Each rank trains a
+few steps without harvesting and the same steps with harvesting, and checks what only it
+can see; the parent test reads the JSON each rank writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, schedules
+
+import freeride as fr
+
+D = 32
+BATCH = 8
+
+SCHEDULES = {
+    # name: (class name, stages per rank, stage placement)
+    "GPipe": ("ScheduleGPipe", 1, "loop"),
+    "1F1B": ("Schedule1F1B", 1, "loop"),
+    "Interleaved1F1B": ("ScheduleInterleaved1F1B", 2, "loop"),
+    "LoopedBFS": ("ScheduleLoopedBFS", 2, "loop"),
+    "InterleavedZeroBubble": ("ScheduleInterleavedZeroBubble", 2, "loop"),
+    "ZBVZeroBubble": ("ScheduleZBVZeroBubble", 2, "v"),
+    "DualPipeV": ("ScheduleDualPipeV", 2, "v"),
+}
+
+
+def available(name: str) -> bool:
+    return hasattr(schedules, SCHEDULES[name][0])
+
+
+def _stage_ids(rank: int, world: int, per_rank: int, placement: str) -> list[int]:
+    if per_rank == 1:
+        return [rank]
+    if placement == "v":
+        return [rank, 2 * world - 1 - rank]
+    return [rank + k * world for k in range(per_rank)]
+
+
+def _model(num_stages: int) -> list[nn.Module]:
+    torch.manual_seed(1234)
+    return [
+        nn.Sequential(nn.Linear(D, 4 * D), nn.GELU(), nn.Linear(4 * D, D), nn.Tanh())
+        for _ in range(num_stages)
+    ]
+
+
+def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((out - target) ** 2).mean()
+
+
+def _train(rank, world, name, n_micro, steps, harvester=None, side=None, out=None):
+    cls_name, per_rank, placement = SCHEDULES[name]
+    num_stages = world * per_rank
+    ids = _stage_ids(rank, world, per_rank, placement)
+    modules = _model(num_stages)
+    stages = [PipelineStage(modules[i], i, num_stages, torch.device("cpu")) for i in ids]
+    cls = getattr(schedules, cls_name)
+    kwargs = {"n_microbatches": n_micro, "loss_fn": _loss}
+    schedule = cls(stages, **kwargs) if per_rank > 1 else cls(stages[0], **kwargs)
+    params = [p for i in ids for p in modules[i].parameters()]
+    opt = torch.optim.SGD(params, lr=0.05)
+    before = {}
+    if harvester is not None:
+        objs = [schedule, *stages, opt]
+        before = {id(o): {k: v for k, v in vars(o).items() if callable(v)} for o in objs}
+        harvester.attach(schedule)
+        harvester.attach_optimizer(opt)
+    g = torch.Generator().manual_seed(99)
+    losses_all = []
+    for _ in range(steps):
+        x = torch.randn(BATCH * n_micro, D, generator=g)
+        target = torch.randn(BATCH * n_micro, D, generator=g)
+        opt.zero_grad()
+        losses = []
+        args = (x,) if 0 in ids else ()
+        kw = {"target": target, "losses": losses} if num_stages - 1 in ids else {}
+        schedule.step(*args, **kw)
+        opt.step()
+        losses_all.append([float(v) for v in losses])
+    grads = [p.grad.clone() for p in params]
+    weights = [p.detach().clone() for p in params]
+    if harvester is not None:
+        out["report"] = harvester.report()
+        harvester.detach()
+        after = {id(o): {k: v for k, v in vars(o).items() if callable(v)} for o in objs}
+        out["detach_restores"] = after == before
+    return losses_all, grads, weights
+
+
+def run_rank(
+    rank: int, world: int, name: str, n_micro: int, steps: int, outdir: str, side: str
+) -> None:
+    result: dict = {"rank": rank, "ok": False}
+    try:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{outdir}/store", rank=rank, world_size=world
+        )
+        torch.set_num_threads(1)
+        base_losses, base_grads, base_weights = _train(rank, world, name, n_micro, steps)
+        with fr.Harvester("cpu", workers=1) as h:
+            extra: dict = {}
+            if side == "items":
+                task = fr.tasks.ItemCounter(10**6, ns_per_item=20_000, record_times=True)
+            else:
+                task = FailingStep()
+            handle = h.submit(task)
+            losses, grads, weights = _train(rank, world, name, n_micro, steps, h, side, extra)
+            report = extra["report"]
+            result["identical"] = (
+                losses == base_losses
+                and all(torch.equal(a, b) for a, b in zip(grads, base_grads))
+                and all(torch.equal(a, b) for a, b in zip(weights, base_weights))
+            )
+            result["detach_restores"] = extra["detach_restores"]
+            result["iterations"] = len(report.iterations)
+            result["partition_errors"] = [
+                it.duration_ns
+                - sum(b.duration_ns for b in it.bubbles)
+                - sum(c.end_ns - c.start_ns for c in it.compute)
+                for it in report.iterations
+            ]
+            result["compute_labels"] = sorted(
+                {c.label.split()[0] for it in report.iterations for c in it.compute}
+            )
+            result["bubble_fraction"] = report.bubble_fraction
+            if side == "items":
+                handle.cancel()
+                snap = task.snapshot()
+                result["items_done"] = handle.items_done
+                result["max_count"] = int(snap.counts.max())
+                origin = h._recorder.clock_origin_ns
+                spans = [
+                    (origin + c.start_ns, origin + c.end_ns)
+                    for it in report.iterations
+                    for c in it.compute
+                ]
+                ran = snap.times.reshape(-1, 2)
+                ran = ran[ran[:, 0] > 0]
+                inside = 0
+                for start, end in ran.tolist():
+                    for c0, c1 in spans:
+                        if start < c1 and end > c0:
+                            inside += 1
+                            break
+                result["items_inside_compute"] = inside
+                result["items_timed"] = len(ran)
+                result["side_launch_items"] = sum(report.items_per_task.values())
+            else:
+                handle.wait(30)
+                result["side_state"] = handle.state
+                result["side_error"] = repr(handle._error)
+            if rank == 0:
+                report.to_chrome_trace(os.path.join(outdir, "trace.json"))
+                try:
+                    report.plot(os.path.join(outdir, "timeline.png"))
+                except ImportError:
+                    pass
+            gathered = fr.gather_reports(report)
+            if rank == 0:
+                result["gathered_ranks"] = [r.rank for r in gathered]
+                result["table"] = fr.stage_table(gathered)
+        result["ok"] = True
+    except Exception:
+        result["error"] = traceback.format_exc()
+    finally:
+        with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+            json.dump(result, f)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class FailingStep(fr.IterativeTask):
+    """An iterative side task whose step raises: it must end failed, training unharmed."""
+
+    def step(self) -> None:
+        raise ValueError("side task step exploded")

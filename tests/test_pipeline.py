@@ -1,0 +1,90 @@
+"""Attaching to real torch.distributed.pipelining schedules, multi-process over gloo."""
+
+import json
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+mp = pytest.importorskip("torch.multiprocessing")
+
+import pipeline_worker
+
+
+def run(world, name, tmp_path, n_micro=4, steps=3, side="items"):
+    if not pipeline_worker.available(name):
+        pytest.skip(f"torch {torch.__version__} has no {name}")
+    mp.spawn(
+        pipeline_worker.run_rank,
+        args=(world, name, n_micro, steps, str(tmp_path), side),
+        nprocs=world,
+        join=True,
+    )
+    results = []
+    for rank in range(world):
+        with open(os.path.join(tmp_path, f"rank{rank}.json")) as f:
+            res = json.load(f)
+        assert res["ok"], res.get("error")
+        results.append(res)
+    return results
+
+
+def check_items_run_only_in_bubbles(results, steps):
+    for res in results:
+        assert res["identical"], "harvesting changed losses, gradients or weights"
+        assert res["detach_restores"]
+        assert res["iterations"] == steps
+        assert res["partition_errors"] == [0] * steps  # bubbles + compute = iteration
+        assert res["max_count"] <= 1
+        assert res["items_inside_compute"] == 0, "a side item ran inside a compute action"
+        assert res["items_timed"] == res["items_done"]
+    # Side work progressed in the bubbles.
+    assert sum(res["items_done"] for res in results) > 0
+    assert sum(res["side_launch_items"] for res in results) > 0
+
+
+@pytest.mark.parametrize(
+    "world, name",
+    [
+        (2, "GPipe"),
+        (2, "1F1B"),
+        (2, "Interleaved1F1B"),
+        (4, "1F1B"),
+        (4, "Interleaved1F1B"),
+        (4, "GPipe"),
+    ],
+)
+def test_side_items_run_only_in_bubbles(world, name, tmp_path):
+    results = run(world, name, tmp_path, n_micro=2 * world)
+    check_items_run_only_in_bubbles(results, steps=3)
+    labels = set().union(*(res["compute_labels"] for res in results))
+    assert {"F", "B"} <= labels
+    assert results[0]["gathered_ranks"] == list(range(world))
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    names = {
+        e["args"]["name"]
+        for e in trace["traceEvents"]
+        if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
+    assert {"training compute", "bubbles"} <= names
+    if (tmp_path / "timeline.png").exists():
+        assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "name", ["LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
+)
+def test_other_schedules(name, tmp_path):
+    results = run(2, name, tmp_path, n_micro=4)
+    check_items_run_only_in_bubbles(results, steps=3)
+    if name != "LoopedBFS":
+        labels = set().union(*(res["compute_labels"] for res in results))
+        assert "W" in labels or "I" in labels  # split backward recorded
+
+
+def test_failing_iterative_task_leaves_training_intact(tmp_path):
+    results = run(2, "1F1B", tmp_path, side="fail")
+    for res in results:
+        assert res["identical"]
+        assert res["side_state"] == "failed"
+        assert "side task step exploded" in res["side_error"]
