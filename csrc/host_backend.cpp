@@ -1,6 +1,11 @@
 // The host backend: the gate is an atomic word and a "kernel" is a pool of worker
 // threads running the same claim-then-check loop as preempt.cuh, so the whole protocol
 // runs and is tested on a machine without a GPU.
+#ifdef __linux__
+#include <pthread.h>
+#include <sched.h>
+#endif
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -61,9 +66,9 @@ class HostRunner final : public PhaseRunner {
         break;
       }
       done_.fetch_add(1);
-      active.fetch_sub(1);
+      if (active.fetch_sub(1) == 1) active.notify_all();
     }
-    active.fetch_sub(1);
+    if (active.fetch_sub(1) == 1) active.notify_all();
   }
 
   bool stop_requested() const { return stop_.load(); }
@@ -103,9 +108,33 @@ class HostBackend final : public Backend {
     gate_cv_.notify_all();
     // A close takes effect once the items that passed the gate before it have finished:
     // at most one item's run time, the host backend's pause latency.
-    if (value != FREERIDE_GATE_OPEN) {
-      while (active_.load() > 0) std::this_thread::yield();
+    if (value != FREERIDE_GATE_OPEN) wait_for_items();
+  }
+
+  // Sleeps until no item executes. The workers run SCHED_IDLE, so while training waits
+  // on them they get normal priority back: otherwise busy cores (other ranks, other
+  // processes) could starve an item the training thread is waiting for.
+  void wait_for_items() {
+    int active = active_.load();
+    if (active == 0) return;
+    set_workers_idle(false);
+    while (active > 0) {
+      active_.wait(active);
+      active = active_.load();
     }
+    set_workers_idle(true);
+  }
+
+  void set_workers_idle(bool idle) {
+#ifdef __linux__
+    sched_param param{};
+    param.sched_priority = 0;
+    const int policy = idle ? SCHED_IDLE : SCHED_OTHER;
+    std::lock_guard<std::mutex> lock(threads_mutex_);
+    for (auto& t : threads_) (void)pthread_setschedparam(t.native_handle(), policy, &param);
+#else
+    (void)idle;
+#endif
   }
   uint32_t gate_read() const override { return gate_.load(); }
   uint32_t gate_seq() const override { return seq_.load(); }
@@ -150,6 +179,7 @@ class HostBackend final : public Backend {
     }
     work_cv_.notify_all();
     gate_cv_.notify_all();
+    std::lock_guard<std::mutex> lock(threads_mutex_);
     for (auto& t : threads_) t.join();
     threads_.clear();
   }
@@ -185,6 +215,14 @@ class HostBackend final : public Backend {
 
  private:
   void worker_main() {
+#ifdef __linux__
+    // The host's equivalent of the lowest-priority side stream: SCHED_IDLE threads get a
+    // core only when nothing else wants it, so side items take no CPU from training.
+    // Best effort: where the policy is refused, the workers run at normal priority.
+    sched_param param{};
+    param.sched_priority = 0;
+    (void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &param);
+#endif
     uint64_t seen = 0;
     std::unique_lock<std::mutex> lock(mutex_);
     while (true) {
@@ -202,6 +240,7 @@ class HostBackend final : public Backend {
   std::atomic<uint32_t> gate_{FREERIDE_GATE_OPEN};
   std::atomic<uint32_t> seq_{0};
   std::atomic<int> active_{0};  // workers between their gate check and the end of an item
+  std::mutex threads_mutex_;    // threads_ against shutdown while a close boosts them
   std::mutex marks_mutex_;
   std::unordered_map<uint64_t, int64_t> marks_;
   uint64_t next_mark_ = 1;

@@ -274,7 +274,7 @@ class Harvester:
         if self._closed:
             raise HarvesterClosedError("the harvester is closed")
 
-    def __enter__(self) -> Harvester:
+    def __enter__(self) -> Harvester:  # noqa: PYI034 - typing.Self needs Python 3.11
         return self
 
     def __exit__(self, *exc: object) -> None:

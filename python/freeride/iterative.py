@@ -207,7 +207,7 @@ class IterativeRunner:
         if handle._set_up:
             try:
                 handle.task.teardown()
-            except Exception as exc:  # a failing teardown fails the task, nothing else
+            except Exception as exc:  # noqa: BLE001 - user code: a failing teardown fails the task
                 if error is None and state == "done":
                     state, error = "failed", exc
         with self._lock:
@@ -287,7 +287,7 @@ class IterativeRunner:
             if handle._cancel or self._closing:
                 self._drop(handle)
                 self._finish(handle, "cancelled")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - user code: any error fails this task only
             self._drop(handle)
             self._finish(handle, "failed", exc)
 
@@ -309,8 +309,12 @@ class IterativeRunner:
                 seq = self._ex.gate_seq()
                 if seq != seen_seq:
                     seen_seq, seen_at = seq, time.monotonic_ns()
+                    if self._recorder.recording:
+                        # A new bubble: learn from the iterations the device has finished.
+                        self._recorder.flush(block=False)
                 if self._fits(handle, seq, time.monotonic_ns() - seen_at):
-                    return seq
+                    # A more urgent task submitted meanwhile gets this bubble instead.
+                    return None if self._preempted(handle) else seq
             polls += 1
             if polls % 64 == 0 and self._preempted(handle):
                 return None

@@ -15,6 +15,7 @@ from ._streams import stream_handle
 from .report_model import Bubble, Compute, Iteration, SideLaunch
 
 _SEQ_MASK = 2**32 - 1
+_MAX_PENDING = 64
 
 
 @dataclass
@@ -53,6 +54,7 @@ class Recorder:
         # The iterative runner's thread reads slot predictions and adds launches while the
         # training thread records: these two structures are shared.
         self._shared = threading.Lock()
+        self._resolving = threading.Lock()  # one flush at a time (training or runner thread)
         self.clock_origin_ns: int | None = None  # host backend: steady-clock ns of time 0
         self.recording = False
 
@@ -87,7 +89,6 @@ class Recorder:
         if not self.recording:
             self.recording = True
             self._ex.set_recording(True)
-        self.flush(block=False)
         seq, mark = self._write(_C.GATE_OPEN, stream, mark=True)
         self._current = _Pending(self._next_index, mark)
         self._next_index += 1
@@ -106,7 +107,10 @@ class Recorder:
         self._depth = 0
         self._saved_open.clear()
         self._pending.append(current)
-        self.flush(block=False)
+        # Resolution is left to report() and the iterative runner's thread, off the
+        # training thread; only a backlog (nobody asking) is resolved here.
+        if len(self._pending) > _MAX_PENDING:
+            self.flush(block=False)
 
     def compute_begin(self, label: str, stream: Any = None) -> None:
         """Closes the gate before a compute action."""
@@ -186,10 +190,11 @@ class Recorder:
         (up to `timeout` s) until everything recorded so far is resolved."""
         deadline = time.monotonic() + timeout
         while True:
-            log = self._ex.take_launch_log()
-            with self._shared:
-                self._raw_launches.extend(log)
-            done = self._resolve_iterations() and self._resolve_launches()
+            with self._resolving:
+                log = self._ex.take_launch_log()
+                with self._shared:
+                    self._raw_launches.extend(log)
+                done = self._resolve_iterations() and self._resolve_launches()
             if done or not block or time.monotonic() > deadline:
                 return
             time.sleep(0.001)

@@ -1,0 +1,138 @@
+"""Iterative side tasks: steps start only in bubbles they are predicted to fit."""
+
+import time
+
+import pytest
+
+import freeride as fr
+from conftest import os_threads, wait_until
+
+LONG_S, SHORT_S, COMPUTE_S = 0.040, 0.002, 0.003
+
+
+class Stepper(fr.IterativeTask):
+    """Each step sleeps `step_s` and records when it started."""
+
+    def __init__(self, step_s=0.008, steps=None, fail_at=None):
+        self.step_s = step_s
+        self.total_steps = steps
+        self.fail_at = fail_at
+        self.starts = []
+        self.events = []
+
+    def setup(self):
+        self.events.append("setup")
+
+    def step(self):
+        if self.fail_at is not None and len(self.starts) == self.fail_at:
+            raise RuntimeError("step failed on purpose")
+        self.starts.append(time.monotonic_ns())
+        time.sleep(self.step_s)
+
+    def finished(self):
+        return self.total_steps is not None and len(self.starts) >= self.total_steps
+
+    def teardown(self):
+        self.events.append("teardown")
+
+    def result(self):
+        return len(self.starts)
+
+
+def train(h, iterations):
+    """A manual loop whose iterations have bubbles of two lengths: 40 ms and 2 ms."""
+    for _ in range(iterations):
+        with h.iteration():
+            for gap in (LONG_S, SHORT_S, SHORT_S, LONG_S, SHORT_S):
+                with h.compute(label="F"):
+                    time.sleep(COMPUTE_S)
+                time.sleep(gap)
+
+
+def test_steps_start_only_in_bubbles_that_fit(host):
+    task = Stepper(step_s=0.008)
+    handle = host.submit(task)
+    train(host, 12)
+    report = host.report()
+    handle.cancel()
+    assert handle.items_done > 0
+    assert handle.state == "cancelled"
+    assert task.events == ["setup", "teardown"]
+    origin = host._recorder.clock_origin_ns
+    bubbles = [
+        (origin + b.start_ns, origin + b.end_ns) for it in report.iterations for b in it.bubbles
+    ]
+    short = [b for b in bubbles if b[1] - b[0] < 0.02e9]
+    long_ = [b for b in bubbles if b[1] - b[0] >= 0.02e9]
+    in_long = sum(any(s <= t < e for s, e in long_) for t in task.starts)
+    in_short = sum(any(s <= t < e for s, e in short) for t in task.starts)
+    assert in_short == 0, "a step started in a bubble too short for it"
+    # Allow the rare start that races the bubble's end (it then counts as an overrun).
+    assert in_long >= len(task.starts) - handle.overruns
+    assert handle.step_ns is not None and handle.step_ns >= 0.008e9
+    # Iterative steps appear in the report as side launches.
+    assert report.items_per_task.get(handle.id, 0) >= 1
+
+
+def test_iterative_task_finishes_and_returns_result(host):
+    task = Stepper(step_s=0.001, steps=5)
+    handle = host.submit(task)  # no schedule recorded: the gate alone decides
+    assert handle.wait(timeout=30)
+    assert handle.state == "done" and handle.result() == 5 and handle.progress == 1.0
+    assert task.events == ["setup", "teardown"]
+
+
+def test_iterative_failure_is_reported_and_teardown_runs(host):
+    task = Stepper(step_s=0.001, steps=10, fail_at=3)
+    handle = host.submit(task)
+    assert handle.wait(timeout=30)
+    assert handle.state == "failed"
+    with pytest.raises(fr.TaskFailedError, match="step failed on purpose"):
+        handle.result()
+    assert task.events == ["setup", "teardown"]
+    ok = host.submit(Stepper(step_s=0.001, steps=2))
+    assert ok.wait(timeout=30) and ok.state == "done"
+
+
+def test_iterative_waits_while_gate_closed(host):
+    host.gate.close()
+    handle = host.submit(Stepper(step_s=0.001, steps=3))
+    time.sleep(0.1)
+    assert handle.items_done == 0
+    host.gate.open()
+    assert handle.wait(timeout=30) and handle.state == "done"
+
+
+def test_iterative_memory_budget():
+    with fr.Harvester("cpu", memory_budget="1MiB", workers=1) as h:
+        big = Stepper(steps=1)
+        big.memory_bytes = 2 * 2**20
+        handle = h.submit(big)
+        assert handle.wait(timeout=5) and handle.state == "failed"
+        with pytest.raises(fr.MemoryBudgetError):
+            handle.result()
+
+
+def test_iterative_priorities_and_cancel(host):
+    host.gate.close()
+    low = host.submit(Stepper(step_s=0.001, steps=3), priority=0)
+    high = host.submit(Stepper(step_s=0.001, steps=3), priority=5)
+    host.gate.open()
+    assert high.wait(timeout=30) and low.wait(timeout=30)
+    assert max(high.task.starts) < min(low.task.starts)
+    forever = host.submit(Stepper(step_s=0.001))
+    wait_until(lambda: forever.items_done > 0)
+    assert forever.cancel()
+    assert forever.state == "cancelled"
+    assert not forever.cancel()
+
+
+def test_close_with_running_iterative_task_leaves_no_thread():
+    before = os_threads()
+    h = fr.Harvester("cpu", workers=1)
+    handle = h.submit(Stepper(step_s=0.002))
+    wait_until(lambda: handle.items_done > 0)
+    h.close()
+    assert handle.state == "cancelled"
+    assert handle.task.events == ["setup", "teardown"]
+    assert os_threads() == before
