@@ -184,8 +184,10 @@ def _print_summary(fr: Any, cfg: DemoConfig, reports: list[Any], times_all: list
     rows = [
         (
             "pipeline",
-            f"{cfg.stages} stages, {cfg.schedule}, {cfg.microbatches} microbatches, "
-            f"{reports[0].backend} backend",
+            (
+                f"{cfg.stages} stages, {cfg.schedule}, {cfg.microbatches} microbatches, "
+                f"{reports[0].backend} backend"
+            ),
         ),
         ("bubble fraction", f"{bubble / total:.1%} of {total / 1e9:.2f} s recorded"),
         ("harvested time", f"{harvested / 1e9:.3f} s ({harvested / bubble:.0%} of bubble time)"),
