@@ -53,11 +53,13 @@ def schedule_stages(schedule: Any) -> list[Any]:
     raise TypeError(f"{type(schedule).__name__} has no stages this version of freeride knows")
 
 
-def _stage_device(stage: Any) -> tuple[str, int]:
+def _on_device(stage: Any, kind: str, device: int) -> bool:
     import torch
 
-    device = torch.device(getattr(stage, "device", "cpu"))
-    return device.type, device.index if device.index is not None else 0
+    dev = torch.device(getattr(stage, "device", "cpu"))
+    if kind == "host":
+        return dev.type == "cpu"
+    return dev.type == "cuda" and (dev.index or 0) == device
 
 
 def _label(kind: str, stage: Any, args: tuple, kwargs: dict) -> str:
@@ -121,13 +123,11 @@ class Attachment:
     def __init__(self, recorder: Recorder, schedule: Any, kind: str, device: int) -> None:
         stages = schedule_stages(schedule)
         for stage in stages:
-            dev_type, dev_index = _stage_device(stage)
-            want = "cpu" if kind == "host" else "cuda"
-            if dev_type != want or (want == "cuda" and dev_index != device):
+            if not _on_device(stage, kind, device):
                 where = "cpu" if kind == "host" else f"cuda:{device}"
                 raise ValueError(
-                    f"stage {getattr(stage, 'stage_index', '?')} is on {dev_type}"
-                    f"{'' if dev_type == 'cpu' else f':{dev_index}'} but the harvester is on {where}"
+                    f"stage {getattr(stage, 'stage_index', '?')} is on "
+                    f"{getattr(stage, 'device', '?')} but the harvester is on {where}"
                 )
         self.schedule = schedule
         self.patches: list[_Patch] = []

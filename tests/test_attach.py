@@ -1,0 +1,125 @@
+"""attach() on a single-process schedule (one stage, gloo with world size 1): argument
+errors, exact detach, optimizer hooks and the report of a real schedule."""
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+from torch import nn  # noqa: E402
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe  # noqa: E402
+
+import freeride as fr  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory):
+    store = tmp_path_factory.mktemp("store") / "file"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def make_schedule(device="cpu"):
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(16, 16), nn.Tanh())
+    stage = PipelineStage(module, 0, 1, torch.device(device))
+    sched = ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda o, t: ((o - t) ** 2).mean())
+    return module, stage, sched
+
+
+def callables(obj):
+    return {k: v for k, v in vars(obj).items() if callable(v)}
+
+
+def test_detach_restores_exactly(group, host):
+    module, stage, sched = make_schedule()
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    sched.step = sched.step  # an instance attribute that must come back as it was
+    before = [(o, callables(o), set(vars(o))) for o in (sched, stage, opt)]
+    host.attach(sched)
+    host.attach_optimizer(opt)
+    assert "forward_one_chunk" in vars(stage)
+    host.detach()
+    for obj, calls, keys in before:
+        assert callables(obj) == calls
+        assert set(vars(obj)) == keys
+
+
+def test_report_of_a_real_schedule(group, host, tmp_path):
+    module, _, sched = make_schedule()
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    handle = host.submit(fr.tasks.Spin(10**9, 20_000))
+    host.attach(sched)
+    host.attach_optimizer(opt)
+    assert not host.gate.is_open  # closed from attach() on, outside steps
+    for _ in range(3):
+        sched.step(torch.randn(4, 16), target=torch.randn(4, 16))
+        assert not host.gate.is_open
+        opt.step()
+        assert not host.gate.is_open
+    report = host.report()
+    handle.cancel()
+    assert len(report.iterations) == 3
+    for it in report.iterations:
+        labels = [c.label for c in it.compute]
+        assert labels == ["F s0 mb0", "loss s0 mb0", "F s0 mb1", "loss s0 mb1",
+                          "B s0 mb0", "B s0 mb1"]
+        total = sum(b.duration_ns for b in it.bubbles) + sum(
+            c.end_ns - c.start_ns for c in it.compute
+        )
+        assert total == it.duration_ns
+        assert [b.slot for b in it.bubbles] == list(range(len(it.compute) + 1))
+    assert 0.0 <= report.bubble_fraction <= 1.0
+    assert "bubble fraction" in report.summary()
+    report.to_chrome_trace(tmp_path / "t.json")
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    d = report.to_dict()
+    assert fr.Report.from_dict(json.loads(json.dumps(d))).total_ns == report.total_ns
+
+
+def test_attach_errors(group, host):
+    _, _, sched = make_schedule()
+    with pytest.raises(TypeError, match="torch.distributed.pipelining schedule"):
+        host.attach(object())
+    with pytest.raises(RuntimeError, match=r"attach\(schedule\) before"):
+        host.attach_optimizer(torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=1))
+    host.attach(sched)
+    with pytest.raises(RuntimeError, match="already attached"):
+        host.attach(sched)
+    with pytest.raises(TypeError, match="step"):
+        host.attach_optimizer(object())
+    host.detach()
+    host.detach()  # idempotent
+    host.close()
+    with pytest.raises(fr.HarvesterClosedError):
+        host.attach(sched)
+
+
+def test_stage_on_another_device_is_refused(group, host):
+    _, stage, sched = make_schedule()
+    stage.device = torch.device("meta")
+    with pytest.raises(ValueError, match="stage 0 is on meta but the harvester is on cpu"):
+        host.attach(sched)
+    assert "forward_one_chunk" not in vars(stage)
+
+
+@pytest.mark.gpu
+def test_gpu_schedule_side_kernels_only_between_compute(group, tmp_path):
+    with fr.Harvester("cuda:0") as h:
+        module, _, sched = make_schedule("cuda:0")
+        module.cuda()
+        handle = h.submit(fr.tasks.Spin(10**9, 5_000))
+        h.attach(sched)
+        for _ in range(5):
+            sched.step(torch.randn(64, 16, device="cuda"), target=torch.randn(64, 16, device="cuda"))
+        torch.cuda.synchronize()
+        report = h.report()
+        handle.cancel()
+        assert len(report.iterations) == 5
+        assert report.launches, "side kernels ran in the bubbles"
+        # Side launches may only overlap compute by the pause latency.
+        assert report.side_ns_outside_bubbles <= 100_000 * sum(len(i.compute) for i in report.iterations)
+        report.to_chrome_trace(tmp_path / "gpu_trace.json")
