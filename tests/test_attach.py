@@ -8,10 +8,10 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
-from torch import nn  # noqa: E402
-from torch.distributed.pipelining import PipelineStage, ScheduleGPipe  # noqa: E402
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-import freeride as fr  # noqa: E402
+import freeride as fr
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +65,14 @@ def test_report_of_a_real_schedule(group, host, tmp_path):
     assert len(report.iterations) == 3
     for it in report.iterations:
         labels = [c.label for c in it.compute]
-        assert labels == ["F s0 mb0", "loss s0 mb0", "F s0 mb1", "loss s0 mb1",
-                          "B s0 mb0", "B s0 mb1"]
+        assert labels == [
+            "F s0 mb0",
+            "loss s0 mb0",
+            "F s0 mb1",
+            "loss s0 mb1",
+            "B s0 mb0",
+            "B s0 mb1",
+        ]
         total = sum(b.duration_ns for b in it.bubbles) + sum(
             c.end_ns - c.start_ns for c in it.compute
         )
@@ -114,12 +120,16 @@ def test_gpu_schedule_side_kernels_only_between_compute(group, tmp_path):
         handle = h.submit(fr.tasks.Spin(10**9, 5_000))
         h.attach(sched)
         for _ in range(5):
-            sched.step(torch.randn(64, 16, device="cuda"), target=torch.randn(64, 16, device="cuda"))
+            sched.step(
+                torch.randn(64, 16, device="cuda"), target=torch.randn(64, 16, device="cuda")
+            )
         torch.cuda.synchronize()
         report = h.report()
         handle.cancel()
         assert len(report.iterations) == 5
         assert report.launches, "side kernels ran in the bubbles"
         # Side launches may only overlap compute by the pause latency.
-        assert report.side_ns_outside_bubbles <= 100_000 * sum(len(i.compute) for i in report.iterations)
+        assert report.side_ns_outside_bubbles <= 100_000 * sum(
+            len(i.compute) for i in report.iterations
+        )
         report.to_chrome_trace(tmp_path / "gpu_trace.json")
