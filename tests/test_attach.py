@@ -133,3 +133,26 @@ def test_gpu_schedule_side_kernels_only_between_compute(group, tmp_path):
             len(i.compute) for i in report.iterations
         )
         report.to_chrome_trace(tmp_path / "gpu_trace.json")
+
+
+class Torch24Stage:
+    """The stage API of torch 2.4: no backward_weight_one_chunk yet."""
+
+    stage_index = 0
+    device = torch.device("cpu")
+
+    def forward_one_chunk(self, fwd_chunk_id, args, kwargs=None):
+        return args
+
+    def backward_one_chunk(self, bwd_chunk_id, loss=None, full_backward=True):
+        return None
+
+
+def test_attach_handles_the_torch_2_4_stage_api(group, host):
+    _, _, sched = make_schedule()
+    old = Torch24Stage()
+    sched._stage = old  # single-stage schedules keep their stage here since 2.4
+    host.attach(sched)
+    assert set(vars(old)) == {"forward_one_chunk", "backward_one_chunk"}
+    host.detach()
+    assert vars(old) == {}

@@ -1,5 +1,6 @@
 """Iterative side tasks: steps start only in bubbles they are predicted to fit."""
 
+import threading
 import time
 
 import pytest
@@ -136,3 +137,30 @@ def test_close_with_running_iterative_task_leaves_no_thread():
     assert handle.state == "cancelled"
     assert handle.task.events == ["setup", "teardown"]
     assert os_threads() == before
+
+
+class Hang(fr.IterativeTask):
+    """A step that never returns (until the test releases it)."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def step(self):
+        self.entered.set()
+        self.release.wait()
+
+
+def test_close_does_not_hang_on_a_step_that_never_returns(monkeypatch):
+    monkeypatch.setattr(fr.iterative, "CLOSE_TIMEOUT_S", 0.2)
+    task = Hang()
+    h = fr.Harvester("cpu", workers=1)
+    handle = h.submit(task)
+    assert task.entered.wait(10)
+    start = time.monotonic()
+    h.close()
+    assert time.monotonic() - start < 5
+    assert handle.state == "failed"
+    with pytest.raises(fr.TaskFailedError, match="did not return"):
+        handle.result()
+    task.release.set()  # let the abandoned thread finish

@@ -24,6 +24,8 @@ _IDS = itertools.count(1 << 40)
 # A step must fit this many times its recent worst duration into what is left.
 _MARGIN = 1.1
 _POLL_S = 50e-6
+# How long close() waits for a running step before abandoning it.
+CLOSE_TIMEOUT_S = 5.0
 
 
 class IterativeTask:
@@ -193,17 +195,32 @@ class IterativeRunner:
             handle._cancel = True
             self._lock.notify_all()
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
+        """Cancels every task and waits up to `timeout` s for a running step. A step that
+        never returns cannot be interrupted from Python: its task is marked failed and the
+        (daemon) thread abandoned, so closing the harvester never hangs on side work."""
         with self._lock:
             self._closing = True
             for _, _, handle in self._queue:
                 handle._cancel = True
             self._lock.notify_all()
-        self._thread.join()
+        timeout = CLOSE_TIMEOUT_S if timeout is None else timeout
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            with self._lock:
+                stuck = [h for _, _, h in self._queue if not h.done()]
+            for handle in stuck:
+                handle._error = TimeoutError(
+                    f"step() did not return within {timeout} s of close(); abandoned"
+                )
+                handle._state = "failed"
+                handle._done.set()
 
     # -- the thread -----------------------------------------------------------------------------
 
     def _finish(self, handle: IterativeHandle, state: str, error: BaseException | None = None):
+        if handle.done():  # abandoned by close() while its step hung
+            return
         if handle._set_up:
             try:
                 handle.task.teardown()
