@@ -68,7 +68,7 @@ def _rank_main(rank: int, cfg: DemoConfig, store: str, use_cuda: bool) -> None:
 
     import freeride as fr
 
-    device = torch.device(f"cuda:{rank % torch.cuda.device_count()}" if use_cuda else "cpu")
+    device = torch.device(f"cuda:{rank}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(device)
     torch.set_num_threads(1)
@@ -228,7 +228,10 @@ def run(cfg: DemoConfig) -> int:
     except ImportError:
         print("freeride demo needs PyTorch: pip install torch", file=sys.stderr)
         return 2
-    use_cuda = cfg.device != "cpu" and torch.cuda.is_available()
+    # One GPU per stage: NCCL refuses two ranks on one device.
+    use_cuda = cfg.device != "cpu" and torch.cuda.device_count() >= cfg.stages
+    if cfg.device != "cpu" and torch.cuda.is_available() and not use_cuda:
+        print(f"{torch.cuda.device_count()} GPU(s) for {cfg.stages} stages: running on the CPU")
     print(
         f"freeride demo: {cfg.stages}-stage {cfg.schedule} pipeline on "
         f"{'CUDA' if use_cuda else 'CPU (gloo)'}, side task {cfg.task}"
