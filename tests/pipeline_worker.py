@@ -125,6 +125,9 @@ def run_rank(
                 - sum(c.end_ns - c.start_ns for c in it.compute)
                 for it in report.iterations
             ]
+            result["order"] = [
+                c.label for c in report.iterations[0].compute if not c.label.startswith("loss")
+            ]
             result["compute_labels"] = sorted(
                 {c.label.split()[0] for it in report.iterations for c in it.compute}
             )

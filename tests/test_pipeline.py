@@ -10,6 +10,25 @@ mp = pytest.importorskip("torch.multiprocessing")
 
 import pipeline_worker
 
+from freeride import simulate
+
+SIM_NAMES = {
+    "GPipe": "gpipe",
+    "1F1B": "1f1b",
+    "Interleaved1F1B": "interleaved",
+    "LoopedBFS": "looped_bfs",
+    "InterleavedZeroBubble": "zero_bubble",
+    "ZBVZeroBubble": "zbv",
+    "DualPipeV": "dualpipev",
+}
+
+
+def check_simulator_matches(results, world, name, n_micro):
+    """fr.simulate runs each rank's actions in the order the real schedule ran them."""
+    order = simulate.schedule_order(SIM_NAMES[name], world, n_micro)
+    for rank, res in enumerate(results):
+        assert [a.label for a in order[rank]] == res["order"]
+
 
 def run(world, name, tmp_path, n_micro=4, steps=3, side="items"):
     if not pipeline_worker.available(name):
@@ -57,6 +76,7 @@ def check_items_run_only_in_bubbles(results, steps):
 def test_side_items_run_only_in_bubbles(world, name, tmp_path):
     results = run(world, name, tmp_path, n_micro=2 * world)
     check_items_run_only_in_bubbles(results, steps=3)
+    check_simulator_matches(results, world, name, 2 * world)
     labels = set().union(*(res["compute_labels"] for res in results))
     assert {"F", "B"} <= labels
     assert results[0]["gathered_ranks"] == list(range(world))
@@ -77,6 +97,7 @@ def test_side_items_run_only_in_bubbles(world, name, tmp_path):
 def test_other_schedules(name, tmp_path):
     results = run(2, name, tmp_path, n_micro=4)
     check_items_run_only_in_bubbles(results, steps=3)
+    check_simulator_matches(results, 2, name, 4)
     if name != "LoopedBFS":
         labels = set().union(*(res["compute_labels"] for res in results))
         assert "W" in labels or "I" in labels  # split backward recorded

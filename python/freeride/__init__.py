@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import _C, tasks
+from . import _C, simulate, tasks
 from .distributed import gather_reports, stage_table
 from .errors import (
     CudaUnavailableError,
@@ -75,6 +75,7 @@ __all__ = [
     "gather_reports",
     "include_dir",
     "merge_chrome_traces",
+    "simulate",
     "stage_table",
     "tasks",
 ]
