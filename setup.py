@@ -65,7 +65,7 @@ class CMakeBuild(build_ext):
 
 setup(
     package_dir={"": "python"},
-    packages=["freeride", "freeride.tasks"],
+    packages=["freeride", "freeride.tasks", "freeride.bench"],
     ext_modules=[CMakeExtension("freeride._C")],
     cmdclass={"build_ext": CMakeBuild},
     zip_safe=False,

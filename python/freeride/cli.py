@@ -26,6 +26,13 @@ def demo(args: argparse.Namespace) -> int:
     )
 
 
+def bench(args: argparse.Namespace) -> int:
+    from .bench import run
+
+    run(args.name, mode=args.mode, out=args.out, quick=args.quick, plot=args.plot)
+    return 0
+
+
 def info(_: argparse.Namespace) -> int:
     print(json.dumps(backend_info(), indent=2))
     return 0
@@ -44,6 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto", help="auto (GPU if present) or cpu")
     p.add_argument("--outdir", default=".", help="where trace.json and timeline.png go")
     p.set_defaults(func=demo)
+    p = sub.add_parser("bench", help="run a benchmark: preempt, items or pipeline")
+    p.add_argument("name", choices=["preempt", "items", "pipeline"])
+    p.add_argument("--mode", default="auto", choices=["auto", "cpu", "gpu"])
+    p.add_argument("--out", default=None, help="write the result as JSON here")
+    p.add_argument("--quick", action="store_true", help="small sizes (the CI smoke test)")
+    p.add_argument("--plot", default=None, help="preempt: write a PNG of latency vs item")
+    p.set_defaults(func=bench)
     p = sub.add_parser("info", help="print what this build and machine offer")
     p.set_defaults(func=info)
     args = parser.parse_args(argv)

@@ -1,0 +1,118 @@
+"""`freeride bench NAME`: the benchmarks, each with a GPU mode and a small CPU mode.
+
+Every benchmark returns a dict of what it measured; `run()` adds the device, date,
+commit and settings, writes it as JSON and prints a table. Nothing is hard-coded: a
+number in the output is a number that was measured in this run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from .. import __version__, backend_info
+
+BENCHMARKS = ("preempt", "items", "pipeline")
+
+
+def _commit() -> str:
+    env = os.environ.get("FREERIDE_COMMIT")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run(
+        ["git", "-C", here, "rev-parse", "--short", "HEAD"],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip() or "unknown"
+
+
+def _device_name(mode: str) -> str:
+    if mode == "cpu":
+        return f"{platform.processor() or platform.machine()} ({os.cpu_count()} CPUs)"
+    return backend_info()["devices"][0]["name"]
+
+
+def run(
+    name: str,
+    mode: str = "auto",
+    out: str | None = None,
+    quick: bool = False,
+    plot: str | None = None,
+) -> dict:
+    """Runs benchmark `name` on the GPU (mode "gpu"), the host backend ("cpu") or
+    whichever is present ("auto"); returns and optionally writes the result (JSON at
+    `out`, a PNG at `plot` where the benchmark draws one)."""
+    if name not in BENCHMARKS:
+        raise ValueError(f"benchmark must be one of {BENCHMARKS}, got {name!r}")
+    if mode == "auto":
+        mode = "gpu" if backend_info()["cuda"] else "cpu"
+    if mode not in ("cpu", "gpu"):
+        raise ValueError(f"mode must be 'auto', 'cpu' or 'gpu', got {mode!r}")
+    if mode == "gpu" and not backend_info()["cuda"]:
+        raise RuntimeError(f"no usable GPU: {backend_info()['reason']}")
+    module = __import__(f"{__name__}.{name}", fromlist=["measure"])
+    measure: Callable[[str, bool], dict] = module.measure
+    result: dict[str, Any] = {
+        "benchmark": name,
+        "mode": mode,
+        "device": _device_name(mode),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "commit": _commit(),
+        "freeride": __version__,
+        "quick": quick,
+    }
+    result.update(measure(mode, quick))
+    print(format_table(result))
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=2)
+    if plot:
+        if not hasattr(module, "plot"):
+            raise ValueError(f"benchmark {name!r} draws no plot")
+        module.plot(result, plot)
+    return result
+
+
+def format_table(result: dict) -> str:
+    """The result's rows (a list of flat dicts) as an aligned text table."""
+    rows = result.get("rows", [])
+    head = (
+        f"{result['benchmark']} on {result['device']} ({result['mode']}), commit {result['commit']}"
+    )
+    if not rows:
+        return head
+    cols = list(rows[0])
+    cells = [[_fmt(row.get(c)) for c in cols] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(cols)]
+    lines = [head, "  ".join(c.rjust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in cells]
+    for note in result.get("notes", []):
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def percentiles(values_us: list[float]) -> dict[str, float]:
+    """p50, p99, max and mean of a list of microseconds."""
+    import numpy as np
+
+    arr = np.asarray(values_us, dtype=np.float64)
+    return {
+        "p50_us": float(np.percentile(arr, 50)),
+        "p99_us": float(np.percentile(arr, 99)),
+        "max_us": float(arr.max()),
+        "mean_us": float(arr.mean()),
+    }

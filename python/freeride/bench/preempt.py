@@ -1,0 +1,165 @@
+"""Pause latency: how long after the gate closes side work is still running, against
+item duration; the GPU mode also measures the baselines (stream priority only, naive
+co-location) and the delay a training kernel launched right after the close sees."""
+
+from __future__ import annotations
+
+import random
+import time
+
+from .. import Harvester, tasks
+from . import percentiles
+
+ITEM_US = (1, 5, 20, 100)
+
+
+def plot(result: dict, path: str) -> None:
+    """Pause latency (p50 and p99) against item duration, one line per variant."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
+    variants = dict.fromkeys(r["variant"] for r in result["rows"] if r["item_us"] > 0)
+    for variant in variants:
+        rows = sorted(
+            (r for r in result["rows"] if r["variant"] == variant), key=lambda r: r["item_us"]
+        )
+        x = [r["item_us"] for r in rows]
+        line = ax.plot(x, [r["p50_us"] for r in rows], marker="o", label=f"{variant} p50")
+        ax.plot(
+            x,
+            [r["p99_us"] for r in rows],
+            marker="x",
+            linestyle="--",
+            color=line[0].get_color(),
+            label=f"{variant} p99",
+        )
+    ax.plot([1, 100], [2, 200], color="grey", linewidth=0.8, label="2x item duration")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("item duration (us)")
+    ax.set_ylabel("pause latency (us)")
+    ax.set_title(f"pause latency, {result['device']}, {result['commit']}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    FigureCanvasAgg(fig).print_png(path)
+
+
+def measure(mode: str, quick: bool) -> dict:
+    return _cpu(quick) if mode == "cpu" else _gpu(quick)
+
+
+def _cpu(quick: bool) -> dict:
+    """Host backend: the close returns once in-flight items have finished, so the time
+    a close takes is the pause latency the training thread pays."""
+    trials = 50 if quick else 500
+    rows = []
+    for item_us in ITEM_US:
+        with Harvester("cpu", workers=2) as h:
+            handle = h.submit(tasks.Spin(items=2**40, ns_per_item=item_us * 1000))
+            while handle.items_done == 0:
+                time.sleep(0.001)
+            lat = []
+            for _ in range(trials):
+                time.sleep(random.uniform(0.0005, 0.002))  # side work refills the workers
+                t0 = time.perf_counter_ns()
+                h.gate.close(stream="host")
+                lat.append((time.perf_counter_ns() - t0) / 1000)
+                h.gate.open(stream="host")
+            handle.cancel()
+        rows.append(
+            {"variant": "freeride host", "item_us": item_us, **percentiles(lat), "trials": trials}
+        )
+    return {
+        "rows": rows,
+        "settings": {"workers": 2, "trials": trials},
+        "notes": ["host backend: latency = time gate.close() takes to drain in-flight items"],
+    }
+
+
+_STAMP_SRC = r"""
+__device__ __forceinline__ unsigned long long now() {
+  unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
+}
+extern "C" __global__ void stamp(unsigned long long* out) { *out = now(); }
+extern "C" __global__ void probe(unsigned long long* starts) {
+  if (threadIdx.x == 0) starts[blockIdx.x] = now();
+}
+extern "C" __global__ void plain_spin(unsigned long long ns, unsigned long long reps) {
+  for (unsigned long long r = 0; r < reps; ++r) {
+    unsigned long long t0 = now();
+    while (now() - t0 < ns) {}
+  }
+}
+"""
+
+
+def _gpu(quick: bool) -> dict:
+    import cupy as cp
+
+    from .. import backend_info
+
+    sms = backend_info()["devices"][0]["sm_count"]
+    mod = cp.RawModule(code=_STAMP_SRC)
+    stamp, probe, plain_spin = (mod.get_function(n) for n in ("stamp", "probe", "plain_spin"))
+    trials = 50 if quick else 300
+    blocks = 2 * sms  # two 1024-thread blocks per SM: the probe needs every SM
+    close_t = cp.zeros(1, dtype=cp.uint64)
+    starts = cp.zeros(blocks, dtype=cp.uint64)
+    train = cp.cuda.Stream(non_blocking=True, priority=-5)
+
+    def trial(gate_stream_ptr, h) -> float:
+        with train:
+            stamp((1,), (1,), (close_t,))
+            if h is not None:
+                h.gate.close(stream=gate_stream_ptr)
+            probe((blocks,), (1024,), (starts,))
+            if h is not None:
+                h.gate.open(stream=gate_stream_ptr)
+        train.synchronize()
+        return (int(starts.max().get()) - int(close_t.get()[0])) / 1000.0
+
+    rows = []
+    floor = [trial(None, None) for _ in range(trials)]
+    rows.append({"variant": "no side work (launch floor)", "item_us": 0, **percentiles(floor)})
+    for gate_host in (False, True):
+        for item_us in ITEM_US:
+            with Harvester("cuda:0", gate_in_host_memory=gate_host) as h:
+                handle = h.submit(tasks.Spin(items=2**40, ns_per_item=item_us * 1000))
+                while handle.items_done == 0:
+                    time.sleep(0.001)
+                lat = []
+                for _ in range(trials):
+                    time.sleep(0.002)
+                    lat.append(trial(train.ptr, h))
+                handle.cancel()
+            name = "freeride, gate in " + ("host memory" if gate_host else "device memory")
+            rows.append({"variant": name, "item_us": item_us, **percentiles(lat)})
+    # Baselines: a non-preemptible kernel of the same items, on a lowest-priority stream
+    # (stream priority only) and on a normal stream (naive co-location).
+    for variant, priority in (("stream priority only", 0), ("naive co-location", None)):
+        lo, _ = cp.cuda.runtime.deviceGetStreamPriorityRange()
+        side = cp.cuda.Stream(non_blocking=True, priority=lo if priority is not None else 0)
+        for item_us in ITEM_US:
+            lat = []
+            for _ in range(max(10, trials // 5)):
+                with side:  # ~20 ms of side work resident on every SM
+                    plain_spin((sms * 16,), (128,), (item_us * 1000, max(1, 20_000 // item_us)))
+                time.sleep(0.002)
+                lat.append(trial(None, None))
+                side.synchronize()
+            rows.append({"variant": variant, "item_us": item_us, **percentiles(lat)})
+    return {
+        "rows": rows,
+        "settings": {
+            "trials": trials,
+            "probe_blocks": blocks,
+            "probe_threads": 1024,
+            "spin_threads": 128,
+        },
+        "notes": [
+            "latency = last probe block start - close stamp on the training stream",
+            "baselines: side kernels of the same items without a gate",
+        ],
+    }

@@ -1,0 +1,60 @@
+"""The benchmarks' CPU mode, as a smoke test: it checks the output's structure and that
+every figure is a real measurement, never the speed (that is what the GPU runs are for)."""
+
+import json
+import math
+
+import pytest
+
+from freeride import bench
+
+pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize(
+    "name, columns",
+    [
+        ("preempt", {"variant", "item_us", "p50_us", "p99_us", "max_us"}),
+        ("items", {"task", "plain_GBps", "preemptible_GBps", "item_overhead_pct"}),
+        ("pipeline", {"variant", "iter_ms", "overhead_pct", "side_items", "harvest_eff_pct"}),
+    ],
+)
+def test_cpu_mode_smoke(name, columns, tmp_path, capsys):
+    out = tmp_path / f"{name}.json"
+    result = bench.run(name, mode="cpu", out=str(out), quick=True)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    for key in ("benchmark", "mode", "device", "date", "commit", "settings", "rows"):
+        assert key in result
+    assert result["rows"]
+    for row in result["rows"]:
+        assert columns <= set(row)
+        for value in row.values():
+            if isinstance(value, float):
+                assert math.isfinite(value)
+    printed = capsys.readouterr().out
+    first = result["rows"][0]
+    assert name in printed
+    assert all(bench._fmt(v) in printed for v in first.values())
+
+
+def test_pipeline_variants_do_side_work_only_when_allowed(tmp_path):
+    result = bench.run("pipeline", mode="cpu", quick=True)
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert rows["baseline"]["side_items"] == 0
+    assert rows["freeride"]["side_items"] > 0
+    assert rows["naive"]["side_items"] > 0
+    assert rows["baseline"]["overhead_pct"] == 0.0
+
+
+def test_preempt_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "preempt.png"
+    bench.run("preempt", mode="cpu", quick=True, plot=str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_benchmark_arguments():
+    with pytest.raises(ValueError, match="benchmark must be one of"):
+        bench.run("latency", mode="cpu")
+    with pytest.raises(ValueError, match="mode must be"):
+        bench.run("items", mode="tpu")
