@@ -107,7 +107,8 @@ def _gpu(quick: bool) -> dict:
     blocks = 2 * sms  # two 1024-thread blocks per SM: the probe needs every SM
     close_t = cp.zeros(1, dtype=cp.uint64)
     starts = cp.zeros(blocks, dtype=cp.uint64)
-    train = cp.cuda.Stream(non_blocking=True, priority=-5)
+    least, greatest = cp.cuda.runtime.deviceGetStreamPriorityRange()
+    train = cp.cuda.Stream(non_blocking=True, priority=greatest)
 
     def trial(gate_stream_ptr, h) -> float:
         with train:
@@ -136,11 +137,10 @@ def _gpu(quick: bool) -> dict:
                 handle.cancel()
             name = "freeride, gate in " + ("host memory" if gate_host else "device memory")
             rows.append({"variant": name, "item_us": item_us, **percentiles(lat)})
-    # Baselines: a non-preemptible kernel of the same items, on a lowest-priority stream
-    # (stream priority only) and on a normal stream (naive co-location).
-    for variant, priority in (("stream priority only", 0), ("naive co-location", None)):
-        lo, _ = cp.cuda.runtime.deviceGetStreamPriorityRange()
-        side = cp.cuda.Stream(non_blocking=True, priority=lo if priority is not None else 0)
+    # Baselines: a non-preemptible kernel of the same items, on the lowest-priority stream
+    # (stream priority only) and at the training stream's own priority (naive).
+    for variant, priority in (("stream priority only", least), ("naive co-location", greatest)):
+        side = cp.cuda.Stream(non_blocking=True, priority=priority)
         for item_us in ITEM_US:
             lat = []
             for _ in range(max(10, trials // 5)):
