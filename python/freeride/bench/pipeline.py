@@ -141,13 +141,15 @@ class _Device:
         size = 2048 if self.gpu else 192
         self.a = torch.randn(size, size, device=dev)
         self.b = torch.randn(size, size, device=dev)
+        self.c = torch.empty_like(self.a)
         self.per_ms = self._calibrate()
         if self.gpu:
             self.cycles_per_ms = self._calibrate_sleep()
 
     def _matmuls(self, count: int) -> None:
         for _ in range(count):
-            self.torch.mm(self.a, self.b, out=self.a)
+            self.torch.mm(self.a, self.b, out=self.c)  # out= must not alias an input
+            self.a, self.c = self.c, self.a
             self.a.mul_(1e-3)
 
     def _calibrate(self) -> float:
