@@ -14,32 +14,14 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, schedules
 
 import freeride as fr
+from freeride import simulate
 
 D = 32
 BATCH = 8
 
-SCHEDULES = {
-    # name: (class name, stages per rank, stage placement)
-    "GPipe": ("ScheduleGPipe", 1, "loop"),
-    "1F1B": ("Schedule1F1B", 1, "loop"),
-    "Interleaved1F1B": ("ScheduleInterleaved1F1B", 2, "loop"),
-    "LoopedBFS": ("ScheduleLoopedBFS", 2, "loop"),
-    "InterleavedZeroBubble": ("ScheduleInterleavedZeroBubble", 2, "loop"),
-    "ZBVZeroBubble": ("ScheduleZBVZeroBubble", 2, "v"),
-    "DualPipeV": ("ScheduleDualPipeV", 2, "v"),
-}
-
 
 def available(name: str) -> bool:
-    return hasattr(schedules, SCHEDULES[name][0])
-
-
-def _stage_ids(rank: int, world: int, per_rank: int, placement: str) -> list[int]:
-    if per_rank == 1:
-        return [rank]
-    if placement == "v":
-        return [rank, 2 * world - 1 - rank]
-    return [rank + k * world for k in range(per_rank)]
+    return hasattr(schedules, simulate.SCHEDULES[name][0])
 
 
 def _model(num_stages: int) -> list[nn.Module]:
@@ -55,9 +37,9 @@ def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def _train(rank, world, name, n_micro, steps, harvester=None, side=None, out=None):
-    cls_name, per_rank, placement = SCHEDULES[name]
+    cls_name, per_rank, _ = simulate.SCHEDULES[name]
     num_stages = world * per_rank
-    ids = _stage_ids(rank, world, per_rank, placement)
+    ids = simulate.stage_ids(name, rank, world)
     modules = _model(num_stages)
     stages = [PipelineStage(modules[i], i, num_stages, torch.device("cpu")) for i in ids]
     cls = getattr(schedules, cls_name)

@@ -12,20 +12,10 @@ import pipeline_worker
 
 from freeride import simulate
 
-SIM_NAMES = {
-    "GPipe": "gpipe",
-    "1F1B": "1f1b",
-    "Interleaved1F1B": "interleaved",
-    "LoopedBFS": "looped_bfs",
-    "InterleavedZeroBubble": "zero_bubble",
-    "ZBVZeroBubble": "zbv",
-    "DualPipeV": "dualpipev",
-}
-
 
 def check_simulator_matches(results, world, name, n_micro):
     """fr.simulate runs each rank's actions in the order the real schedule ran them."""
-    order = simulate.schedule_order(SIM_NAMES[name], world, n_micro)
+    order = simulate.schedule_order(name, world, n_micro)
     for rank, res in enumerate(results):
         assert [a.label for a in order[rank]] == res["order"]
 
@@ -65,12 +55,12 @@ def check_items_run_only_in_bubbles(results, steps):
 @pytest.mark.parametrize(
     "world, name",
     [
-        (2, "GPipe"),
-        (2, "1F1B"),
-        (2, "Interleaved1F1B"),
-        (4, "1F1B"),
-        (4, "Interleaved1F1B"),
-        (4, "GPipe"),
+        (2, "gpipe"),
+        (2, "1f1b"),
+        (2, "interleaved"),
+        (4, "1f1b"),
+        (4, "interleaved"),
+        (4, "gpipe"),
     ],
 )
 def test_side_items_run_only_in_bubbles(world, name, tmp_path):
@@ -91,20 +81,18 @@ def test_side_items_run_only_in_bubbles(world, name, tmp_path):
         assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize(
-    "name", ["LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
-)
+@pytest.mark.parametrize("name", ["looped_bfs", "zero_bubble", "zbv", "dualpipev"])
 def test_other_schedules(name, tmp_path):
     results = run(2, name, tmp_path, n_micro=4)
     check_items_run_only_in_bubbles(results, steps=3)
     check_simulator_matches(results, 2, name, 4)
-    if name != "LoopedBFS":
+    if name != "looped_bfs":
         labels = set().union(*(res["compute_labels"] for res in results))
         assert "W" in labels or "I" in labels  # split backward recorded
 
 
 def test_failing_iterative_task_leaves_training_intact(tmp_path):
-    results = run(2, "1F1B", tmp_path, side="fail")
+    results = run(2, "1f1b", tmp_path, side="fail")
     for res in results:
         assert res["identical"]
         assert res["side_state"] == "failed"

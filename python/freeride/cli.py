@@ -7,6 +7,7 @@ import json
 import sys
 
 from . import backend_info
+from .simulate import SCHEDULES
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="freeride", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="a real multi-process pipeline with a side task in its bubbles")
-    p.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved", "zb"])
+    p.add_argument("--schedule", default="1f1b", choices=sorted(SCHEDULES))
     p.add_argument("--stages", type=int, default=4, help="pipeline ranks (processes)")
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--steps", type=int, default=12, help="measured steps (half of them harvest)")

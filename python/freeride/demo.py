@@ -15,12 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-SCHEDULE_CLASSES = {
-    "gpipe": "ScheduleGPipe",
-    "1f1b": "Schedule1F1B",
-    "interleaved": "ScheduleInterleaved1F1B",
-    "zb": "ScheduleInterleavedZeroBubble",
-}
+from .simulate import SCHEDULES, stage_ids
+
 TASKS = ("spin", "saxpy", "none")
 
 
@@ -78,24 +74,24 @@ def _rank_main(rank: int, cfg: DemoConfig, store: str, use_cuda: bool) -> None:
         rank=rank,
         world_size=cfg.stages,
     )
-    interleaved = cfg.schedule in ("interleaved", "zb")
-    per_rank = 2 if interleaved else 1
+    cls_name, per_rank, _ = SCHEDULES[cfg.schedule]
+    multi = per_rank > 1
     num_stages = cfg.stages * per_rank
-    ids = [rank + k * cfg.stages for k in range(per_rank)]
+    ids = stage_ids(cfg.schedule, rank, cfg.stages)
     torch.manual_seed(0)
     layers = [
         nn.TransformerEncoderLayer(cfg.d_model, 4, 2 * cfg.d_model, dropout=0.0, batch_first=True)
         for _ in range(num_stages)
     ]
     stages = [PipelineStage(layers[i].to(device), i, num_stages, device) for i in ids]
-    cls = getattr(schedules, SCHEDULE_CLASSES[cfg.schedule])
+    cls = getattr(schedules, cls_name)
 
     def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return ((out - target) ** 2).mean()
 
     sched = (
         cls(stages, n_microbatches=cfg.microbatches, loss_fn=loss_fn)
-        if interleaved
+        if multi
         else cls(stages[0], n_microbatches=cfg.microbatches, loss_fn=loss_fn)
     )
     opt = torch.optim.AdamW([p for i in ids for p in layers[i].parameters()], lr=1e-3)
@@ -210,10 +206,8 @@ def _print_summary(fr: Any, cfg: DemoConfig, reports: list[Any], times_all: list
 
 def run(cfg: DemoConfig) -> int:
     """Spawns the ranks and runs the demo; returns an exit code."""
-    if cfg.schedule not in SCHEDULE_CLASSES:
-        raise ValueError(
-            f"schedule must be one of {sorted(SCHEDULE_CLASSES)}, got {cfg.schedule!r}"
-        )
+    if cfg.schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {cfg.schedule!r}")
     if cfg.task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {cfg.task!r}")
     if cfg.stages < 2:
