@@ -162,7 +162,79 @@ class ItemCounterTask final : public UniformTask {
   int64_t fail_item_;
 };
 
+class PageRankTask final : public Task {
+ public:
+  PageRankTask(const PageRankBuffers& b, uint64_t iters, double damping, uint64_t per_item)
+      : b_(b), iters_(iters), damping_(damping), per_item_(per_item) {
+    FR_ARG(b.n > 0, "PageRank: the graph must have nodes");
+    FR_ARG(iters > 0, "PageRank: iters must be positive, got " << iters);
+    FR_ARG(damping >= 0.0 && damping <= 1.0, "PageRank: damping must be in [0, 1], got " << damping);
+    FR_ARG(per_item > 0, "PageRank: nodes_per_item must be positive");
+    FR_ARG(b.in_indptr && b.in_indices && b.inv_outdeg && b.rank_a && b.rank_b && b.contrib &&
+               b.dangling,
+           "PageRank: buffers must not be null");
+    items_ = (b.n + per_item - 1) / per_item;
+  }
+  std::string name() const override { return "PageRank"; }
+  uint64_t num_phases() const override { return 2 * iters_; }
+  uint64_t num_items(uint64_t) const override { return items_; }
+
+  void run_item(uint64_t phase, uint64_t item) override {
+    const uint64_t k = phase / 2;
+    const uint64_t begin = item * per_item_;
+    const uint64_t end = std::min(b_.n, begin + per_item_);
+    const double* rank = ptr<double>(k % 2 == 0 ? b_.rank_a : b_.rank_b);
+    double* contrib = ptr<double>(b_.contrib);
+    double* dangling = ptr<double>(b_.dangling);
+    if (phase % 2 == 0) {
+      const double* inv = ptr<double>(b_.inv_outdeg);
+      double lost = 0.0;
+      for (uint64_t u = begin; u < end; ++u) {
+        contrib[u] = rank[u] * inv[u];
+        if (inv[u] == 0.0) lost += rank[u];
+      }
+      if (lost != 0.0) std::atomic_ref<double>(dangling[k]).fetch_add(lost);
+      return;
+    }
+    double* next = ptr<double>(k % 2 == 0 ? b_.rank_b : b_.rank_a);
+    const int64_t* indptr = ptr<int64_t>(b_.in_indptr);
+    const int64_t* indices = ptr<int64_t>(b_.in_indices);
+    const double n = static_cast<double>(b_.n);
+    const double base = (1.0 - damping_) / n + damping_ * dangling[k] / n;
+    for (uint64_t v = begin; v < end; ++v) {
+      double sum = 0.0;
+      for (int64_t e = indptr[v]; e < indptr[v + 1]; ++e) sum += contrib[indices[e]];
+      next[v] = base + damping_ * sum;
+    }
+  }
+
+  void launch_cuda(const CudaLaunch& launch) override {
+#ifdef FREERIDE_WITH_CUDA
+    kernels::launch_pagerank(launch, b_, damping_, per_item_);
+#else
+    (void)launch;
+    no_cuda("PageRank");
+#endif
+  }
+
+ private:
+  template <typename T>
+  static T* ptr(uintptr_t p) {
+    return reinterpret_cast<T*>(p);
+  }
+  PageRankBuffers b_;
+  uint64_t iters_;
+  double damping_;
+  uint64_t per_item_;
+  uint64_t items_ = 0;
+};
+
 }  // namespace
+
+std::shared_ptr<Task> make_pagerank_task(const PageRankBuffers& buffers, uint64_t iters,
+                                         double damping, uint64_t nodes_per_item) {
+  return std::make_shared<PageRankTask>(buffers, iters, damping, nodes_per_item);
+}
 
 std::shared_ptr<Task> make_spin_task(uint64_t items, uint64_t phases, uint64_t ns_per_item) {
   return std::make_shared<SpinTask>(items, phases, ns_per_item);

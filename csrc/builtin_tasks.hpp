@@ -26,4 +26,18 @@ std::shared_ptr<Task> make_item_counter_task(uint64_t items, uint64_t phases, ui
                                              uintptr_t times, uint64_t ns_per_item,
                                              int64_t fail_phase, int64_t fail_item);
 
+// PageRank by pull over in-links, two phases per iteration: phase 2k computes every
+// node's contribution rank[u] * inv_outdeg[u] and adds the rank of dangling nodes
+// (inv_outdeg 0) to dangling[k]; phase 2k+1 sets next[v] = (1 - d) / n + d * (sum of
+// in-neighbours' contributions + dangling[k] / n). Iteration k reads ranks[k % 2] and
+// writes ranks[(k + 1) % 2]. All arrays are on the harvester's device, in CSC form
+// (in_indptr: n + 1 int64, in_indices: int64), doubles otherwise; dangling is zeroed.
+struct PageRankBuffers {
+  uint64_t n = 0;
+  uintptr_t in_indptr = 0, in_indices = 0, inv_outdeg = 0;
+  uintptr_t rank_a = 0, rank_b = 0, contrib = 0, dangling = 0;
+};
+std::shared_ptr<Task> make_pagerank_task(const PageRankBuffers& buffers, uint64_t iters,
+                                         double damping, uint64_t nodes_per_item);
+
 }  // namespace freeride

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "builtin_tasks.hpp"
 #include "task.hpp"
 
 namespace freeride::kernels {
@@ -26,6 +27,10 @@ void launch_item_counter(const CudaLaunch& launch, uint32_t* counts,
                          unsigned long long* phase_done, unsigned long long* violations,
                          unsigned long long* times, uint64_t items_per_phase,
                          uint64_t ns_per_item);
+
+// PageRank: phase launch.ctx.phase of make_pagerank_task's two-phase iteration.
+void launch_pagerank(const CudaLaunch& launch, const PageRankBuffers& buffers, double damping,
+                     uint64_t nodes_per_item);
 
 // Plain (non-preemptible) references for the item-overhead benchmark.
 void launch_saxpy_plain(double a, const void* x, void* y, uint64_t n, int dtype, void* stream);

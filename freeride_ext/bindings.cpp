@@ -108,6 +108,26 @@ PYBIND11_MODULE(_C, m) {
         py::arg("phases"), py::arg("counts"), py::arg("phase_done"), py::arg("violations"),
         py::arg("times"), py::arg("ns_per_item"), py::arg("fail_phase"), py::arg("fail_item"));
 
+  m.def(
+      "pagerank_task",
+      [](uint64_t n, uintptr_t in_indptr, uintptr_t in_indices, uintptr_t inv_outdeg,
+         uintptr_t rank_a, uintptr_t rank_b, uintptr_t contrib, uintptr_t dangling, uint64_t iters,
+         double damping, uint64_t nodes_per_item) {
+        freeride::PageRankBuffers b;
+        b.n = n;
+        b.in_indptr = in_indptr;
+        b.in_indices = in_indices;
+        b.inv_outdeg = inv_outdeg;
+        b.rank_a = rank_a;
+        b.rank_b = rank_b;
+        b.contrib = contrib;
+        b.dangling = dangling;
+        return freeride::make_pagerank_task(b, iters, damping, nodes_per_item);
+      },
+      py::arg("n"), py::arg("in_indptr"), py::arg("in_indices"), py::arg("inv_outdeg"),
+      py::arg("rank_a"), py::arg("rank_b"), py::arg("contrib"), py::arg("dangling"),
+      py::arg("iters"), py::arg("damping"), py::arg("nodes_per_item"));
+
   py::class_<Executor>(m, "Executor")
       .def(py::init(&make_executor), py::arg("kind"), py::arg("device"), py::arg("workers"),
            py::arg("gate_in_host_memory"), py::arg("stream_wait"), py::arg("memory_budget"),

@@ -2,6 +2,7 @@
 
 from ._base import Task
 from .item_counter import ItemCounter, ItemCounts
+from .pagerank import PageRank
 from .saxpy import Saxpy
 from .spin import Spin
 

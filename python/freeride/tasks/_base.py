@@ -86,6 +86,20 @@ def zeros(shape: tuple[int, ...], dtype: str, kind: str, device: int) -> tuple[A
     return arr, int(arr.data.ptr)
 
 
+def upload(arr: np.ndarray, kind: str, device: int) -> tuple[Any, int]:
+    """A copy of a host array on the harvester's device, and its address."""
+    buf, ptr = zeros(arr.shape, arr.dtype.name, kind, device)
+    if kind == "host":
+        buf[...] = arr
+    elif hasattr(buf, "copy_"):
+        import torch
+
+        buf.copy_(torch.from_numpy(np.ascontiguousarray(arr)))
+    else:
+        buf.set(np.ascontiguousarray(arr))
+    return buf, ptr
+
+
 def to_numpy(arr: Any) -> np.ndarray:
     """Host copy of a buffer made by zeros()."""
     if isinstance(arr, np.ndarray):

@@ -1,0 +1,85 @@
+// PageRank as a preemptible task: two phases per iteration (contributions and dangling
+// mass, then the pull over in-links), items of `nodes_per_item` nodes. Mirrors
+// PageRankTask::run_item in builtin_tasks.cpp.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "check.hpp"
+#include "common.cuh"
+#include "freeride/preempt.cuh"
+#include "launchers.hpp"
+
+namespace freeride::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void __launch_bounds__(kThreads)
+    contributions(fr_item_ctx ctx, const double* rank, const double* inv_outdeg, double* contrib,
+                  double* dangling_k, unsigned long long n, unsigned long long per_item) {
+  __shared__ double lost[kThreads / 32];
+  freeride::for_each_item(ctx, [&](unsigned long long item) {
+    const unsigned long long begin = item * per_item;
+    const unsigned long long end = (n - begin < per_item) ? n : begin + per_item;
+    double mine = 0.0;
+    for (unsigned long long u = begin + threadIdx.x; u < end; u += blockDim.x) {
+      const double r = rank[u];
+      contrib[u] = r * inv_outdeg[u];
+      if (inv_outdeg[u] == 0.0) mine += r;
+    }
+    for (int off = 16; off > 0; off /= 2) mine += __shfl_down_sync(0xffffffffu, mine, off);
+    if (threadIdx.x % 32 == 0) lost[threadIdx.x / 32] = mine;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double total = 0.0;
+      for (int w = 0; w < kThreads / 32; ++w) total += lost[w];
+      if (total != 0.0) atomicAdd(dangling_k, total);
+    }
+  });
+}
+
+__global__ void __launch_bounds__(kThreads)
+    pull(fr_item_ctx ctx, const int64_t* indptr, const int64_t* indices, const double* contrib,
+         const double* dangling_k, double* next, unsigned long long n, unsigned long long per_item,
+         double damping) {
+  freeride::for_each_item(ctx, [&](unsigned long long item) {
+    const unsigned long long begin = item * per_item;
+    const unsigned long long end = (n - begin < per_item) ? n : begin + per_item;
+    const double nd = static_cast<double>(n);
+    const double base = (1.0 - damping) / nd + damping * (*dangling_k) / nd;
+    for (unsigned long long v = begin + threadIdx.x; v < end; v += blockDim.x) {
+      double sum = 0.0;
+      for (int64_t e = indptr[v]; e < indptr[v + 1]; ++e) sum += contrib[indices[e]];
+      next[v] = base + damping * sum;
+    }
+  });
+}
+
+}  // namespace
+
+void launch_pagerank(const CudaLaunch& launch, const PageRankBuffers& b, double damping,
+                     uint64_t nodes_per_item) {
+  FR_ARG(launch.ctx.state != nullptr && launch.ctx.gate != nullptr,
+         "PageRank: launch context lacks gate or phase state");
+  const uint64_t k = launch.ctx.phase / 2;
+  const auto* rank = reinterpret_cast<const double*>(k % 2 == 0 ? b.rank_a : b.rank_b);
+  auto* next = reinterpret_cast<double*>(k % 2 == 0 ? b.rank_b : b.rank_a);
+  auto* contrib = reinterpret_cast<double*>(b.contrib);
+  auto* dangling_k = reinterpret_cast<double*>(b.dangling) + k;
+  auto stream = static_cast<cudaStream_t>(launch.stream);
+  if (launch.ctx.phase % 2 == 0) {
+    const unsigned grid = persistent_grid(contributions, kThreads, launch.sm_count, launch.ctx.n_items);
+    contributions<<<grid, kThreads, 0, stream>>>(launch.ctx, rank,
+                                                 reinterpret_cast<const double*>(b.inv_outdeg),
+                                                 contrib, dangling_k, b.n, nodes_per_item);
+  } else {
+    const unsigned grid = persistent_grid(pull, kThreads, launch.sm_count, launch.ctx.n_items);
+    pull<<<grid, kThreads, 0, stream>>>(launch.ctx, reinterpret_cast<const int64_t*>(b.in_indptr),
+                                        reinterpret_cast<const int64_t*>(b.in_indices), contrib,
+                                        dangling_k, next, b.n, nodes_per_item, damping);
+  }
+  FR_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace freeride::kernels

@@ -1,0 +1,112 @@
+import numpy as np
+import pytest
+
+import freeride as fr
+
+
+def random_graph(n, m, seed):
+    rng = np.random.default_rng(seed)
+    # The last tenth of the nodes have no out-links (dangling); node 0 has many.
+    src = rng.integers(0, max(1, n - n // 10), m)
+    dst = rng.integers(0, n, m)
+    src[: n // 10] = 0
+    order = np.argsort(src, kind="stable")
+    src, dst = src[order], dst[order]
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=indptr[1:])
+    return indptr, dst.astype(np.int64)
+
+
+def dense_pagerank(indptr, indices, iters, d):
+    n = indptr.size - 1
+    p = np.zeros((n, n))
+    for u in range(n):
+        outs = indices[indptr[u] : indptr[u + 1]]
+        if outs.size == 0:
+            p[:, u] = 1.0 / n
+        for v in outs:
+            p[v, u] += 1.0 / outs.size
+    r = np.full(n, 1.0 / n)
+    for _ in range(iters):
+        r = (1 - d) / n + d * (p @ r)
+    return r
+
+
+@pytest.mark.parametrize("n, m, iters", [(1, 0, 3), (7, 20, 5), (300, 2000, 20), (1000, 500, 10)])
+def test_matches_dense_power_iteration(harvester, n, m, iters):
+    indptr, indices = random_graph(n, m, seed=n)
+    assert (np.diff(indptr) == 0).any() or n < 10
+    task = fr.tasks.PageRank(indptr, indices, iters=iters, nodes_per_item=64)
+    ranks = harvester.submit(task).result(timeout=60)
+    np.testing.assert_allclose(ranks, dense_pagerank(indptr, indices, iters, 0.85), atol=1e-12)
+    assert ranks.sum() == pytest.approx(1.0, abs=1e-9)
+
+
+def test_exactly_once_under_gate_flips(host):
+    indptr, indices = random_graph(5000, 40000, seed=1)
+    reference = host.submit(fr.tasks.PageRank(indptr, indices, iters=8, nodes_per_item=16))
+    ref = reference.result(timeout=60)
+    flipped = host.submit(fr.tasks.PageRank(indptr, indices, iters=8, nodes_per_item=16))
+    while not flipped.done():
+        host.gate.close(stream="host")
+        host.gate.open(stream="host")
+    np.testing.assert_allclose(flipped.result(), ref, rtol=1e-12)
+    assert flipped.launches > 16  # it really was paused and resumed
+
+
+def test_scipy_and_torch_inputs(host):
+    sp = pytest.importorskip("scipy.sparse")
+    torch = pytest.importorskip("torch")
+    indptr, indices = random_graph(50, 300, seed=3)
+    ref = dense_pagerank(indptr, indices, 20, 0.9)
+    mat = sp.csr_matrix((np.ones(indices.size), indices, indptr), shape=(50, 50))
+    np.testing.assert_allclose(
+        host.submit(fr.tasks.PageRank(mat, damping=0.9)).result(), ref, atol=1e-12
+    )
+    out = host.submit(
+        fr.tasks.PageRank(torch.from_numpy(indptr), torch.from_numpy(indices).int(), damping=0.9)
+    ).result()
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float64
+    np.testing.assert_allclose(out.numpy(), ref, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "indptr, indices, exc, match",
+    [
+        ([0, 1], [0], TypeError, "indptr must be a torch tensor or numpy array"),
+        (np.array([0, 2, 1]), np.array([0, 1]), ValueError, "non-decreasing"),
+        (np.array([1, 2]), np.array([0, 0]), ValueError, r"indptr\[0\] must be 0"),
+        (np.array([0, 3]), np.array([0, 0]), ValueError, r"indptr\[-1\] \(3\) must equal"),
+        (np.array([0, 1, 2]), np.array([0, 5]), ValueError, r"indices must be in \[0, 2\)"),
+        (np.array([0, 1, 2]), np.array([0, -1]), ValueError, "indices must be in"),
+        (np.array([0]), np.array([], np.int64), ValueError, "at least 2 entries"),
+        (np.array([0.0, 1.0]), np.array([0]), TypeError, "indptr must have an integer dtype"),
+        (np.zeros((2, 2), np.int64), np.array([0]), ValueError, "indptr must be 1-D"),
+    ],
+)
+def test_malformed_csr(indptr, indices, exc, match):
+    with pytest.raises(exc, match=match):
+        fr.tasks.PageRank(indptr, indices)
+
+
+def test_bad_parameters():
+    indptr, indices = np.array([0, 1]), np.array([0])
+    with pytest.raises(ValueError, match=r"damping must be in \[0, 1\]"):
+        fr.tasks.PageRank(indptr, indices, damping=1.5)
+    with pytest.raises(ValueError, match="iters must be >= 1"):
+        fr.tasks.PageRank(indptr, indices, iters=0)
+    with pytest.raises(TypeError, match="indices is required"):
+        fr.tasks.PageRank(indptr)
+
+
+def test_matches_networkx(host):
+    nx = pytest.importorskip("networkx")
+    indptr, indices = random_graph(200, 1500, seed=7)
+    g = nx.MultiDiGraph()  # parallel edges count, as they do here
+    g.add_nodes_from(range(200))
+    for u in range(200):
+        for v in indices[indptr[u] : indptr[u + 1]]:
+            g.add_edge(u, int(v))
+    want = nx.pagerank(g, alpha=0.85, max_iter=1000, tol=1e-14)
+    got = host.submit(fr.tasks.PageRank(indptr, indices, iters=200)).result()
+    np.testing.assert_allclose(got, [want[i] for i in range(200)], atol=1e-6)
