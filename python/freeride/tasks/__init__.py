@@ -6,4 +6,4 @@ from .pagerank import PageRank
 from .saxpy import Saxpy
 from .spin import Spin
 
-__all__ = ["ItemCounter", "ItemCounts", "Saxpy", "Spin", "Task"]
+__all__ = ["ItemCounter", "ItemCounts", "PageRank", "Saxpy", "Spin", "Task"]
