@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "check.hpp"
+#include "image_ops.hpp"
 #ifdef FREERIDE_WITH_CUDA
 #include "launchers.hpp"
 #endif
@@ -229,7 +230,137 @@ class PageRankTask final : public Task {
   uint64_t items_ = 0;
 };
 
+// An image task's items: `rows` output rows of one plane each.
+class ImageTask : public Task {
+ public:
+  ImageTask(const ImageShape& s, uint64_t rows) : s_(s), rows_(rows) {
+    FR_ARG(s.planes > 0 && s.in_h > 0 && s.in_w > 0 && s.out_h > 0 && s.out_w > 0,
+           "image sizes must be positive");
+    FR_ARG(s.dtype == 0 || s.dtype == 1, "image dtype must be 0 (uint8) or 1 (float32)");
+    FR_ARG(rows > 0, "rows_per_item must be positive");
+    tiles_ = (s.out_h + rows - 1) / rows;
+  }
+  uint64_t num_items(uint64_t) const override { return s_.planes * tiles_; }
+
+ protected:
+  // Plane and output row range of an item.
+  void rows_of(uint64_t item, uint64_t* plane, uint64_t* y0, uint64_t* y1) const {
+    *plane = item / tiles_;
+    *y0 = (item % tiles_) * rows_;
+    *y1 = std::min(s_.out_h, *y0 + rows_);
+  }
+  ImageShape s_;
+  uint64_t rows_;
+  uint64_t tiles_ = 0;
+};
+
+class GaussianBlurTask final : public ImageTask {
+ public:
+  GaussianBlurTask(const ImageShape& s, uintptr_t in, uintptr_t tmp, uintptr_t out,
+                   uintptr_t weights, int radius, uint64_t rows)
+      : ImageTask(s, rows), in_(in), tmp_(tmp), out_(out), weights_(weights), radius_(radius) {
+    FR_ARG(s.in_h == s.out_h && s.in_w == s.out_w, "GaussianBlur keeps the image size");
+    FR_ARG(radius >= 0, "GaussianBlur: radius must be >= 0");
+    FR_ARG(in && tmp && out && weights, "GaussianBlur: buffers must not be null");
+  }
+  std::string name() const override { return "GaussianBlur"; }
+  uint64_t num_phases() const override { return 2; }
+
+  void run_item(uint64_t phase, uint64_t item) override {
+    uint64_t p, y0, y1;
+    rows_of(item, &p, &y0, &y1);
+    const auto h = static_cast<long long>(s_.in_h), w = static_cast<long long>(s_.in_w);
+    const auto* wt = reinterpret_cast<const float*>(weights_);
+    auto* tmp = reinterpret_cast<float*>(tmp_);
+    const uint64_t plane = p * s_.in_h * s_.in_w;
+    for (uint64_t y = y0; y < y1; ++y) {
+      for (long long x = 0; x < w; ++x) {
+        float acc = 0.f;
+        for (int k = -radius_; k <= radius_; ++k) {
+          acc += wt[k + radius_] *
+                 (phase == 0
+                      ? image::load(reinterpret_cast<const void*>(in_), s_.dtype,
+                                    plane + y * w + image::reflect(x + k, w))
+                      : tmp[plane + image::reflect(static_cast<long long>(y) + k, h) * w + x]);
+        }
+        if (phase == 0) {
+          tmp[plane + y * w + x] = acc;
+        } else {
+          image::store(reinterpret_cast<void*>(out_), s_.dtype, plane + y * w + x, acc);
+        }
+      }
+    }
+  }
+
+  void launch_cuda(const CudaLaunch& launch) override {
+#ifdef FREERIDE_WITH_CUDA
+    kernels::launch_gaussian_blur(launch, s_, in_, tmp_, out_, weights_, radius_, rows_);
+#else
+    (void)launch;
+    no_cuda("GaussianBlur");
+#endif
+  }
+
+ private:
+  uintptr_t in_, tmp_, out_, weights_;
+  int radius_;
+};
+
+class ResizeTask final : public ImageTask {
+ public:
+  ResizeTask(const ImageShape& s, uintptr_t in, uintptr_t out, uint64_t rows)
+      : ImageTask(s, rows), in_(in), out_(out) {
+    FR_ARG(in && out, "Resize: buffers must not be null");
+  }
+  std::string name() const override { return "Resize"; }
+  uint64_t num_phases() const override { return 1; }
+
+  void run_item(uint64_t, uint64_t item) override {
+    uint64_t p, y0, y1;
+    rows_of(item, &p, &y0, &y1);
+    const auto* in = reinterpret_cast<const void*>(in_);
+    const uint64_t src = p * s_.in_h * s_.in_w;
+    const uint64_t dst = p * s_.out_h * s_.out_w;
+    for (uint64_t y = y0; y < y1; ++y) {
+      const image::Tap ty = image::bilinear_tap(static_cast<long long>(y), s_.in_h, s_.out_h);
+      for (uint64_t x = 0; x < s_.out_w; ++x) {
+        const image::Tap tx = image::bilinear_tap(static_cast<long long>(x), s_.in_w, s_.out_w);
+        const auto at = [&](long long yy, long long xx) {
+          return image::load(in, s_.dtype, src + yy * s_.in_w + xx);
+        };
+        const float top = (1.f - tx.w1) * at(ty.i0, tx.i0) + tx.w1 * at(ty.i0, tx.i1);
+        const float bottom = (1.f - tx.w1) * at(ty.i1, tx.i0) + tx.w1 * at(ty.i1, tx.i1);
+        image::store(reinterpret_cast<void*>(out_), s_.dtype, dst + y * s_.out_w + x,
+                     (1.f - ty.w1) * top + ty.w1 * bottom);
+      }
+    }
+  }
+
+  void launch_cuda(const CudaLaunch& launch) override {
+#ifdef FREERIDE_WITH_CUDA
+    kernels::launch_resize(launch, s_, in_, out_, rows_);
+#else
+    (void)launch;
+    no_cuda("Resize");
+#endif
+  }
+
+ private:
+  uintptr_t in_, out_;
+};
+
 }  // namespace
+
+std::shared_ptr<Task> make_gaussian_blur_task(const ImageShape& shape, uintptr_t in, uintptr_t tmp,
+                                              uintptr_t out, uintptr_t weights, int radius,
+                                              uint64_t rows_per_item) {
+  return std::make_shared<GaussianBlurTask>(shape, in, tmp, out, weights, radius, rows_per_item);
+}
+
+std::shared_ptr<Task> make_resize_task(const ImageShape& shape, uintptr_t in, uintptr_t out,
+                                       uint64_t rows_per_item) {
+  return std::make_shared<ResizeTask>(shape, in, out, rows_per_item);
+}
 
 std::shared_ptr<Task> make_pagerank_task(const PageRankBuffers& buffers, uint64_t iters,
                                          double damping, uint64_t nodes_per_item) {

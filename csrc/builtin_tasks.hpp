@@ -40,4 +40,22 @@ struct PageRankBuffers {
 std::shared_ptr<Task> make_pagerank_task(const PageRankBuffers& buffers, uint64_t iters,
                                          double damping, uint64_t nodes_per_item);
 
+// Image batches: `planes` planes (N * C) of h x w pixels, contiguous; dtype 0 = uint8,
+// 1 = float32 for input and output. An item is `rows` output rows of one plane.
+struct ImageShape {
+  uint64_t planes = 0, in_h = 0, in_w = 0, out_h = 0, out_w = 0;
+  int dtype = 0;
+};
+
+// Separable Gaussian blur (reflect borders, as scipy.ndimage's default): phase 0 filters
+// rows into `tmp` (float32, same shape), phase 1 filters columns into `out`. `weights`
+// holds 2 * radius + 1 normalised float taps on the harvester's device.
+std::shared_ptr<Task> make_gaussian_blur_task(const ImageShape& shape, uintptr_t in, uintptr_t tmp,
+                                              uintptr_t out, uintptr_t weights, int radius,
+                                              uint64_t rows_per_item);
+
+// Bilinear resize with align_corners=False (torch.nn.functional.interpolate's).
+std::shared_ptr<Task> make_resize_task(const ImageShape& shape, uintptr_t in, uintptr_t out,
+                                       uint64_t rows_per_item);
+
 }  // namespace freeride

@@ -32,6 +32,13 @@ void launch_item_counter(const CudaLaunch& launch, uint32_t* counts,
 void launch_pagerank(const CudaLaunch& launch, const PageRankBuffers& buffers, double damping,
                      uint64_t nodes_per_item);
 
+// Image tasks: phase launch.ctx.phase of make_gaussian_blur_task / make_resize_task.
+void launch_gaussian_blur(const CudaLaunch& launch, const ImageShape& shape, uintptr_t in,
+                          uintptr_t tmp, uintptr_t out, uintptr_t weights, int radius,
+                          uint64_t rows_per_item);
+void launch_resize(const CudaLaunch& launch, const ImageShape& shape, uintptr_t in, uintptr_t out,
+                   uint64_t rows_per_item);
+
 // Plain (non-preemptible) references for the item-overhead benchmark.
 void launch_saxpy_plain(double a, const void* x, void* y, uint64_t n, int dtype, void* stream);
 

@@ -128,6 +128,25 @@ PYBIND11_MODULE(_C, m) {
       py::arg("rank_a"), py::arg("rank_b"), py::arg("contrib"), py::arg("dangling"),
       py::arg("iters"), py::arg("damping"), py::arg("nodes_per_item"));
 
+  m.def(
+      "gaussian_blur_task",
+      [](uint64_t planes, uint64_t h, uint64_t w, int dtype, uintptr_t in, uintptr_t tmp,
+         uintptr_t out, uintptr_t weights, int radius, uint64_t rows) {
+        freeride::ImageShape s{planes, h, w, h, w, dtype};
+        return freeride::make_gaussian_blur_task(s, in, tmp, out, weights, radius, rows);
+      },
+      py::arg("planes"), py::arg("h"), py::arg("w"), py::arg("dtype"), py::arg("in_"),
+      py::arg("tmp"), py::arg("out"), py::arg("weights"), py::arg("radius"), py::arg("rows"));
+  m.def(
+      "resize_task",
+      [](uint64_t planes, uint64_t in_h, uint64_t in_w, uint64_t out_h, uint64_t out_w, int dtype,
+         uintptr_t in, uintptr_t out, uint64_t rows) {
+        freeride::ImageShape s{planes, in_h, in_w, out_h, out_w, dtype};
+        return freeride::make_resize_task(s, in, out, rows);
+      },
+      py::arg("planes"), py::arg("in_h"), py::arg("in_w"), py::arg("out_h"), py::arg("out_w"),
+      py::arg("dtype"), py::arg("in_"), py::arg("out"), py::arg("rows"));
+
   py::class_<Executor>(m, "Executor")
       .def(py::init(&make_executor), py::arg("kind"), py::arg("device"), py::arg("workers"),
            py::arg("gate_in_host_memory"), py::arg("stream_wait"), py::arg("memory_budget"),

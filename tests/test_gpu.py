@@ -146,3 +146,14 @@ def test_fallback_without_stream_memops(monkeypatch):
         assert t.wait(timeout=120)
         assert (t.result().counts == 1).all()
     assert os.environ["FREERIDE_NO_STREAM_MEMOPS"] == "1"
+
+
+def test_image_tasks_match_the_host_backend(cuda_harvester):
+    img = torch.rand(3, 2, 48, 40)
+    with fr.Harvester("cpu", workers=2) as host:
+        blur_ref = host.submit(fr.tasks.GaussianBlur(img, 1.7)).result()
+        resize_ref = host.submit(fr.tasks.Resize(img, (31, 57))).result()
+    blur = cuda_harvester.submit(fr.tasks.GaussianBlur(img.cuda(), 1.7)).result(timeout=60)
+    resized = cuda_harvester.submit(fr.tasks.Resize(img.cuda(), (31, 57))).result(timeout=60)
+    torch.testing.assert_close(blur.cpu(), blur_ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(resized.cpu(), resize_ref, atol=1e-5, rtol=0)

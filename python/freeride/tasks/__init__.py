@@ -1,9 +1,19 @@
 """Built-in side tasks."""
 
 from ._base import Task
+from .image import GaussianBlur, Resize
 from .item_counter import ItemCounter, ItemCounts
 from .pagerank import PageRank
 from .saxpy import Saxpy
 from .spin import Spin
 
-__all__ = ["ItemCounter", "ItemCounts", "PageRank", "Saxpy", "Spin", "Task"]
+__all__ = [
+    "GaussianBlur",
+    "ItemCounter",
+    "ItemCounts",
+    "PageRank",
+    "Resize",
+    "Saxpy",
+    "Spin",
+    "Task",
+]
