@@ -101,6 +101,7 @@ def test_bad_parameters():
 
 def test_matches_networkx(host):
     nx = pytest.importorskip("networkx")
+    pytest.importorskip("scipy")  # networkx's pagerank runs on scipy
     indptr, indices = random_graph(200, 1500, seed=7)
     g = nx.MultiDiGraph()  # parallel edges count, as they do here
     g.add_nodes_from(range(200))
