@@ -169,6 +169,9 @@ class IterativeRunner:
     # -- called by the harvester ----------------------------------------------------------------
 
     def submit(self, task: IterativeTask, priority: int) -> IterativeHandle:
+        bind = getattr(task, "bind", None)
+        if bind is not None:  # the task checks its data against the harvester's device
+            bind(self._h._kind, self._h._device_index)
         handle = IterativeHandle(self, task, priority)
         self._recorder.name_task(handle.id, repr(task))
         need = int(getattr(task, "memory_bytes", 0) or 0)

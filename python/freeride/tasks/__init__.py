@@ -6,6 +6,7 @@ from .item_counter import ItemCounter, ItemCounts
 from .pagerank import PageRank
 from .saxpy import Saxpy
 from .spin import Spin
+from .train import TrainModel
 
 __all__ = [
     "GaussianBlur",
@@ -16,4 +17,5 @@ __all__ = [
     "Saxpy",
     "Spin",
     "Task",
+    "TrainModel",
 ]
