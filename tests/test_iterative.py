@@ -164,3 +164,22 @@ def test_close_does_not_hang_on_a_step_that_never_returns(monkeypatch):
     with pytest.raises(fr.TaskFailedError, match="did not return"):
         handle.result()
     task.release.set()  # let the abandoned thread finish
+
+
+class SlowThenFast(Stepper):
+    """Steps 1-3 take longer than any bubble (step 1 is the warm-up), then they are fast."""
+
+    def step(self):
+        self.starts.append(time.monotonic_ns())
+        time.sleep(0.06 if len(self.starts) <= 3 else 0.004)
+
+
+def test_a_task_whose_estimate_fits_no_bubble_is_measured_again(host):
+    task = SlowThenFast(steps=12)
+    handle = host.submit(task)
+    deadline = time.monotonic() + 120
+    while not handle.done():
+        assert time.monotonic() < deadline, f"starved after {handle.items_done} steps"
+        train(host, 1)
+    assert handle.state == "done" and handle.items_done == 12
+    assert handle.step_ns < 0.02e9  # the estimate followed the step's real time

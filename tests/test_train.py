@@ -50,7 +50,9 @@ def test_loss_falls_when_trained_in_bubbles(host):
         model, synthetic_batches(), opt, nn.functional.cross_entropy, steps=60
     )
     handle = host.submit(task)
+    deadline = time.monotonic() + 120
     while not handle.done():  # a manual loop: compute, then a bubble
+        assert time.monotonic() < deadline, f"only {handle.items_done} steps in 120 s"
         with host.iteration():
             for _ in range(4):
                 with host.compute():

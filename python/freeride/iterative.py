@@ -23,6 +23,12 @@ from .errors import MemoryBudgetError, TaskCancelledError, TaskFailedError
 _IDS = itertools.count(1 << 40)
 # A step must fit this many times its recent worst duration into what is left.
 _MARGIN = 1.1
+# The step-time estimate is the worst of the last few steps; the first step is left out
+# (lazy allocation, optimizer state, autotuning make it slower than the rest).
+_RECENT_STEPS = 3
+# A task whose estimate fits no bubble is measured again at the start of the longest
+# bubble once every this many such bubbles, instead of waiting forever.
+_REMEASURE_EVERY = 8
 _POLL_S = 50e-6
 # How long close() waits for a running step before abandoning it.
 CLOSE_TIMEOUT_S = 5.0
@@ -73,6 +79,8 @@ class IterativeHandle:
         self._set_up = False
         self._reserved = 0
         self._step_ns: list[int] = []
+        self._warmup_ns: int | None = None
+        self._starved = 0
         self._done = threading.Event()
 
     @property
@@ -112,7 +120,7 @@ class IterativeHandle:
     @property
     def step_ns(self) -> int | None:
         """The step time the scheduler plans with (recent worst), once measured."""
-        return max(self._step_ns) if self._step_ns else None
+        return max(self._step_ns[-_RECENT_STEPS:]) if self._step_ns else None
 
     def done(self) -> bool:
         """True once the task is final."""
@@ -352,11 +360,21 @@ class IterativeRunner:
         if predicted is None:
             return False  # learn this slot's length first
         step = handle.step_ns
+        longest = max((recorder.predicted_slot_ns(k) or 0) for k in recorder.known_slots())
+        if step is not None and step * _MARGIN <= longest:
+            return step * _MARGIN <= predicted - elapsed_ns
+        # No estimate yet, or one that fits no bubble of the schedule: measure the step at
+        # the start of the longest bubble (each time when unmeasured; now and then when
+        # starved, so that one slow step cannot shut the task out for good).
+        if predicted < longest or elapsed_ns >= predicted // 4:
+            return False
         if step is None:
-            # First step: measure it in the longest bubble the schedule has.
-            longest = max((recorder.predicted_slot_ns(k) or 0) for k in recorder.known_slots())
-            return predicted >= longest and elapsed_ns < predicted // 4
-        return step * _MARGIN <= predicted - elapsed_ns
+            return True
+        handle._starved += 1
+        if handle._starved < _REMEASURE_EVERY:
+            return False
+        handle._starved = 0
+        return True
 
     def _one_step(self, handle: IterativeHandle, seq: int) -> None:
         handle._state = "running"
@@ -371,8 +389,11 @@ class IterativeRunner:
         elapsed = self._ex.elapsed_ns(start, end)
         handle._steps += 1
         if elapsed is not None:
-            handle._step_ns.append(elapsed)
-            del handle._step_ns[:-8]
+            if handle._warmup_ns is None:
+                handle._warmup_ns = elapsed
+            else:
+                handle._step_ns.append(elapsed)
+                del handle._step_ns[:-_RECENT_STEPS]
         # The gate moved on (its sequence changed) before the step was over: an overrun.
         if self._ex.gate_seq() != seq or self._ex.gate_read() != _C.GATE_OPEN:
             handle._overruns += 1
