@@ -9,6 +9,7 @@ as an overrun.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import sys
@@ -322,8 +323,6 @@ class IterativeRunner:
     def _side_stream(self):
         torch = sys.modules.get("torch")
         if self._h._kind != "cuda" or torch is None:
-            import contextlib
-
             return contextlib.nullcontext()
         return torch.cuda.stream(torch.cuda.ExternalStream(self._ex.side_stream))
 

@@ -176,10 +176,6 @@ class Recorder:
     def name_task(self, task_id: int, name: str) -> None:
         self._task_names[task_id] = name
 
-    def add_launch(self, launch: SideLaunch) -> None:
-        """A side launch measured outside the executor (an iterative task's step)."""
-        self._launches.append(launch)
-
     def add_launch_marks(self, task_id: int, phase: int, start: int, end: int, items: int) -> None:
         """A side launch whose marks still have to be resolved."""
         with self._shared:

@@ -12,6 +12,7 @@ work done during training over what an idle device does in the total bubble time
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 
@@ -104,7 +105,7 @@ def _iteration(h: Harvester, dev: _Device, timeline: simulate.RankTimeline, gate
     """Plays one iteration of the stage; returns its duration in ms."""
     t0 = dev.start()
     clock = 0.0
-    ctx = h.iteration() if gated else _null()
+    ctx = h.iteration() if gated else contextlib.nullcontext()
     with ctx:
         for action, start, end in timeline.actions:
             if start > clock:
@@ -118,14 +119,6 @@ def _iteration(h: Harvester, dev: _Device, timeline: simulate.RankTimeline, gate
         if timeline.makespan > clock:
             dev.wait(timeline.makespan - clock)
     return dev.stop(t0)
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 class _Device:
