@@ -51,12 +51,17 @@ class UniformTask : public Task {
 
 class SpinTask final : public UniformTask {
  public:
-  SpinTask(uint64_t items, uint64_t phases, uint64_t ns) : UniformTask(items, phases), ns_(ns) {}
+  SpinTask(uint64_t items, uint64_t phases, uint64_t ns, uint64_t slice_blocks)
+      : UniformTask(items, phases), ns_(ns), slice_blocks_(slice_blocks) {}
   std::string name() const override { return "Spin"; }
   void run_item(uint64_t, uint64_t) override { spin_for(ns_); }
   void launch_cuda(const CudaLaunch& launch) override {
 #ifdef FREERIDE_WITH_CUDA
-    kernels::launch_spin(launch, ns_);
+    if (slice_blocks_ > 0) {
+      kernels::launch_spin_slice(launch, ns_, slice_blocks_);
+    } else {
+      kernels::launch_spin(launch, ns_);
+    }
 #else
     (void)launch;
     no_cuda("Spin");
@@ -65,6 +70,7 @@ class SpinTask final : public UniformTask {
 
  private:
   uint64_t ns_;
+  uint64_t slice_blocks_;
 };
 
 class SaxpyTask final : public UniformTask {
@@ -367,8 +373,9 @@ std::shared_ptr<Task> make_pagerank_task(const PageRankBuffers& buffers, uint64_
   return std::make_shared<PageRankTask>(buffers, iters, damping, nodes_per_item);
 }
 
-std::shared_ptr<Task> make_spin_task(uint64_t items, uint64_t phases, uint64_t ns_per_item) {
-  return std::make_shared<SpinTask>(items, phases, ns_per_item);
+std::shared_ptr<Task> make_spin_task(uint64_t items, uint64_t phases, uint64_t ns_per_item,
+                                     uint64_t slice_blocks) {
+  return std::make_shared<SpinTask>(items, phases, ns_per_item, slice_blocks);
 }
 
 std::shared_ptr<Task> make_saxpy_task(double a, uintptr_t x, uintptr_t y, uint64_t n,

@@ -9,8 +9,11 @@
 
 namespace freeride {
 
-// Every item busy-waits ns_per_item nanoseconds (globaltimer on the GPU).
-std::shared_ptr<Task> make_spin_task(uint64_t items, uint64_t phases, uint64_t ns_per_item);
+// Every item busy-waits ns_per_item nanoseconds (globaltimer on the GPU). slice_blocks > 0
+// turns the CUDA kernel into the kernel-slicing baseline of the benchmarks: each launch is
+// a non-preemptible slice of up to slice_blocks blocks, one item each, that ignores the gate.
+std::shared_ptr<Task> make_spin_task(uint64_t items, uint64_t phases, uint64_t ns_per_item,
+                                     uint64_t slice_blocks);
 
 // y += a * x over n elements of dtype (0 = float32, 1 = float64), `chunk` elements an item.
 std::shared_ptr<Task> make_saxpy_task(double a, uintptr_t x, uintptr_t y, uint64_t n,

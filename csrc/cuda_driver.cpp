@@ -59,6 +59,11 @@ const Api& api() {
       resolve("cuGetErrorName", 6000, &a.get_error_name, &a.error);
       resolve("cuDeviceGet", 2000, &a.device_get, &a.error);
       resolve("cuDevicePrimaryCtxGetState", 7000, &a.primary_ctx_get_state, &a.error);
+      resolve("cuLaunchKernel", 4000, &a.launch_kernel, &a.kernel_error);
+      resolve("cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050, &a.occupancy, &a.kernel_error);
+      resolve("cuFuncGetAttribute", 2020, &a.func_get_attribute, &a.kernel_error);
+      resolve("cuFuncSetAttribute", 9000, &a.func_set_attribute, &a.kernel_error);
+      resolve("cuFuncGetParamInfo", 12040, &a.func_get_param_info, &a.kernel_error);
     } catch (...) {
       // Only std::string growth can throw here; keep whatever resolved.
     }

@@ -20,7 +20,14 @@ struct Api {
   PFN_cuGetErrorName_v6000 get_error_name = nullptr;
   PFN_cuDeviceGet_v2000 device_get = nullptr;
   PFN_cuDevicePrimaryCtxGetState_v7000 primary_ctx_get_state = nullptr;
-  std::string error;
+  // User kernels (RawKernel): functions that CuPy loaded into the primary context.
+  PFN_cuLaunchKernel_v4000 launch_kernel = nullptr;
+  PFN_cuOccupancyMaxActiveBlocksPerMultiprocessor_v6050 occupancy = nullptr;
+  PFN_cuFuncGetAttribute_v2020 func_get_attribute = nullptr;
+  PFN_cuFuncSetAttribute_v9000 func_set_attribute = nullptr;
+  PFN_cuFuncGetParamInfo_v12040 func_get_param_info = nullptr;  // null before CUDA 12.4
+  std::string error;         // why a gate or context entry point is missing
+  std::string kernel_error;  // why a user-kernel entry point is missing
 
   bool has_memops() const {
     return stream_write_value32 != nullptr && stream_wait_value32 != nullptr;

@@ -17,6 +17,9 @@ void launch_gate_wait(const volatile unsigned int* gate, const volatile unsigned
 
 // Built-in tasks. Each enqueues one preemptible kernel for launch.ctx's phase.
 void launch_spin(const CudaLaunch& launch, uint64_t ns_per_item);
+// The kernel-slicing baseline: min(slice_blocks, items) blocks each claim one item and run
+// it without reading the gate, so the launch as a whole is the unit of preemption.
+void launch_spin_slice(const CudaLaunch& launch, uint64_t ns_per_item, uint64_t slice_blocks);
 // y[i] += a * x[i] over n elements, `chunk` elements per item; dtype 0 = float32, 1 = float64.
 void launch_saxpy(const CudaLaunch& launch, double a, const void* x, void* y, uint64_t n,
                   uint64_t chunk, int dtype);

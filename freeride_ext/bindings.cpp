@@ -3,10 +3,15 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <string>
+#include <tuple>
+#include <vector>
+
 #include "backend.hpp"
 #include "builtin_tasks.hpp"
 #include "check.hpp"
 #include "executor.hpp"
+#include "raw_kernel_task.hpp"
 #include "runtime_info.hpp"
 #ifdef FREERIDE_WITH_CUDA
 #include "launchers.hpp"
@@ -101,7 +106,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property("memory_bytes", &Task::memory_bytes, &Task::set_memory_bytes);
 
   m.def("spin_task", &freeride::make_spin_task, py::arg("items"), py::arg("phases"),
-        py::arg("ns_per_item"));
+        py::arg("ns_per_item"), py::arg("slice_blocks") = 0);
   m.def("saxpy_task", &freeride::make_saxpy_task, py::arg("a"), py::arg("x"), py::arg("y"),
         py::arg("n"), py::arg("chunk"), py::arg("dtype"));
   m.def("item_counter_task", &freeride::make_item_counter_task, py::arg("items"),
@@ -146,6 +151,37 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("planes"), py::arg("in_h"), py::arg("in_w"), py::arg("out_h"), py::arg("out_w"),
       py::arg("dtype"), py::arg("in_"), py::arg("out"), py::arg("rows"));
+
+  m.def(
+      "raw_kernel_task",
+      [](std::string name,
+         const std::vector<std::tuple<uintptr_t, uint64_t, uint32_t, uint32_t, uint32_t>>& phases,
+         std::vector<uint64_t> args) {
+        std::vector<freeride::RawPhase> ps;
+        ps.reserve(phases.size());
+        for (const auto& [function, items, block, shared_mem, grid] : phases) {
+          ps.push_back(freeride::RawPhase{function, items, block, shared_mem, grid});
+        }
+        return freeride::make_raw_kernel_task(std::move(name), std::move(ps), std::move(args));
+      },
+      py::arg("name"), py::arg("phases"), py::arg("args"),
+      "phases: (CUfunction, items, block, shared_mem, grid) each; args: one word per parameter");
+  m.def(
+      "function_info",
+      [](uintptr_t function) {
+        const freeride::FunctionInfo info = freeride::query_function(function);
+        py::dict out;
+        out["max_threads_per_block"] = info.max_threads_per_block;
+        out["static_shared_bytes"] = info.static_shared_bytes;
+        out["max_dynamic_shared_bytes"] = info.max_dynamic_shared_bytes;
+        out["num_regs"] = info.num_regs;
+        out["param_sizes"] =
+            info.has_param_sizes ? py::object(py::cast(info.param_sizes)) : py::object(py::none());
+        return out;
+      },
+      py::arg("function"), "What the driver says about a loaded CUfunction.");
+  m.def("set_max_dynamic_shared", &freeride::set_max_dynamic_shared, py::arg("function"),
+        py::arg("bytes"));
 
   py::class_<Executor>(m, "Executor")
       .def(py::init(&make_executor), py::arg("kind"), py::arg("device"), py::arg("workers"),

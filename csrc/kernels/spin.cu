@@ -23,7 +23,30 @@ __global__ void __launch_bounds__(kThreads) spin_kernel(fr_item_ctx ctx, unsigne
   });
 }
 
+// One item per block, claimed without reading the gate or the stop flag: a slice that,
+// once admitted, runs to its end as a plain kernel would.
+__global__ void __launch_bounds__(kThreads) spin_slice_kernel(fr_item_ctx ctx, unsigned long long ns) {
+  __shared__ unsigned long long s_item;
+  if (freeride::leader_thread()) s_item = atomicAdd(&ctx.state->next, 1ull);
+  __syncthreads();
+  if (s_item >= ctx.n_items) return;
+  const unsigned long long start = global_ns();
+  while (global_ns() - start < ns) {
+  }
+  __syncthreads();
+  if (freeride::leader_thread()) freeride::finish_item(ctx);
+}
+
 }  // namespace
+
+void launch_spin_slice(const CudaLaunch& launch, uint64_t ns_per_item, uint64_t slice_blocks) {
+  FR_ARG(launch.ctx.state != nullptr, "Spin: launch context lacks phase state");
+  const unsigned int grid = static_cast<unsigned int>(
+      std::max<uint64_t>(1, std::min<uint64_t>({slice_blocks, launch.ctx.n_items, 1u << 30})));
+  spin_slice_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(launch.stream)>>>(
+      launch.ctx, static_cast<unsigned long long>(ns_per_item));
+  FR_CUDA_CHECK(cudaGetLastError());
+}
 
 void launch_spin(const CudaLaunch& launch, uint64_t ns_per_item) {
   FR_ARG(launch.ctx.state != nullptr && launch.ctx.gate != nullptr,

@@ -110,7 +110,10 @@ def _gpu(quick: bool) -> dict:
     least, greatest = cp.cuda.runtime.deviceGetStreamPriorityRange()
     train = cp.cuda.Stream(non_blocking=True, priority=greatest)
 
-    def trial(gate_stream_ptr, h) -> float:
+    def trial(gate_stream_ptr, h) -> tuple[float, float]:
+        """(pause latency, start delay): when the probe's last and first blocks started,
+        after the close's place on the training stream. The probe fills every SM, so its
+        last block starts once side work has left the whole device."""
         with train:
             stamp((1,), (1,), (close_t,))
             if h is not None:
@@ -119,37 +122,57 @@ def _gpu(quick: bool) -> dict:
             if h is not None:
                 h.gate.open(stream=gate_stream_ptr)
         train.synchronize()
-        return (int(starts.max().get()) - int(close_t.get()[0])) / 1000.0
+        s = starts.get().astype("int64")
+        t = int(close_t.get()[0])
+        return (int(s.max()) - t) / 1000.0, (int(s.min()) - t) / 1000.0
 
-    rows = []
-    floor = [trial(None, None) for _ in range(trials)]
-    rows.append({"variant": "no side work (launch floor)", "item_us": 0, **percentiles(floor)})
-    for gate_host in (False, True):
+    def row(variant: str, item_us: int, results: list[tuple[float, float]]) -> dict:
+        pause = percentiles([r[0] for r in results])
+        start = percentiles([r[1] for r in results])
+        return {
+            "variant": variant,
+            "item_us": item_us,
+            **pause,
+            "start_p50_us": start["p50_us"],
+            "start_p99_us": start["p99_us"],
+            "trials": len(results),
+        }
+
+    rows = [row("no side work (launch floor)", 0, [trial(None, None) for _ in range(trials)])]
+    # freeride (gate in device or mapped host memory), and the kernel-slicing baseline:
+    # one wave of one-item blocks per launch, each slice held behind a stream wait.
+    variants = (
+        ("freeride, gate in device memory", {}, 0),
+        ("freeride, gate in host memory", {"gate_in_host_memory": True}, 0),
+        ("sliced grid behind stream waits", {"stream_wait": True}, sms * 16),
+    )
+    for name, options, slice_blocks in variants:
         for item_us in ITEM_US:
-            with Harvester("cuda:0", gate_in_host_memory=gate_host) as h:
-                handle = h.submit(tasks.Spin(items=2**40, ns_per_item=item_us * 1000))
+            with Harvester("cuda:0", **options) as h:
+                side = tasks.Spin(items=2**40, ns_per_item=item_us * 1000, slice_blocks=slice_blocks)
+                handle = h.submit(side)
                 while handle.items_done == 0:
                     time.sleep(0.001)
-                lat = []
+                results = []
                 for _ in range(trials):
                     time.sleep(0.002)
-                    lat.append(trial(train.ptr, h))
+                    results.append(trial(train.ptr, h))
                 handle.cancel()
-            name = "freeride, gate in " + ("host memory" if gate_host else "device memory")
-            rows.append({"variant": name, "item_us": item_us, **percentiles(lat)})
-    # Baselines: a non-preemptible kernel of the same items, on the lowest-priority stream
-    # (stream priority only) and at the training stream's own priority (naive).
+            rows.append(row(name, item_us, results))
+    # Baselines without a gate: a non-preemptible kernel of the same items, on the
+    # lowest-priority stream (stream priority only) and at the training stream's own
+    # priority (naive co-location).
     for variant, priority in (("stream priority only", least), ("naive co-location", greatest)):
         side = cp.cuda.Stream(non_blocking=True, priority=priority)
         for item_us in ITEM_US:
-            lat = []
+            results = []
             for _ in range(max(10, trials // 5)):
                 with side:  # ~20 ms of side work resident on every SM
                     plain_spin((sms * 16,), (128,), (item_us * 1000, max(1, 20_000 // item_us)))
                 time.sleep(0.002)
-                lat.append(trial(None, None))
+                results.append(trial(None, None))
                 side.synchronize()
-            rows.append({"variant": variant, "item_us": item_us, **percentiles(lat)})
+            rows.append(row(variant, item_us, results))
     return {
         "rows": rows,
         "settings": {
@@ -157,9 +180,13 @@ def _gpu(quick: bool) -> dict:
             "probe_blocks": blocks,
             "probe_threads": 1024,
             "spin_threads": 128,
+            "slice_blocks": sms * 16,
         },
         "notes": [
-            "latency = last probe block start - close stamp on the training stream",
+            "pause latency (p50/p99/max) = last probe block start - close stamp on the"
+            " training stream: the device is free of side work",
+            "start_* = first probe block start - close stamp: the delay a training kernel"
+            " launched right after the close sees before it starts",
             "baselines: side kernels of the same items without a gate",
         ],
     }

@@ -1,0 +1,148 @@
+#include "raw_kernel_task.hpp"
+
+#include <algorithm>
+#include <mutex>
+#include <utility>
+
+#include "check.hpp"
+#ifdef FREERIDE_WITH_CUDA
+#include "cuda_driver.hpp"
+#endif
+
+namespace freeride {
+namespace {
+
+#ifdef FREERIDE_WITH_CUDA
+const cuda_driver::Api& kernel_api() {
+  const cuda_driver::Api& a = cuda_driver::api();
+  FR_CHECK(a.launch_kernel != nullptr && a.occupancy != nullptr &&
+               a.func_get_attribute != nullptr && a.func_set_attribute != nullptr,
+           "user kernels need CUDA driver entry points that are missing: " << a.kernel_error);
+  return a;
+}
+
+CUfunction as_function(uintptr_t f) { return reinterpret_cast<CUfunction>(f); }
+
+int function_attribute(const cuda_driver::Api& a, CUfunction f, CUfunction_attribute attr) {
+  int value = 0;
+  FR_DRV_CHECK(a.func_get_attribute(&value, attr, f));
+  return value;
+}
+#endif
+
+class RawKernelTask final : public Task {
+ public:
+  RawKernelTask(std::string name, std::vector<RawPhase> phases, std::vector<uint64_t> args)
+      : name_(std::move(name)), phases_(std::move(phases)), args_(std::move(args)),
+        resident_(phases_.size(), 0) {
+    FR_ARG(!phases_.empty(), "a RawKernel task needs at least one phase");
+    for (const RawPhase& p : phases_) {
+      FR_ARG(p.function != 0, "RawKernel phase without a function");
+      FR_ARG(p.items > 0, "RawKernel phase with no items");
+      FR_ARG(p.block > 0 && p.block <= 1024, "block must be in [1, 1024], got " << p.block);
+    }
+  }
+
+  std::string name() const override { return name_; }
+  uint64_t num_phases() const override { return phases_.size(); }
+  uint64_t num_items(uint64_t phase) const override { return phases_.at(phase).items; }
+
+  void run_item(uint64_t, uint64_t) override {
+    FR_THROW(RuntimeFailure, name_ << ": a RawKernel runs CUDA code and needs the cuda backend");
+  }
+
+  void launch_cuda(const CudaLaunch& launch) override {
+#ifdef FREERIDE_WITH_CUDA
+    const cuda_driver::Api& a = kernel_api();
+    const RawPhase& p = phases_.at(launch.ctx.phase);
+    const CUfunction f = as_function(p.function);
+    unsigned int grid = p.grid;
+    if (grid == 0) grid = persistent_grid(a, launch.ctx.phase, p, launch.sm_count);
+    grid = static_cast<unsigned int>(std::min<uint64_t>(grid, launch.ctx.n_items));
+    // The driver copies each parameter's bytes out of these pointers during the call.
+    fr_item_ctx ctx = launch.ctx;
+    std::vector<void*> params;
+    params.reserve(args_.size() + 1);
+    params.push_back(&ctx);
+    for (uint64_t& word : args_) params.push_back(&word);
+    FR_DRV_CHECK(a.launch_kernel(f, grid, 1, 1, p.block, 1, 1, p.shared_mem,
+                                 static_cast<CUstream>(launch.stream), params.data(), nullptr));
+#else
+    (void)launch;
+    FR_THROW(RuntimeFailure, name_ << ": this build of freeride has no CUDA support");
+#endif
+  }
+
+ private:
+#ifdef FREERIDE_WITH_CUDA
+  // Blocks that fit at once, computed on first launch (on the executor's thread, where
+  // the device's primary context is current) and kept: the device never changes.
+  unsigned int persistent_grid(const cuda_driver::Api& a, uint64_t phase, const RawPhase& p,
+                               int sm_count) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (resident_[phase] == 0) {
+      int per_sm = 0;
+      FR_DRV_CHECK(a.occupancy(&per_sm, as_function(p.function), static_cast<int>(p.block),
+                               p.shared_mem));
+      FR_CHECK(per_sm > 0, name_ << ": not one block of " << p.block << " threads and "
+                                 << p.shared_mem << " bytes of shared memory fits on an SM");
+      resident_[phase] = static_cast<uint64_t>(per_sm) * static_cast<uint64_t>(std::max(sm_count, 1));
+    }
+    return static_cast<unsigned int>(std::min<uint64_t>(resident_[phase], 1u << 30));
+  }
+#endif
+
+  std::string name_;
+  std::vector<RawPhase> phases_;
+  std::vector<uint64_t> args_;
+  std::mutex mu_;
+  std::vector<uint64_t> resident_;
+};
+
+}  // namespace
+
+std::shared_ptr<Task> make_raw_kernel_task(std::string name, std::vector<RawPhase> phases,
+                                           std::vector<uint64_t> args) {
+  return std::make_shared<RawKernelTask>(std::move(name), std::move(phases), std::move(args));
+}
+
+FunctionInfo query_function(uintptr_t function) {
+  FR_ARG(function != 0, "function handle is null");
+#ifdef FREERIDE_WITH_CUDA
+  const cuda_driver::Api& a = kernel_api();
+  const CUfunction f = as_function(function);
+  FunctionInfo info;
+  info.max_threads_per_block = function_attribute(a, f, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+  info.static_shared_bytes = function_attribute(a, f, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES);
+  info.max_dynamic_shared_bytes =
+      function_attribute(a, f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);
+  info.num_regs = function_attribute(a, f, CU_FUNC_ATTRIBUTE_NUM_REGS);
+  if (a.func_get_param_info != nullptr) {
+    info.has_param_sizes = true;
+    for (size_t i = 0; i < 65536; ++i) {
+      size_t offset = 0, size = 0;
+      const CUresult res = a.func_get_param_info(f, i, &offset, &size);
+      if (res == CUDA_ERROR_INVALID_VALUE) break;  // past the last parameter
+      FR_DRV_CHECK(res);
+      info.param_sizes.push_back(size);
+    }
+  }
+  return info;
+#else
+  FR_THROW(RuntimeFailure, "this build of freeride has no CUDA support");
+#endif
+}
+
+void set_max_dynamic_shared(uintptr_t function, int bytes) {
+  FR_ARG(function != 0, "function handle is null");
+#ifdef FREERIDE_WITH_CUDA
+  const cuda_driver::Api& a = kernel_api();
+  FR_DRV_CHECK(a.func_set_attribute(as_function(function),
+                                    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes));
+#else
+  (void)bytes;
+  FR_THROW(RuntimeFailure, "this build of freeride has no CUDA support");
+#endif
+}
+
+}  // namespace freeride
