@@ -32,11 +32,13 @@ int function_attribute(const cuda_driver::Api& a, CUfunction f, CUfunction_attri
 
 class RawKernelTask final : public Task {
  public:
-  RawKernelTask(std::string name, std::vector<RawPhase> phases, std::vector<uint64_t> args)
-      : name_(std::move(name)), phases_(std::move(phases)), args_(std::move(args)),
-        resident_(phases_.size(), 0) {
-    FR_ARG(!phases_.empty(), "a RawKernel task needs at least one phase");
-    for (const RawPhase& p : phases_) {
+  RawKernelTask(std::string name, std::vector<RawPhase> kernels, uint64_t phases,
+                std::vector<uint64_t> args)
+      : name_(std::move(name)), kernels_(std::move(kernels)), phases_(phases),
+        args_(std::move(args)), resident_(kernels_.size(), 0) {
+    FR_ARG(!kernels_.empty(), "a RawKernel task needs at least one kernel");
+    FR_ARG(phases_ > 0, "a RawKernel task needs at least one phase");
+    for (const RawPhase& p : kernels_) {
       FR_ARG(p.function != 0, "RawKernel phase without a function");
       FR_ARG(p.items > 0, "RawKernel phase with no items");
       FR_ARG(p.block > 0 && p.block <= 1024, "block must be in [1, 1024], got " << p.block);
@@ -44,8 +46,8 @@ class RawKernelTask final : public Task {
   }
 
   std::string name() const override { return name_; }
-  uint64_t num_phases() const override { return phases_.size(); }
-  uint64_t num_items(uint64_t phase) const override { return phases_.at(phase).items; }
+  uint64_t num_phases() const override { return phases_; }
+  uint64_t num_items(uint64_t phase) const override { return kernel_of(phase).items; }
 
   void run_item(uint64_t, uint64_t) override {
     FR_THROW(RuntimeFailure, name_ << ": a RawKernel runs CUDA code and needs the cuda backend");
@@ -54,10 +56,12 @@ class RawKernelTask final : public Task {
   void launch_cuda(const CudaLaunch& launch) override {
 #ifdef FREERIDE_WITH_CUDA
     const cuda_driver::Api& a = kernel_api();
-    const RawPhase& p = phases_.at(launch.ctx.phase);
+    FR_CHECK(launch.ctx.phase < phases_, name_ << ": launch of phase " << launch.ctx.phase
+                                                << " of " << phases_);
+    const RawPhase& p = kernel_of(launch.ctx.phase);
     const CUfunction f = as_function(p.function);
     unsigned int grid = p.grid;
-    if (grid == 0) grid = persistent_grid(a, launch.ctx.phase, p, launch.sm_count);
+    if (grid == 0) grid = persistent_grid(a, launch.ctx.phase % kernels_.size(), p, launch.sm_count);
     grid = static_cast<unsigned int>(std::min<uint64_t>(grid, launch.ctx.n_items));
     // The driver copies each parameter's bytes out of these pointers during the call.
     fr_item_ctx ctx = launch.ctx;
@@ -74,26 +78,30 @@ class RawKernelTask final : public Task {
   }
 
  private:
+  const RawPhase& kernel_of(uint64_t phase) const { return kernels_[phase % kernels_.size()]; }
+
 #ifdef FREERIDE_WITH_CUDA
   // Blocks that fit at once, computed on first launch (on the executor's thread, where
   // the device's primary context is current) and kept: the device never changes.
-  unsigned int persistent_grid(const cuda_driver::Api& a, uint64_t phase, const RawPhase& p,
+  unsigned int persistent_grid(const cuda_driver::Api& a, size_t kernel, const RawPhase& p,
                                int sm_count) {
     std::lock_guard<std::mutex> lk(mu_);
-    if (resident_[phase] == 0) {
+    if (resident_[kernel] == 0) {
       int per_sm = 0;
       FR_DRV_CHECK(a.occupancy(&per_sm, as_function(p.function), static_cast<int>(p.block),
                                p.shared_mem));
       FR_CHECK(per_sm > 0, name_ << ": not one block of " << p.block << " threads and "
                                  << p.shared_mem << " bytes of shared memory fits on an SM");
-      resident_[phase] = static_cast<uint64_t>(per_sm) * static_cast<uint64_t>(std::max(sm_count, 1));
+      resident_[kernel] =
+          static_cast<uint64_t>(per_sm) * static_cast<uint64_t>(std::max(sm_count, 1));
     }
-    return static_cast<unsigned int>(std::min<uint64_t>(resident_[phase], 1u << 30));
+    return static_cast<unsigned int>(std::min<uint64_t>(resident_[kernel], 1u << 30));
   }
 #endif
 
   std::string name_;
-  std::vector<RawPhase> phases_;
+  std::vector<RawPhase> kernels_;
+  uint64_t phases_;
   std::vector<uint64_t> args_;
   std::mutex mu_;
   std::vector<uint64_t> resident_;
@@ -101,9 +109,10 @@ class RawKernelTask final : public Task {
 
 }  // namespace
 
-std::shared_ptr<Task> make_raw_kernel_task(std::string name, std::vector<RawPhase> phases,
-                                           std::vector<uint64_t> args) {
-  return std::make_shared<RawKernelTask>(std::move(name), std::move(phases), std::move(args));
+std::shared_ptr<Task> make_raw_kernel_task(std::string name, std::vector<RawPhase> kernels,
+                                           uint64_t phases, std::vector<uint64_t> args) {
+  return std::make_shared<RawKernelTask>(std::move(name), std::move(kernels), phases,
+                                         std::move(args));
 }
 
 FunctionInfo query_function(uintptr_t function) {

@@ -12,7 +12,7 @@
 
 namespace freeride {
 
-// One phase: which function runs it and how it is launched.
+// One kernel of the task and how it is launched.
 struct RawPhase {
   uintptr_t function = 0;  // CUfunction, loaded in the device's primary context
   uint64_t items = 0;
@@ -21,10 +21,12 @@ struct RawPhase {
   uint32_t grid = 0;        // 0: as many blocks as fit on the device at once
 };
 
-// `args` holds one 8-byte little-endian word per kernel parameter after the fr_item_ctx;
-// a parameter of size s reads the first s bytes of its word.
-std::shared_ptr<Task> make_raw_kernel_task(std::string name, std::vector<RawPhase> phases,
-                                           std::vector<uint64_t> args);
+// Phase p of the `phases` runs kernels[p % kernels.size()], so an iterative algorithm of
+// many phases costs no more than its distinct kernels. `args` holds one 8-byte
+// little-endian word per kernel parameter after the fr_item_ctx; a parameter of size s
+// reads the first s bytes of its word.
+std::shared_ptr<Task> make_raw_kernel_task(std::string name, std::vector<RawPhase> kernels,
+                                           uint64_t phases, std::vector<uint64_t> args);
 
 // What the driver says about a loaded function, for checks before any launch.
 struct FunctionInfo {

@@ -155,17 +155,19 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "raw_kernel_task",
       [](std::string name,
-         const std::vector<std::tuple<uintptr_t, uint64_t, uint32_t, uint32_t, uint32_t>>& phases,
-         std::vector<uint64_t> args) {
-        std::vector<freeride::RawPhase> ps;
-        ps.reserve(phases.size());
-        for (const auto& [function, items, block, shared_mem, grid] : phases) {
-          ps.push_back(freeride::RawPhase{function, items, block, shared_mem, grid});
+         const std::vector<std::tuple<uintptr_t, uint64_t, uint32_t, uint32_t, uint32_t>>& kernels,
+         uint64_t phases, std::vector<uint64_t> args) {
+        std::vector<freeride::RawPhase> ks;
+        ks.reserve(kernels.size());
+        for (const auto& [function, items, block, shared_mem, grid] : kernels) {
+          ks.push_back(freeride::RawPhase{function, items, block, shared_mem, grid});
         }
-        return freeride::make_raw_kernel_task(std::move(name), std::move(ps), std::move(args));
+        return freeride::make_raw_kernel_task(std::move(name), std::move(ks), phases,
+                                              std::move(args));
       },
-      py::arg("name"), py::arg("phases"), py::arg("args"),
-      "phases: (CUfunction, items, block, shared_mem, grid) each; args: one word per parameter");
+      py::arg("name"), py::arg("kernels"), py::arg("phases"), py::arg("args"),
+      "kernels: (CUfunction, items, block, shared_mem, grid) each; phase p runs kernel "
+      "p % len(kernels); args: one word per parameter");
   m.def(
       "function_info",
       [](uintptr_t function) {

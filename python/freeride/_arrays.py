@@ -30,11 +30,12 @@ def as_array(
     name: str,
     kind: str,
     device: int,
-    dtypes: Sequence[str] = ("float32", "float64"),
+    dtypes: Sequence[str] | None = ("float32", "float64"),
     writable: bool = False,
 ) -> ArrayRef:
     """Checks that `x` is a non-empty contiguous array of one of `dtypes` on the harvester's
-    device (kind "host" or "cuda", index `device`) and returns its address."""
+    device (kind "host" or "cuda", index `device`) and returns its address. `dtypes`
+    None accepts any dtype."""
     where = "cpu" if kind == "host" else f"cuda:{device}"
     if _is_torch_tensor(x):
         dev = x.device
@@ -82,7 +83,7 @@ def as_array(
         raise TypeError(
             f"{name} must be a torch tensor, a numpy array or a CUDA array; got {type(x).__name__}"
         )
-    if ref.dtype not in dtypes:
+    if dtypes is not None and ref.dtype not in dtypes:
         raise TypeError(f"{name} must have dtype {' or '.join(dtypes)}, got {ref.dtype}")
     if not contiguous:
         raise ValueError(f"{name} must be contiguous; call .contiguous() first")

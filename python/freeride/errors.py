@@ -23,3 +23,12 @@ class HarvesterClosedError(FreerideError, RuntimeError):
 
 class CudaUnavailableError(FreerideError, RuntimeError):
     """A CUDA device was requested where freeride cannot use one."""
+
+
+class KernelCompileError(FreerideError):
+    """CUDA source given to ``fr.tasks.RawKernel`` did not compile, or lacks a kernel it
+    names. ``log`` holds the compiler's output."""
+
+    def __init__(self, message: str, log: str = "") -> None:
+        super().__init__(f"{message}\n{log}".rstrip() if log else message)
+        self.log = log

@@ -149,7 +149,9 @@ def _gpu(quick: bool) -> dict:
     for name, options, slice_blocks in variants:
         for item_us in ITEM_US:
             with Harvester("cuda:0", **options) as h:
-                side = tasks.Spin(items=2**40, ns_per_item=item_us * 1000, slice_blocks=slice_blocks)
+                side = tasks.Spin(
+                    items=2**40, ns_per_item=item_us * 1000, slice_blocks=slice_blocks
+                )
                 handle = h.submit(side)
                 while handle.items_done == 0:
                     time.sleep(0.001)
@@ -183,10 +185,14 @@ def _gpu(quick: bool) -> dict:
             "slice_blocks": sms * 16,
         },
         "notes": [
-            "pause latency (p50/p99/max) = last probe block start - close stamp on the"
-            " training stream: the device is free of side work",
-            "start_* = first probe block start - close stamp: the delay a training kernel"
-            " launched right after the close sees before it starts",
+            (
+                "pause latency (p50/p99/max) = last probe block start - close stamp on the"
+                " training stream: the device is free of side work"
+            ),
+            (
+                "start_* = first probe block start - close stamp: the delay a training kernel"
+                " launched right after the close sees before it starts"
+            ),
             "baselines: side kernels of the same items without a gate",
         ],
     }

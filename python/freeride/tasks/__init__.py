@@ -4,6 +4,7 @@ from ._base import Task
 from .image import GaussianBlur, Resize
 from .item_counter import ItemCounter, ItemCounts
 from .pagerank import PageRank
+from .raw_kernel import RawKernel
 from .saxpy import Saxpy
 from .spin import Spin
 from .train import TrainModel
@@ -13,6 +14,7 @@ __all__ = [
     "ItemCounter",
     "ItemCounts",
     "PageRank",
+    "RawKernel",
     "Resize",
     "Saxpy",
     "Spin",

@@ -1,0 +1,368 @@
+"""fr.tasks.RawKernel without a GPU: the ImportError without CuPy, every bad input caught
+before compilation, the host backend's refusal, and, through NVRTC itself (the compiler
+CuPy drives), that freeride's header and the example kernels compile and that the
+signature RawKernel reads from source is the one the compiler built."""
+
+import os
+import pathlib
+import sys
+import time
+import types
+
+import numpy as np
+import pytest
+from nvrtc import NvrtcError, compile_ptx, find_nvrtc, ptx_param_sizes
+
+import freeride as fr
+from freeride.tasks._signature import CTX_BYTES, Param, pack, parse_kernel, scalar_word
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = pathlib.Path(ROOT, "examples", "kernels.cu")
+
+SCALE = r"""
+#include <freeride/preempt.cuh>
+extern "C" __global__ void scale(fr_item_ctx ctx, float* x, float a, unsigned long long n) {
+  freeride::for_each_item(ctx, [&](unsigned long long item) {
+    unsigned long long i = item * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= a;
+  });
+}
+"""
+
+# Every scalar spelling the parser knows, with what the compiler makes of it.
+MANY = r"""
+#include <freeride/preempt.cuh>
+#include <cuda_fp16.h>
+typedef struct { int a, b; } pair_t;
+extern "C" __global__ void __launch_bounds__(128) many(
+    const fr_item_ctx ctx,  // comment (with parentheses)
+    const float* __restrict__ x, double* y, /* block, comment */ void* raw, pair_t* pairs,
+    char c, unsigned char uc, short s, unsigned short us, int i, unsigned u, long l,
+    unsigned long ul, long long ll, unsigned long long ull, long unsigned int lui,
+    bool flag, float f, double d, __half h, size_t z) {
+  freeride::for_each_item(ctx, [&](unsigned long long) {});
+}
+"""
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    """A stand-in CuPy module: RawKernel's construction only needs it importable."""
+    module = types.ModuleType("cupy")
+    monkeypatch.setitem(sys.modules, "cupy", module)
+    return module
+
+
+def test_without_cupy_import_error_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # makes `import cupy` raise ImportError
+    with pytest.raises(ImportError, match=r"freeride\[cupy\]"):
+        fr.tasks.RawKernel(SCALE, "scale", 10, (None, 2.0, 10))
+
+
+def test_parse_reads_every_parameter():
+    params = parse_kernel(MANY, "many")
+    assert [p.name for p in params[:4]] == ["x", "y", "raw", "pairs"]
+    assert [(p.pointer, p.const, p.dtype) for p in params[:4]] == [
+        (True, True, "float32"),
+        (True, False, "float64"),
+        (True, False, None),
+        (True, False, None),
+    ]
+    assert [p.dtype for p in params[4:]] == [
+        "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+        "int64", "uint64", "uint64", "bool", "float32", "float64", "float16", "uint64",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "source, kernel, match",
+    [
+        (SCALE, "missing", "no __global__ function named 'missing'"),
+        (SCALE.replace("fr_item_ctx ctx", "fr_item_ctx* ctx"), "scale", "must be `fr_item_ctx"),
+        (SCALE.replace("fr_item_ctx ctx, ", ""), "scale", "must be `fr_item_ctx"),
+        (SCALE.replace("float* x", "float& x"), "scale", "is a reference"),
+        (SCALE.replace("float* x", "float** x"), "scale", "pointer to a pointer"),
+        (SCALE.replace("unsigned long long n) {", "unsigned long long n {"), "scale", "unbalanced"),
+    ],
+)
+def test_parse_rejects(source, kernel, match):
+    with pytest.raises(ValueError, match=match):
+        parse_kernel(source, kernel)
+
+
+def test_scalar_words_are_the_little_endian_bytes_of_the_type():
+    f32 = Param("a", "float", False, False, "float32")
+    f64 = Param("d", "double", False, False, "float64")
+    i32 = Param("i", "int", False, False, "int32")
+    u64 = Param("n", "unsigned long long", False, False, "uint64")
+    half = Param("h", "__half", False, False, "float16")
+    bf16 = Param("b", "__nv_bfloat16", False, False, "bfloat16")
+    assert scalar_word(1.5, f32, "k") == 0x3FC00000
+    assert scalar_word(3, f32, "k") == 0x40400000  # an int converts to the float type
+    assert scalar_word(1.5, f64, "k") == 0x3FF8000000000000
+    assert scalar_word(-1, i32, "k") == 0xFFFFFFFF
+    assert scalar_word(np.uint64(2**64 - 1), u64, "k") == 2**64 - 1
+    assert scalar_word(1.0, half, "k") == 0x3C00
+    assert scalar_word(1.0, bf16, "k") == 0x3F80
+    assert scalar_word(True, Param("f", "bool", False, False, "bool"), "k") == 1
+
+
+@pytest.mark.parametrize(
+    "value, param, error, match",
+    [
+        (1.5, Param("i", "int", False, False, "int32"), TypeError, "is an integer, got a float"),
+        (2**31, Param("i", "int", False, False, "int32"), ValueError, r"must be in \[-2147483648"),
+        (-1, Param("n", "unsigned", False, False, "uint32"), ValueError, "must be in"),
+        (True, Param("a", "float", False, False, "float32"), TypeError, "got a bool"),
+        (1, Param("f", "bool", False, False, "bool"), TypeError, "must be a bool"),
+        ("2", Param("a", "float", False, False, "float32"), TypeError, "must be a real number"),
+        (1e39, Param("a", "float", False, False, "float32"), ValueError, "out of range"),
+        (np.zeros(3), Param("a", "float", False, False, "float32"), TypeError, "got an array"),
+        (1, Param("p", "pair_t", False, False, None), TypeError, "cannot check values"),
+    ],
+)
+def test_scalar_words_reject(value, param, error, match):
+    with pytest.raises(error, match=match):
+        scalar_word(value, param, "k")
+
+
+def test_pack_checks_arrays_against_pointer_types():
+    params = parse_kernel(MANY, "many")[:4]
+    x, y, raw = np.zeros(4, np.float32), np.zeros(2, np.float64), np.zeros(3, np.int16)
+    words, _keep, memory = pack(params, (x, y, raw, None), "many", "host", -1)
+    assert words == [x.ctypes.data, y.ctypes.data, raw.ctypes.data, 0]
+    assert memory == x.nbytes + y.nbytes + raw.nbytes
+    with pytest.raises(TypeError, match="argument 'x' of kernel 'many'.*must have dtype float32"):
+        pack(params, (y, y, raw, None), "many", "host", -1)
+    readonly = np.zeros(2, np.float64)
+    readonly.flags.writeable = False
+    with pytest.raises(ValueError, match="argument 'y'.*must be writable"):
+        pack(params, (x, readonly, raw, None), "many", "host", -1)
+    # The same buffer passed twice is charged once.
+    assert pack(params, (x, y, y, None), "many", "host", -1)[2] == x.nbytes + y.nbytes
+
+
+def test_bad_arguments_fail_at_construction(fake_cupy):
+    RawKernel = fr.tasks.RawKernel
+    with pytest.raises(TypeError, match=r"takes 3 argument\(s\) after fr_item_ctx"):
+        RawKernel(SCALE, "scale", 4, (None, 2.0))
+    with pytest.raises(TypeError, match="argument 'x'.*must be an array"):
+        RawKernel(SCALE, "scale", 4, (5, 2.0, 10))
+    with pytest.raises(TypeError, match="argument 'n'.*is an integer, got a float"):
+        RawKernel(SCALE, "scale", 4, (None, 2.0, 10.0))
+    with pytest.raises(ValueError, match="no __global__ function named 'scal'"):
+        RawKernel(SCALE, "scal", 4, (None, 2.0, 10))
+    with pytest.raises(ValueError, match="items must be >= 1"):
+        RawKernel(SCALE, "scale", 0, (None, 2.0, 10))
+    with pytest.raises(ValueError, match="block must be <= 1024"):
+        RawKernel(SCALE, "scale", 4, (None, 2.0, 10), block=2048)
+    with pytest.raises(ValueError, match="one count or one per kernel name"):
+        RawKernel(SCALE, "scale", [1, 2], (None, 2.0, 10))
+    with pytest.raises(TypeError, match="source must be a non-empty string"):
+        RawKernel("", "scale", 4, ())
+    with pytest.raises(ValueError, match="name must be a kernel name"):
+        RawKernel(SCALE, "2scale", 4, ())
+    with pytest.raises(TypeError, match="args must be a tuple or list"):
+        RawKernel(SCALE, "scale", 4, "x")
+    two = SCALE + SCALE.replace("scale(", "other(").replace("float a", "double a")
+    with pytest.raises(ValueError, match="must take the same parameters"):
+        RawKernel(two, ["scale", "other"], 4, (None, 2.0, 10))
+
+
+def test_phases_cycle_through_names(fake_cupy):
+    two = SCALE + SCALE.replace("scale(", "other(")
+    k = fr.tasks.RawKernel(two, ["scale", "other"], [3, 5], (None, 2.0, 10), phases=7)
+    assert (k.names, k.items, k.phases) == (("scale", "other"), (3, 5), 7)
+    assert fr.tasks.RawKernel(two, ["scale", "other"], 3, (None, 2.0, 10)).phases == 2
+
+
+def test_host_backend_refuses_and_stays_usable(fake_cupy, host):
+    k = fr.tasks.RawKernel(SCALE, "scale", 4, (None, 2.0, 10))
+    with pytest.raises(fr.CudaUnavailableError, match="RawKernel runs CUDA kernels"):
+        host.submit(k)
+    host.gate.open(stream="host")
+    assert host.submit(fr.tasks.Spin(items=10, ns_per_item=0)).wait(10)
+
+
+def test_compile_error_carries_the_log():
+    e = fr.KernelCompileError("did not compile", log="kernel.cu(3): error: oops")
+    assert e.log.endswith("oops") and "oops" in str(e)
+
+
+needs_nvrtc = pytest.mark.skipif(
+    find_nvrtc() is None, reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)"
+)
+# The options CuPy adds to the ones RawKernel passes (CuPy also adds the CUDA headers).
+CUPY_LIKE = ["-arch=compute_90", "--device-as-default-execution-space", "-ftz=true"]
+CUDA_INCLUDE = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include")
+if os.path.isfile(os.path.join(CUDA_INCLUDE, "cuda_fp16.h")):
+    CUPY_LIKE.append(f"-I{CUDA_INCLUDE}")
+
+
+@needs_nvrtc
+@pytest.mark.parametrize(
+    "source, kernels",
+    [(SCALE, ["scale"]), (MANY, ["many"]), (EXAMPLE.read_text(), ["scale_shift", "heat_step"])],
+    ids=["scale", "many", "example"],
+)
+def test_nvrtc_compiles_and_agrees_with_the_parsed_signature(source, kernels):
+    if "cuda_fp16.h" in source and f"-I{CUDA_INCLUDE}" not in CUPY_LIKE:
+        pytest.skip("the CUDA headers (cuda_fp16.h) are not installed here")
+    ptx = compile_ptx(source, [f"-I{fr.include_dir()}", *CUPY_LIKE])
+    for kernel in kernels:
+        sizes = [CTX_BYTES] + [p.size or -1 for p in parse_kernel(source, kernel)]
+        assert ptx_param_sizes(ptx, kernel) == sizes
+
+
+@needs_nvrtc
+def test_nvrtc_reports_errors_with_a_log():
+    with pytest.raises(NvrtcError, match="undefined"):
+        compile_ptx(SCALE.replace("x[i] *= a", "x[i] *= b"), [f"-I{fr.include_dir()}", *CUPY_LIKE])
+
+
+# ---- On a GPU (with CuPy): the same kernels compiled by CuPy and run by the executor ----
+
+COUNT = r"""
+#include <freeride/preempt.cuh>
+// counts[phase * items + item] += 1, and a violation for an item that starts before the
+// previous phase finished.
+extern "C" __global__ void count(fr_item_ctx ctx, unsigned int* counts,
+                                 unsigned long long* phase_done, unsigned int* violations,
+                                 unsigned long long ns) {
+  freeride::for_each_item(ctx, [&](unsigned long long item) {
+    if (threadIdx.x == 0) {
+      if (ctx.phase > 0 && phase_done[ctx.phase - 1] != ctx.n_items) atomicAdd(violations, 1u);
+      unsigned long long t0;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+      for (unsigned long long t = t0; t - t0 < ns;) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      atomicAdd(&counts[ctx.phase * ctx.n_items + item], 1u);
+      __threadfence();
+      atomicAdd(&phase_done[ctx.phase], 1ull);
+    }
+  });
+}
+"""
+
+
+@pytest.fixture
+def gpu():
+    pytest.importorskip("cupy", reason="RawKernel needs CuPy (pip install 'freeride[cupy]')")
+    torch = pytest.importorskip("torch")
+    with fr.Harvester("cuda:0", memory_budget="1GiB") as h:
+        yield h, torch
+
+
+@pytest.mark.gpu
+def test_gpu_scale_matches_torch(gpu):
+    h, torch = gpu
+    n = 1_000_003
+    x = torch.randn(n, device="cuda")
+    expected = x * 2.5
+    h.gate.open()
+    handle = h.submit(fr.tasks.RawKernel(SCALE, "scale", (n + 255) // 256, (x, 2.5, n)))
+    assert handle.result(timeout=60)[0] is x
+    torch.cuda.synchronize()
+    assert torch.equal(x, expected)
+
+
+@pytest.mark.gpu
+def test_gpu_exactly_once_across_phases_under_gate_flips(gpu):
+    import threading
+
+    h, torch = gpu
+    items, phases = 2000, 3
+    # The kernel takes unsigned pointers: views give the tensors the dtypes it names.
+    counts = torch.zeros(items * phases, dtype=torch.int32, device="cuda").view(torch.uint32)
+    done = torch.zeros(phases, dtype=torch.int64, device="cuda").view(torch.uint64)
+    violations = torch.zeros(1, dtype=torch.int32, device="cuda").view(torch.uint32)
+    stop = threading.Event()
+
+    def flip():
+        while not stop.is_set():
+            h.gate.open(stream="host")
+            time.sleep(0.0007)
+            h.gate.close(stream="host")
+            time.sleep(0.0003)
+
+    k = fr.tasks.RawKernel(COUNT, "count", items, (counts, done, violations, 20_000), phases=phases)
+    flipper = threading.Thread(target=flip)
+    flipper.start()
+    try:
+        handle = h.submit(k)
+        assert handle.wait(120)
+    finally:
+        stop.set()
+        flipper.join()
+    handle.result()
+    assert handle.launches > phases  # it was preempted and resumed
+    assert torch.all(counts.view(torch.int32) == 1)
+    assert int(violations.view(torch.int32)[0]) == 0
+
+
+@pytest.mark.gpu
+def test_gpu_example_kernels_match_numpy(gpu):
+    h, torch = gpu
+    source = EXAMPLE.read_text()
+    n, steps = 100_000, 31
+    u0 = torch.zeros(n, device="cuda")
+    u0[n // 2 - 50 : n // 2 + 50] = 100.0
+    initial = u0.cpu().numpy()
+    u1 = torch.empty_like(u0)
+    h.gate.open()
+    tiles = (n + 255) // 256
+    h.submit(
+        fr.tasks.RawKernel(source, "heat_step", tiles, (u0, u1, 0.25, n), phases=steps)
+    ).result(60)
+    ref = initial.copy()
+    for _ in range(steps):
+        nxt = ref.copy()
+        nxt[1:-1] = ref[1:-1] + np.float32(0.25) * (ref[:-2] - 2 * ref[1:-1] + ref[2:])
+        ref = nxt
+    out = (u1 if steps % 2 else u0).cpu().numpy()
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_gpu_compile_errors_and_bad_arguments_leave_the_harvester_usable(gpu):
+    h, torch = gpu
+    broken = SCALE.replace("x[i] *= a", "x[i] *= b")
+    with pytest.raises(fr.KernelCompileError) as info:
+        h.submit(fr.tasks.RawKernel(broken, "scale", 4, (None, 2.0, 10)))
+    assert "undefined" in info.value.log
+    not_c = SCALE.replace('extern "C" ', "")
+    with pytest.raises(fr.KernelCompileError, match='extern "C"'):
+        h.submit(fr.tasks.RawKernel(not_c, "scale", 4, (None, 2.0, 10)))
+    x64 = torch.zeros(10, dtype=torch.float64, device="cuda")
+    with pytest.raises(TypeError, match="argument 'x'.*must have dtype float32"):
+        h.submit(fr.tasks.RawKernel(SCALE, "scale", 4, (x64, 2.0, 10)))
+    with pytest.raises(ValueError, match="must be on cuda:0"):
+        h.submit(fr.tasks.RawKernel(SCALE, "scale", 4, (torch.zeros(10), 2.0, 10)))
+    bounded = SCALE.replace("__global__ void", "__global__ void __launch_bounds__(64)")
+    with pytest.raises(ValueError, match="exceeds what kernel 'scale' can run with"):
+        h.submit(fr.tasks.RawKernel(bounded, "scale", 4, (None, 2.0, 10), block=128))
+    with pytest.raises(fr.MemoryBudgetError):
+        big = torch.zeros(300 * 2**20, dtype=torch.float32, device="cuda")  # 1.2 GiB > budget
+        h.submit(fr.tasks.RawKernel(SCALE, "scale", 4, (big, 2.0, 10))).result(10)
+    del big
+    h.gate.open()
+    x = torch.ones(10, device="cuda")
+    h.submit(fr.tasks.RawKernel(SCALE, "scale", 1, (x, 3.0, 10))).result(60)
+    assert torch.all(x == 3.0)
+
+
+@pytest.mark.gpu
+def test_gpu_compile_cache_and_memory_accounting(gpu):
+    h, torch = gpu
+    source = SCALE.replace("*= a", "*= a * 1.0f")  # a module no other test compiled
+    before = fr.tasks.RawKernel.cache_info()
+    x = torch.ones(1 << 20, device="cuda")
+    k = fr.tasks.RawKernel(source, "scale", 4096, (x, 1.0, 1 << 20))
+    functions = k.compile()
+    assert fr.tasks.RawKernel.cache_info().misses == before.misses + 1
+    again = fr.tasks.RawKernel(source, "scale", 4096, (x, 1.0, 1 << 20))
+    assert again.compile() == functions
+    assert fr.tasks.RawKernel.cache_info().hits >= before.hits + 1
+    handle = h.submit(again)  # gate closed: admitted, holding its memory, not running
+    assert h.memory_used == x.numel() * 4
+    handle.cancel()
+    assert h.memory_used == 0
