@@ -108,8 +108,10 @@ class RawKernel(Task):
         and checks every kernel against this task's launch settings; returns the
         CUfunction handles by name. ``submit()`` does this too."""
         compiled = _kernel_cache.compile_module(self.source, self.names, self.options, device)
-        for name, function in compiled.functions.items():
-            self._check_function(name, function, device)
+        cupy = _kernel_cache.require_cupy()
+        with cupy.cuda.Device(device):  # driver queries act on the device's context
+            for name, function in compiled.functions.items():
+                self._check_function(name, function, device)
         return dict(compiled.functions)
 
     def _check_function(self, name: str, function: int, device: int) -> None:
