@@ -4,21 +4,29 @@ fr.simulate lays out the chosen stage's compute actions and waits for one iterat
 an S-stage, M-microbatch schedule; this process plays that stage: real compute for each
 action (matrix products on the device: a transformer layer's worth of work) and, for each
 wait, a timed wait (a sleep on the host; a one-block wait kernel on a GPU, which holds the
-stream as a real receive does). Iterations alternate between: no side task; freeride with
-a side task; and naive co-location (the same side work with the gate always open).
-Training overhead compares iteration times in the same run; harvest efficiency is the side
-work done during training over what an idle device does in the total bubble time.
+stream as a real receive does). Iterations alternate, in one run, between: no side task;
+freeride with each side task (Spin, Saxpy, PageRank, GaussianBlur); stream priority only
+(the same side kernels on the lowest-priority stream, the gate always open); and naive
+co-location (plain kernels on a normal-priority stream; on the host, a normal-priority
+thread). Training overhead compares iteration times in the same run; harvest efficiency
+is the side work done during training over what an idle device does in the total bubble
+time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import statistics
+import threading
 import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
 
 from .. import Harvester, simulate, tasks
 
-MODES = ("baseline", "freeride", "naive")
+ITEM_US = 20
 
 
 def measure(mode: str, quick: bool) -> dict:
@@ -35,41 +43,37 @@ def measure(mode: str, quick: bool) -> dict:
     )
     timeline = sim.ranks[stage]
     dev = _Device(mode)
-    item_us = 20
     with Harvester("cuda:0" if mode == "gpu" else "cpu", workers=1) as h:
-        idle_rate = _idle_rate(h, item_us)
-        times = {m: [] for m in MODES}
-        items = {m: 0 for m in MODES}
-        bubble_ms = {m: 0.0 for m in MODES}
-        for i in range(iters * len(MODES)):
-            m = MODES[i % len(MODES)]
-            handle = None
-            if m != "baseline":
-                handle = h.submit(tasks.Spin(items=2**40, ns_per_item=item_us * 1000))
-            if m == "naive":
-                h.gate.open(stream="host")
+        variants = _variants(h, mode, quick)
+        idle = {name: side.idle_rate() for name, side in variants.items() if side is not None}
+        times: dict[str, list[float]] = {name: [] for name in variants}
+        items = dict.fromkeys(variants, 0)
+        bubble_ms = dict.fromkeys(variants, 0.0)
+        for _ in range(2):  # warm-up: first iterations pay for allocation and caches
+            _iteration(h, dev, timeline, gated=False)
+        for i in range(iters * len(variants)):
+            name = list(variants)[i % len(variants)]
+            side = variants[name]
+            if side is not None:
+                side.start()
             dev.sync()
-            elapsed = _iteration(h, dev, timeline, gated=m != "naive")
-            if handle is not None:
-                handle.cancel()
-                items[m] += handle.items_done
-            h.gate.close(stream="host")
-            times[m].append(elapsed)
-            # The waits stretch with the machine (a late wake-up is still waiting), so
-            # the bubble time is the measured iteration's share the schedule leaves idle.
-            bubble_ms[m] += elapsed * timeline.bubble_fraction
+            elapsed, waited = _iteration(h, dev, timeline, gated=name.startswith("freeride"))
+            if side is not None:
+                items[name] += side.stop()
+            times[name].append(elapsed)
+            bubble_ms[name] += waited
     base = statistics.median(times["baseline"])
     rows = []
-    for m in MODES:
-        med = statistics.median(times[m])
-        capacity = idle_rate * bubble_ms[m] / 1000
+    for name in variants:
+        med = statistics.median(times[name])
+        capacity = idle.get(name, 0.0) * bubble_ms[name] / 1000
         rows.append(
             {
-                "variant": m,
+                "variant": name,
                 "iter_ms": med,
                 "overhead_pct": (med / base - 1) * 100,
-                "side_items": items[m],
-                "harvest_eff_pct": 100 * items[m] / capacity if capacity else 0.0,
+                "side_items": items[name],
+                "harvest_eff_pct": 100 * items[name] / capacity if capacity else 0.0,
             }
         )
     return {
@@ -82,34 +86,159 @@ def measure(mode: str, quick: bool) -> dict:
             "iterations_per_variant": iters,
             "t_forward_ms": t_f_ms,
             "t_backward_ms": 2 * t_f_ms,
-            "side_item_us": item_us,
+            "spin_item_us": ITEM_US,
             "simulated_bubble_fraction": timeline.bubble_fraction,
         },
-        "notes": [f"idle side throughput {idle_rate:,.0f} items/s"],
+        "notes": [
+            "idle side throughput (items/s): "
+            + ", ".join(f"{k} {v:,.0f}" for k, v in idle.items()),
+            "harvest_eff_pct = side items during training / (idle rate x bubble time)",
+        ],
     }
 
 
-def _idle_rate(h: Harvester, item_us: int) -> float:
-    h.gate.open(stream="host")
-    handle = h.submit(tasks.Spin(items=2**40, ns_per_item=item_us * 1000))
-    time.sleep(0.05)
-    before, t0 = handle.items_done, time.perf_counter()
-    time.sleep(0.3)
-    rate = (handle.items_done - before) / (time.perf_counter() - t0)
-    handle.cancel()
-    h.gate.close(stream="host")
-    return rate
+class _Side:
+    """Side work that runs while started: a freeride task kept fed (resubmitted when it
+    finishes), or a naive co-runner. stop() returns the items done since start()."""
+
+    def __init__(
+        self,
+        h: Harvester,
+        factory: Callable[[], Any] | None = None,
+        gate_open: bool = False,
+        naive: Callable[[threading.Event], int] | None = None,
+    ) -> None:
+        self.h, self.factory, self.gate_open, self.naive = h, factory, gate_open, naive
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._items = 0
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._items = 0
+        if self.gate_open:
+            self.h.gate.open(stream="host")
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> int:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join()
+        if self.gate_open:
+            self.h.gate.close(stream="host")
+        return self._items
+
+    def idle_rate(self) -> float:
+        """Items per second with the device to itself."""
+        opened = self.factory is not None and not self.gate_open
+        if opened:
+            self.h.gate.open(stream="host")
+        self.start()
+        time.sleep(0.3)
+        t0 = time.perf_counter()
+        done = self.stop()
+        elapsed = 0.3 + (time.perf_counter() - t0)
+        if opened:
+            self.h.gate.close(stream="host")
+        return done / elapsed
+
+    def _run(self) -> None:
+        if self.naive is not None:
+            self._items = self.naive(self._stop)
+            return
+        while not self._stop.is_set():
+            handle = self.h.submit(self.factory())
+            while not handle.wait(0.002):
+                if self._stop.is_set():
+                    handle.cancel()
+                    break
+            self._items += handle.items_done
 
 
-def _iteration(h: Harvester, dev: _Device, timeline: simulate.RankTimeline, gated: bool) -> float:
-    """Plays one iteration of the stage; returns its duration in ms."""
+def _variants(h: Harvester, mode: str, quick: bool) -> dict[str, _Side | None]:
+    gpu = mode == "gpu"
+    rng = np.random.default_rng(0)
+
+    def spin() -> Any:
+        return tasks.Spin(items=2**40, ns_per_item=ITEM_US * 1000)
+
+    n = (1 << 24) if gpu else (1 << 16)
+    x, y = _buffers(gpu, (n,), 2)
+    nodes = 200_000 if gpu else 2_000
+    indices = rng.integers(0, nodes, size=nodes * 8, dtype=np.int64)
+    indptr = np.arange(0, nodes * 8 + 1, 8, dtype=np.int64)
+    (images,) = _buffers(gpu, (64, 3, 256, 256) if gpu else (2, 3, 32, 32), 1)
+    out: dict[str, _Side | None] = {"baseline": None}
+    out["freeride: spin"] = _Side(h, spin)
+    out["freeride: saxpy"] = _Side(h, lambda: tasks.Saxpy(1e-6, x, y))
+    out["freeride: pagerank"] = _Side(
+        h, lambda: tasks.PageRank(indptr, indices, iters=10_000 if gpu else 20)
+    )
+    out["freeride: blur"] = _Side(h, lambda: tasks.GaussianBlur(images, 2.0))
+    out["stream priority only: spin"] = _Side(h, spin, gate_open=True)
+    out["naive: spin"] = _Side(h, naive=_naive_gpu(h) if gpu else _naive_cpu)
+    return out
+
+
+def _buffers(gpu: bool, shape: tuple[int, ...], count: int) -> list[Any]:
+    if gpu:
+        import torch
+
+        return [torch.rand(shape, device="cuda") for _ in range(count)]
+    rng = np.random.default_rng(1)
+    return [rng.random(shape, dtype=np.float32) for _ in range(count)]
+
+
+def _naive_cpu(stop: threading.Event) -> int:
+    """A normal-priority thread doing matrix products (numpy releases the GIL)."""
+    a = np.random.default_rng(2).random((128, 128))
+    done = 0
+    while not stop.is_set():
+        np.dot(a, a)
+        done += 1
+    return done
+
+
+def _naive_gpu(h: Harvester) -> Callable[[threading.Event], int]:
+    """Plain (non-preemptible) spin kernels on a normal-priority stream, kept two deep."""
+    import cupy as cp
+
+    from .. import backend_info
+    from .preempt import _STAMP_SRC
+
+    sms = backend_info()["devices"][0]["sm_count"]
+    plain_spin = cp.RawModule(code=_STAMP_SRC).get_function("plain_spin")
+    stream = cp.cuda.Stream(non_blocking=True)
+    blocks = sms * 16
+
+    def run(stop: threading.Event) -> int:
+        launched, events = 0, []
+        while not stop.is_set():
+            with stream:
+                plain_spin((blocks,), (128,), (ITEM_US * 1000, 1))
+            events.append(stream.record())
+            launched += blocks
+            if len(events) > 2:
+                events.pop(0).synchronize()
+        stream.synchronize()
+        return launched
+
+    return run
+
+
+def _iteration(
+    h: Harvester, dev: _Device, timeline: simulate.RankTimeline, gated: bool
+) -> tuple[float, float]:
+    """Plays one iteration of the stage; returns its duration and the time it spent
+    waiting for neighbours (the bubbles), in ms."""
     t0 = dev.start()
-    clock = 0.0
+    clock = waited = 0.0
     ctx = h.iteration() if gated else contextlib.nullcontext()
     with ctx:
         for action, start, end in timeline.actions:
             if start > clock:
-                dev.wait(start - clock)
+                waited += dev.wait(start - clock)
             if gated:
                 with h.compute(label=action.label):
                     dev.compute(end - start)
@@ -117,8 +246,8 @@ def _iteration(h: Harvester, dev: _Device, timeline: simulate.RankTimeline, gate
                 dev.compute(end - start)
             clock = end
         if timeline.makespan > clock:
-            dev.wait(timeline.makespan - clock)
-    return dev.stop(t0)
+            waited += dev.wait(timeline.makespan - clock)
+    return dev.stop(t0), waited
 
 
 class _Device:
@@ -164,11 +293,15 @@ class _Device:
     def compute(self, ms: float) -> None:
         self._matmuls(max(1, round(ms * self.per_ms)))
 
-    def wait(self, ms: float) -> None:
+    def wait(self, ms: float) -> float:
+        """Waits `ms` in stream order; returns the wait's length: as asked on a GPU (a
+        one-block kernel of calibrated cycles), as measured on the host (sleeps overrun)."""
         if self.gpu:
             self.torch.cuda._sleep(int(ms * self.cycles_per_ms))
-        else:
-            time.sleep(ms / 1000)
+            return ms
+        t0 = time.perf_counter()
+        time.sleep(ms / 1000)
+        return (time.perf_counter() - t0) * 1000
 
     def sync(self) -> None:
         if self.gpu:
