@@ -81,6 +81,12 @@ class Backend {
   // flag. Called repeatedly until the executor's run() returns.
   virtual void unblock() = 0;
 
+  // The task's phases run plain, in order: no gate, no claims, no counters (the
+  // item-overhead benchmark's reference for the same kernels). CUDA: enqueued on `stream`
+  // (kImmediate: the side stream), returns once enqueued; host: every item on the
+  // calling thread, returns when done.
+  virtual void run_plain(Task& task, uintptr_t stream) = 0;
+
   // Side stream handle (0 on the host backend).
   virtual uintptr_t side_stream() const = 0;
 

@@ -751,6 +751,21 @@ class CudaBackend final : public Backend {
     return s.mark(stream == kImmediate ? s.control : reinterpret_cast<cudaStream_t>(stream));
   }
 
+  void run_plain(Task& task, uintptr_t stream) override {
+    CudaShared& s = *s_;
+    std::shared_lock<std::shared_mutex> lk(s.life);
+    FR_CHECK(!s.shut_down, "run_plain() after the CUDA backend was shut down");
+    DeviceGuard guard(s.device);
+    void* where = stream == kImmediate ? static_cast<void*>(s.side) : reinterpret_cast<void*>(stream);
+    for (uint64_t phase = 0; phase < task.num_phases(); ++phase) {
+      fr_item_ctx ctx{};  // no gate, no state: for_each_item runs every item, unchecked
+      ctx.n_items = task.num_items(phase);
+      ctx.phase = phase;
+      task.launch_cuda(CudaLaunch{ctx, where, s.sm_count, s.device});
+      FR_CUDA_CHECK(cudaGetLastError());
+    }
+  }
+
   int64_t elapsed_ns(uint64_t from, uint64_t to) override {
     CudaShared& s = *s_;
     std::shared_lock<std::shared_mutex> lk(s.life);

@@ -168,6 +168,12 @@ class HostBackend final : public Backend {
     return std::make_unique<HostRunner>(*this, std::move(task));
   }
 
+  void run_plain(Task& task, uintptr_t) override {
+    for (uint64_t phase = 0; phase < task.num_phases(); ++phase) {
+      for (uint64_t item = 0; item < task.num_items(phase); ++item) task.run_item(phase, item);
+    }
+  }
+
   void unblock() override { wake_waiters(); }
   uintptr_t side_stream() const override { return 0; }
 

@@ -228,6 +228,12 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "release_mark", [](Executor& ex, uint64_t id) { ex.backend().release_mark(id); },
           py::arg("id"))
+      .def(
+          "run_plain",
+          [](Executor& ex, const std::shared_ptr<Task>& task, uint64_t stream) {
+            ex.backend().run_plain(*task, static_cast<uintptr_t>(stream));
+          },
+          py::arg("task"), py::arg("stream"), release_gil())
       .def("set_recording", &Executor::set_recording, py::arg("on"))
       .def("take_launch_log",
            [](Executor& ex) {

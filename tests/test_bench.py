@@ -15,7 +15,7 @@ pytest.importorskip("torch")
     "name, columns",
     [
         ("preempt", {"variant", "item_us", "p50_us", "p99_us", "max_us"}),
-        ("items", {"task", "plain_GBps", "preemptible_GBps", "item_overhead_pct"}),
+        ("items", {"task", "plain_ms", "preemptible_ms", "item_overhead_pct", "launches"}),
         ("pipeline", {"variant", "iter_ms", "overhead_pct", "side_items", "harvest_eff_pct"}),
     ],
 )

@@ -1,3 +1,5 @@
+import time
+
 import numpy as np
 import pytest
 
@@ -49,7 +51,9 @@ def test_exactly_once_under_gate_flips(host):
     flipped = host.submit(fr.tasks.PageRank(indptr, indices, iters=8, nodes_per_item=16))
     while not flipped.done():
         host.gate.close(stream="host")
+        time.sleep(0.0002)  # both windows long enough for the executor to see them
         host.gate.open(stream="host")
+        time.sleep(0.0002)
     np.testing.assert_allclose(flipped.result(), ref, rtol=1e-12)
     assert flipped.launches > 16  # it really was paused and resumed
 

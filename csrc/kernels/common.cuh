@@ -7,8 +7,19 @@
 #include <cstdint>
 
 #include "check.hpp"
+#include "task.hpp"
 
 namespace freeride::kernels {
+
+// A launch context is preemptible (gate and phase state) or plain (neither: the
+// benchmarks' reference run of the same kernel, see for_each_item).
+inline void check_context(const CudaLaunch& launch, const char* task) {
+  const bool preemptible = launch.ctx.state != nullptr && launch.ctx.gate != nullptr;
+  const bool plain = launch.ctx.state == nullptr && launch.ctx.gate == nullptr &&
+                     launch.ctx.progress == nullptr;
+  FR_ARG(preemptible || plain, task << ": launch context must have both gate and phase state, "
+                                       "or neither (a plain run)");
+}
 
 // %globaltimer: nanoseconds, the same clock on every SM.
 __device__ __forceinline__ unsigned long long global_ns() {

@@ -60,8 +60,7 @@ __global__ void __launch_bounds__(kThreads)
 
 void launch_pagerank(const CudaLaunch& launch, const PageRankBuffers& b, double damping,
                      uint64_t nodes_per_item) {
-  FR_ARG(launch.ctx.state != nullptr && launch.ctx.gate != nullptr,
-         "PageRank: launch context lacks gate or phase state");
+  check_context(launch, "PageRank");
   const uint64_t k = launch.ctx.phase / 2;
   const auto* rank = reinterpret_cast<const double*>(k % 2 == 0 ? b.rank_a : b.rank_b);
   auto* next = reinterpret_cast<double*>(k % 2 == 0 ? b.rank_b : b.rank_a);

@@ -79,8 +79,7 @@ void launch_plain(double a, const void* x, void* y, uint64_t n, void* stream) {
 
 void launch_saxpy(const CudaLaunch& launch, double a, const void* x, void* y, uint64_t n,
                   uint64_t chunk, int dtype) {
-  FR_ARG(launch.ctx.state != nullptr && launch.ctx.gate != nullptr,
-         "Saxpy: launch context lacks gate or phase state");
+  check_context(launch, "Saxpy");
   FR_ARG(x != nullptr && y != nullptr, "Saxpy: x and y must not be null");
   FR_ARG(n > 0 && chunk > 0, "Saxpy: n and chunk must be positive, got " << n << ", " << chunk);
   FR_ARG(dtype == 0 || dtype == 1, "Saxpy: dtype must be 0 (float32) or 1 (float64), got " << dtype);

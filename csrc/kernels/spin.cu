@@ -49,8 +49,7 @@ void launch_spin_slice(const CudaLaunch& launch, uint64_t ns_per_item, uint64_t 
 }
 
 void launch_spin(const CudaLaunch& launch, uint64_t ns_per_item) {
-  FR_ARG(launch.ctx.state != nullptr && launch.ctx.gate != nullptr,
-         "Spin: launch context lacks gate or phase state");
+  check_context(launch, "Spin");
   const unsigned int grid =
       persistent_grid(spin_kernel, kThreads, launch.sm_count, launch.ctx.n_items);
   spin_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(launch.stream)>>>(

@@ -51,8 +51,19 @@ __device__ __forceinline__ void finish_item(const fr_item_ctx& ctx) {
 
 // Runs body(item) for every item this block claims until the gate closes, the phase is
 // stopped or no item is left. Every thread of the block must call it (it synchronises).
+//
+// A context without phase state (ctx.state == 0) runs the kernel plain: every item, in a
+// grid-stride loop, with no gate, claims or counters. The item-overhead benchmark
+// compares the two modes of the same kernel this way.
 template <typename Body>
 __device__ __forceinline__ void for_each_item(const fr_item_ctx& ctx, Body&& body) {
+  if (ctx.state == 0) {
+    for (unsigned long long item = blockIdx.x; item < ctx.n_items; item += gridDim.x) {
+      body(item);
+      __syncthreads();  // as between claimed items: the body may reuse shared memory
+    }
+    return;
+  }
   __shared__ unsigned long long s_item;
   while (true) {
     if (leader_thread()) s_item = claim_item(ctx);
