@@ -10,7 +10,7 @@ import time
 from .. import Harvester, tasks
 from . import percentiles
 
-ITEM_US = (1, 5, 20, 100)
+ITEM_US = (1, 5, 10, 20, 100)  # 10: the target is stated for 10 us items
 
 
 def plot(result: dict, path: str) -> None:
