@@ -285,7 +285,9 @@ def test_gpu_exactly_once_across_phases_under_gate_flips(gpu):
             h.gate.close(stream="host")
             time.sleep(0.0003)
 
-    k = fr.tasks.RawKernel(COUNT, "count", items, (counts, done, violations, 100_000), phases=phases)
+    k = fr.tasks.RawKernel(
+        COUNT, "count", items, (counts, done, violations, 100_000), phases=phases
+    )
     flipper = threading.Thread(target=flip)
     flipper.start()
     try:
