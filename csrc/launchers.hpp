@@ -42,7 +42,4 @@ void launch_gaussian_blur(const CudaLaunch& launch, const ImageShape& shape, uin
 void launch_resize(const CudaLaunch& launch, const ImageShape& shape, uintptr_t in, uintptr_t out,
                    uint64_t rows_per_item);
 
-// Plain (non-preemptible) references for the item-overhead benchmark.
-void launch_saxpy_plain(double a, const void* x, void* y, uint64_t n, int dtype, void* stream);
-
 }  // namespace freeride::kernels

@@ -13,9 +13,6 @@
 #include "executor.hpp"
 #include "raw_kernel_task.hpp"
 #include "runtime_info.hpp"
-#ifdef FREERIDE_WITH_CUDA
-#include "launchers.hpp"
-#endif
 
 namespace py = pybind11;
 using freeride::Executor;
@@ -85,18 +82,6 @@ PYBIND11_MODULE(_C, m) {
   m.attr("CUDA_BUILT") = false;
 #endif
   m.def("backend_info", &backend_info, "What this build and machine offer.");
-#ifdef FREERIDE_WITH_CUDA
-  // The plain (non-preemptible) Saxpy kernel: the baseline of the item-overhead benchmark.
-  m.def(
-      "saxpy_plain",
-      [](double a, uintptr_t x, uintptr_t y, uint64_t n, int dtype, uintptr_t stream) {
-        freeride::kernels::launch_saxpy_plain(a, reinterpret_cast<const void*>(x),
-                                              reinterpret_cast<void*>(y), n, dtype,
-                                              reinterpret_cast<void*>(stream));
-      },
-      py::arg("a"), py::arg("x"), py::arg("y"), py::arg("n"), py::arg("dtype"), py::arg("stream"),
-      release_gil());
-#endif
 
   py::class_<Task, std::shared_ptr<Task>>(m, "Task")
       .def_property_readonly("name", &Task::name)

@@ -1,8 +1,7 @@
-// y += a * x as a preemptible task, and the same computation as a plain kernel for the
-// item-overhead benchmark.
+// y += a * x as a preemptible task (its plain run, for the item-overhead benchmark, is
+// the same kernel with a context without phase state: see for_each_item).
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "check.hpp"
@@ -16,7 +15,7 @@ namespace {
 constexpr int kThreads = 256;
 
 // Explicitly rounded multiply and add: no FMA contraction, so the result is bit-identical
-// to the host backend's `y[i] += a * x[i]`, and both kernels below compute the same thing.
+// to the host backend's `y[i] += a * x[i]`.
 __device__ __forceinline__ float axpy1(float a, float x, float y) {
   return __fadd_rn(y, __fmul_rn(a, x));
 }
@@ -40,16 +39,6 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    saxpy_plain(T a, const T* x, T* y, unsigned long long n) {
-  const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
-  for (unsigned long long i = static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < n; i += stride) {
-    y[i] = axpy1(a, x[i], y[i]);
-  }
-}
-
-template <typename T>
 void launch_items(const CudaLaunch& launch, double a, const void* x, void* y, uint64_t n,
                   uint64_t chunk) {
   auto kernel = saxpy_items<T>;
@@ -57,21 +46,6 @@ void launch_items(const CudaLaunch& launch, double a, const void* x, void* y, ui
   kernel<<<blocks, kThreads, 0,
            static_cast<cudaStream_t>(launch.stream)>>>(
       launch.ctx, static_cast<T>(a), static_cast<const T*>(x), static_cast<T*>(y), n, chunk);
-  FR_CUDA_CHECK(cudaGetLastError());
-}
-
-template <typename T>
-void launch_plain(double a, const void* x, void* y, uint64_t n, void* stream) {
-  auto kernel = saxpy_plain<T>;
-  int device = 0;
-  int sm_count = 0;
-  FR_CUDA_CHECK(cudaGetDevice(&device));
-  FR_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
-  const uint64_t needed = n / kThreads + (n % kThreads != 0 ? 1 : 0);
-  const uint64_t blocks =
-      std::max<uint64_t>(1, std::min<uint64_t>(resident_blocks(kernel, kThreads, sm_count), needed));
-  kernel<<<static_cast<unsigned int>(blocks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<T>(a), static_cast<const T*>(x), static_cast<T*>(y), n);
   FR_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -91,18 +65,6 @@ void launch_saxpy(const CudaLaunch& launch, double a, const void* x, void* y, ui
     launch_items<float>(launch, a, x, y, n, chunk);
   } else {
     launch_items<double>(launch, a, x, y, n, chunk);
-  }
-}
-
-void launch_saxpy_plain(double a, const void* x, void* y, uint64_t n, int dtype, void* stream) {
-  FR_ARG(x != nullptr && y != nullptr, "saxpy_plain: x and y must not be null");
-  FR_ARG(dtype == 0 || dtype == 1,
-         "saxpy_plain: dtype must be 0 (float32) or 1 (float64), got " << dtype);
-  if (n == 0) return;
-  if (dtype == 0) {
-    launch_plain<float>(a, x, y, n, stream);
-  } else {
-    launch_plain<double>(a, x, y, n, stream);
   }
 }
 

@@ -44,7 +44,7 @@ def measure(mode: str, quick: bool) -> dict:
     timeline = sim.ranks[stage]
     dev = _Device(mode)
     with Harvester("cuda:0" if mode == "gpu" else "cpu", workers=1) as h:
-        variants = _variants(h, mode, quick)
+        variants = _variants(h, mode)
         idle = {name: side.idle_rate() for name, side in variants.items() if side is not None}
         times: dict[str, list[float]] = {name: [] for name in variants}
         items = dict.fromkeys(variants, 0)
@@ -156,7 +156,7 @@ class _Side:
             self._items += handle.items_done
 
 
-def _variants(h: Harvester, mode: str, quick: bool) -> dict[str, _Side | None]:
+def _variants(h: Harvester, mode: str) -> dict[str, _Side | None]:
     gpu = mode == "gpu"
     rng = np.random.default_rng(0)
 
@@ -177,7 +177,7 @@ def _variants(h: Harvester, mode: str, quick: bool) -> dict[str, _Side | None]:
     )
     out["freeride: blur"] = _Side(h, lambda: tasks.GaussianBlur(images, 2.0))
     out["stream priority only: spin"] = _Side(h, spin, gate_open=True)
-    out["naive: spin"] = _Side(h, naive=_naive_gpu(h) if gpu else _naive_cpu)
+    out["naive: spin"] = _Side(h, naive=_naive_gpu() if gpu else _naive_cpu)
     return out
 
 
@@ -200,7 +200,7 @@ def _naive_cpu(stop: threading.Event) -> int:
     return done
 
 
-def _naive_gpu(h: Harvester) -> Callable[[threading.Event], int]:
+def _naive_gpu() -> Callable[[threading.Event], int]:
     """Plain (non-preemptible) spin kernels on a normal-priority stream, kept two deep."""
     import cupy as cp
 
