@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
-#include <sstream>
 #include <utility>
 
 #include "check.hpp"
@@ -29,7 +28,7 @@ void resolve(const char* symbol, unsigned int version, Fn* out, std::string* err
   // next unrelated cudaGetLastError check (after a kernel launch) as that launch's failure.
   (void)cudaGetLastError();
   *out = nullptr;
-  std::ostringstream os;
+  detail::Msg os;
   os << symbol << ": ";
   if (err != cudaSuccess) {
     os << cudaGetErrorName(err) << " (" << cudaGetErrorString(err) << ")";
@@ -135,9 +134,9 @@ bool stream_mem_ops_usable(int device) {
 }
 
 void throw_driver_error(int result, const char* expr, const char* file, int line) {
-  std::ostringstream os;
-  os << "CUDA driver error " << error_name(result) << " in " << expr << detail::where(file, line);
-  throw RuntimeFailure(os.str());
+  throw RuntimeFailure((detail::Msg() << "CUDA driver error " << error_name(result) << " in "
+                                      << expr << detail::where(file, line))
+                           .str());
 }
 
 }  // namespace freeride::cuda_driver

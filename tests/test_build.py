@@ -1,4 +1,5 @@
 import os
+import sys
 
 import pytest
 
@@ -55,3 +56,22 @@ def test_cuda_requested_without_gpu_is_refused():
     for device in ("cuda", "cuda:0", 0):
         with pytest.raises(fr.CudaUnavailableError, match="CUDA is unavailable"):
             fr.Harvester(device)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF shared objects only")
+def test_extension_uses_the_shared_libstdcxx():
+    """One libstdc++ per process: the module must not carry a static copy next to torch's
+    (a toolchain that linked it statically made error formatting crash beside torch)."""
+    elffile = pytest.importorskip("elftools.elf.elffile")
+    with open(_C.__file__, "rb") as f:
+        elf = elffile.ELFFile(f)
+        dynamic = elf.get_section_by_name(".dynamic")
+        needed = [tag.needed for tag in dynamic.iter_tags() if tag.entry.d_tag == "DT_NEEDED"]
+        defined = [
+            sym.name
+            for sym in elf.get_section_by_name(".dynsym").iter_symbols()
+            if sym["st_shndx"] != "SHN_UNDEF"
+        ]
+    assert any(name.startswith("libstdc++.so") for name in needed), needed
+    private_copy = [n for n in defined if n.startswith("_ZNSt6locale") or "codecvt" in n]
+    assert not private_copy, private_copy[:5]
