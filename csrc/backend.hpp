@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "task.hpp"
 
@@ -22,6 +23,13 @@ struct LaunchMarks {
   uint64_t end = 0;
 };
 
+// What a task must wait for before its first launch: the work its submitter's streams had
+// enqueued at submit (its inputs may still be being written there). Backend-specific.
+class StreamDependency {
+ public:
+  virtual ~StreamDependency() = default;
+};
+
 // One task's execution state on a backend: the counters of its current phase.
 class PhaseRunner {
  public:
@@ -34,8 +42,10 @@ class PhaseRunner {
   // stop() is requested (cuda with stream_wait: a stream wait on the side stream
   // instead), then runs items until the phase is complete, the gate closes or stop() is
   // requested. Returns once no item of the launch is executing any more. Throws if an
-  // item or the launch failed. With `record`, marks the launch's start and end (a
-  // launch that never started, stopped while the gate was closed, has no marks).
+  // item or the launch failed, or if a launch of a task that follows the item protocol
+  // left its phase unfinished although no block was held back by the gate or the stop
+  // flag (a kernel that skipped for_each_item). With `record`, marks the launch's start
+  // and end (a launch that never started, stopped while the gate was closed, has no marks).
   virtual LaunchMarks run(bool record) = 0;
 
   // Thread-safe. stop(): the running (or next) launch claims no further item; sticky
@@ -75,7 +85,13 @@ class Backend {
   // Address of the gate word as kernels see it (device pointer; host pointer on host).
   virtual uintptr_t gate_address() const = 0;
 
-  virtual std::unique_ptr<PhaseRunner> make_runner(std::shared_ptr<Task> task) = 0;
+  // Captures, on the calling thread, the work enqueued so far on each of `streams` (CUDA
+  // stream handles); a runner made with it starts its first launch only after that work.
+  // nullptr where nothing needs waiting for (the host backend, whose compute is synchronous).
+  virtual std::unique_ptr<StreamDependency> after_streams(const std::vector<uintptr_t>& streams) = 0;
+
+  virtual std::unique_ptr<PhaseRunner> make_runner(std::shared_ptr<Task> task,
+                                                   std::unique_ptr<StreamDependency> after) = 0;
 
   // Close-time helper: lets a run() that is held waiting for the gate reach its stop
   // flag. Called repeatedly until the executor's run() returns.

@@ -54,6 +54,8 @@ class SpinTask final : public UniformTask {
   SpinTask(uint64_t items, uint64_t phases, uint64_t ns, uint64_t slice_blocks)
       : UniformTask(items, phases), ns_(ns), slice_blocks_(slice_blocks) {}
   std::string name() const override { return "Spin"; }
+  // The slicing baseline's blocks run one item each and ignore the gate by design.
+  bool follows_item_protocol() const override { return slice_blocks_ == 0; }
   void run_item(uint64_t, uint64_t) override { spin_for(ns_); }
   void launch_cuda(const CudaLaunch& launch) override {
 #ifdef FREERIDE_WITH_CUDA

@@ -28,7 +28,6 @@
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -47,8 +46,9 @@ namespace {
 
 static_assert(std::is_same_v<uint32_t, unsigned int>, "gate words are 32-bit unsigned int");
 static_assert(offsetof(fr_phase_state, next) == 0 && offsetof(fr_phase_state, done) == 8 &&
-                  offsetof(fr_phase_state, stop) == 16,
-              "begin_phase zeroes [next, done] as one range in front of stop");
+                  offsetof(fr_phase_state, stop) == 16 && offsetof(fr_phase_state, held) == 20,
+              "begin_phase zeroes [next, done] as one range in front of stop; a launch reads "
+              "back [done, stop, held] as one copy");
 
 constexpr size_t kGateStride = 128;           // one gate per 128-byte line: no false sharing
 constexpr size_t kGateSlabBytes = 64 * 1024;  // 512 gates per allocation
@@ -58,7 +58,7 @@ constexpr size_t kSlotsPerSlab = 1024;
 static_assert(sizeof(fr_phase_state) <= kStateStride && sizeof(fr_phase_state) <= kWordStride);
 
 [[noreturn]] void throw_cuda(cudaError_t err, const char* call, const char* file, int line) {
-  std::ostringstream os;
+  detail::Msg os;
   os << "CUDA error " << cudaGetErrorName(err) << " in " << call << ": "
      << cudaGetErrorString(err) << detail::where(file, line);
   throw RuntimeFailure(os.str());
@@ -430,12 +430,56 @@ void tighten_timer_slack() {
 #endif
 }
 
+// Events recorded on the submitter's streams at submit; the side stream waits on them
+// before the task's first launch.
+class CudaDependency final : public StreamDependency {
+ public:
+  explicit CudaDependency(const std::vector<uintptr_t>& streams) {
+    try {
+      for (uintptr_t stream : streams) {
+        cudaEvent_t ev = nullptr;
+        FR_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+        events_.push_back(ev);
+        const cudaError_t err = cudaEventRecord(ev, reinterpret_cast<cudaStream_t>(stream));
+        if (err != cudaSuccess) {
+          (void)cudaGetLastError();
+          throw_cuda(err, "cudaEventRecord (the stream the task was submitted after)", __FILE__,
+                     __LINE__);
+        }
+      }
+    } catch (...) {
+      destroy();
+      throw;
+    }
+  }
+  ~CudaDependency() override { destroy(); }
+  CudaDependency(const CudaDependency&) = delete;
+  CudaDependency& operator=(const CudaDependency&) = delete;
+
+  // The side stream's next work waits for every captured stream. Destroying the events
+  // afterwards is fine: a wait holds on to what it waits for.
+  void enqueue_wait(cudaStream_t side) const {
+    for (cudaEvent_t ev : events_) FR_CUDA_CHECK(cudaStreamWaitEvent(side, ev, 0));
+  }
+
+ private:
+  void destroy() noexcept {
+    for (cudaEvent_t ev : events_) (void)cudaEventDestroy(ev);
+    events_.clear();
+    (void)cudaGetLastError();
+  }
+
+  std::vector<cudaEvent_t> events_;
+};
+
 // ---------------------------------------------------------------------------------------
 
 class CudaRunner final : public PhaseRunner {
  public:
-  CudaRunner(std::shared_ptr<CudaShared> shared, std::shared_ptr<Task> task)
+  CudaRunner(std::shared_ptr<CudaShared> shared, std::shared_ptr<Task> task,
+             std::unique_ptr<StreamDependency> after)
       : s_(std::move(shared)), task_(std::move(task)) {
+    after_.reset(static_cast<CudaDependency*>(after.release()));
     CudaShared& s = *s_;
     FR_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventBlockingSync | cudaEventDisableTiming));
     try {
@@ -530,6 +574,10 @@ class CudaRunner final : public PhaseRunner {
     }
 
     try {
+      if (after_) {
+        after_->enqueue_wait(s.side);
+        after_.reset();
+      }
       if (record) marks.start = s.mark(s.side);
       fr_item_ctx ctx{};
       ctx.gate = s.gate.dev;
@@ -540,8 +588,9 @@ class CudaRunner final : public PhaseRunner {
       task_->launch_cuda(CudaLaunch{ctx, s.side, s.sm_count, s.device});
       FR_CUDA_CHECK(cudaGetLastError());
       if (record) marks.end = s.mark(s.side);
-      // The exact count: progress-mirror stores from different blocks land in any order.
-      FR_CUDA_CHECK(cudaMemcpyAsync(readback_host_, done_word(), sizeof(unsigned long long),
+      // The exact count (progress-mirror stores from different blocks land in any order),
+      // and with it the stop flag and the held-back count: [done, stop, held].
+      FR_CUDA_CHECK(cudaMemcpyAsync(readback_host_, done_word(), kReadbackBytes,
                                     cudaMemcpyDeviceToHost, s.side));
       FR_CUDA_CHECK(cudaEventRecord(event_, s.side));
     } catch (...) {
@@ -552,7 +601,9 @@ class CudaRunner final : public PhaseRunner {
     }
     // Blocking-sync event: the executor thread sleeps here instead of spinning a core.
     FR_CUDA_CHECK(cudaEventSynchronize(event_));
-    raise_progress(std::atomic_ref<unsigned long long>(*readback_host_).load());
+    const uint64_t done = std::atomic_ref<unsigned long long>(*readback_host_).load();
+    raise_progress(done);
+    check_protocol(done);
     return marks;
   }
 
@@ -596,6 +647,24 @@ class CudaRunner final : public PhaseRunner {
         std::this_thread::sleep_for(std::chrono::microseconds(20));
       }
     }
+  }
+
+  // Every block of a launch exits either because no item is left or because the gate or
+  // the stop flag held it back (and counted itself in `held`). A launch that ends with
+  // the phase unfinished and nobody held back ran a kernel that never entered the item
+  // loop (or left it early): relaunching it would only repeat that, forever.
+  void check_protocol(uint64_t done) {
+    const uint32_t held = std::atomic_ref<unsigned int>(
+        reinterpret_cast<unsigned int*>(readback_host_ + 1)[1]).load();
+    const bool held_back = held != last_held_;
+    last_held_ = held;
+    if (done >= n_items_ || held_back || !task_->follows_item_protocol()) return;
+    FR_THROW(RuntimeFailure,
+             "a launch of phase " << phase_ << " ended with " << done << " of " << n_items_
+                                  << " items done although no block was held back by the gate "
+                                     "or a stop: the kernel must call freeride::for_each_item"
+                                     "(ctx, ...) in every block and not return before it ends, "
+                                     "or it would be relaunched forever");
   }
 
   // Addresses inside the device-memory state, computed without dereferencing it.
@@ -648,8 +717,11 @@ class CudaRunner final : public PhaseRunner {
   fr_phase_state* state_ = nullptr;               // device memory
   unsigned long long* progress_dev_ = nullptr;    // word slot [0], device view
   unsigned long long* progress_host_ = nullptr;   // word slot [0], host view
-  unsigned long long* readback_host_ = nullptr;   // word slot [1]: exact done after a launch
+  unsigned long long* readback_host_ = nullptr;   // word slot [1..2]: [done, stop, held]
+  static constexpr size_t kReadbackBytes = 16;
   cudaEvent_t event_ = nullptr;
+  std::unique_ptr<CudaDependency> after_;  // waited for by the first launch, then dropped
+  uint32_t last_held_ = 0;  // `held` after the previous launch (slots start zeroed)
 
   std::atomic<bool> executing_{false};
   std::atomic<bool> stop_requested_{false};  // host copy of the stop flag, for admission
@@ -709,6 +781,7 @@ class CudaBackend final : public Backend {
                                                    &s.memops_reason);
     }
     if (!s.host_gate && !s.memops) s.write_now(s.gate.dev, open);
+    kernels::preload_all();
   }
 
   ~CudaBackend() override {
@@ -778,13 +851,24 @@ class CudaBackend final : public Backend {
 
   uintptr_t gate_address() const override { return reinterpret_cast<uintptr_t>(s_->gate.dev); }
 
-  std::unique_ptr<PhaseRunner> make_runner(std::shared_ptr<Task> task) override {
+  std::unique_ptr<StreamDependency> after_streams(const std::vector<uintptr_t>& streams) override {
+    CudaShared& s = *s_;
+    std::shared_lock<std::shared_mutex> lk(s.life);
+    FR_CHECK(!s.shut_down, "submit after the CUDA backend was shut down");
+    DeviceGuard guard(s.device);
+    return std::make_unique<CudaDependency>(streams);
+  }
+
+  std::unique_ptr<PhaseRunner> make_runner(std::shared_ptr<Task> task,
+                                           std::unique_ptr<StreamDependency> after) override {
     FR_ARG(task != nullptr, "make_runner: task must not be null");
+    FR_ARG(after == nullptr || dynamic_cast<CudaDependency*>(after.get()) != nullptr,
+           "make_runner: dependency of another backend");
     CudaShared& s = *s_;
     std::shared_lock<std::shared_mutex> lk(s.life);
     FR_CHECK(!s.shut_down, "make_runner() after the CUDA backend was shut down");
     DeviceGuard guard(s.device);
-    return std::make_unique<CudaRunner>(s_, std::move(task));
+    return std::make_unique<CudaRunner>(s_, std::move(task), std::move(after));
   }
 
   // A run() held by the stream wait on a closed gate only gets to its (already set)

@@ -33,9 +33,14 @@ Executor::~Executor() {
   }
 }
 
-uint64_t Executor::submit(std::shared_ptr<Task> task, int priority) {
+uint64_t Executor::submit(std::shared_ptr<Task> task, int priority,
+                          const std::vector<uintptr_t>& after) {
   FR_ARG(task != nullptr, "task must not be null");
   const uint64_t total = task->total_items();
+  // Captured on the submitting thread, now: the side stream must not overtake what the
+  // caller enqueued before submit (inputs being written, buffers being zeroed).
+  std::unique_ptr<StreamDependency> dependency;
+  if (!after.empty()) dependency = backend_->after_streams(after);
   std::lock_guard<std::mutex> lock(mutex_);
   FR_CHECK(!closing_, "the harvester is closed");
   auto rec = std::make_unique<Record>();
@@ -45,9 +50,10 @@ uint64_t Executor::submit(std::shared_ptr<Task> task, int priority) {
   r.items_total = total;
   r.memory_bytes = task->memory_bytes();
   r.task = std::move(task);
+  r.after = std::move(dependency);
   records_.emplace(r.id, std::move(rec));
   if (budget_ > 0 && r.memory_bytes > budget_) {
-    std::ostringstream os;
+    detail::Msg os;
     os << r.task->name() << " needs " << r.memory_bytes << " bytes of device memory, more than "
        << "the harvester's whole memory_budget of " << budget_ << " bytes";
     finish_locked(r, TaskState::Failed, ErrorKind::MemoryBudget, os.str());
@@ -117,6 +123,13 @@ bool Executor::cancel(uint64_t id, bool wait) {
   return true;
 }
 
+std::vector<uint64_t> Executor::take_finished() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<uint64_t> out;
+  out.swap(finished_);
+  return out;
+}
+
 void Executor::forget(uint64_t id) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = records_.find(id);
@@ -157,7 +170,7 @@ Executor::Record* Executor::pick_locked() {
 void Executor::admit_locked(Record& r) {
   r.admitted = true;
   used_ += r.memory_bytes;
-  r.runner = backend_->make_runner(r.task);
+  r.runner = backend_->make_runner(r.task, std::move(r.after));
   r.phase = 0;
   r.runner->begin_phase(0, r.task->num_items(0));
   advance_locked(r);
@@ -186,6 +199,8 @@ void Executor::finish_locked(Record& r, TaskState state, ErrorKind kind, std::st
   runnable_.erase(key(r));
   r.runner.reset();
   r.task.reset();
+  r.after.reset();
+  finished_.push_back(r.id);
   if (r.admitted) {
     used_ -= r.memory_bytes;
     r.admitted = false;

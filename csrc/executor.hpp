@@ -53,8 +53,10 @@ class Executor {
   Backend& backend() { return *backend_; }
 
   // Queues a task; higher priority first, FIFO within a priority. A task larger than
-  // the whole budget is returned already failed with ErrorKind::MemoryBudget.
-  uint64_t submit(std::shared_ptr<Task> task, int priority);
+  // the whole budget is returned already failed with ErrorKind::MemoryBudget. The task's
+  // first launch waits for the work enqueued on `after` (stream handles) before this call.
+  uint64_t submit(std::shared_ptr<Task> task, int priority,
+                  const std::vector<uintptr_t>& after = {});
 
   TaskStatus status(uint64_t id) const;
   // Blocks until the task is final or timeout_s passed (negative: no timeout).
@@ -67,6 +69,9 @@ class Executor {
   bool cancel(uint64_t id, bool wait);
   // Drops a final task's record.
   void forget(uint64_t id);
+  // Ids of the tasks that became final since the last call: the Python layer then lets go
+  // of the buffers it held for them (never earlier: a kernel may use them until then).
+  std::vector<uint64_t> take_finished();
 
   // Stops the thread, cancels what is not final, frees the backend. Idempotent.
   void close();
@@ -88,6 +93,7 @@ class Executor {
     int priority = 0;
     std::shared_ptr<Task> task;
     std::unique_ptr<PhaseRunner> runner;  // exists while admitted and not final
+    std::unique_ptr<StreamDependency> after;  // handed to the runner at admission
     TaskState state = TaskState::Queued;
     uint64_t phase = 0;
     uint64_t items_before_phase = 0;  // items of the phases already completed
@@ -135,6 +141,7 @@ class Executor {
   uint64_t next_id_ = 1;
   bool recording_ = false;
   std::deque<LaunchRecord> launch_log_;
+  std::vector<uint64_t> finished_;
   bool closing_ = false;
   bool loop_exited_ = false;
   bool closed_ = false;

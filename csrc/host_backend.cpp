@@ -163,7 +163,13 @@ class HostBackend final : public Backend {
   }
   uintptr_t gate_address() const override { return reinterpret_cast<uintptr_t>(&gate_); }
 
-  std::unique_ptr<PhaseRunner> make_runner(std::shared_ptr<Task> task) override {
+  // Host compute is synchronous: whatever the submitter did before submit is complete.
+  std::unique_ptr<StreamDependency> after_streams(const std::vector<uintptr_t>&) override {
+    return nullptr;
+  }
+
+  std::unique_ptr<PhaseRunner> make_runner(std::shared_ptr<Task> task,
+                                           std::unique_ptr<StreamDependency>) override {
     FR_CHECK(!closed_, "host backend is shut down");
     return std::make_unique<HostRunner>(*this, std::move(task));
   }

@@ -9,6 +9,16 @@
 
 namespace freeride::kernels {
 
+// Loads every built-in kernel into the current device's context (CUDA's lazy loading
+// would otherwise do it at a first launch, synchronising the context then).
+void preload_all();
+void preload_gate_kernels();
+void preload_spin_kernels();
+void preload_saxpy_kernels();
+void preload_item_counter_kernels();
+void preload_pagerank_kernels();
+void preload_image_kernels();
+
 // Gate fallbacks for devices without stream memory operations: a one-thread kernel that
 // writes the word, and one that spins until the gate opens or `stop` becomes nonzero.
 void launch_gate_write(volatile unsigned int* gate, unsigned int value, void* stream);

@@ -29,6 +29,12 @@ class Task {
   uint64_t memory_bytes() const { return memory_bytes_; }
   void set_memory_bytes(uint64_t bytes) { memory_bytes_ = bytes; }
 
+  // True when every launch obeys the item protocol (each block loops in for_each_item
+  // until no item is left or the gate or stop flag holds it back), so a launch that ends
+  // with its phase unfinished and no block held back is a broken kernel. Kernels that
+  // deliberately ignore the gate (the slicing baseline) return false.
+  virtual bool follows_item_protocol() const { return true; }
+
   // Host backend: runs one item on the calling worker thread. May throw; the task then fails.
   virtual void run_item(uint64_t phase, uint64_t item) = 0;
 

@@ -53,7 +53,12 @@ std::unique_ptr<Executor> make_executor(const std::string& kind, int device, int
 }
 
 py::tuple status_tuple(const Executor& ex, uint64_t id) {
-  const freeride::TaskStatus s = ex.status(id);
+  freeride::TaskStatus s;
+  {
+    // The executor's lock may be held across a launch's bookkeeping: never with the GIL.
+    py::gil_scoped_release release;
+    s = ex.status(id);
+  }
   return py::make_tuple(freeride::state_name(s.state), s.items_done, s.items_total, s.phase,
                         s.launches, static_cast<int>(s.error_kind), s.error);
 }
@@ -174,12 +179,16 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init(&make_executor), py::arg("kind"), py::arg("device"), py::arg("workers"),
            py::arg("gate_in_host_memory"), py::arg("stream_wait"), py::arg("memory_budget"),
            release_gil())
-      .def("submit", &Executor::submit, py::arg("task"), py::arg("priority"), release_gil())
+      .def("submit", &Executor::submit, py::arg("task"), py::arg("priority"),
+           py::arg("after") = std::vector<uintptr_t>{}, release_gil(),
+           "after: stream handles whose work so far the task's first launch waits for")
       .def("status", &status_tuple, py::arg("id"))
       .def("wait", &Executor::wait, py::arg("id"), py::arg("timeout"), release_gil())
       .def("wait_all", &Executor::wait_all, py::arg("timeout"), release_gil())
       .def("cancel", &Executor::cancel, py::arg("id"), py::arg("wait"), release_gil())
       .def("forget", &Executor::forget, py::arg("id"))
+      .def("take_finished", &Executor::take_finished, release_gil(),
+           "Ids of the tasks that became final since the last call.")
       .def("close", &Executor::close, release_gil())
       .def_property_readonly("closed", &Executor::closed)
       .def_property_readonly("memory_budget", &Executor::memory_budget)

@@ -38,7 +38,10 @@ def test_backend_info_reports_the_gpu():
 
 def test_exactly_once_with_gate_flips(cuda_harvester):
     h = cuda_harvester
-    task = fr.tasks.ItemCounter(20_000, phases=4, ns_per_item=2_000)
+    # Sized to the device: each phase takes milliseconds however many SMs there are, so
+    # the flips below (one per 0.5 ms) land inside phases.
+    sms = fr.backend_info()["devices"][0]["sm_count"]
+    task = fr.tasks.ItemCounter(sms * 32 * 25, phases=4, ns_per_item=50_000)
     t = h.submit(task)
     for _ in range(200):
         h.gate.close(stream="host")
@@ -49,7 +52,7 @@ def test_exactly_once_with_gate_flips(cuda_harvester):
     result = t.result()
     assert (result.counts == 1).all()
     assert result.violations == 0
-    assert t.launches > 4
+    assert t.launches > 4, "no launch was paused by a flip: the work was too short"
 
 
 def test_stream_ordered_close_takes_effect_on_the_gpu(cuda_harvester):

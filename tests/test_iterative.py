@@ -183,3 +183,80 @@ def test_a_task_whose_estimate_fits_no_bubble_is_measured_again(host):
         train(host, 1)
     assert handle.state == "done" and handle.items_done == 12
     assert handle.step_ns < 0.02e9  # the estimate followed the step's real time
+
+
+def test_host_backend_has_no_step_stream(host):
+    handle = host.submit(Stepper(step_s=0.001, steps=2))
+    assert host._iterative.step_stream is None
+    assert handle.wait(timeout=30) and handle.state == "done" and handle.result() == 2
+
+
+class Double(fr.IterativeTask):
+    """One step: y = x * 2 (on the step stream)."""
+
+    total_steps = 1
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+        self.steps = 0
+
+    def step(self):
+        self.y.copy_(self.x * 2)
+        self.steps += 1
+
+    def finished(self):
+        return self.steps >= 1
+
+
+@pytest.mark.gpu
+def test_steps_have_their_own_stream_ordered_after_the_callers_work():
+    torch = pytest.importorskip("torch")
+    with fr.Harvester("cuda") as h:
+        x = torch.zeros(1 << 20, device=h.device)
+        y = torch.zeros_like(x)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(50_000_000)  # the caller's stream is busy for a while...
+        x.fill_(1.0)  # ...before it writes the step's input
+        handle = h.submit(Double(x, y))  # no schedule recorded: the gate alone decides
+        stream = h._iterative.step_stream
+        assert stream is not None and int(stream.cuda_stream) != h.side_stream
+        handle.result(timeout=30)
+        assert bool((y == 2.0).all())
+
+
+class Upload(fr.IterativeTask):
+    """One step that copies host memory to the GPU (the copy engine: no SM needed)."""
+
+    total_steps = 1
+
+    def __init__(self, src, dst):
+        self.src, self.dst = src, dst
+        self.steps = 0
+
+    def step(self):
+        self.dst.copy_(self.src, non_blocking=True)
+        self.steps += 1
+
+    def finished(self):
+        return self.steps >= 1
+
+
+@pytest.mark.gpu
+def test_a_step_is_not_queued_behind_a_persistent_item_kernel():
+    torch = pytest.importorskip("torch")
+    with fr.Harvester("cuda") as h:
+        src = torch.full((1024,), 3.0).pin_memory()
+        dst = torch.zeros(1024, device=h.device)
+        # Start the runner (and torch's stream pool) first: making the pool's streams
+        # does not complete while a full-occupancy item kernel runs.
+        assert h.submit(Upload(src, dst)).wait(timeout=30)
+        dst.zero_()
+        torch.cuda.synchronize()
+        spin = h.submit(fr.tasks.Spin(2**40, 20_000))  # never finishes while the gate is open
+        wait_until(lambda: spin.state == "running")
+        handle = h.submit(Upload(src, dst))
+        try:
+            handle.result(timeout=30)
+        finally:
+            spin.cancel()
+        assert bool((dst == 3.0).all())

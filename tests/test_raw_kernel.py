@@ -369,3 +369,123 @@ def test_gpu_compile_cache_and_memory_accounting(gpu):
     wait_until(lambda: h.memory_used == x.numel() * 4)
     handle.cancel()
     wait_until(lambda: h.memory_used == 0)
+
+
+SKIPS_THE_LOOP = r"""
+#include <freeride/preempt.cuh>
+// Phase 0 runs the item loop; phase 1 returns before it (a kernel bug): its launches
+// would end with nothing done and nobody held back by the gate, forever.
+extern "C" __global__ void lazy(fr_item_ctx ctx, unsigned int* touched) {
+  if (ctx.phase == 1) {
+    if (threadIdx.x == 0) atomicAdd(touched, 1u);
+    return;
+  }
+  freeride::for_each_item(ctx, [&](unsigned long long) {});
+}
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_kernel_that_skips_the_item_loop_fails_instead_of_looping(gpu):
+    h, torch = gpu
+    touched = torch.zeros(1, dtype=torch.int32, device="cuda").view(torch.uint32)
+    h.gate.open()
+    handle = h.submit(fr.tasks.RawKernel(SKIPS_THE_LOOP, "lazy", 1000, (touched,), phases=2))
+    assert handle.wait(timeout=60), "the broken kernel was relaunched instead of failing"
+    with pytest.raises(fr.TaskFailedError, match="must call freeride::for_each_item"):
+        handle.result()
+    assert handle.launches == 2  # phase 0 once, phase 1 once: never relaunched
+    assert handle.items_done == 1000
+    # The harvester goes on: a correct kernel runs after it.
+    x = torch.ones(10, device="cuda")
+    h.submit(fr.tasks.RawKernel(SCALE, "scale", 1, (x, 3.0, 10))).result(60)
+    assert torch.all(x == 3.0)
+
+
+@pytest.mark.gpu
+def test_gpu_paused_launches_of_a_correct_kernel_are_not_taken_for_a_broken_one(gpu):
+    """Launches cut short by the gate end with the phase unfinished too; they must go on."""
+    h, torch = gpu
+    items = 20_000
+    counts = torch.zeros(items, dtype=torch.int32, device="cuda").view(torch.uint32)
+    done = torch.zeros(1, dtype=torch.int64, device="cuda").view(torch.uint64)
+    violations = torch.zeros(1, dtype=torch.int32, device="cuda").view(torch.uint32)
+    h.gate.open()
+    handle = h.submit(fr.tasks.RawKernel(COUNT, "count", items, (counts, done, violations, 50_000)))
+    for _ in range(20):
+        time.sleep(0.002)
+        h.gate.close(stream="host")
+        time.sleep(0.001)
+        h.gate.open(stream="host")
+    handle.result(timeout=120)
+    assert handle.launches > 1
+    assert torch.all(counts.view(torch.int32) == 1)
+
+
+@pytest.mark.gpu
+def test_gpu_example_script_runs():
+    """examples/raw_kernel.py end to end: both tasks in the bubbles of a stand-in loop,
+    checked against torch and numpy by the script itself."""
+    pytest.importorskip("cupy", reason="the example needs CuPy")
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "raw_kernel.py")],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "both results match" in proc.stdout
+
+
+FAULTS = r"""
+#include <freeride/preempt.cuh>
+extern "C" __global__ void wild(fr_item_ctx ctx, float* p) {
+  freeride::for_each_item(ctx, [&](unsigned long long) {
+    if (threadIdx.x == 0) p[0] = 1.0f;  // p is a null pointer: an illegal address
+  });
+}
+"""
+
+_FAULT_CHILD = f"""
+import sys, torch, freeride as fr
+source = {FAULTS!r}
+with fr.Harvester("cuda:0") as h:
+    h.gate.open()
+    t = h.submit(fr.tasks.RawKernel(source, "wild", 4, (None,)))
+    t.wait(60)
+    print("state", t.state)
+    try:
+        t.result()
+    except fr.TaskFailedError as e:
+        print("error", e)
+    try:
+        torch.ones(4, device="cuda").sum().item()
+        print("context usable")
+    except Exception as e:
+        print("context unusable:", type(e).__name__)
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_faulting_kernel_fails_its_task_and_poisons_only_its_process():
+    """What the README says is true: an illegal address fails the task with CUDA's error
+    (no crash), and the CUDA context of that process is then unusable, training included.
+    Which is why untrusted kernels are tried in a separate process first."""
+    pytest.importorskip("cupy", reason="RawKernel needs CuPy")
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _FAULT_CHILD],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode in (0, 1), out[-3000:]  # an exception at exit, never a signal
+    assert "state failed" in proc.stdout, out[-3000:]
+    assert "illegal" in proc.stdout.lower(), out[-3000:]
+    assert "context unusable" in proc.stdout, out[-3000:]

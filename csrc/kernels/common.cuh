@@ -28,6 +28,15 @@ __device__ __forceinline__ unsigned long long global_ns() {
   return t;
 }
 
+// Loads `kernel` into the current context now. CUDA loads kernels lazily by default, and
+// a lazy load synchronises the context: at a first launch in the middle of training it
+// would wait for every running kernel, side kernels (and through them the gate) included.
+template <typename Kernel>
+void preload(Kernel kernel) {
+  cudaFuncAttributes attributes{};
+  FR_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+}
+
 // Blocks of `kernel` that fit on the device at once.
 template <typename Kernel>
 uint64_t resident_blocks(Kernel kernel, int threads, int sm_count) {

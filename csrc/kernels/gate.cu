@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "check.hpp"
+#include "common.cuh"
 #include "freeride/item_ctx.h"
 #include "launchers.hpp"
 
@@ -30,6 +31,20 @@ __global__ void gate_wait_kernel(const volatile unsigned int* gate,
 }
 
 }  // namespace
+
+void preload_gate_kernels() {
+  preload(gate_write_kernel);
+  preload(gate_wait_kernel);
+}
+
+void preload_all() {
+  preload_gate_kernels();
+  preload_spin_kernels();
+  preload_saxpy_kernels();
+  preload_item_counter_kernels();
+  preload_pagerank_kernels();
+  preload_image_kernels();
+}
 
 void launch_gate_write(volatile unsigned int* gate, unsigned int value, void* stream) {
   FR_ARG(gate != nullptr, "gate write: word must not be null");

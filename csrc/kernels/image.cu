@@ -81,6 +81,11 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
+void preload_image_kernels() {
+  preload(blur);
+  preload(resize);
+}
+
 void launch_gaussian_blur(const CudaLaunch& launch, const ImageShape& shape, uintptr_t in,
                           uintptr_t tmp, uintptr_t out, uintptr_t weights, int radius,
                           uint64_t rows_per_item) {

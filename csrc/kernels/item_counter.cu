@@ -45,6 +45,8 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
+void preload_item_counter_kernels() { preload(item_counter_kernel); }
+
 void launch_item_counter(const CudaLaunch& launch, uint32_t* counts,
                          unsigned long long* phase_done, unsigned long long* violations,
                          unsigned long long* times, uint64_t items_per_phase,

@@ -58,6 +58,11 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
+void preload_pagerank_kernels() {
+  preload(contributions);
+  preload(pull);
+}
+
 void launch_pagerank(const CudaLaunch& launch, const PageRankBuffers& b, double damping,
                      uint64_t nodes_per_item) {
   check_context(launch, "PageRank");

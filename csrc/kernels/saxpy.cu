@@ -51,6 +51,11 @@ void launch_items(const CudaLaunch& launch, double a, const void* x, void* y, ui
 
 }  // namespace
 
+void preload_saxpy_kernels() {
+  preload(saxpy_items<float>);
+  preload(saxpy_items<double>);
+}
+
 void launch_saxpy(const CudaLaunch& launch, double a, const void* x, void* y, uint64_t n,
                   uint64_t chunk, int dtype) {
   check_context(launch, "Saxpy");

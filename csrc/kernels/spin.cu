@@ -39,6 +39,11 @@ __global__ void __launch_bounds__(kThreads) spin_slice_kernel(fr_item_ctx ctx, u
 
 }  // namespace
 
+void preload_spin_kernels() {
+  preload(spin_kernel);
+  preload(spin_slice_kernel);
+}
+
 void launch_spin_slice(const CudaLaunch& launch, uint64_t ns_per_item, uint64_t slice_blocks) {
   FR_ARG(launch.ctx.state != nullptr, "Spin: launch context lacks phase state");
   const unsigned int grid = static_cast<unsigned int>(

@@ -26,7 +26,7 @@ def stream_handle(stream: Any, kind: str, device: int) -> int:
             return _C.IMMEDIATE
         raise TypeError(f"stream must be {STREAM_ARG}; got {type(stream).__name__}")
     if stream is None:
-        return _current_stream(device)
+        return current_stream(device)
     if isinstance(stream, int):
         return stream
     handle = _handle_of(stream)
@@ -54,7 +54,9 @@ def _device_of(stream: Any):
     return int(device_id) if isinstance(device_id, int) else None
 
 
-def _current_stream(device: int) -> int:
+def current_stream(device: int) -> int:
+    """Handle of the caller's current stream on `device` (torch's, else CuPy's, else the
+    legacy default stream)."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         return int(torch.cuda.current_stream(device).cuda_stream)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 import weakref
@@ -12,6 +13,7 @@ from typing import Any
 
 from . import _C
 from ._device import resolve_device
+from ._streams import current_stream, stream_handle
 from ._units import parse_memory
 from .errors import HarvesterClosedError
 from .gate import Gate
@@ -82,10 +84,20 @@ class Harvester:
         )
         self._lock = threading.Lock()
         self._closed = False
+        # Every handle the user still holds, for tasks() and report()...
         self._handles: weakref.WeakSet[TaskHandle] = weakref.WeakSet()
+        # ...and, whatever the user holds, every task that is not final: its handle keeps
+        # the task's buffers alive, and a side kernel may write them until it is final.
+        self._live: dict[int, TaskHandle] = {}
         self._recorder = Recorder(self._ex, self._kind, self._device_index)
+        self._recorder.on_iteration_end = self._reap
         self._attachment: Attachment | None = None
         self._iterative: IterativeRunner | None = None
+        if self._kind == "cuda" and "torch" in sys.modules:
+            # Now, before any side kernel runs: the runner takes its step stream from torch's
+            # stream pool, and creating that pool while a persistent side grid holds the GPU
+            # was measured to block for over a minute.
+            self._iterative = IterativeRunner(self)
         self.gate = Gate(self._recorder, self._ex, self._check_open)
 
     # -- properties ---------------------------------------------------------------------------
@@ -122,11 +134,21 @@ class Harvester:
 
     # -- work ---------------------------------------------------------------------------------
 
-    def submit(self, task: Task | IterativeTask, priority: int = 0) -> TaskHandle | IterativeHandle:
+    def submit(
+        self, task: Task | IterativeTask, priority: int = 0, *, stream: Any = None
+    ) -> TaskHandle | IterativeHandle:
         """Queues `task`; higher `priority` runs first, FIFO within a priority. A task that
         would exceed the memory budget on its own comes back failed with MemoryBudgetError.
         Item tasks (fr.tasks.*) run as preemptible kernels; an fr.IterativeTask runs its
-        steps in the bubbles they are predicted to fit."""
+        steps in the bubbles they are predicted to fit.
+
+        Stream order: on a GPU the task's first kernel starts only after everything the
+        current stream (and `stream`, if given: a torch.cuda.Stream, a CuPy stream or a
+        handle) had enqueued when submit() was called, so inputs still being written
+        there are complete before side work reads them. The harvester holds the task and
+        its buffers until it is final, whether or not the handle is kept; once
+        ``wait()`` returns True its results are complete for any later work on any
+        stream."""
         self._check_open()
         if isinstance(task, IterativeTask):
             priority = check_count(priority, "priority", -(2**31), 2**31 - 1)
@@ -143,14 +165,41 @@ class Harvester:
                 f"got {type(task).__name__}"
             )
         priority = check_count(priority, "priority", -(2**31), 2**31 - 1)
+        after = self._streams_to_follow(stream)
         built = task._build(self)
+        self._reap()
         with self._lock:
             self._check_open()
-            task_id = self._ex.submit(built.core, priority)
+            task_id = self._ex.submit(built.core, priority, after)
             handle = TaskHandle(self._ex, task_id, task, built)
             self._recorder.name_task(task_id, repr(task))
             self._handles.add(handle)
+            self._live[task_id] = handle
         return handle
+
+    def _streams_to_follow(self, stream: Any) -> list[int]:
+        """Stream handles a new task's first launch waits for: the current stream (where
+        its buffers were allocated and uploaded) and the caller's `stream`."""
+        if self._kind != "cuda":
+            if stream is not None:
+                stream_handle(stream, self._kind, self._device_index)  # validates it
+            return []
+        handles = [current_stream(self._device_index)]
+        if stream is not None:
+            if isinstance(stream, str):
+                raise TypeError("stream must be a CUDA stream or a stream handle, got a string")
+            handle = stream_handle(stream, self._kind, self._device_index)
+            if handle not in handles:
+                handles.append(handle)
+        return handles
+
+    def _reap(self) -> None:
+        """Lets go of the tasks that became final: their buffers may now be freed."""
+        finished = self._ex.take_finished()
+        if finished:
+            with self._lock:
+                for task_id in finished:
+                    self._live.pop(task_id, None)
 
     def wait_all(self, timeout: float | None = None) -> bool:
         """Blocks until every submitted task is final; True if they are."""
@@ -234,6 +283,7 @@ class Harvester:
         bubbles, the side launches and what they did in each bubble, and totals. Waits
         (up to `timeout` s) for the device to pass what was recorded."""
         self._check_open()
+        self._reap()
         self._recorder.flush(block=True, timeout=timeout)
         iterations = self._recorder.iterations()
         launches = self._recorder.launches()
@@ -253,8 +303,11 @@ class Harvester:
         )
 
     def tasks(self) -> list[TaskHandle]:
-        """Handles of the submitted tasks that are still referenced."""
-        return sorted(self._handles, key=lambda h: h.id)
+        """Handles of the submitted tasks that are not final or still referenced."""
+        self._reap()
+        with self._lock:
+            handles = set(self._handles) | set(self._live.values())
+        return sorted(handles, key=lambda h: h.id)
 
     # -- lifetime -----------------------------------------------------------------------------
 
@@ -268,7 +321,9 @@ class Harvester:
         self.detach()
         if self._iterative is not None:
             self._iterative.close()
-        self._ex.close()
+        self._ex.close()  # every task is final once it returns: nothing runs any more
+        with self._lock:
+            self._live.clear()
 
     def _check_open(self) -> None:
         if self._closed:

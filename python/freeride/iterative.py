@@ -2,15 +2,22 @@
 
 A step is started only inside a bubble it is predicted to fit: the harvester learns the
 length of each bubble slot of the schedule (the k-th bubble of an iteration) from the
-bubble record, and each task's step time from its own steps. Steps run on the side stream
-(a worker thread on the host backend); a step still running when the bubble closed counts
-as an overrun.
+bubble record, and each task's step time from its own steps. Steps run on one runner
+thread per harvester; a step still running when the bubble closed counts as an overrun.
+
+On a GPU, setup(), step() and teardown() run on a torch stream of their own (priority 0,
+torch's least urgent), not on the executor's side stream: work queued there behind a
+persistent item kernel would start only once the gate closed, i.e. during compute. A task's
+first GPU work is stream-ordered after everything the submitting thread's current stream
+had enqueued when it called submit() (e.g. producing the task's inputs). On the host
+backend there are no streams.
 """
 
 from __future__ import annotations
 
 import contextlib
 import heapq
+import importlib
 import itertools
 import sys
 import threading
@@ -45,7 +52,8 @@ class IterativeTask:
     total_steps: int | None = None
 
     def setup(self) -> None:
-        """Called once on the side stream before the first step (allocate, load)."""
+        """Called once before the first step (allocate, load); on a GPU, on the step
+        stream, after the work the caller had enqueued when it submitted the task."""
 
     def step(self) -> None:
         """One unit of work; must not block on the training (it runs in its bubbles)."""
@@ -82,6 +90,9 @@ class IterativeHandle:
         self._step_ns: list[int] = []
         self._warmup_ns: int | None = None
         self._starved = 0
+        # CUDA event recorded on the submitting thread's current stream at submit; the
+        # step stream waits for it before setup() (None on the host backend).
+        self._ready: Any = None
         self._done = threading.Event()
 
     @property
@@ -172,8 +183,31 @@ class IterativeRunner:
         self._seq = itertools.count()
         self._closing = False
         self._reserved = 0
+        # Set here when torch is already loaded, else by the runner's thread before the
+        # first setup(); only that thread writes it afterwards.
+        self._stream: Any = None
+        torch = self._torch()
+        if torch is not None and torch.cuda.is_available():
+            self._stream = self._new_stream(torch)
         self._thread = threading.Thread(target=self._main, name="freeride-iterative", daemon=True)
         self._thread.start()
+
+    @property
+    def step_stream(self) -> Any:
+        """The torch.cuda.Stream that setup(), step() and teardown() run on (None on the
+        host backend, or until a GPU runner has torch to make one with)."""
+        return self._stream
+
+    def _torch(self) -> Any:
+        """torch if this runner is on a GPU and torch is loaded, else None."""
+        return sys.modules.get("torch") if self._h._kind == "cuda" else None
+
+    def _new_stream(self, torch: Any) -> Any:
+        # A stream from torch's pool, never one we create and destroy: torch never destroys
+        # its pool streams, and close() may abandon a thread whose hung step still uses
+        # this stream after the harvester (and its side stream) is gone. Priority 0 is
+        # torch's least urgent: side work must not get ahead of the training's kernels.
+        return torch.cuda.Stream(device=f"cuda:{self._h._device_index}", priority=0)
 
     # -- called by the harvester ----------------------------------------------------------------
 
@@ -197,6 +231,11 @@ class IterativeRunner:
                 ),
             )
             return handle
+        torch = self._torch()
+        if torch is not None and torch.cuda.is_available():
+            # Stream order in: setup() waits for what the caller enqueued before submit.
+            handle._ready = torch.cuda.Event()
+            handle._ready.record(torch.cuda.current_stream(self._h._device_index))
         with self._lock:
             heapq.heappush(self._queue, (-priority, next(self._seq), handle))
             self._lock.notify_all()
@@ -235,7 +274,8 @@ class IterativeRunner:
             return
         if handle._set_up:
             try:
-                handle.task.teardown()
+                with self._on_step_stream():
+                    handle.task.teardown()
             except Exception as exc:  # noqa: BLE001 - user code: a failing teardown fails the task
                 if error is None and state == "done":
                     state, error = "failed", exc
@@ -300,8 +340,12 @@ class IterativeRunner:
         task = handle.task
         try:
             if not handle._set_up:
+                stream = self._stream_for_steps()
+                if handle._ready is not None:
+                    stream.wait_event(handle._ready)
+                    handle._ready = None
                 handle._set_up = True
-                with self._side_stream():
+                with self._on_step_stream():
                     task.setup()
             while not handle._cancel and not self._closing and not self._preempted(handle):
                 handle._state = "paused" if handle._steps else "queued"
@@ -320,11 +364,25 @@ class IterativeRunner:
             self._drop(handle)
             self._finish(handle, "failed", exc)
 
-    def _side_stream(self):
-        torch = sys.modules.get("torch")
-        if self._h._kind != "cuda" or torch is None:
+    def _stream_for_steps(self) -> Any:
+        """The step stream, made now if torch was not loaded when the runner started (a
+        task may import it in setup()); None on the host backend."""
+        if self._h._kind != "cuda":
+            return None
+        if self._stream is None:
+            torch = sys.modules.get("torch")
+            if torch is None:
+                try:
+                    torch = importlib.import_module("torch")
+                except ImportError as exc:
+                    raise RuntimeError("iterative tasks on a GPU need PyTorch") from exc
+            self._stream = self._new_stream(torch)
+        return self._stream
+
+    def _on_step_stream(self):
+        if self._stream is None:
             return contextlib.nullcontext()
-        return torch.cuda.stream(torch.cuda.ExternalStream(self._ex.side_stream))
+        return sys.modules["torch"].cuda.stream(self._stream)
 
     def _wait_for_fit(self, handle: IterativeHandle) -> int | None:
         """Polls the gate until a bubble with room for one step; its sequence number, or
@@ -377,14 +435,14 @@ class IterativeRunner:
 
     def _one_step(self, handle: IterativeHandle, seq: int) -> None:
         handle._state = "running"
-        stream = self._ex.side_stream
-        start = self._ex.mark(stream)
-        with self._side_stream():
+        stream = self._stream
+        where = 0 if stream is None else int(stream.cuda_stream)  # the host ignores it
+        start = self._ex.mark(where)
+        with self._on_step_stream():
             handle.task.step()
-        end = self._ex.mark(stream)
-        if self._h._kind == "cuda":
-            torch = sys.modules["torch"]
-            torch.cuda.ExternalStream(stream).synchronize()
+        end = self._ex.mark(where)
+        if stream is not None:
+            stream.synchronize()
         elapsed = self._ex.elapsed_ns(start, end)
         handle._steps += 1
         if elapsed is not None:

@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,8 @@ class Recorder:
         self._resolving = threading.Lock()  # one flush at a time (training or runner thread)
         self.clock_origin_ns: int | None = None  # host backend: steady-clock ns of time 0
         self.recording = False
+        # Called after every recorded iteration (the harvester lets go of final tasks).
+        self.on_iteration_end: Callable[[], None] | None = None
 
     # -- gate writes ---------------------------------------------------------------------
 
@@ -111,6 +114,8 @@ class Recorder:
         # training thread; only a backlog (nobody asking) is resolved here.
         if len(self._pending) > _MAX_PENDING:
             self.flush(block=False)
+        if self.on_iteration_end is not None:
+            self.on_iteration_end()
 
     def compute_begin(self, label: str, stream: Any = None) -> None:
         """Closes the gate before a compute action."""

@@ -12,7 +12,9 @@ typedef struct fr_phase_state {
   unsigned long long next; /* next item index to claim (may overshoot n_items) */
   unsigned long long done; /* items finished */
   unsigned int stop;       /* nonzero: stop claiming (cancel, preemption, shutdown) */
-  unsigned int pad_;
+  unsigned int held;       /* blocks that stopped claiming because the gate was closed or
+                              stop was set; counts up, so the host tells a launch that was
+                              paused from one whose kernel skipped the item loop */
 } fr_phase_state;
 
 /* What every preemptible kernel receives as its first argument. */

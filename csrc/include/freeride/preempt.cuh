@@ -31,9 +31,13 @@ __device__ __forceinline__ bool may_run(const fr_item_ctx& ctx) {
          *reinterpret_cast<volatile unsigned int*>(&ctx.state->stop) == 0u;
 }
 
-// Leader only: claim the next item, or kNoItem when paused or the phase is drained.
+// Leader only: claim the next item, or kNoItem when paused or the phase is drained. A
+// block held back by the gate or the stop flag says so in `held` (once, as it exits).
 __device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx) {
-  if (!may_run(ctx)) return kNoItem;
+  if (!may_run(ctx)) {
+    atomicAdd(&ctx.state->held, 1u);
+    return kNoItem;
+  }
   const unsigned long long item = atomicAdd(&ctx.state->next, 1ull);
   return item < ctx.n_items ? item : kNoItem;
 }

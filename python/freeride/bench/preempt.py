@@ -107,7 +107,9 @@ def _gpu(quick: bool) -> dict:
     blocks = 2 * sms  # two 1024-thread blocks per SM: the probe needs every SM
     close_t = cp.zeros(1, dtype=cp.uint64)
     starts = cp.zeros(blocks, dtype=cp.uint64)
-    least, greatest = cp.cuda.runtime.deviceGetStreamPriorityRange()
+    # CUDA clamps a priority outside the device's range to the nearest end, so this is
+    # the highest priority there is (CuPy 14 has no deviceGetStreamPriorityRange).
+    least, greatest = 0, -(2**16)  # CUDA's least priority is 0
     train = cp.cuda.Stream(non_blocking=True, priority=greatest)
 
     def trial(gate_stream_ptr, h) -> tuple[float, float]:

@@ -1,0 +1,133 @@
+"""What a side task uses stays alive until the task is final, whatever the caller keeps,
+and is let go once it is final; on a GPU, side work starts only after what the caller's
+stream did before submit, and results are complete for any stream once wait() returns."""
+
+import gc
+import weakref
+
+import pytest
+
+import freeride as fr
+from conftest import wait_until
+
+torch = pytest.importorskip("torch")
+
+
+def test_dropped_handle_keeps_the_task_and_its_buffers_alive(host):
+    """The crash this guards against: with the gate closed, a Resize whose handle was
+    dropped had its output freed, and opening the gate wrote into freed memory."""
+    images = torch.rand(8, 3, 64, 64)
+    images_ref = weakref.ref(images)
+    host.gate.close(stream="host")
+    handle = host.submit(fr.tasks.Resize(images, (128, 128)))
+    task_id = handle.id
+    del images, handle
+    gc.collect()
+    assert images_ref() is not None, "the input went away while the task was queued"
+    assert [h.id for h in host.tasks()] == [task_id]  # still reachable while not final
+    fresh = torch.zeros(8, 3, 128, 128)  # where a freed output could be reused
+    host.gate.open(stream="host")
+    assert host.wait_all(timeout=60)
+    assert not fresh.any(), "side work wrote memory it no longer owned"
+    gc.collect()
+    assert host.tasks() == []
+    assert images_ref() is None, "a final task's buffers must be let go"
+
+
+def test_buffers_are_released_after_cancel_and_close():
+    x = torch.ones(1 << 12)
+    y = torch.zeros(1 << 12)
+    refs = weakref.ref(x), weakref.ref(y)
+    h = fr.Harvester("cpu", workers=2)
+    h.gate.close(stream="host")
+    handle = h.submit(fr.tasks.Saxpy(2.0, x, y))
+    del x, y
+    assert handle.cancel()
+    del handle
+    h.tasks()  # lets go of final tasks
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+    z = torch.ones(1 << 12)
+    z_ref = weakref.ref(z)
+    h.submit(fr.tasks.Saxpy(2.0, torch.ones(1 << 12), z))
+    del z
+    gc.collect()
+    assert z_ref() is not None
+    h.close()  # cancels the queued task
+    gc.collect()
+    assert z_ref() is None
+
+
+def test_final_tasks_are_let_go_at_the_end_of_each_recorded_iteration(host):
+    y = torch.zeros(1 << 10)
+    y_ref = weakref.ref(y)
+    host.submit(fr.tasks.Saxpy(1.0, torch.ones(1 << 10), y))
+    del y
+    wait_until(lambda: host._ex.status(1)[0] == "done")
+    with host.iteration():  # what attach() does around every step
+        pass
+    gc.collect()
+    assert y_ref() is None
+
+
+def test_submit_stream_argument_is_checked(host):
+    with pytest.raises(ValueError, match="stream"):
+        host.submit(fr.tasks.Spin(1, 1), stream="banana")
+
+
+# -- GPU -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def gpu():
+    with fr.Harvester("cuda:0") as h:
+        yield h
+
+
+def _warm(h):
+    """One launch first: a kernel's first (lazy) load synchronises, hiding races."""
+    x = torch.ones(1024, device="cuda")
+    y = torch.zeros(1024, device="cuda")
+    assert h.submit(fr.tasks.Saxpy(1.0, x, y)).wait(timeout=60)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("where", ["current", "argument"])
+def test_side_work_waits_for_the_callers_stream(gpu, where):
+    _warm(gpu)
+    n = 1 << 22
+    ones = torch.ones(n, device="cuda")
+    y = torch.empty(n, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(100_000_000)  # ~50 ms of GPU time before y is ready
+        y.fill_(1.0)
+        if where == "current":
+            handle = gpu.submit(fr.tasks.Saxpy(2.0, ones, y))
+    if where == "argument":
+        handle = gpu.submit(fr.tasks.Saxpy(2.0, ones, y), stream=stream)
+    assert handle.wait(timeout=60)
+    # No synchronisation: wait() returning True means the results are complete for any
+    # later work on any stream.
+    other = torch.cuda.Stream()
+    with torch.cuda.stream(other):
+        wrong = int((y != 3.0).sum())
+    assert wrong == 0, f"{wrong} of {n} elements read y before it was ready"
+
+
+@pytest.mark.gpu
+def test_dropped_gpu_task_does_not_write_freed_memory(gpu):
+    """The H100 reproduction: a Resize submitted with the gate closed and its handle
+    dropped overwrote a tensor allocated afterwards in the freed output's place."""
+    _warm(gpu)
+    images = torch.rand(64, 3, 512, 512, device="cuda")
+    gpu.gate.close(stream="host")
+    gpu.submit(fr.tasks.Resize(images, (1024, 1024)))
+    del images
+    gc.collect()
+    fresh = torch.zeros(64, 3, 1024, 1024, device="cuda")
+    gpu.gate.open(stream="host")
+    assert gpu.wait_all(timeout=120)
+    torch.cuda.synchronize()
+    assert int(fresh.count_nonzero()) == 0
