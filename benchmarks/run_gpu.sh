@@ -1,18 +1,36 @@
 #!/usr/bin/env bash
-# One call on a GPU machine: build, run the GPU tests and the RawKernel example, run every
-# benchmark in GPU mode.
+# One call on a GPU machine: build, run the whole test suite (GPU tests included) and the
+# RawKernel example, then every benchmark in GPU mode. Each step runs under its own
+# timeout, so a hang costs that step, not the call; a hung step prints its Python stacks
+# (SIGABRT with faulthandler).
 # Results land in ${OUT:-benchmarks/results/new}: JSON per benchmark, the pause-latency
-# plot, the test log. Usage: FREERIDE_COMMIT=$(git rev-parse --short HEAD) benchmarks/run_gpu.sh
+# plot, the logs. Usage: FREERIDE_COMMIT=$(git rev-parse --short HEAD) benchmarks/run_gpu.sh
+# STEPS (default "build tests example preempt items pipeline") picks steps.
 set -uo pipefail
 out=${OUT:-benchmarks/results/new}
 mkdir -p "$out"
+steps=" ${STEPS:-build tests example preempt items pipeline} "
 export FREERIDE_CUDA_ARCHS=${FREERIDE_CUDA_ARCHS:-90}
-pip install --no-build-isolation --no-deps -e . >"$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
+py=python3
+step() { [[ "$steps" == *" $1 "* ]]; }
+
+if step build; then
+  timeout 600 $py -m pip install --no-build-isolation --no-deps -e . >"$out/build.log" 2>&1 \
+    || { tail -50 "$out/build.log"; exit 1; }
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$out/gpu.csv" 2>&1
-python -m pytest -q -m gpu tests 2>&1 | tee "$out/gpu_tests.log" | tail -25
-python examples/raw_kernel.py 2>&1 | tee "$out/example_raw_kernel.log" | tail -5
+if step tests; then
+  timeout -s ABRT "${TESTS_TIMEOUT:-900}" $py -m pytest -q -p no:cacheprovider -o timeout=300 tests \
+    2>&1 | tee "$out/tests.log" | tail -30
+fi
+if step example; then
+  timeout -s ABRT 300 $py examples/raw_kernel.py 2>&1 | tee "$out/example_raw_kernel.log" | tail -5
+fi
 for b in preempt items pipeline; do
+  step "$b" || continue
   extra=()
   [ "$b" = preempt ] && extra=(--plot "$out/preempt.png")
-  python -m freeride bench "$b" --mode gpu --out "$out/$b.json" "${extra[@]}" 2>&1 | tee "$out/$b.log"
+  timeout -s ABRT "${BENCH_TIMEOUT:-300}" $py -m freeride bench "$b" --mode gpu --out "$out/$b.json" \
+    "${extra[@]}" 2>&1 | tee "$out/$b.log"
 done

@@ -60,14 +60,14 @@ def main() -> None:
             fr.tasks.RawKernel(source, "heat_step", tiles, (u0, u1, 0.25, n), phases=steps)
         )
         t0 = time.perf_counter()
-        while not (scale.done and heat.done):
-            with h.compute(label="forward"):
-                for _ in range(8):
-                    a = torch.tanh(a @ a * 1e-3)
-            with h.bubble():
-                time.sleep(0.002)  # the stage waits for its neighbour
-        torch.cuda.synchronize()
+        while not (scale.done() and heat.done()):
+            with h.iteration():  # opens the gate, records compute and bubbles
+                with h.compute(label="forward"):
+                    for _ in range(8):
+                        a = torch.tanh(a @ a * 1e-3)
+                time.sleep(0.002)  # the stage waits for its neighbour: a bubble
         elapsed = time.perf_counter() - t0
+        # Once done, the results are complete for any later work on any stream.
         scale.result()
         heat.result()
         print(h.report().summary())
@@ -78,6 +78,7 @@ def main() -> None:
     print(f"scale_shift: {tiles} items; heat_step: {steps} phases x {tiles} items")
     print(f"done in {elapsed:.2f} s of training; heat max error vs numpy {err:.2e}")
     assert err < 1e-3, err
+    print("both results match")
 
 
 if __name__ == "__main__":
