@@ -5,14 +5,14 @@
 namespace freeride {
 
 std::unique_ptr<Backend> make_backend(const std::string& kind, int device, int workers,
-                                      bool gate_in_host_memory, bool stream_wait) {
+                                      const CudaOptions& options) {
   if (kind == "host") return make_host_backend(workers);
-  if (kind == "cuda") return make_cuda_backend(device, gate_in_host_memory, stream_wait);
+  if (kind == "cuda") return make_cuda_backend(device, options);
   FR_THROW(InvalidArgument, "backend kind must be 'host' or 'cuda', got '" << kind << "'");
 }
 
 #ifndef FREERIDE_WITH_CUDA
-std::unique_ptr<Backend> make_cuda_backend(int, bool, bool) {
+std::unique_ptr<Backend> make_cuda_backend(int, const CudaOptions&) {
   FR_THROW(RuntimeFailure, "this build of freeride has no CUDA backend (rebuild with nvcc on "
                            "PATH or FREERIDE_CUDA=1)");
 }

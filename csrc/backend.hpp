@@ -110,14 +110,24 @@ class Backend {
   virtual void shutdown() = 0;
 };
 
+// How a CUDA backend runs side kernels.
+struct CudaOptions {
+  // The gate word in mapped pinned host memory instead of device memory.
+  bool gate_in_host_memory = false;
+  // Admit launches with cuStreamWaitValue32 on the side stream rather than by polling
+  // the gate's host mirror (see cuda_backend.cpp for why polling is the default).
+  bool stream_wait = false;
+  // What side blocks leave free on every SM for the kernels training launches in bubbles.
+  SmReserve reserve;
+  // Longest a block of a launch keeps claiming items (0: until the gate closes).
+  uint64_t slice_ns = 2'000'000;
+};
+
 // Factories. make_cuda_backend throws where the build has no CUDA or no device exists.
 std::unique_ptr<Backend> make_host_backend(int workers);
-// stream_wait: admit launches with cuStreamWaitValue32 on the side stream rather than
-// by polling the gate's host mirror (see cuda_backend.cpp for why polling is the default).
-std::unique_ptr<Backend> make_cuda_backend(int device, bool gate_in_host_memory,
-                                           bool stream_wait);
-// kind "host" (workers threads) or "cuda" (device ordinal, gate placement, admission).
+std::unique_ptr<Backend> make_cuda_backend(int device, const CudaOptions& options);
+// kind "host" (workers threads) or "cuda" (device ordinal and options).
 std::unique_ptr<Backend> make_backend(const std::string& kind, int device, int workers,
-                                      bool gate_in_host_memory, bool stream_wait);
+                                      const CudaOptions& options);
 
 }  // namespace freeride

@@ -10,6 +10,11 @@
 // read the gate before every item, so a launch admitted just before a close exits at its
 // next item boundary. The stream wait remains available as an option (stream_wait).
 //
+// Side grids never fill an SM (the reserve, applied where each launcher sizes its grid)
+// and every launch ends after its time slice (blocks stop claiming; the executor
+// relaunches): the kernels training launches while the gate is open find room at once,
+// and a device-wide synchronisation waits at most a slice.
+//
 // Threads: the executor thread calls PhaseRunner::run/begin_phase; Python threads call
 // gate_write (on the training hot path), stop/resume, done and gate_read. Every public
 // method selects the device itself and puts the caller's device back afterwards.
@@ -249,6 +254,9 @@ struct CudaShared {
   bool memops = false;  // stream memory operations usable on this device
   std::string memops_reason;
   int sm_count = 0;
+  SmLimits sm;
+  SmReserve reserve;
+  uint64_t slice_ns = 0;
   cudaStream_t side = nullptr;
   cudaStream_t control = nullptr;
   GateSlot gate;
@@ -297,6 +305,10 @@ struct CudaShared {
     pools_freed = true;
     states.free_all();
     words.free_all();
+  }
+
+  CudaLaunch launch(const fr_item_ctx& ctx, void* stream) const {
+    return CudaLaunch{ctx, stream, sm_count, device, sm, reserve};
   }
 
   // Stream-ordered write of a 32-bit word on `stream`.
@@ -416,6 +428,19 @@ struct CudaShared {
     (void)cudaGetLastError();
   }
 };
+
+SmLimits sm_limits(int device) {
+  SmLimits sm;
+  FR_CUDA_CHECK(cudaDeviceGetAttribute(&sm.threads, cudaDevAttrMaxThreadsPerMultiProcessor, device));
+  FR_CUDA_CHECK(cudaDeviceGetAttribute(&sm.blocks, cudaDevAttrMaxBlocksPerMultiprocessor, device));
+  FR_CUDA_CHECK(
+      cudaDeviceGetAttribute(&sm.registers, cudaDevAttrMaxRegistersPerMultiprocessor, device));
+  FR_CUDA_CHECK(cudaDeviceGetAttribute(&sm.shared_bytes,
+                                       cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  FR_CUDA_CHECK(cudaDeviceGetAttribute(&sm.reserved_shared_per_block,
+                                       cudaDevAttrReservedSharedMemoryPerBlock, device));
+  return sm;
+}
 
 // The executor thread polls the mirror while the gate is closed; with the default 50 us
 // timer slack each sleep would overshoot by that much, delaying the start of side work
@@ -585,7 +610,8 @@ class CudaRunner final : public PhaseRunner {
       ctx.progress = progress_dev_;
       ctx.n_items = n_items_;
       ctx.phase = phase_;
-      task_->launch_cuda(CudaLaunch{ctx, s.side, s.sm_count, s.device});
+      ctx.slice_ns = s.slice_ns;
+      task_->launch_cuda(s.launch(ctx, s.side));
       FR_CUDA_CHECK(cudaGetLastError());
       if (record) marks.end = s.mark(s.side);
       // The exact count (progress-mirror stores from different blocks land in any order),
@@ -736,8 +762,7 @@ class CudaRunner final : public PhaseRunner {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, bool gate_in_host_memory, bool stream_wait)
-      : s_(std::make_shared<CudaShared>()) {
+  CudaBackend(int device, const CudaOptions& options) : s_(std::make_shared<CudaShared>()) {
     int count = 0;
     const cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess) {
@@ -751,10 +776,27 @@ class CudaBackend final : public Backend {
 
     CudaShared& s = *s_;
     s.device = device;
-    s.host_gate = gate_in_host_memory;
-    s.stream_wait = stream_wait;
+    s.host_gate = options.gate_in_host_memory;
+    s.stream_wait = options.stream_wait;
+    s.reserve = options.reserve;
+    s.slice_ns = options.slice_ns;
     DeviceGuard guard(device);
     FR_CUDA_CHECK(cudaDeviceGetAttribute(&s.sm_count, cudaDevAttrMultiProcessorCount, device));
+    s.sm = sm_limits(device);
+    if (s.reserve.blocks > 0) {
+      FR_ARG(s.reserve.threads > 0 && s.reserve.registers_per_thread >= 0 &&
+                 s.reserve.shared_bytes >= 0,
+             "reserve: threads must be positive, registers and shared memory not negative");
+      const KernelUse one_warp{32, 0, 0};
+      FR_ARG(side_blocks_per_sm(s.sm, s.reserve, one_warp) > 0,
+             "reserve of " << s.reserve.blocks << " block(s) of " << s.reserve.threads
+                           << " threads, " << s.reserve.registers_per_thread
+                           << " registers per thread and " << s.reserve.shared_bytes
+                           << " bytes of shared memory leaves no room for side work on an SM "
+                              "of device "
+                           << device << " (" << s.sm.threads << " threads, " << s.sm.registers
+                           << " registers, " << s.sm.shared_bytes << " bytes of shared memory)");
+    }
     int least = 0;
     int greatest = 0;
     FR_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
@@ -768,7 +810,7 @@ class CudaBackend final : public Backend {
       s.zeros = s.words.acquire();
     }
     if (!s.host_gate) (void)gate_constants();  // fail now rather than in a training hook
-    s.gate = acquire_gate(device, gate_in_host_memory);
+    s.gate = acquire_gate(device, s.host_gate);
 
     const uint32_t open = FREERIDE_GATE_OPEN;
     std::atomic_ref<unsigned int>(*s.gate.mirror).store(open);
@@ -834,7 +876,7 @@ class CudaBackend final : public Backend {
       fr_item_ctx ctx{};  // no gate, no state: for_each_item runs every item, unchecked
       ctx.n_items = task.num_items(phase);
       ctx.phase = phase;
-      task.launch_cuda(CudaLaunch{ctx, where, s.sm_count, s.device});
+      task.launch_cuda(s.launch(ctx, where));
       FR_CUDA_CHECK(cudaGetLastError());
     }
   }
@@ -914,9 +956,8 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int device, bool gate_in_host_memory,
-                                           bool stream_wait) {
-  return std::make_unique<CudaBackend>(device, gate_in_host_memory, stream_wait);
+std::unique_ptr<Backend> make_cuda_backend(int device, const CudaOptions& options) {
+  return std::make_unique<CudaBackend>(device, options);
 }
 
 }  // namespace freeride

@@ -35,7 +35,7 @@ class RawKernelTask final : public Task {
   RawKernelTask(std::string name, std::vector<RawPhase> kernels, uint64_t phases,
                 std::vector<uint64_t> args)
       : name_(std::move(name)), kernels_(std::move(kernels)), phases_(phases),
-        args_(std::move(args)), resident_(kernels_.size(), 0) {
+        args_(std::move(args)), per_sm_(kernels_.size(), 0) {
     FR_ARG(!kernels_.empty(), "a RawKernel task needs at least one kernel");
     FR_ARG(phases_ > 0, "a RawKernel task needs at least one phase");
     for (const RawPhase& p : kernels_) {
@@ -60,16 +60,19 @@ class RawKernelTask final : public Task {
                                                 << " of " << phases_);
     const RawPhase& p = kernel_of(launch.ctx.phase);
     const CUfunction f = as_function(p.function);
-    unsigned int grid = p.grid;
-    if (grid == 0) grid = persistent_grid(a, launch.ctx.phase % kernels_.size(), p, launch.sm_count);
-    grid = static_cast<unsigned int>(std::min<uint64_t>(grid, launch.ctx.n_items));
+    const uint64_t resident = resident_blocks(a, launch.ctx.phase % kernels_.size(), p, launch);
+    // A grid the user chose is capped too: blocks beyond the resident ones would wait
+    // for a slot, and on a reserved device they would take the reserve's.
+    const uint64_t grid = std::min<uint64_t>(
+        {p.grid == 0 ? resident : std::min<uint64_t>(p.grid, resident), launch.ctx.n_items,
+         1u << 30});
     // The driver copies each parameter's bytes out of these pointers during the call.
     fr_item_ctx ctx = launch.ctx;
     std::vector<void*> params;
     params.reserve(args_.size() + 1);
     params.push_back(&ctx);
     for (uint64_t& word : args_) params.push_back(&word);
-    FR_DRV_CHECK(a.launch_kernel(f, grid, 1, 1, p.block, 1, 1, p.shared_mem,
+    FR_DRV_CHECK(a.launch_kernel(f, static_cast<unsigned int>(grid), 1, 1, p.block, 1, 1, p.shared_mem,
                                  static_cast<CUstream>(launch.stream), params.data(), nullptr));
 #else
     (void)launch;
@@ -81,21 +84,37 @@ class RawKernelTask final : public Task {
   const RawPhase& kernel_of(uint64_t phase) const { return kernels_[phase % kernels_.size()]; }
 
 #ifdef FREERIDE_WITH_CUDA
-  // Blocks that fit at once, computed on first launch (on the executor's thread, where
-  // the device's primary context is current) and kept: the device never changes.
-  unsigned int persistent_grid(const cuda_driver::Api& a, size_t kernel, const RawPhase& p,
-                               int sm_count) {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (resident_[kernel] == 0) {
-      int per_sm = 0;
-      FR_DRV_CHECK(a.occupancy(&per_sm, as_function(p.function), static_cast<int>(p.block),
-                               p.shared_mem));
-      FR_CHECK(per_sm > 0, name_ << ": not one block of " << p.block << " threads and "
-                                 << p.shared_mem << " bytes of shared memory fits on an SM");
-      resident_[kernel] =
-          static_cast<uint64_t>(per_sm) * static_cast<uint64_t>(std::max(sm_count, 1));
+  // Blocks that may be resident at once: the kernel's occupancy (computed on first
+  // launch, on the executor's thread where the device's primary context is current, and
+  // kept: the device never changes), capped per SM by the launch's reserve.
+  uint64_t resident_blocks(const cuda_driver::Api& a, size_t kernel, const RawPhase& p,
+                           const CudaLaunch& launch) {
+    const CUfunction f = as_function(p.function);
+    int per_sm = 0;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (per_sm_[kernel] == 0) {
+        FR_DRV_CHECK(a.occupancy(&per_sm_[kernel], f, static_cast<int>(p.block), p.shared_mem));
+        FR_CHECK(per_sm_[kernel] > 0, name_ << ": not one block of " << p.block << " threads and "
+                                            << p.shared_mem
+                                            << " bytes of shared memory fits on an SM");
+      }
+      per_sm = per_sm_[kernel];
     }
-    return static_cast<unsigned int>(std::min<uint64_t>(resident_[kernel], 1u << 30));
+    if (launch.reserve.blocks > 0 && launch.sm.threads > 0) {
+      const KernelUse use{static_cast<int>(p.block),
+                          function_attribute(a, f, CU_FUNC_ATTRIBUTE_NUM_REGS),
+                          function_attribute(a, f, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES) +
+                              static_cast<int>(p.shared_mem)};
+      per_sm = std::min(per_sm, side_blocks_per_sm(launch.sm, launch.reserve, use));
+      FR_ARG(per_sm > 0, name_ << ": a block of " << p.block << " threads, " << use.registers_per_thread
+                               << " registers per thread and " << use.shared_bytes
+                               << " bytes of shared memory does not fit on an SM beside the "
+                                  "harvester's reserve; use smaller blocks or a smaller reserve");
+      FR_DRV_CHECK(a.func_set_attribute(f, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                                        carveout_percent(launch.sm, launch.reserve, use, per_sm)));
+    }
+    return static_cast<uint64_t>(per_sm) * static_cast<uint64_t>(std::max(launch.sm_count, 1));
   }
 #endif
 
@@ -104,7 +123,7 @@ class RawKernelTask final : public Task {
   uint64_t phases_;
   std::vector<uint64_t> args_;
   std::mutex mu_;
-  std::vector<uint64_t> resident_;
+  std::vector<int> per_sm_;  // the kernel's own occupancy, per kernel; 0: not yet known
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "freeride/item_ctx.h"
+#include "sm_room.hpp"
 
 namespace freeride {
 
@@ -14,6 +15,8 @@ struct CudaLaunch {
   void* stream;         // the side stream (cudaStream_t)
   int sm_count;         // multiprocessors of the device, for sizing persistent grids
   int device;           // CUDA device ordinal
+  SmLimits sm;          // per-SM resources of the device
+  SmReserve reserve;    // what side blocks leave free on every SM (blocks == 0: nothing)
 };
 
 class Task {

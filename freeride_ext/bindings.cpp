@@ -44,12 +44,30 @@ py::dict backend_info() {
   return out;
 }
 
+// (blocks, threads, registers per thread, shared bytes), as the Python API passes it.
+using ReserveTuple = std::tuple<int, int, int, int>;
+
+freeride::SmReserve to_reserve(const ReserveTuple& t) {
+  return freeride::SmReserve{std::get<0>(t), std::get<1>(t), std::get<2>(t), std::get<3>(t)};
+}
+
 std::unique_ptr<Executor> make_executor(const std::string& kind, int device, int workers,
                                         bool gate_in_host_memory, bool stream_wait,
-                                        uint64_t memory_budget) {
-  return std::make_unique<Executor>(
-      freeride::make_backend(kind, device, workers, gate_in_host_memory, stream_wait),
-      memory_budget);
+                                        uint64_t memory_budget, const ReserveTuple& reserve,
+                                        uint64_t slice_ns) {
+  freeride::CudaOptions options;
+  options.gate_in_host_memory = gate_in_host_memory;
+  options.stream_wait = stream_wait;
+  options.reserve = to_reserve(reserve);
+  options.slice_ns = slice_ns;
+  return std::make_unique<Executor>(freeride::make_backend(kind, device, workers, options),
+                                    memory_budget);
+}
+
+// (threads, blocks, registers, shared bytes, reserved shared bytes per block)
+freeride::SmLimits to_limits(const std::tuple<int, int, int, int, int>& t) {
+  return freeride::SmLimits{std::get<0>(t), std::get<1>(t), std::get<2>(t), std::get<3>(t),
+                            std::get<4>(t)};
 }
 
 py::tuple status_tuple(const Executor& ex, uint64_t id) {
@@ -175,10 +193,27 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_max_dynamic_shared", &freeride::set_max_dynamic_shared, py::arg("function"),
         py::arg("bytes"));
 
+  m.attr("ITEM_CTX_BYTES") = py::int_(sizeof(fr_item_ctx));
+  m.def(
+      "side_blocks_per_sm",
+      [](const std::tuple<int, int, int, int, int>& sm, const ReserveTuple& reserve,
+         const std::tuple<int, int, int>& use) {
+        const freeride::KernelUse u{std::get<0>(use), std::get<1>(use), std::get<2>(use)};
+        const freeride::SmLimits limits = to_limits(sm);
+        const freeride::SmReserve r = to_reserve(reserve);
+        const int blocks = freeride::side_blocks_per_sm(limits, r, u);
+        return std::make_tuple(blocks, freeride::carveout_percent(limits, r, u, blocks));
+      },
+      py::arg("sm"), py::arg("reserve"), py::arg("use"),
+      "(side blocks per SM, carveout percent) for a kernel block `use` = (threads, registers "
+      "per thread, shared bytes) on an SM `sm` = (threads, blocks, registers, shared bytes, "
+      "reserved shared bytes per block) beside `reserve` = (blocks, threads, registers per "
+      "thread, shared bytes).");
+
   py::class_<Executor>(m, "Executor")
       .def(py::init(&make_executor), py::arg("kind"), py::arg("device"), py::arg("workers"),
            py::arg("gate_in_host_memory"), py::arg("stream_wait"), py::arg("memory_budget"),
-           release_gil())
+           py::arg("reserve"), py::arg("slice_ns"), release_gil())
       .def("submit", &Executor::submit, py::arg("task"), py::arg("priority"),
            py::arg("after") = std::vector<uintptr_t>{}, release_gil(),
            "after: stream handles whose work so far the task's first launch waits for")

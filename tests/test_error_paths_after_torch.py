@@ -333,19 +333,19 @@ SCRIPT = textwrap.dedent(
     )
     check(
         "raw.executor_kind",
-        lambda: _C.Executor("banana", 0, 1, False, False, 0),
+        lambda: _C.Executor("banana", 0, 1, False, False, 0, (0, 1, 0, 0), 0),
         ValueError,
         "'banana'",
     )
     check(
         "raw.executor_workers_zero",
-        lambda: _C.Executor("host", -1, 0, False, False, 0),
+        lambda: _C.Executor("host", -1, 0, False, False, 0, (0, 1, 0, 0), 0),
         ValueError,
         "workers must be in [1, 1024], got 0",
     )
     check(
         "raw.executor_workers_many",
-        lambda: _C.Executor("host", -1, 5000, False, False, 0),
+        lambda: _C.Executor("host", -1, 5000, False, False, 0, (0, 1, 0, 0), 0),
         ValueError,
         "got 5000",
     )
@@ -354,7 +354,7 @@ SCRIPT = textwrap.dedent(
     bad = len(info["devices"]) + 90 if info["cuda"] else 0
     check(
         "raw.executor_cuda_unusable",
-        lambda: _C.Executor("cuda", bad, 1, False, False, 0),
+        lambda: _C.Executor("cuda", bad, 1, False, False, 0, (0, 1, 0, 0), 0),
         (RuntimeError, ValueError),
         "CUDA",
         str(bad),
@@ -406,6 +406,12 @@ SCRIPT = textwrap.dedent(
             lambda: ex.submit(_C.spin_task(1, 1, 0), 0, []),
             RuntimeError,
             "the harvester is closed",
+        )
+        check(
+            "cuda.reserve_too_big",
+            lambda: fr.Harvester("cuda:0", reserve=fr.Reserve(blocks=4)),
+            ValueError,
+            "leaves no room for side work",
         )
         cancel_paths("cuda", "cuda:0")
         torch.cuda.synchronize()

@@ -7,6 +7,8 @@
 #include <cstdint>
 
 #include "check.hpp"
+#include "freeride/preempt.cuh"
+#include "sm_room.hpp"
 #include "task.hpp"
 
 namespace freeride::kernels {
@@ -21,12 +23,7 @@ inline void check_context(const CudaLaunch& launch, const char* task) {
                                        "or neither (a plain run)");
 }
 
-// %globaltimer: nanoseconds, the same clock on every SM.
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+using freeride::globaltimer_ns;
 
 // Loads `kernel` into the current context now. CUDA loads kernels lazily by default, and
 // a lazy load synchronises the context: at a first launch in the middle of training it
@@ -37,20 +34,31 @@ void preload(Kernel kernel) {
   FR_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
 }
 
-// Blocks of `kernel` that fit on the device at once.
+// Persistent grid: every block resident at once (so each is running and polling the
+// gate rather than queued behind the others), no more blocks than items, and never so
+// many per SM that the launch's reserve no longer fits beside them: the kernels training
+// launches during a bubble must start at once. Also asks for a shared-memory carveout
+// that keeps the reserve's shared memory configured next to the side blocks.
 template <typename Kernel>
-uint64_t resident_blocks(Kernel kernel, int threads, int sm_count) {
+unsigned int persistent_grid(Kernel kernel, int threads, const CudaLaunch& launch,
+                             uint64_t items, int dynamic_shared_bytes = 0) {
   int per_sm = 0;
-  FR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
-  return static_cast<uint64_t>(std::max(per_sm, 1)) * static_cast<uint64_t>(std::max(sm_count, 1));
-}
-
-// Persistent grid: no more blocks than can be resident at once (nor than items), so every
-// block is running and polling the gate rather than queued behind the others.
-template <typename Kernel>
-unsigned int persistent_grid(Kernel kernel, int threads, int sm_count, uint64_t items) {
-  return static_cast<unsigned int>(
-      std::max<uint64_t>(1, std::min<uint64_t>(resident_blocks(kernel, threads, sm_count), items)));
+  FR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads,
+                                                              dynamic_shared_bytes));
+  if (launch.reserve.blocks > 0 && launch.sm.threads > 0) {
+    cudaFuncAttributes attributes{};
+    FR_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    const KernelUse use{threads, attributes.numRegs,
+                        static_cast<int>(attributes.sharedSizeBytes) + dynamic_shared_bytes};
+    per_sm = std::min(per_sm, side_blocks_per_sm(launch.sm, launch.reserve, use));
+    FR_CHECK(per_sm > 0, "a block of " << threads << " threads does not fit on an SM beside "
+                                       "the harvester's reserve");
+    FR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       carveout_percent(launch.sm, launch.reserve, use, per_sm)));
+  }
+  const uint64_t resident =
+      static_cast<uint64_t>(std::max(per_sm, 1)) * static_cast<uint64_t>(std::max(launch.sm_count, 1));
+  return static_cast<unsigned int>(std::max<uint64_t>(1, std::min<uint64_t>(resident, items)));
 }
 
 }  // namespace freeride::kernels

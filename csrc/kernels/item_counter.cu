@@ -23,7 +23,7 @@ __global__ void __launch_bounds__(kThreads)
     if (!freeride::leader_thread()) return;
     const unsigned long long phase = ctx.phase;
     const unsigned long long slot = phase * items_per_phase + item;
-    if (times != nullptr) times[2 * slot] = global_ns();
+    if (times != nullptr) times[2 * slot] = globaltimer_ns();
     if (phase > 0) {
       // Written by earlier launches; volatile so the read is not served from a stale L1 line.
       const unsigned long long prev =
@@ -32,11 +32,11 @@ __global__ void __launch_bounds__(kThreads)
     }
     atomicAdd(&counts[slot], 1u);
     if (ns > 0) {
-      const unsigned long long start = global_ns();
-      while (global_ns() - start < ns) {
+      const unsigned long long start = globaltimer_ns();
+      while (globaltimer_ns() - start < ns) {
       }
     }
-    if (times != nullptr) times[2 * slot + 1] = global_ns();
+    if (times != nullptr) times[2 * slot + 1] = globaltimer_ns();
     // The count above must be visible before this item is reported as finished.
     __threadfence();
     atomicAdd(&phase_done[phase], 1ull);
@@ -61,7 +61,7 @@ void launch_item_counter(const CudaLaunch& launch, uint32_t* counts,
          "ItemCounter: phase has " << launch.ctx.n_items << " items, more than items_per_phase "
                                    << items_per_phase);
   const unsigned int blocks =
-      persistent_grid(item_counter_kernel, kThreads, launch.sm_count, launch.ctx.n_items);
+      persistent_grid(item_counter_kernel, kThreads, launch, launch.ctx.n_items);
   item_counter_kernel<<<blocks, kThreads, 0,
                         static_cast<cudaStream_t>(launch.stream)>>>(
       launch.ctx, counts, phase_done, violations, times, items_per_phase, ns_per_item);

@@ -17,8 +17,8 @@ constexpr int kThreads = 128;
 
 __global__ void __launch_bounds__(kThreads) spin_kernel(fr_item_ctx ctx, unsigned long long ns) {
   freeride::for_each_item(ctx, [&](unsigned long long) {
-    const unsigned long long start = global_ns();
-    while (global_ns() - start < ns) {
+    const unsigned long long start = globaltimer_ns();
+    while (globaltimer_ns() - start < ns) {
     }
   });
 }
@@ -30,8 +30,8 @@ __global__ void __launch_bounds__(kThreads) spin_slice_kernel(fr_item_ctx ctx, u
   if (freeride::leader_thread()) s_item = atomicAdd(&ctx.state->next, 1ull);
   __syncthreads();
   if (s_item >= ctx.n_items) return;
-  const unsigned long long start = global_ns();
-  while (global_ns() - start < ns) {
+  const unsigned long long start = globaltimer_ns();
+  while (globaltimer_ns() - start < ns) {
   }
   __syncthreads();
   if (freeride::leader_thread()) freeride::finish_item(ctx);
@@ -56,7 +56,7 @@ void launch_spin_slice(const CudaLaunch& launch, uint64_t ns_per_item, uint64_t 
 void launch_spin(const CudaLaunch& launch, uint64_t ns_per_item) {
   check_context(launch, "Spin");
   const unsigned int grid =
-      persistent_grid(spin_kernel, kThreads, launch.sm_count, launch.ctx.n_items);
+      persistent_grid(spin_kernel, kThreads, launch, launch.ctx.n_items);
   spin_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(launch.stream)>>>(
       launch.ctx, static_cast<unsigned long long>(ns_per_item));
   FR_CUDA_CHECK(cudaGetLastError());

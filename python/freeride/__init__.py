@@ -27,6 +27,7 @@ from .handle import TaskHandle
 from .harvester import Harvester
 from .iterative import IterativeHandle, IterativeTask
 from .report import Report, merge_chrome_traces
+from .reserve import Reserve
 
 __version__ = "0.1.0"
 
@@ -35,13 +36,16 @@ def backend_info() -> dict[str, Any]:
     """What this build and machine offer: ``cuda`` (a usable GPU), ``cuda_built``,
     ``devices`` (name, SMs, compute capability, ``stream_mem_ops``), ``stream_mem_ops``
     (all devices support them), ``runtime_version``, ``driver_version``, ``version``,
-    and ``reason`` when cuda is False."""
+    ``reserve_mechanism`` (how side kernels leave room for training's kernels on a GPU:
+    ``"occupancy-cap"``, a per-SM cap on every side grid; see fr.Reserve), and ``reason``
+    when cuda is False."""
     info = dict(_C.backend_info())
     info["stream_mem_ops"] = bool(info["devices"]) and all(
         d["stream_mem_ops"] for d in info["devices"]
     )
     info["version"] = __version__
     info["default_backend"] = "cuda" if info["cuda"] else "host"
+    info["reserve_mechanism"] = "occupancy-cap"
     return info
 
 
@@ -69,6 +73,7 @@ __all__ = [
     "KernelCompileError",
     "MemoryBudgetError",
     "Report",
+    "Reserve",
     "TaskCancelledError",
     "TaskFailedError",
     "TaskHandle",

@@ -69,7 +69,8 @@ class TaskHandle:
 
     @property
     def launches(self) -> int:
-        """Preemptible launches so far: one more after every pause."""
+        """Preemptible launches so far: one more after every pause (on a GPU, also after
+        every time slice)."""
         return self._status()[4]
 
     def done(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import threading
@@ -23,6 +24,7 @@ from .pipeline import Attachment
 from .recorder import Recorder, attribute_side_work
 from .report import Report
 from .report_model import TaskSummary
+from .reserve import DEFAULT_RESERVE, NO_RESERVE, Reserve
 from .tasks._base import Task, check_count
 
 
@@ -33,6 +35,18 @@ def _rank() -> int | None:
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank()
     return None
+
+
+def _check_time_slice(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"time_slice must be a number of seconds or None, got {type(value).__name__}"
+        )
+    if not math.isfinite(value) or not 1e-5 <= value <= 60:
+        raise ValueError(f"time_slice must be between 1e-05 and 60 seconds (or None), got {value}")
+    return float(value)
 
 
 def _default_workers() -> int:
@@ -57,6 +71,16 @@ class Harvester:
             cudaFree, empty_cache) issued while the gate is closed and before its open
             waits forever, and with CUDA_DEVICE_MAX_CONNECTIONS=1 the pending wait blocks
             the training stream. Off by default.
+        reserve: CUDA only: what side kernels leave free on every SM for the kernels
+            training launches while side work runs (see freeride.Reserve for the cost).
+            The default keeps room for one 512-thread block with 48 KiB of shared memory
+            per SM; None takes whole SMs, which can delay such kernels until side work
+            stops (and deadlock where a gate close is ordered behind them).
+        time_slice: CUDA only: seconds after which a side launch claims no further item
+            and is relaunched (if the gate is still open), so that a device-wide
+            synchronisation issued while the gate is open (torch.cuda.synchronize,
+            cudaFree, empty_cache) waits at most this long, and higher-priority tasks get
+            the GPU between launches. None: a launch runs until the gate closes.
 
     Use it as a context manager, or call close().
     """
@@ -69,6 +93,8 @@ class Harvester:
         workers: int | None = None,
         gate_in_host_memory: bool = False,
         stream_wait: bool = False,
+        reserve: Reserve | None = DEFAULT_RESERVE,
+        time_slice: float | None = 0.002,
     ) -> None:
         self._kind, self._device_index = resolve_device(device)
         budget = parse_memory(memory_budget, "memory_budget")
@@ -79,8 +105,23 @@ class Harvester:
             raise TypeError("gate_in_host_memory must be a bool")
         if not isinstance(stream_wait, bool):
             raise TypeError("stream_wait must be a bool")
+        if reserve is None:
+            reserve = NO_RESERVE
+        if not isinstance(reserve, Reserve):
+            raise TypeError(
+                f"reserve must be a freeride.Reserve or None, got {type(reserve).__name__}"
+            )
+        self._reserve = reserve
+        self._time_slice = _check_time_slice(time_slice)
         self._ex = _C.Executor(
-            self._kind, self._device_index, workers, gate_in_host_memory, stream_wait, budget
+            self._kind,
+            self._device_index,
+            workers,
+            gate_in_host_memory,
+            stream_wait,
+            budget,
+            reserve.as_tuple(),
+            0 if self._time_slice is None else max(1, round(self._time_slice * 1e9)),
         )
         self._lock = threading.Lock()
         self._closed = False
@@ -116,6 +157,16 @@ class Harvester:
     def side_stream(self) -> int:
         """Handle of the low-priority stream side kernels run on (0 on the host backend)."""
         return self._ex.side_stream
+
+    @property
+    def reserve(self) -> Reserve:
+        """What side kernels leave free on every SM (CUDA; blocks == 0: nothing)."""
+        return self._reserve
+
+    @property
+    def time_slice(self) -> float | None:
+        """Longest a side launch keeps claiming items, in seconds (CUDA; None: no bound)."""
+        return self._time_slice
 
     @property
     def memory_budget(self) -> int | None:

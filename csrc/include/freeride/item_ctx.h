@@ -12,9 +12,10 @@ typedef struct fr_phase_state {
   unsigned long long next; /* next item index to claim (may overshoot n_items) */
   unsigned long long done; /* items finished */
   unsigned int stop;       /* nonzero: stop claiming (cancel, preemption, shutdown) */
-  unsigned int held;       /* blocks that stopped claiming because the gate was closed or
-                              stop was set; counts up, so the host tells a launch that was
-                              paused from one whose kernel skipped the item loop */
+  unsigned int held;       /* blocks that stopped claiming because the gate was closed,
+                              stop was set or their time slice ended; counts up, so the
+                              host tells a launch that was paused from one whose kernel
+                              skipped the item loop */
 } fr_phase_state;
 
 /* What every preemptible kernel receives as its first argument. */
@@ -24,6 +25,8 @@ typedef struct fr_item_ctx {
   volatile unsigned long long* progress; /* host-visible mirror of state->done, or 0 */
   unsigned long long n_items;            /* items in this phase */
   unsigned long long phase;              /* index of this phase within the task */
+  unsigned long long slice_ns;           /* a block claims no item after running this
+                                            long (the launch's time slice); 0: no limit */
 } fr_item_ctx;
 
 #endif /* FREERIDE_ITEM_CTX_H_ */

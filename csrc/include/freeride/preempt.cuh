@@ -31,10 +31,22 @@ __device__ __forceinline__ bool may_run(const fr_item_ctx& ctx) {
          *reinterpret_cast<volatile unsigned int*>(&ctx.state->stop) == 0u;
 }
 
-// Leader only: claim the next item, or kNoItem when paused or the phase is drained. A
-// block held back by the gate or the stop flag says so in `held` (once, as it exits).
-__device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx) {
-  if (!may_run(ctx)) {
+// %globaltimer: nanoseconds, the same clock on every SM.
+__device__ __forceinline__ unsigned long long globaltimer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Leader only: claim the next item, or kNoItem when paused, out of time or the phase is
+// drained. A block held back by the gate, the stop flag or the end of its time slice
+// says so in `held` (once, as it exits). The slice bounds every launch even while the
+// gate stays open: a device-wide synchronisation (torch.cuda.synchronize, cudaFree)
+// then waits at most a slice, and between launches the executor may pick another task.
+__device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx,
+                                                         unsigned long long started_ns) {
+  if (!may_run(ctx) ||
+      (ctx.slice_ns != 0ull && globaltimer_ns() - started_ns >= ctx.slice_ns)) {
     atomicAdd(&ctx.state->held, 1u);
     return kNoItem;
   }
@@ -54,7 +66,7 @@ __device__ __forceinline__ void finish_item(const fr_item_ctx& ctx) {
 }
 
 // Runs body(item) for every item this block claims until the gate closes, the phase is
-// stopped or no item is left. Every thread of the block must call it (it synchronises).
+// stopped, the launch's time slice ends or no item is left. Every thread of the block must call it (it synchronises).
 //
 // A context without phase state (ctx.state == 0) runs the kernel plain: every item, in a
 // grid-stride loop, with no gate, claims or counters. The item-overhead benchmark
@@ -69,8 +81,9 @@ __device__ __forceinline__ void for_each_item(const fr_item_ctx& ctx, Body&& bod
     return;
   }
   __shared__ unsigned long long s_item;
+  const unsigned long long started_ns = leader_thread() ? globaltimer_ns() : 0ull;
   while (true) {
-    if (leader_thread()) s_item = claim_item(ctx);
+    if (leader_thread()) s_item = claim_item(ctx, started_ns);
     __syncthreads();
     const unsigned long long item = s_item;
     if (item == kNoItem) return;  // uniform across the block

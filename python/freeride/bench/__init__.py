@@ -89,7 +89,7 @@ def format_table(result: dict) -> str:
     )
     if not rows:
         return head
-    cols = list(rows[0])
+    cols = list(dict.fromkeys(key for row in rows for key in row))  # every row's, in order
     cells = [[_fmt(row.get(c)) for c in cols] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(cols)]
     lines = [head, "  ".join(c.rjust(w) for c, w in zip(cols, widths))]

@@ -10,6 +10,7 @@ the calling thread and the preemptible ones on one worker.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +24,10 @@ def measure(mode: str, quick: bool) -> dict:
     gpu = mode == "gpu"
     repeats = (3 if quick else 10) if not gpu else (3 if quick else 20)
     rows = []
-    with Harvester("cuda:0" if gpu else "cpu", workers=1) as h:
+    device = "cuda:0" if gpu else "cpu"
+    # The reserve's cost: the same plain kernels on grids that take whole SMs.
+    free = Harvester(device, workers=1, reserve=None) if gpu else None
+    with Harvester(device, workers=1) as h, free or contextlib.nullcontext():
         h.gate.open(stream="host")
         for name, make, nbytes in _workloads(gpu, quick):
             built = make()._build(h)  # once: validation and uploads are not timed
@@ -36,6 +40,10 @@ def measure(mode: str, quick: bool) -> dict:
                 "item_overhead_pct": (items / plain - 1) * 100,
                 "launches": launches,
             }
+            if free is not None:
+                whole = _plain_seconds(free, built, repeats, gpu)
+                row["plain_no_reserve_ms"] = whole * 1000
+                row["reserve_cost_pct"] = (plain / whole - 1) * 100
             row["plain_GBps"] = nbytes / plain / 1e9 if nbytes else None
             row["preemptible_GBps"] = nbytes / items / 1e9 if nbytes else None
             rows.append(row)
@@ -44,6 +52,10 @@ def measure(mode: str, quick: bool) -> dict:
         "settings": {"repeats": repeats, "quick": quick},
         "notes": [
             "plain: the same kernels without the item protocol (grid-stride over items)",
+            (
+                "GPU: both with the default reserve (side grids capped per SM); reserve_cost: "
+                "plain with the reserve against plain on grids that take whole SMs"
+            ),
             "host: the preemptible time includes the hand-off to the worker thread",
             (
                 "GPU times are kernel times from stream-ordered events; GBps counts the bytes "

@@ -1,6 +1,7 @@
 """Pause latency: how long after the gate closes side work is still running, against
 item duration; the GPU mode also measures the baselines (stream priority only, naive
-co-location) and the delay a training kernel launched right after the close sees."""
+co-location), the delay a training kernel launched right after the close sees, and the
+admission delay of kernels launched while the gate is open (bench/admission.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 
 from .. import Harvester, tasks
 from . import percentiles
+from .admission import measure as measure_admission
 
 ITEM_US = (1, 5, 10, 20, 100)  # 10: the target is stated for 10 us items
 
@@ -177,9 +179,12 @@ def _gpu(quick: bool) -> dict:
                 results.append(trial(None, None))
                 side.synchronize()
             rows.append(row(variant, item_us, results))
+    admission = measure_admission(quick)
+    rows += admission["rows"]
     return {
         "rows": rows,
         "settings": {
+            "admission": admission["settings"],
             "trials": trials,
             "probe_blocks": blocks,
             "probe_threads": 1024,
@@ -196,5 +201,6 @@ def _gpu(quick: bool) -> dict:
                 " launched right after the close sees before it starts"
             ),
             "baselines: side kernels of the same items without a gate",
+            *admission["notes"],
         ],
     }

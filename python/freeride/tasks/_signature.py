@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from .. import _C
 from .._arrays import as_array
 
-# sizeof(fr_item_ctx): three pointers and two 64-bit counts.
-CTX_BYTES = 40
+# sizeof(fr_item_ctx), the first parameter of every preemptible kernel.
+CTX_BYTES: int = _C.ITEM_CTX_BYTES
 
 _QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict", "struct"}
 _INT_WORDS = {"signed", "unsigned", "short", "long", "int", "char"}

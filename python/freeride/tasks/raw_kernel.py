@@ -37,8 +37,9 @@ class RawKernel(Task):
     Every kernel named takes the same `args`.
 
     `block` is the threads per block; `shared_mem` the dynamic shared memory per block
-    in bytes; `grid` the blocks per launch (default: as many as fit on the device at
-    once, so that every block polls the gate instead of waiting behind others);
+    in bytes; `grid` the blocks per launch (default, and at most: as many as fit on the
+    device at once beside the harvester's reserve, so that every block polls the gate
+    instead of waiting behind others, and training's own kernels still find room);
     `options` extra NVRTC options. The task's memory is the bytes of its distinct array
     arguments, charged against the harvester's budget. ``result()`` returns `args`.
 

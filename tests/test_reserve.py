@@ -1,0 +1,284 @@
+"""The reserve side kernels leave free on every SM, and the time slice of every launch.
+
+Host tests check the occupancy arithmetic against figures worked out by hand for an H100
+and the validation of the Harvester's arguments. GPU tests check what the reserve and the
+slice are for: a kernel that training launches while a persistent side grid runs starts at
+once, a receive-style wait kernel on the training stream cannot deadlock against side
+work, and a device-wide synchronisation with the gate open waits at most about a slice.
+"""
+
+import threading
+import time
+
+import pytest
+
+import freeride as fr
+from conftest import wait_until
+from freeride import _C
+
+# An H100 SM: threads, blocks, registers, shared memory (largest carveout), and the shared
+# memory the system reserves per block.
+H100 = (2048, 32, 65536, 233472, 1024)
+DEFAULT = fr.Reserve().as_tuple()
+NONE = (0, 1, 0, 0)
+
+
+def blocks(use, reserve=DEFAULT, sm=H100):
+    return _C.side_blocks_per_sm(sm, reserve, use)[0]
+
+
+def test_default_reserve_is_one_nccl_class_block():
+    assert DEFAULT == (1, 512, 64, 48 * 1024)
+
+
+def test_without_reserve_threads_and_registers_bound_the_blocks():
+    assert blocks((128, 18, 0), NONE) == 16  # 2048 threads / 128
+    assert blocks((256, 64, 0), NONE) == 4  # 65536 registers / (256 x 64)
+    assert blocks((32, 8, 0), NONE) == 32  # the SM's block limit
+
+
+def test_reserve_takes_threads_registers_and_shared_memory():
+    # Spin: 128 threads of 18 registers (rounded to 768 per warp: 3072 per block). The
+    # reserve holds 512 threads (12 blocks left by threads) and 32768 registers (10 left).
+    assert blocks((128, 18, 0)) == 10
+    # By threads alone: 1536 free threads hold 12 blocks of 128.
+    assert blocks((128, 0, 0)) == 12
+    # By shared memory: 233472 - (49152 + 1024) = 183296 free, 65 KiB blocks: 2 fit.
+    assert blocks((32, 0, 65 * 1024)) == 2
+    # Two reserved blocks take 1024 threads and every register at 64 per thread.
+    assert blocks((128, 16, 0), (2, 512, 64, 0)) == 0
+
+
+def test_a_block_too_big_to_sit_beside_the_reserve_gets_no_slot():
+    assert blocks((1024, 64, 0)) == 0
+    assert blocks((1024, 64, 0), NONE) == 1
+
+
+def test_carveout_keeps_the_reserve_shared_memory_configured():
+    n, percent = _C.side_blocks_per_sm(H100, DEFAULT, (128, 18, 0))
+    # 10 side blocks of 1 KiB (the system's share) plus 49 KiB reserved: 59392 of 233472.
+    assert (n, percent) == (10, 26)
+    _, without = _C.side_blocks_per_sm(H100, NONE, (128, 18, 0))
+    assert without < percent
+
+
+def test_item_ctx_layout_matches_the_signature_check():
+    from freeride.tasks._signature import CTX_BYTES
+
+    assert CTX_BYTES == _C.ITEM_CTX_BYTES == 48  # 3 pointers and 3 64-bit words
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"blocks": -1}, ValueError, "reserve.blocks"),
+        ({"blocks": 33}, ValueError, "reserve.blocks"),
+        ({"threads": 0}, ValueError, "reserve.threads"),
+        ({"threads": 4096}, ValueError, "reserve.threads"),
+        ({"registers_per_thread": 256}, ValueError, "reserve.registers_per_thread"),
+        ({"shared_memory": "lots"}, ValueError, "reserve.shared_memory"),
+        ({"shared_memory": "2GiB"}, ValueError, "reserve.shared_memory"),
+        ({"blocks": 1.5}, TypeError, "reserve.blocks"),
+    ],
+)
+def test_reserve_rejects_bad_values(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        fr.Reserve(**kwargs)
+
+
+def test_reserve_sizes():
+    assert fr.Reserve(shared_memory=0).as_tuple() == (1, 512, 64, 0)
+    assert fr.Reserve(blocks=2, threads=256, shared_memory="16KiB").as_tuple() == (
+        2,
+        256,
+        64,
+        16384,
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"reserve": (1, 512, 64, 0)}, TypeError, "reserve must be a freeride.Reserve"),
+        ({"time_slice": "2ms"}, TypeError, "time_slice"),
+        ({"time_slice": 0}, ValueError, "time_slice"),
+        ({"time_slice": float("nan")}, ValueError, "time_slice"),
+        ({"time_slice": 120}, ValueError, "time_slice"),
+        ({"time_slice": True}, TypeError, "time_slice"),
+    ],
+)
+def test_harvester_rejects_bad_reserve_and_slice(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        fr.Harvester("cpu", **kwargs)
+
+
+def test_harvester_reports_its_reserve_and_slice():
+    with fr.Harvester("cpu", reserve=None, time_slice=None) as h:
+        assert h.reserve.blocks == 0
+        assert h.time_slice is None
+    with fr.Harvester("cpu", reserve=fr.Reserve(threads=256), time_slice=0.01) as h:
+        assert h.reserve.threads == 256
+        assert h.time_slice == 0.01
+    with fr.Harvester("cpu") as h:
+        assert h.reserve == fr.Reserve()
+        assert h.time_slice == 0.002
+
+
+def test_backend_info_names_the_reserve_mechanism():
+    assert fr.backend_info()["reserve_mechanism"] == "occupancy-cap"
+
+
+# -- on a GPU -------------------------------------------------------------------------------
+
+# A kernel of the shape the default reserve keeps room for: 32 blocks of 512 threads
+# with 48 KiB of dynamic shared memory, each recording when it started.
+_COMM = r"""
+extern "C" __global__ void comm(unsigned long long* started) {
+  extern __shared__ unsigned char scratch[];
+  scratch[threadIdx.x] = 1;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    started[blockIdx.x] = t + scratch[0] - 1;
+  }
+}
+"""
+
+# A receive: spins on a device flag until a later kernel on another stream sets it.
+_RECV_SEND = r"""
+extern "C" __global__ void recv(volatile unsigned int* flag) {
+  while (*flag == 0u) {}
+}
+extern "C" __global__ void send(unsigned int* flag) { atomicExch(flag, 1u); }
+"""
+
+
+def _torch_cupy():
+    torch = pytest.importorskip("torch")
+    cp = pytest.importorskip("cupy")
+    return torch, cp
+
+
+def _spin_forever(h):
+    """A Spin task long enough to hold the GPU for the whole test (cancelled after)."""
+    t = h.submit(fr.tasks.Spin(items=2**40, ns_per_item=20_000))
+    wait_until(lambda: t.launches > 0, timeout=30)
+    time.sleep(0.05)  # every block of the persistent grid is up
+    return t
+
+
+@pytest.mark.gpu
+def test_training_kernel_starts_while_side_grid_runs():
+    torch, cp = _torch_cupy()
+    with fr.Harvester("cuda:0") as h:
+        comm = cp.RawKernel(_COMM, "comm")
+        comm.max_dynamic_shared_size_bytes = 48 * 1024
+        started = cp.zeros(32, dtype=cp.uint64)
+        train = cp.cuda.Stream(non_blocking=True)
+        t = _spin_forever(h)
+        try:
+            begin = time.monotonic()
+            with train:
+                comm((32,), (512,), (started,), shared_mem=48 * 1024)
+            train.synchronize()
+            waited = time.monotonic() - begin
+            assert not t.done(), "side work stopped: the test proves nothing"
+        finally:
+            t.cancel()
+        # Without the reserve the kernel waits for side work to end (the task runs for
+        # hours); with it, well under a second even on a loaded machine.
+        assert waited < 1.0, f"a 32 x 512-thread kernel waited {waited:.3f} s for side work"
+        assert int(cp.count_nonzero(started)) == 32
+        del torch
+
+
+@pytest.mark.gpu
+def test_receive_wait_on_training_stream_cannot_deadlock_with_side_work():
+    """The training stream holds a receive that only ends when a kernel launched later on
+    a third stream sets its flag, then the gate close; every built-in task and a
+    RawKernel run meanwhile. Without room on the SMs the send never starts: deadlock."""
+    torch, cp = _torch_cupy()
+    kernels = cp.RawModule(code=_RECV_SEND)
+    recv, send = kernels.get_function("recv"), kernels.get_function("send")
+    n = 1 << 22
+    with fr.Harvester("cuda:0") as h:
+        x = torch.ones(n, device="cuda:0")
+        y = torch.zeros(n, device="cuda:0")
+        scale = fr.tasks.RawKernel(
+            r"""
+#include <freeride/preempt.cuh>
+extern "C" __global__ void scale(fr_item_ctx ctx, float* x, unsigned long long n) {
+  freeride::for_each_item(ctx, [&](unsigned long long item) {
+    for (unsigned long long i = item * blockDim.x + threadIdx.x; i < n; i += 1ull << 40) {
+      x[i] = x[i] * 1.0f;
+    }
+  });
+}""",
+            "scale",
+            items=2**30,
+            args=(torch.ones(1 << 20, device="cuda:0"), 1 << 20),
+        )
+        side = [
+            h.submit(fr.tasks.Spin(items=2**40, ns_per_item=20_000)),
+            h.submit(fr.tasks.Saxpy(1.0, x, y)),
+            h.submit(scale),
+        ]
+        wait_until(lambda: any(t.launches > 0 for t in side), timeout=30)
+        flag = cp.zeros(1, dtype=cp.uint32)
+        train = torch.cuda.Stream(device="cuda:0", priority=-1)
+        third = cp.cuda.Stream(non_blocking=True)
+        with torch.cuda.stream(train):
+            recv((1,), (1,), (flag,), stream=cp.cuda.ExternalStream(train.cuda_stream))
+            h.gate.close(stream=train)
+        done = threading.Event()
+
+        def finish():
+            train.synchronize()
+            done.set()
+
+        waiter = threading.Thread(target=finish, daemon=True)
+        waiter.start()
+        time.sleep(0.01)
+        with third:
+            send((1,), (1,), (flag,))
+        finished = done.wait(timeout=10.0)
+        for t in side:
+            t.cancel()
+        assert finished, "the receive on the training stream never ended: deadlock"
+        h.gate.open()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("time_slice", [0.002, 0.02])
+def test_synchronize_with_gate_open_waits_about_a_slice(time_slice):
+    torch, _ = _torch_cupy()
+    with fr.Harvester("cuda:0", time_slice=time_slice) as h:
+        t = _spin_forever(h)
+        waits = []
+        try:
+            for _ in range(5):
+                begin = time.monotonic()
+                torch.cuda.synchronize()
+                waits.append(time.monotonic() - begin)
+            launches = t.launches
+        finally:
+            t.cancel()
+        # The side task is still running: each synchronize saw at most the launch in
+        # flight (one slice), plus the host's relaunch.
+        assert launches > 1, "the side task was never relaunched: no slice ended"
+        assert max(waits) < 50 * time_slice + 0.2, f"synchronize waited {max(waits):.3f} s"
+
+
+@pytest.mark.gpu
+def test_training_gets_priority_over_side_work_only_on_a_priority_stream():
+    torch = pytest.importorskip("torch")
+    with fr.Harvester("cuda:0") as h:
+        side = torch.cuda.ExternalStream(h.side_stream)
+        # CUDA's least priority is 0, which is also torch's default: the default stream
+        # is no more urgent than side work...
+        assert side.priority == 0
+        assert torch.cuda.default_stream().priority == side.priority
+        # ...a stream made with a negative priority is.
+        train = torch.cuda.Stream(priority=-1)
+        assert train.priority < side.priority
