@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from . import _C, simulate, tasks
-from .distributed import gather_reports, stage_table
+from .distributed import gather_reports, placement_table, stage_table
 from .errors import (
     CudaUnavailableError,
     FreerideError,
@@ -26,6 +26,8 @@ from .gate import Gate
 from .handle import TaskHandle
 from .harvester import Harvester
 from .iterative import IterativeHandle, IterativeTask
+from .jobqueue import JobQueue, RemoteHandle
+from .placement import Load, TaskSpec
 from .report import Report, merge_chrome_traces
 from .reserve import Reserve
 
@@ -70,18 +72,23 @@ __all__ = [
     "HarvesterClosedError",
     "IterativeHandle",
     "IterativeTask",
+    "JobQueue",
     "KernelCompileError",
+    "Load",
     "MemoryBudgetError",
+    "RemoteHandle",
     "Report",
     "Reserve",
     "TaskCancelledError",
     "TaskFailedError",
     "TaskHandle",
+    "TaskSpec",
     "__version__",
     "backend_info",
     "gather_reports",
     "include_dir",
     "merge_chrome_traces",
+    "placement_table",
     "simulate",
     "stage_table",
     "tasks",

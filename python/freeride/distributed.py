@@ -7,10 +7,16 @@ from typing import Any
 from .report import Report
 
 
-def gather_reports(report: Report, dst: int = 0, group: Any = None) -> list[Report] | None:
+def gather_reports(
+    report: Report, dst: int = 0, group: Any = None, queue: Any = None
+) -> list[Report] | None:
     """Collects every rank's `report` on rank `dst` over torch.distributed (any backend:
     reports travel as plain dicts). Returns the reports ordered by rank on `dst` and None
-    on the other ranks. Every rank of `group` must call it."""
+    on the other ranks. Every rank of `group` must call it. With a JobQueue `queue`, each
+    report carries the queue's record on its rank in ``report.placement`` (the tasks
+    placed there; on the coordinator's rank, every placement decision)."""
+    if queue is not None:
+        report.placement = queue.record()
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -39,5 +45,37 @@ def stage_table(reports: list[Report]) -> str:
             f"{r.rank if r.rank is not None else '-':>4}  {r.total_ns / iters / 1e6:>8.2f}  "
             f"{r.bubble_fraction:>7.1%}  {harvested:>9.1%}  {items:>10,}  "
             f"{r.estimated_overhead:>8.2%}"
+        )
+    return "\n".join(rows)
+
+
+def placement_table(reports: list[Report]) -> str:
+    """Per rank: the job queue's tasks that ran there, their items and the share of the
+    rank's bubble time each used (reports from gather_reports(..., queue=q))."""
+    header = f"{'rank':>4}  {'bubbles ms/it':>13}  {'task':<40}  {'state':>9}  {'items':>10}  {'of bubbles':>10}"
+    rows = [header, "-" * len(header)]
+    for r in reports:
+        iters = max(1, len(r.iterations))
+        used = r.harvested_ns_per_task
+        hosted = r.placement.get("hosted", {})
+        first = True
+        for job_id, entry in sorted(hosted.items()):
+            share = used.get(entry["local_id"], 0) / r.bubble_ns if r.bubble_ns else 0.0
+            rank = (r.rank if r.rank is not None else "-") if first else ""
+            bubbles = f"{r.bubble_ns / iters / 1e6:.2f}" if first else ""
+            label = f"{job_id} {entry['label']}"[:40]
+            rows.append(
+                f"{rank:>4}  {bubbles:>13}  {label:<40}  {entry['state']:>9}  "
+                f"{entry['items']:>10,}  {share:>10.1%}"
+            )
+            first = False
+        if first:
+            rank = r.rank if r.rank is not None else "-"
+            rows.append(f"{rank:>4}  {r.bubble_ns / iters / 1e6:>13.2f}  {'(none)':<40}")
+    decisions = [d for r in reports for d in r.placement.get("decisions", [])]
+    if decisions:
+        rows.append(
+            f"{len(decisions)} placement decisions; the first: task {decisions[0]['task']} "
+            f"-> rank {decisions[0]['rank']} ({decisions[0]['reason']})"
         )
     return "\n".join(rows)

@@ -176,6 +176,13 @@ class Recorder:
         with self._shared:
             return list(self._slot_ns)
 
+    def bubble_stats(self) -> tuple[int, int, int]:
+        """(bubble ns per iteration, longest bubble ns, iterations begun): the median of
+        each slot's recent lengths, summed and the largest. Any thread."""
+        with self._shared:
+            medians = [sorted(h)[len(h) // 2] for h in self._slot_ns.values() if h]
+        return sum(medians), max(medians, default=0), self._next_index
+
     # -- resolution ------------------------------------------------------------------------
 
     def name_task(self, task_id: int, name: str) -> None:

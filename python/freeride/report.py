@@ -143,6 +143,9 @@ class Report:
     launches: list[SideLaunch] = field(default_factory=list)
     tasks: list[TaskSummary] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
+    # Set by gather_reports(..., queue=q): the job queue's record on this rank (the
+    # tasks placed here and, on the coordinator's rank, every placement decision).
+    placement: dict[str, Any] = field(default_factory=dict)
 
     # ----------------------------------------------------------------- interval views
 
@@ -439,6 +442,7 @@ class Report:
                 }
                 for t in self.tasks
             ],
+            "placement": _jsonable(self.placement),
             "totals": self.totals(),
         }
 
@@ -462,6 +466,7 @@ class Report:
             launches=[_build(SideLaunch, x) for x in d.get("launches", [])],
             tasks=[_build(TaskSummary, t) for t in d.get("tasks", [])],
             settings=dict(d.get("settings") or {}),
+            placement=dict(d.get("placement") or {}),
         )
 
     # ----------------------------------------------------------------- chrome trace
@@ -559,6 +564,7 @@ class Report:
             "backend": self.backend,
             "rank": self.rank,
             "settings": _jsonable(self.settings),
+            "placement": _jsonable(self.placement),
             "totals": self.totals(),
         }
 
