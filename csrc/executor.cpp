@@ -227,7 +227,6 @@ void Executor::loop() {
     r->state = TaskState::Running;
     ++r->launches;
     PhaseRunner* runner = r->runner.get();
-    const bool record = recording_;
     const uint64_t done_before = runner->done();
     const uint64_t phase = r->phase;
     LaunchMarks marks;
@@ -235,7 +234,10 @@ void Executor::loop() {
     try {
       runner->resume();
       lock.unlock();
-      marks = runner->run(record);
+      // Marked whether or not recording is on yet: a launch may wait for the gate from
+      // before the first recorded iteration and run inside it. Kept if recording is on
+      // when it ends.
+      marks = runner->run(true);
     } catch (const std::exception& e) {
       error = e.what();
       if (error.empty()) error = "side task failed";
@@ -244,7 +246,10 @@ void Executor::loop() {
     }
     if (!lock.owns_lock()) lock.lock();
     active_ = nullptr;
-    if (marks.start != 0) {
+    if (marks.start != 0 && !recording_) {
+      backend_->release_mark(marks.start);
+      backend_->release_mark(marks.end);
+    } else if (marks.start != 0) {
       launch_log_.push_back({r->id, phase, marks.start, marks.end, runner->done() - done_before});
       if (launch_log_.size() > kMaxLaunchLog) {
         backend_->release_mark(launch_log_.front().start_mark);

@@ -80,7 +80,8 @@ class Executor {
   uint64_t memory_budget() const { return budget_; }
   uint64_t memory_used() const;
 
-  // While recording, every launch is marked and logged; take_launch_log() hands the log
+  // While recording, every launch that ends is logged with its marks (a launch that began
+  // waiting for the gate before recording started included); take_launch_log() hands the log
   // over (the caller then owns and releases its marks). The log keeps at most
   // kMaxLaunchLog launches; older ones are dropped with their marks.
   void set_recording(bool on);

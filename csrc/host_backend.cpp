@@ -6,9 +6,12 @@
 #include <sched.h>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -29,6 +32,18 @@ int64_t steady_ns() {
       .count();
 }
 
+void atomic_min(std::atomic<int64_t>& word, int64_t value) {
+  int64_t seen = word.load();
+  while (value < seen && !word.compare_exchange_weak(seen, value)) {
+  }
+}
+
+void atomic_max(std::atomic<int64_t>& word, int64_t value) {
+  int64_t seen = word.load();
+  while (value > seen && !word.compare_exchange_weak(seen, value)) {
+  }
+}
+
 class HostRunner final : public PhaseRunner {
  public:
   HostRunner(HostBackend& backend, std::shared_ptr<Task> task)
@@ -39,6 +54,13 @@ class HostRunner final : public PhaseRunner {
     n_items_ = n_items;
     next_.store(0);
     done_.store(0);
+  }
+  // Called by run() before the workers start: the launch belongs to the bubble opened by
+  // the gate write `seq`.
+  void begin_launch(uint32_t seq) {
+    launch_seq_ = seq;
+    first_start_ns_.store(INT64_MAX);
+    last_end_ns_.store(INT64_MIN);
   }
   LaunchMarks run(bool record) override;
   void stop() override;
@@ -51,12 +73,21 @@ class HostRunner final : public PhaseRunner {
   // raised before the gate is read and lowered after the item: with sequentially
   // consistent operations on both words, a closer that stored CLOSED and then sees
   // active == 0 knows no item runs and none will start (HostBackend::gate_write).
-  void work(const std::atomic<uint32_t>& gate, std::atomic<int>& active) {
+  //
+  // A worker also leaves once the gate was written again since the launch was admitted
+  // (`seq` moved on): a worker that gets a core only after a close and the next open
+  // must not carry the launch into a later bubble, so that a launch's marks (its first
+  // item's start, its last item's end) lie within one bubble.
+  void work(const std::atomic<uint32_t>& gate, const std::atomic<uint32_t>& seq,
+            std::atomic<int>& active) {
+    int64_t first = INT64_MAX;
+    int64_t last = INT64_MIN;
     while (true) {
       active.fetch_add(1);
-      if (gate.load() != FREERIDE_GATE_OPEN || stop_.load()) break;
+      if (gate.load() != FREERIDE_GATE_OPEN || seq.load() != launch_seq_ || stop_.load()) break;
       const uint64_t item = next_.fetch_add(1);
       if (item >= n_items_) break;
+      const int64_t start = steady_ns();
       try {
         task_->run_item(phase_, item);
       } catch (...) {
@@ -65,8 +96,16 @@ class HostRunner final : public PhaseRunner {
         stop_.store(true);
         break;
       }
+      // Before `active` drops: a closer that saw it at 0 finds every item end recorded
+      // earlier than its own mark.
+      last = steady_ns();
+      first = std::min(first, start);
       done_.fetch_add(1);
       if (active.fetch_sub(1) == 1) active.notify_all();
+    }
+    if (first != INT64_MAX) {
+      atomic_min(first_start_ns_, first);
+      atomic_max(last_end_ns_, last);
     }
     if (active.fetch_sub(1) == 1) active.notify_all();
   }
@@ -84,6 +123,11 @@ class HostRunner final : public PhaseRunner {
   std::atomic<bool> executing_{false};
   std::mutex error_mutex_;
   std::exception_ptr error_;
+  // The launch in progress: the gate write it was admitted under, and the steady-clock
+  // span of the items it ran (INT64_MAX / INT64_MIN while none has finished).
+  uint32_t launch_seq_ = 0;
+  std::atomic<int64_t> first_start_ns_{INT64_MAX};
+  std::atomic<int64_t> last_end_ns_{INT64_MIN};
 };
 
 class HostBackend final : public Backend {
@@ -139,11 +183,12 @@ class HostBackend final : public Backend {
   uint32_t gate_read() const override { return gate_.load(); }
   uint32_t gate_seq() const override { return seq_.load(); }
 
-  uint64_t mark(uintptr_t /*stream*/) override {
-    const int64_t now = steady_ns();
+  uint64_t mark(uintptr_t /*stream*/) override { return mark_at(steady_ns()); }
+  // A mark for a steady-clock time already taken (a launch's first and last item).
+  uint64_t mark_at(int64_t ns) {
     std::lock_guard<std::mutex> lock(marks_mutex_);
     const uint64_t id = next_mark_++;
-    marks_.emplace(id, now);
+    marks_.emplace(id, ns);
     return id;
   }
   // Mark 0 is the steady clock's epoch: elapsed_ns(0, m) is m's absolute time, which
@@ -196,13 +241,15 @@ class HostBackend final : public Backend {
     threads_.clear();
   }
 
-  // Blocks until the gate is open or the runner is stopped; true if the gate is open.
-  bool wait_for_gate(const HostRunner& runner) {
+  // Blocks until the gate is open or the runner is stopped; true if the gate is open,
+  // with `seq` the sequence number of the write that opened it.
+  bool wait_for_gate(const HostRunner& runner, uint32_t& seq) {
     std::unique_lock<std::mutex> lock(mutex_);
     gate_cv_.wait(lock, [&] {
       return closed_ || runner.stop_requested() ||
              gate_.load(std::memory_order_acquire) == FREERIDE_GATE_OPEN;
     });
+    seq = seq_.load();  // gate_write stores both under mutex_
     return !closed_ && !runner.stop_requested();
   }
 
@@ -243,7 +290,7 @@ class HostBackend final : public Backend {
       seen = generation_;
       HostRunner* job = job_;
       lock.unlock();
-      job->work(gate_, active_);
+      job->work(gate_, seq_, active_);
       lock.lock();
       if (--running_ == 0) done_cv_.notify_all();
     }
@@ -265,23 +312,29 @@ class HostBackend final : public Backend {
   bool closed_ = false;
 };
 
+// A launch's marks are its first item's start and its last item's end, taken by the
+// workers: not when this thread gets around to it. The workers run SCHED_IDLE, so after a
+// close they (and then this thread) may wait for a core until training pauses, and marks
+// taken here would stretch the launch over compute it never ran in. A launch that ran no
+// item has no marks.
 LaunchMarks HostRunner::run(bool record) {
   LaunchMarks marks;
-  if (!backend_.wait_for_gate(*this)) return marks;
-  if (record) marks.start = backend_.mark(0);
+  uint32_t seq = 0;
+  if (!backend_.wait_for_gate(*this, seq)) return marks;
+  begin_launch(seq);
   executing_.store(true);
   backend_.launch(*this);
   executing_.store(false);
-  if (record) marks.end = backend_.mark(0);
   std::lock_guard<std::mutex> lock(error_mutex_);
   if (error_) {
     std::exception_ptr error = error_;
     error_ = nullptr;
-    if (record) {
-      backend_.release_mark(marks.start);
-      backend_.release_mark(marks.end);
-    }
     std::rethrow_exception(error);
+  }
+  const int64_t first = first_start_ns_.load();
+  if (record && first != INT64_MAX) {
+    marks.start = backend_.mark_at(first);
+    marks.end = backend_.mark_at(last_end_ns_.load());
   }
   return marks;
 }

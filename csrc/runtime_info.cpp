@@ -19,6 +19,30 @@ std::string describe(const char* call, cudaError_t err) {
          cudaGetErrorString(err) + ")";
 }
 
+std::string cuda_version(int v) {
+  return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+}
+
+// Why cudaGetDeviceCount failed, in the user's terms. The runtime answers "insufficient
+// driver" both where no driver is installed (cudaDriverGetVersion then reports 0) and
+// where the driver is older than the runtime; the first is by far the common case on a
+// machine without a GPU, and its runtime message would send users to upgrade a driver
+// they do not have.
+std::string no_device_reason(cudaError_t err, int driver_version, int runtime_version) {
+  if (err == cudaErrorInsufficientDriver && driver_version == 0) {
+    return "no NVIDIA driver found: no CUDA device is usable on this machine";
+  }
+  if (err == cudaErrorInsufficientDriver) {
+    return "the NVIDIA driver supports CUDA " + cuda_version(driver_version) +
+           ", older than the CUDA " + cuda_version(runtime_version) +
+           " runtime freeride was built with: update the driver";
+  }
+  if (err == cudaErrorNoDevice) {
+    return "the NVIDIA driver sees no CUDA device (check CUDA_VISIBLE_DEVICES)";
+  }
+  return describe("cudaGetDeviceCount", err);
+}
+
 // Fills info from the runtime. Only device attributes are read: none of the calls below
 // creates a context, so asking costs no device memory on any GPU.
 void query_cuda(BackendInfo& info) {
@@ -30,10 +54,10 @@ void query_cuda(BackendInfo& info) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
-    // cudaErrorNoDevice, cudaErrorInsufficientDriver (no driver, or one older than this
-    // runtime), ... must not linger as the thread's last error.
+    // cudaErrorNoDevice, cudaErrorInsufficientDriver, ... must not linger as the thread's
+    // last error.
     (void)cudaGetLastError();
-    info.reason = describe("cudaGetDeviceCount", err);
+    info.reason = no_device_reason(err, info.driver_version, info.runtime_version);
     return;
   }
   if (count <= 0) {

@@ -113,6 +113,15 @@ def run_rank(
             result["compute_labels"] = sorted(
                 {c.label.split()[0] for it in report.iterations for c in it.compute}
             )
+            # Stages whose loss was recorded as a compute action (only the last stage's).
+            result["loss_stages"] = sorted(
+                {
+                    int(c.label.split()[1][1:])
+                    for it in report.iterations
+                    for c in it.compute
+                    if c.label.startswith("loss")
+                }
+            )
             result["bubble_fraction"] = report.bubble_fraction
             if side == "items":
                 handle.cancel()

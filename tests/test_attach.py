@@ -86,6 +86,38 @@ def test_report_of_a_real_schedule(group, host, tmp_path):
     assert fr.Report.from_dict(json.loads(json.dumps(d))).total_ns == report.total_ns
 
 
+def test_host_launches_lie_in_bubbles_and_all_are_recorded(group):
+    """The README's one-rank pipeline on the host backend: a close waits for the items in
+    flight, so no recorded launch overlaps a compute action and the report's "side
+    outside bubbles" and overhead estimate are 0; and the first launch, which waited for
+    the gate from before the first step, is in the record too."""
+    module, _, sched = make_schedule()
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    with fr.Harvester("cpu", workers=2) as h:
+        h.attach(sched)
+        h.attach_optimizer(opt)
+        handle = h.submit(fr.tasks.Spin(10**9, 20_000))  # before the first step
+        # SCHED_IDLE workers get a core only when nothing else wants one: on a loaded
+        # machine, step until items have run (bounded).
+        for step in range(2000):
+            sched.step(torch.randn(4, 16), target=torch.randn(4, 16))
+            opt.step()
+            if step >= 20 and handle.items_done > 0:
+                break
+        handle.cancel()  # returns once no item runs: every launch has ended
+        report = h.report()
+    assert handle.items_done > 0
+    assert sum(report.items_per_task.values()) == handle.items_done
+    bubbles = [b for it in report.iterations for b in it.bubbles]
+    for launch in report.launches:
+        assert launch.items > 0
+        assert any(b.start_ns <= launch.start_ns <= launch.end_ns <= b.end_ns for b in bubbles), (
+            launch
+        )
+    assert report.side_ns_outside_bubbles == 0
+    assert report.estimated_overhead == 0.0
+
+
 def test_attach_errors(group, host):
     _, _, sched = make_schedule()
     with pytest.raises(TypeError, match="torch.distributed.pipelining schedule"):

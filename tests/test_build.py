@@ -58,6 +58,17 @@ def test_cuda_requested_without_gpu_is_refused():
             fr.Harvester(device)
 
 
+@pytest.mark.skipif(
+    not fr.backend_info()["cuda_built"] or fr.backend_info()["driver_version"] != 0,
+    reason="needs the CUDA build on a machine without an NVIDIA driver (CI's build machine)",
+)
+def test_missing_driver_is_named_as_such():
+    """The runtime reports a missing driver as an insufficient one; say what it is."""
+    reason = fr.backend_info()["reason"]
+    assert reason.startswith("no NVIDIA driver found"), reason
+    assert "insufficient" not in reason
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF shared objects only")
 def test_extension_uses_the_shared_libstdcxx():
     """One libstdc++ per process: the module must not carry a static copy next to torch's

@@ -164,3 +164,27 @@ def test_many_harvesters_open_and_close_without_leaks():
         with fr.Harvester("cpu", workers=3) as h:
             h.submit(fr.tasks.Spin(50, 10_000))
     assert os_threads() == before
+
+
+def test_a_launch_waiting_since_before_recording_is_recorded():
+    """A task submitted while the gate is closed waits for it in its first launch; once
+    the first recorded iteration opens the gate, that launch runs inside the iteration
+    and must be in the record like every later one."""
+    with fr.Harvester("cpu", workers=1) as h:
+        h.gate.close()
+        handle = h.submit(fr.tasks.Spin(10**9, 20_000))
+        wait_until(lambda: handle.state == "paused")  # admitted, waiting for the gate
+        # The first iteration's launch is the one under test; SCHED_IDLE workers may need
+        # more (bounded) on a loaded machine before any item runs.
+        for _ in range(200):
+            with h.iteration():
+                time.sleep(0.02)  # a bubble
+                with h.compute(label="F"):
+                    time.sleep(0.005)
+                time.sleep(0.01)
+            if handle.items_done > 0:
+                break
+        handle.cancel()
+        report = h.report()
+    assert handle.items_done > 0
+    assert sum(report.items_per_task.values()) == handle.items_done

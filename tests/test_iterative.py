@@ -260,3 +260,19 @@ def test_a_step_is_not_queued_behind_a_persistent_item_kernel():
         finally:
             spin.cancel()
         assert bool((dst == 3.0).all())
+
+
+def test_iterative_task_runs_in_a_manual_bubble_after_recorded_iterations(host):
+    """Once iterations were recorded, a gate opened by hand still runs iterative steps
+    (it has no learned length: the gate alone says when) instead of leaving the task
+    queued until the next recorded iteration."""
+    train(host, 2)  # slots learned; the iteration's end closed the gate
+    task = Stepper(step_s=0.001, steps=3)
+    handle = host.submit(task)
+    time.sleep(0.05)
+    assert handle.items_done == 0  # the gate is closed between iterations
+    with host.bubble():
+        opened = time.monotonic_ns()
+        assert handle.wait(timeout=10), f"still {handle.state} inside a manual bubble"
+    assert handle.result() == 3
+    assert min(task.starts) >= opened

@@ -38,6 +38,13 @@ def run(world, name, tmp_path, n_micro=4, steps=3, side="items"):
     return results
 
 
+def check_loss_only_on_the_last_stage(results, world, name):
+    """torch calls _maybe_compute_loss for every stage; only the last stage's call computes
+    a loss, so only it is a compute action."""
+    last = world * simulate.SCHEDULES[name][1] - 1
+    assert [s for res in results for s in res["loss_stages"]] == [last]
+
+
 def check_items_run_only_in_bubbles(results, steps):
     for res in results:
         assert res["identical"], "harvesting changed losses, gradients or weights"
@@ -67,6 +74,7 @@ def test_side_items_run_only_in_bubbles(world, name, tmp_path):
     results = run(world, name, tmp_path, n_micro=2 * world)
     check_items_run_only_in_bubbles(results, steps=3)
     check_simulator_matches(results, world, name, 2 * world)
+    check_loss_only_on_the_last_stage(results, world, name)
     labels = set().union(*(res["compute_labels"] for res in results))
     assert {"F", "B"} <= labels
     assert results[0]["gathered_ranks"] == list(range(world))
@@ -86,6 +94,7 @@ def test_other_schedules(name, tmp_path):
     results = run(2, name, tmp_path, n_micro=4)
     check_items_run_only_in_bubbles(results, steps=3)
     check_simulator_matches(results, 2, name, 4)
+    check_loss_only_on_the_last_stage(results, 2, name)
     if name != "looped_bfs":
         labels = set().union(*(res["compute_labels"] for res in results))
         assert "W" in labels or "I" in labels  # split backward recorded

@@ -370,3 +370,53 @@ def test_plot_without_matplotlib_names_the_fix(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
     with pytest.raises(ImportError, match="pip install matplotlib"):
         make_report().plot(tmp_path / "x.png")
+
+
+def _demo_like_report() -> Report:
+    """Four 100 us iterations 50 us apart (steps in between were not recorded), an endless
+    Spin and two Saxpy tasks."""
+    iterations = []
+    for i in range(4):
+        t0 = i * 150 * US
+        iterations.append(
+            Iteration(
+                index=i,
+                start_ns=t0,
+                end_ns=t0 + 100 * US,
+                compute=[Compute(t0 + 40 * US, t0 + 60 * US, f"F s0 mb{i}")],
+                bubbles=[
+                    Bubble(i, 0, t0, t0 + 40 * US),
+                    Bubble(i, 1, t0 + 60 * US, t0 + 100 * US),
+                ],
+            )
+        )
+    spin = "Spin(items=1099511627776, ns_per_item=50000, phases=1)"
+    launches = [SideLaunch(1, spin, 0, it.start_ns, it.start_ns + 40 * US, 8) for it in iterations]
+    launches += [
+        SideLaunch(2, "Saxpy(a=2.0, shape=(8,))", 0, 60 * US, 90 * US, 1),
+        SideLaunch(3, "Saxpy(a=3.0, shape=(8,))", 0, 210 * US, 240 * US, 1),
+    ]
+    return Report("cpu", "host", rank=1, iterations=iterations, launches=launches)
+
+
+def _texts(fig):
+    return [t.get_text() for t in fig.axes[0].texts]
+
+
+def test_timeline_title_lanes_and_gaps():
+    pytest.importorskip("matplotlib")
+    r = _demo_like_report()
+    fig = r.timeline(gap_label="step without side work")
+    ax = fig.axes[0]
+    title = ax.get_title()
+    assert "4 iterations recorded" in title
+    assert "shown: iterations 1-3 (3 of 4)" in title
+    # Short lane names: no argument lists cut off mid-number; tasks of one class told apart.
+    lanes = [t.get_text() for t in ax.get_yticklabels()]
+    assert lanes == ["compute", "bubbles", "side: Spin", "side: Saxpy #2", "side: Saxpy #3"]
+    # The two gaps between the shown iterations are named.
+    assert sum(t.replace("\n", " ") == "step without side work" for t in _texts(fig)) == 2
+    assert not any("side work" in t for t in _texts(r.timeline(gap_label=None)))
+    # A chosen, non-contiguous set of iterations is listed.
+    assert "shown: iterations 0, 2 (2 of 4)" in r.timeline(iterations=[0, 2]).axes[0].get_title()
+    assert "shown: iteration 3 (1 of 4)" in r.timeline(iterations=[3]).axes[0].get_title()

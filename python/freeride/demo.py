@@ -13,11 +13,20 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 from .simulate import SCHEDULES, stage_ids
 
 TASKS = ("spin", "saxpy", "none")
+DEVICES = ("auto", "cpu", "cuda")
+# Bounds of the command line's numbers; the demo spawns one process per stage.
+MAX_STAGES = 64
+MAX_ITEM_US = 1_000_000  # Spin's longest item (fr.tasks.Spin: 1 s)
+# Steps run before harvesting starts (shape inference, allocator, gloo connections); they
+# are neither recorded nor timed.
+WARMUP_STEPS = 2
+# The Spin task must outlast any run: 2**40 items never run out (the count is not shown).
+_ENDLESS = 2**40
 
 
 @dataclass
@@ -35,25 +44,142 @@ class DemoConfig:
     micro_batch: int = 4
 
 
-def _progress(done: int, total: int, started: float) -> None:
-    width = 30
-    filled = int(width * done / total)
-    elapsed = time.monotonic() - started
-    sys.stderr.write(
-        f"\r  [{'#' * filled}{'.' * (width - filled)}] step {done}/{total}  {elapsed:5.1f} s"
-    )
-    if done == total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
+class ConfigError(ValueError):
+    """A demo setting out of range; `option` names the command-line option."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(f"{option}: {message}")
+        self.option = option
+        self.message = message
+
+
+def min_microbatches(schedule: str, stages: int) -> int:
+    """The fewest microbatches torch's `schedule` accepts with `stages` ranks here: one per
+    pipeline stage (two stages per rank for the V-shaped DualPipeV)."""
+    return stages * (2 if schedule == "dualpipev" else 1)
+
+
+def check_config(cfg: DemoConfig) -> None:
+    """Raises ConfigError for the first setting the demo cannot run with."""
+    if cfg.schedule not in SCHEDULES:
+        raise ConfigError("--schedule", f"must be one of {sorted(SCHEDULES)}, got {cfg.schedule!r}")
+    if cfg.task not in TASKS:
+        raise ConfigError("--task", f"must be one of {list(TASKS)}, got {cfg.task!r}")
+    if cfg.device not in DEVICES:
+        raise ConfigError(
+            "--device",
+            f"must be one of {list(DEVICES)} (stage i runs on cuda:i), got {cfg.device!r}",
+        )
+    if not 2 <= cfg.stages <= MAX_STAGES:
+        raise ConfigError("--stages", f"must be in [2, {MAX_STAGES}], got {cfg.stages}")
+    least = min_microbatches(cfg.schedule, cfg.stages)
+    if cfg.microbatches < least:
+        raise ConfigError(
+            "--microbatches",
+            f"must be >= {least} for {cfg.schedule} on {cfg.stages} stages, got {cfg.microbatches}",
+        )
+    if cfg.schedule in ("interleaved", "zero_bubble"):
+        # torch splits the microbatches into rounds of --stages and needs whole rounds.
+        rounds = max(1, cfg.microbatches // cfg.stages)
+        if cfg.microbatches % rounds:
+            raise ConfigError(
+                "--microbatches",
+                f"must be a multiple of {rounds} for {cfg.schedule} on {cfg.stages} stages "
+                f"({cfg.microbatches} // {cfg.stages} = {rounds} rounds), e.g. "
+                f"{rounds * cfg.stages}, got {cfg.microbatches}",
+            )
+    if cfg.steps < 2:
+        raise ConfigError(
+            "--steps", f"must be >= 2 (one with and one without side work), got {cfg.steps}"
+        )
+    if not 1 <= cfg.item_us <= MAX_ITEM_US:
+        raise ConfigError("--item-us", f"must be in [1, {MAX_ITEM_US}], got {cfg.item_us}")
+
+
+def check_outdir(outdir: str) -> None:
+    """Creates `outdir` if needed and checks a file can be written there, so a bad path
+    fails before the run rather than after it (losing the results)."""
+    if os.path.exists(outdir) and not os.path.isdir(outdir):
+        raise ConfigError("--outdir", f"{outdir!r} is a file, not a folder")
+    try:
+        os.makedirs(outdir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=outdir):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ConfigError("--outdir", f"cannot write to {outdir!r}: {reason}") from None
+
+
+def choose_cuda(cfg: DemoConfig, gpus: int, fr_cuda: bool, reason: str) -> bool:
+    """Whether the ranks run on GPUs: `gpus` visible to torch, `fr_cuda` whether
+    freeride's CUDA backend is usable (`reason` why not). One GPU per stage, since NCCL
+    refuses two ranks on one device. Raises ConfigError when --device cuda cannot be met."""
+    if cfg.device == "cpu":
+        return False
+    usable = fr_cuda and gpus >= cfg.stages
+    if cfg.device == "cuda" and not usable:
+        why = (
+            f"freeride cannot use CUDA here ({reason})"
+            if not fr_cuda
+            else f"{gpus} GPU(s) visible for {cfg.stages} stages (one per stage)"
+        )
+        raise ConfigError("--device", f"cuda was asked for but {why}; use --device cpu")
+    return usable
+
+
+class Progress:
+    """One step of the run at a time: a bar redrawn in place on a terminal, a plain line
+    per step otherwise (a log must not fill with carriage returns)."""
+
+    def __init__(self, total: int, stream: TextIO | None = None) -> None:
+        self.total = total
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.started = time.monotonic()
+
+    def step(self, done: int, harvesting: bool) -> None:
+        """Reports that `done` of the steps have finished, the last one with side work
+        if `harvesting`."""
+        elapsed = time.monotonic() - self.started
+        kind = "harvesting" if harvesting else "no side work"
+        if self.tty:
+            width = 30
+            filled = int(width * done / self.total)
+            bar = "#" * filled + "." * (width - filled)
+            end = "\n" if done == self.total else ""
+            self.stream.write(f"\r  [{bar}] step {done}/{self.total}  {elapsed:5.1f} s{end}")
+        else:
+            self.stream.write(f"  step {done}/{self.total} ({kind})  {elapsed:.1f} s\n")
+        self.stream.flush()
+
+
+_SAXPY_N = 1 << 22
 
 
 def _side_task(fr: Any, cfg: DemoConfig, device: str) -> Any:
     if cfg.task == "spin":
-        return fr.tasks.Spin(items=2**40, ns_per_item=cfg.item_us * 1000)
+        return fr.tasks.Spin(items=_ENDLESS, ns_per_item=cfg.item_us * 1000)
     import torch
 
-    n = 1 << 22
+    n = _SAXPY_N
     return fr.tasks.Saxpy(1e-6, torch.ones(n, device=device), torch.zeros(n, device=device))
+
+
+def describe_task(cfg: DemoConfig) -> str:
+    """The side task in words, for the summary."""
+    if cfg.task == "spin":
+        return f"Spin, {cfg.item_us} us items, more than the run can finish"
+    if cfg.task == "saxpy":
+        return f"Saxpy over {_SAXPY_N:,} floats"
+    return "none (--task none)"
+
+
+def describe_work(cfg: DemoConfig, items: int) -> str:
+    """The side work done, for the summary."""
+    if cfg.task == "none":
+        return "none (--task none)"
+    unit = f"Spin items of {cfg.item_us} us" if cfg.task == "spin" else "Saxpy items"
+    return f"{items:,} {unit}"
 
 
 def _rank_main(rank: int, cfg: DemoConfig, store: str, use_cuda: bool) -> None:
@@ -115,17 +241,19 @@ def _rank_main(rank: int, cfg: DemoConfig, store: str, use_cuda: bool) -> None:
             torch.cuda.synchronize()
 
     with fr.Harvester(str(device) if use_cuda else "cpu", workers=1) as h:
-        handle = h.submit(_side_task(fr, cfg, str(device))) if cfg.task != "none" else None
-        h.attach(sched)
+        # Warm-up before anything is attached or submitted: not recorded, not timed, and
+        # no side work runs yet (the totals describe the measured steps only).
+        for i in range(WARMUP_STEPS):
+            step(i)
+        h.attach(sched)  # closes the gate: from here side work runs only inside steps
         h.attach_optimizer(opt)
-        step(0)  # warm-up: shape inference, allocator
-        step(1)
+        handle = h.submit(_side_task(fr, cfg, str(device))) if cfg.task != "none" else None
         times = {True: [], False: []}
-        started = time.monotonic()
+        progress = Progress(cfg.steps) if rank == 0 else None
         for i in range(cfg.steps):
             harvest = i % 2 == 0
             if not harvest:
-                h.detach()  # no hooks, gate closed: a step without side work
+                h.detach()  # no hooks, gate closed: a step without side work, not recorded
             dist.barrier()
             t0 = time.perf_counter()
             step(i)
@@ -133,8 +261,8 @@ def _rank_main(rank: int, cfg: DemoConfig, store: str, use_cuda: bool) -> None:
             if not harvest:
                 h.attach(sched)
                 h.attach_optimizer(opt)
-            if rank == 0:
-                _progress(i + 1, cfg.steps, started)
+            if progress is not None:
+                progress.step(i + 1, harvest)
         report = h.report()
         items = handle.items_done if handle is not None else 0
         if handle is not None:
@@ -162,12 +290,13 @@ def _median(values: list[float]) -> float:
 
 
 def _print_summary(fr: Any, cfg: DemoConfig, reports: list[Any], times_all: list[Any]) -> None:
-    os.makedirs(cfg.outdir, exist_ok=True)
     trace = os.path.join(cfg.outdir, "trace.json")
     png = os.path.join(cfg.outdir, "timeline.png")
     fr.merge_chrome_traces(reports, trace)
     try:
-        reports[min(1, len(reports) - 1)].plot(png)
+        # Recorded iterations are the harvesting steps; each is followed by a step without
+        # side work that is not recorded, which the timeline shows as a gap.
+        reports[min(1, len(reports) - 1)].plot(png, gap_label="step without side work")
     except ImportError:
         png = "(skipped: pip install matplotlib)"
     with_side = max(_median(t[True]) for t in times_all)
@@ -176,7 +305,7 @@ def _print_summary(fr: Any, cfg: DemoConfig, reports: list[Any], times_all: list
     total = sum(r.total_ns for r in reports)
     harvested = sum(r.harvested_ns for r in reports)
     items = sum(r.settings.get("side_items", 0) for r in reports)
-    unit = f"Spin items of {cfg.item_us} us" if cfg.task == "spin" else "Saxpy items"
+    recorded = len(reports[0].iterations)
     rows = [
         (
             "pipeline",
@@ -185,9 +314,16 @@ def _print_summary(fr: Any, cfg: DemoConfig, reports: list[Any], times_all: list
                 f"{reports[0].backend} backend"
             ),
         ),
-        ("bubble fraction", f"{bubble / total:.1%} of {total / 1e9:.2f} s recorded"),
+        ("side task", describe_task(cfg)),
+        (
+            "bubble fraction",
+            (
+                f"{bubble / total:.1%} of {total / 1e9:.2f} s recorded "
+                f"({recorded} harvesting steps per rank, warm-up excluded)"
+            ),
+        ),
         ("harvested time", f"{harvested / 1e9:.3f} s ({harvested / bubble:.0%} of bubble time)"),
-        ("side work done", f"{items:,} {unit}"),
+        ("side work done", describe_work(cfg, items)),
         ("iteration, no side work", f"{without * 1000:.1f} ms (median)"),
         (
             "iteration, harvesting",
@@ -205,31 +341,30 @@ def _print_summary(fr: Any, cfg: DemoConfig, reports: list[Any], times_all: list
 
 
 def run(cfg: DemoConfig) -> int:
-    """Spawns the ranks and runs the demo; returns an exit code."""
-    if cfg.schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {cfg.schedule!r}")
-    if cfg.task not in TASKS:
-        raise ValueError(f"task must be one of {TASKS}, got {cfg.task!r}")
-    if cfg.stages < 2:
-        raise ValueError(f"stages must be >= 2, got {cfg.stages}")
-    if cfg.microbatches < cfg.stages:
-        raise ValueError(f"microbatches must be >= stages ({cfg.stages}), got {cfg.microbatches}")
-    if cfg.steps < 2:
-        raise ValueError(f"steps must be >= 2, got {cfg.steps}")
+    """Spawns the ranks and runs the demo; returns an exit code. Raises ConfigError (a
+    ValueError) for a setting out of range, an output folder that cannot be written, or
+    --device cuda where no GPU per stage is usable."""
+    check_config(cfg)
+    check_outdir(cfg.outdir)
     try:
         import torch
         import torch.multiprocessing as mp
     except ImportError:
         print("freeride demo needs PyTorch: pip install torch", file=sys.stderr)
         return 2
-    # One GPU per stage: NCCL refuses two ranks on one device.
-    use_cuda = cfg.device != "cpu" and torch.cuda.device_count() >= cfg.stages
-    if cfg.device != "cpu" and torch.cuda.is_available() and not use_cuda:
-        print(f"{torch.cuda.device_count()} GPU(s) for {cfg.stages} stages: running on the CPU")
+    from . import backend_info
+
+    info = backend_info()
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    use_cuda = choose_cuda(cfg, gpus, info["cuda"], info.get("reason", ""))
+    if cfg.device == "auto" and gpus and not use_cuda:
+        why = "" if info["cuda"] else f" (freeride: {info.get('reason', '')})"
+        print(f"{gpus} GPU(s) for {cfg.stages} stages{why}: running on the CPU")
     print(
         f"freeride demo: {cfg.stages}-stage {cfg.schedule} pipeline on "
         f"{'CUDA' if use_cuda else 'CPU (gloo)'}, side task {cfg.task}"
     )
+    sys.stdout.flush()  # before the ranks write: a pipe would otherwise reorder the lines
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(
             _rank_main,

@@ -2,7 +2,9 @@
 
 A step is started only inside a bubble it is predicted to fit: the harvester learns the
 length of each bubble slot of the schedule (the k-th bubble of an iteration) from the
-bubble record, and each task's step time from its own steps. Steps run on one runner
+bubble record, and each task's step time from its own steps. A gate opened by hand
+(``with h.bubble():``, ``h.gate.open()``) has no learned length: steps start there
+whenever it is open, as before any iteration was recorded. Steps run on one runner
 thread per harvester; a step still running when the bubble closed counts as an overrun.
 
 On a GPU, setup(), step() and teardown() run on a torch stream of their own (priority 0,
@@ -26,6 +28,7 @@ from typing import Any
 
 from . import _C
 from .errors import MemoryBudgetError, TaskCancelledError, TaskFailedError
+from .recorder import MANUAL_BUBBLE
 
 # Ids of iterative tasks, far from the executor's, so reports can mix both.
 _IDS = itertools.count(1 << 40)
@@ -412,7 +415,12 @@ class IterativeRunner:
             return True  # no schedule recorded: the gate alone says when
         slot = recorder.slot_of(seq)
         if slot is None:
-            return False  # not a bubble of a recorded iteration (e.g. between steps)
+            return False  # `seq` is a close that raced the gate read: ask again
+        if slot == MANUAL_BUBBLE:
+            # Opened by hand (h.bubble(), h.gate.open()), for side work: nothing predicts
+            # how long it stays open, so the gate alone says when, as before recording.
+            # (Attached and recorded loops close the gate between their iterations.)
+            return True
         predicted = recorder.predicted_slot_ns(slot)
         if predicted is None:
             return False  # learn this slot's length first

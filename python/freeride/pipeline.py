@@ -87,10 +87,19 @@ class _Patch:
             delattr(self.obj, self.name)
 
 
-def _compute_wrapper(recorder: Recorder, label: Callable[[tuple, dict], str]):
+def _compute_wrapper(
+    recorder: Recorder,
+    label: Callable[[tuple, dict], str],
+    computes: Callable[[tuple, dict], bool] | None = None,
+):
+    """Wraps a method in a compute action; with `computes`, only the calls for which it
+    says the method does compute (others run as they are, gate untouched)."""
+
     def make(original: Callable) -> Callable:
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if computes is not None and not computes(args, kwargs):
+                return original(*args, **kwargs)
             recorder.compute_begin(label(args, kwargs))
             try:
                 return original(*args, **kwargs)
@@ -146,7 +155,13 @@ class Attachment:
                         )
             if hasattr(schedule, "_maybe_compute_loss"):
                 self.patches.append(
-                    _Patch(schedule, "_maybe_compute_loss", _compute_wrapper(recorder, _loss_label))
+                    _Patch(
+                        schedule,
+                        "_maybe_compute_loss",
+                        _compute_wrapper(
+                            recorder, _loss_label, functools.partial(_computes_loss, schedule)
+                        ),
+                    )
                 )
             self.patches.append(_Patch(schedule, "step", _step_wrapper(recorder)))
         except BaseException:
@@ -163,6 +178,14 @@ class Attachment:
     def detach(self) -> None:
         while self.patches:
             self.patches.pop().undo()
+
+
+def _computes_loss(schedule: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether this _maybe_compute_loss call computes a loss: torch calls it for every
+    stage after every forward, but only the last stage of a schedule with a loss_fn
+    computes one (the others would record an empty compute action per microbatch)."""
+    stage = args[0] if args else kwargs.get("stage")
+    return bool(getattr(stage, "is_last", True)) and getattr(schedule, "_loss_fn", True) is not None
 
 
 def _loss_label(args: tuple, kwargs: dict) -> str:

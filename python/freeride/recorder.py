@@ -16,6 +16,8 @@ from ._streams import stream_handle
 from .report_model import Bubble, Compute, Iteration, SideLaunch
 
 _SEQ_MASK = 2**32 - 1
+# slot_of() of a gate opened by hand, outside the bubbles of recorded iterations.
+MANUAL_BUBBLE = -1
 _MAX_PENDING = 64
 
 
@@ -63,13 +65,20 @@ class Recorder:
 
     # -- gate writes ---------------------------------------------------------------------
 
-    def _write(self, value: int, stream: Any, mark: bool = False) -> tuple[int, int]:
+    def _write(
+        self, value: int, stream: Any, mark: bool = False, slot: int | None = None
+    ) -> tuple[int, int]:
         """Writes the gate; with `mark`, also records when the write took effect: after
         a close (side work has stopped), before an open (side work has not resumed), so
-        recorded compute intervals contain no side work and bubbles hold all of it."""
+        recorded compute intervals contain no side work and bubbles hold all of it.
+        `slot`: the bubble slot this open starts (an open without one is a manual
+        bubble), known to slot_of() before the write, so the iterative runner never sees
+        the new gate value without it."""
         self._seq = (self._seq + 1) & _SEQ_MASK
-        handle = stream_handle(stream, self._kind, self._device)
         opening = value == _C.GATE_OPEN
+        if opening:
+            self._remember_slot(self._seq, MANUAL_BUBBLE if slot is None else slot)
+        handle = stream_handle(stream, self._kind, self._device)
         mark_id = self._ex.mark(handle) if mark and opening else 0
         self._ex.gate_write(value, handle, self._seq)
         if mark and not opening:
@@ -92,11 +101,10 @@ class Recorder:
         if not self.recording:
             self.recording = True
             self._ex.set_recording(True)
-        seq, mark = self._write(_C.GATE_OPEN, stream, mark=True)
+        self._slot = 0
+        _, mark = self._write(_C.GATE_OPEN, stream, mark=True, slot=0)
         self._current = _Pending(self._next_index, mark)
         self._next_index += 1
-        self._slot = 0
-        self._remember_slot(seq)
         self._current.events.append(("open", "", self._current.origin, self._free_memory()))
 
     def end_iteration(self, stream: Any = None) -> None:
@@ -138,10 +146,12 @@ class Recorder:
         if not self._saved_open.pop():
             return
         recording = self._current is not None
-        seq, mark = self._write(_C.GATE_OPEN, stream, mark=recording)
         if recording:
             self._slot += 1
-            self._remember_slot(seq)
+        _, mark = self._write(
+            _C.GATE_OPEN, stream, mark=recording, slot=self._slot if recording else None
+        )
+        if recording:
             self._current.events.append(("open", "", mark, self._free_memory()))
 
     def close_gate(self, stream: Any = None) -> None:
@@ -152,14 +162,16 @@ class Recorder:
 
     # -- what iterative tasks ask -----------------------------------------------------------
 
-    def _remember_slot(self, seq: int) -> None:
-        self._seq_slot[seq] = self._slot
+    def _remember_slot(self, seq: int, slot: int) -> None:
+        self._seq_slot[seq] = slot
         if len(self._seq_slot) > 65536:  # forget the oldest half
             for key in list(self._seq_slot)[:32768]:
                 del self._seq_slot[key]
 
     def slot_of(self, seq: int) -> int | None:
-        """Bubble slot opened by the gate write with sequence number `seq`, if any."""
+        """Bubble slot opened by the gate write with sequence number `seq`: MANUAL_BUBBLE
+        for an open outside recorded iterations (h.bubble(), h.gate.open()), None for a
+        close (or a write not made by this recorder)."""
         return self._seq_slot.get(seq)
 
     def predicted_slot_ns(self, slot: int) -> int | None:

@@ -12,9 +12,11 @@ All times are integer nanoseconds on the recording's own timeline (see `report_m
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
+import textwrap
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
@@ -592,12 +594,28 @@ class Report:
 
     # ----------------------------------------------------------------- plot
 
-    def plot(self, path: str | os.PathLike[str], iterations: Sequence[int] | None = None) -> None:
+    def plot(
+        self,
+        path: str | os.PathLike[str],
+        iterations: Sequence[int] | None = None,
+        *,
+        gap_label: str | None = "not recorded",
+    ) -> None:
         """Write a PNG timeline: rows for compute, bubbles and each side task.
 
         `iterations` are Iteration.index values to show; by default the last (up to) 3.
-        Needs matplotlib; uses the Agg canvas directly, leaving pyplot's backend alone.
+        `gap_label` names the time between two shown iterations that no iteration covers
+        (None: leave it unnamed). Needs matplotlib; uses the Agg canvas directly, leaving
+        pyplot's backend alone.
         """
+        fig = self.timeline(iterations, gap_label=gap_label)
+        fig.savefig(os.fspath(path), format="png", dpi=110)
+
+    def timeline(
+        self, iterations: Sequence[int] | None = None, *, gap_label: str | None = "not recorded"
+    ) -> Any:
+        """The matplotlib Figure that `plot` writes (same arguments), for notebooks and
+        for drawing on further."""
         try:
             from matplotlib.backends.backend_agg import FigureCanvasAgg
             from matplotlib.figure import Figure
@@ -617,24 +635,17 @@ class Report:
             chosen = sorted((by_index[i] for i in iterations), key=lambda it: it.start_ns)
 
         names = self.task_names
-        rows = ["compute", "bubbles"] + [f"side: {_short(n, 32)}" for n in names.values()]
+        lanes = _lane_names(names)
+        rows = ["compute", "bubbles"] + [f"side: {lanes[tid]}" for tid in names]
         fig = Figure(figsize=(12, max(3.0, 1.6 + 0.55 * len(rows))), layout="constrained")
         FigureCanvasAgg(fig)
         ax = fig.add_subplot()
-
-        title = (
-            f"{self._where()}: bubble fraction {100 * self.bubble_fraction:.1f}%, "
-            f"harvested {_fmt_ns(self.harvested_ns)} "
-            f"({_pct(self.harvested_ns, self.bubble_ns):.1f}% of bubble time) "
-            f"over {len(self.iterations)} iterations"
-        )
-        ax.set_title(title, fontsize=10)
+        ax.set_title(self._timeline_title(chosen), fontsize=10)
 
         if not chosen:
             ax.text(0.5, 0.5, "no iterations recorded", ha="center", va="center")
             ax.set_axis_off()
-            fig.savefig(os.fspath(path), format="png", dpi=110)
-            return
+            return fig
 
         lo = min(it.start_ns for it in chosen)
         hi = max(it.end_ns for it in chosen)
@@ -688,6 +699,25 @@ class Report:
             )
         ax.axvline(hi / 1e6, color="black", linestyle="--", linewidth=0.8)
 
+        # Time between two shown iterations belongs to none: shade it and say what it is,
+        # so that it does not read as idle time nobody harvested.
+        for before, after in itertools.pairwise(chosen):
+            gap = after.start_ns - before.end_ns
+            if gap <= 0:
+                continue
+            ax.axvspan(before.end_ns / 1e6, after.start_ns / 1e6, color="whitesmoke", zorder=0)
+            if gap_label and gap > 0.06 * span_ms * 1e6:
+                ax.text(
+                    (before.end_ns + after.start_ns) / 2e6,
+                    (len(rows) - 1) / 2,
+                    "\n".join(textwrap.wrap(gap_label, 14)),
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="dimgrey",
+                    clip_on=True,
+                )
+
         cmap = [
             "tab:orange",
             "tab:green",
@@ -698,7 +728,7 @@ class Report:
             "tab:olive",
             "tab:cyan",
         ]
-        for k, (tid, name) in enumerate(names.items()):
+        for k, tid in enumerate(names):
             row = rows[2 + k]
             side = bars((x.start_ns, x.end_ns) for x in self.launches if x.task_id == tid)
             ax.broken_barh(
@@ -714,10 +744,43 @@ class Report:
         ax.set_xlim(lo / 1e6 - pad, hi / 1e6 + pad)
         ax.set_xlabel("time since recording start (ms)")
         ax.grid(axis="x", linewidth=0.3)
-        fig.savefig(os.fspath(path), format="png", dpi=110)
+        return fig
+
+    def _timeline_title(self, shown: Sequence[Iteration]) -> str:
+        """Totals over every recorded iteration, and which of them the timeline shows."""
+        n = len(self.iterations)
+        head = (
+            f"{self._where()}: {n} iteration{'s' if n != 1 else ''} recorded, "
+            f"bubble fraction {100 * self.bubble_fraction:.1f}%, "
+            f"harvested {_fmt_ns(self.harvested_ns)} "
+            f"({_pct(self.harvested_ns, self.bubble_ns):.1f}% of bubble time)"
+        )
+        if not shown:
+            return head
+        indices = [it.index for it in shown]
+        if len(indices) == 1:
+            which = f"iteration {indices[0]}"
+        elif indices == list(range(indices[0], indices[-1] + 1)):
+            which = f"iterations {indices[0]}-{indices[-1]}"
+        else:
+            which = "iterations " + ", ".join(str(i) for i in indices)
+        return f"{head}\nshown: {which} ({len(shown)} of {n})"
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _lane_names(names: dict[int, str]) -> dict[int, str]:
+    """task_id -> a timeline row name: the task's class (the repr up to its arguments,
+    which may be long), with the task id where two tasks share a class."""
+    short = {tid: name.split("(", 1)[0].strip() or name for tid, name in names.items()}
+    counts: dict[str, int] = {}
+    for name in short.values():
+        counts[name] = counts.get(name, 0) + 1
+    return {
+        tid: f"{name} #{tid}" if counts[name] > 1 else _short(name, 32)
+        for tid, name in short.items()
+    }
 
 
 def _table(rows: list[tuple[str, ...]], right: set[int]) -> list[str]:
