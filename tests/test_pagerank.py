@@ -45,7 +45,10 @@ def test_matches_dense_power_iteration(harvester, n, m, iters):
 
 
 def test_exactly_once_under_gate_flips(host):
-    indptr, indices = random_graph(5000, 40000, seed=1)
+    # A phase (~1.5 ms here with 4 workers) must outlast the 0.2 ms open windows, or
+    # every phase can finish inside one and the task is never paused: with 5000 nodes
+    # (~0.1 ms a phase) that happened once launches started without an executor hop.
+    indptr, indices = random_graph(100000, 800000, seed=1)
     reference = host.submit(fr.tasks.PageRank(indptr, indices, iters=8, nodes_per_item=16))
     ref = reference.result(timeout=60)
     flipped = host.submit(fr.tasks.PageRank(indptr, indices, iters=8, nodes_per_item=16))
