@@ -29,7 +29,7 @@ from typing import Any
 
 from . import _mailbox
 from .errors import HarvesterClosedError, TaskCancelledError, TaskFailedError
-from .placement import Decision, Policy, RankState, TaskSpec
+from .placement import Decision, Policy, RankState, TaskSpec, map_nested
 
 _FINAL = ("done", "failed", "cancelled")
 _COORD = "fr-coord"
@@ -533,12 +533,10 @@ def _started(handle: Any) -> bool:
 
 def _portable(value: Any) -> Any:
     """`value` with tensors and device arrays moved to host memory, for the trip back."""
-    if isinstance(value, tuple):
-        return tuple(_portable(v) for v in value)
-    if isinstance(value, list):
-        return [_portable(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _portable(v) for k, v in value.items()}
+    return map_nested(value, _to_host)
+
+
+def _to_host(value: Any) -> Any:
     module = type(value).__module__
     if module.startswith("torch") and hasattr(value, "cpu"):
         return value.detach().cpu()

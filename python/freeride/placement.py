@@ -50,16 +50,19 @@ class Load:
         return resolve(self.fn)(*_materialize(self.args), **_materialize(self.kwargs))
 
 
-def _materialize(value: Any) -> Any:
-    if isinstance(value, Load):
-        return value()
+def map_nested(value: Any, leaf: Callable[[Any], Any]) -> Any:
+    """`value` with leaf(x) for every x that is not a tuple, list or dict inside it."""
     if isinstance(value, tuple):
-        return tuple(_materialize(v) for v in value)
+        return tuple(map_nested(v, leaf) for v in value)
     if isinstance(value, list):
-        return [_materialize(v) for v in value]
+        return [map_nested(v, leaf) for v in value]
     if isinstance(value, dict):
-        return {k: _materialize(v) for k, v in value.items()}
-    return value
+        return {k: map_nested(v, leaf) for k, v in value.items()}
+    return leaf(value)
+
+
+def _materialize(value: Any) -> Any:
+    return map_nested(value, lambda x: x() if isinstance(x, Load) else x)
 
 
 @dataclass(frozen=True)
