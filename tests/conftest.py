@@ -1,3 +1,4 @@
+import json
 import os
 import time
 
@@ -48,3 +49,19 @@ def wait_until(predicate, timeout=10.0, interval=0.002):
 
 def os_threads() -> int:
     return len(os.listdir("/proc/self/task"))
+
+
+def run_ranks(target, world, outdir, *args):
+    """Spawns `world` processes running target(rank, *args), each of which writes
+    rank<N>.json into `outdir` with "ok" (and "error" if not); returns those results by
+    rank, failing the test with a rank's error."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(target, args=args, nprocs=world, join=True)
+    results = []
+    for rank in range(world):
+        with open(os.path.join(outdir, f"rank{rank}.json")) as f:
+            res = json.load(f)
+        assert res["ok"], res.get("error")
+        results.append(res)
+    return results

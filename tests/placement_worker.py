@@ -14,6 +14,7 @@ import traceback
 
 import torch
 import torch.distributed as dist
+from pipeline_worker import _loss
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, schedules
 
@@ -39,10 +40,6 @@ def _modules(world: int) -> list[nn.Module]:
         hidden = HEAVY if stage == SUBMITTER else 2 * D
         out.append(nn.Sequential(nn.Linear(D, hidden), nn.Tanh(), nn.Linear(hidden, D)))
     return out
-
-
-def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return ((out - target) ** 2).mean()
 
 
 def _train(rank, world, steps, on_step=None, h=None):

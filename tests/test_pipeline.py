@@ -1,7 +1,6 @@
 """Attaching to real torch.distributed.pipelining schedules, multi-process over gloo."""
 
 import json
-import os
 
 import pytest
 
@@ -10,6 +9,7 @@ mp = pytest.importorskip("torch.multiprocessing")
 
 import pipeline_worker
 
+from conftest import run_ranks
 from freeride import simulate
 
 
@@ -23,19 +23,9 @@ def check_simulator_matches(results, world, name, n_micro):
 def run(world, name, tmp_path, n_micro=4, steps=3, side="items"):
     if not pipeline_worker.available(name):
         pytest.skip(f"torch {torch.__version__} has no {name}")
-    mp.spawn(
-        pipeline_worker.run_rank,
-        args=(world, name, n_micro, steps, str(tmp_path), side),
-        nprocs=world,
-        join=True,
+    return run_ranks(
+        pipeline_worker.run_rank, world, tmp_path, world, name, n_micro, steps, str(tmp_path), side
     )
-    results = []
-    for rank in range(world):
-        with open(os.path.join(tmp_path, f"rank{rank}.json")) as f:
-            res = json.load(f)
-        assert res["ok"], res.get("error")
-        results.append(res)
-    return results
 
 
 def check_loss_only_on_the_last_stage(results, world, name):

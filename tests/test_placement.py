@@ -1,14 +1,13 @@
 """Job-wide placement: the policy on its own, task specs, and a real 4-rank gloo pipeline
 whose bubbles differ by stage."""
 
-import json
-import os
 import pickle
 
 import numpy as np
 import pytest
 
 import freeride as fr
+from conftest import run_ranks
 from freeride.placement import Load, Policy, RankState, TaskSpec, resolve
 
 
@@ -134,21 +133,11 @@ def test_job_queue_needs_torch_distributed():
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    torch = pytest.importorskip("torch")
-    mp = pytest.importorskip("torch.multiprocessing")
+    pytest.importorskip("torch")
     import placement_worker
 
-    del torch
     outdir = tmp_path_factory.mktemp("placement")
-    world = 4
-    mp.spawn(placement_worker.run_rank, args=(world, str(outdir)), nprocs=world, join=True)
-    results = []
-    for rank in range(world):
-        with open(os.path.join(outdir, f"rank{rank}.json")) as f:
-            res = json.load(f)
-        assert res["ok"], res.get("error")
-        results.append(res)
-    return results
+    return run_ranks(placement_worker.run_rank, 4, outdir, 4, str(outdir))
 
 
 def test_training_stays_bit_identical(job):

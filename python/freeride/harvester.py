@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import sys
 import threading
@@ -25,7 +24,7 @@ from .recorder import Recorder, attribute_side_work
 from .report import Report
 from .report_model import TaskSummary
 from .reserve import DEFAULT_RESERVE, NO_RESERVE, Reserve
-from .tasks._base import Task, check_count
+from .tasks._base import Task, check_count, check_float
 
 
 def _rank() -> int | None:
@@ -40,13 +39,10 @@ def _rank() -> int | None:
 def _check_time_slice(value: Any) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(
-            f"time_slice must be a number of seconds or None, got {type(value).__name__}"
-        )
-    if not math.isfinite(value) or not 1e-5 <= value <= 60:
+    value = check_float(value, "time_slice")
+    if not 1e-5 <= value <= 60:
         raise ValueError(f"time_slice must be between 1e-05 and 60 seconds (or None), got {value}")
-    return float(value)
+    return value
 
 
 def _default_workers() -> int:

@@ -5,13 +5,13 @@ the messages."""
 from __future__ import annotations
 
 import importlib
-import math
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._units import parse_memory
+from .tasks._base import check_float
 
 
 def resolve(ref: str | Callable[..., Any]) -> Callable[..., Any]:
@@ -104,11 +104,7 @@ class TaskSpec:
             raise TypeError(f"kwargs must be a dict, got {type(self.kwargs).__name__}")
         if self.memory is not None:
             parse_memory(self.memory, "memory")
-        if self.step_ms is not None and not (
-            isinstance(self.step_ms, (int, float))
-            and math.isfinite(self.step_ms)
-            and self.step_ms > 0
-        ):
+        if self.step_ms is not None and check_float(self.step_ms, "step_ms") <= 0:
             raise ValueError(
                 f"step_ms must be a positive number of milliseconds, got {self.step_ms!r}"
             )

@@ -178,10 +178,7 @@ class Recorder:
         """Median of the slot's recent durations, once it has been measured."""
         with self._shared:
             history = self._slot_ns.get(slot)
-            if not history:
-                return None
-            ordered = sorted(history)
-        return ordered[len(ordered) // 2]
+            return _median(history) if history else None
 
     def known_slots(self) -> list[int]:
         """Slots whose length has been measured."""
@@ -192,7 +189,7 @@ class Recorder:
         """(bubble ns per iteration, longest bubble ns, iterations begun): the median of
         each slot's recent lengths, summed and the largest. Any thread."""
         with self._shared:
-            medians = [sorted(h)[len(h) // 2] for h in self._slot_ns.values() if h]
+            medians = [_median(h) for h in self._slot_ns.values() if h]
         return sum(medians), max(medians, default=0), self._next_index
 
     # -- resolution ------------------------------------------------------------------------
@@ -308,6 +305,12 @@ class Recorder:
 
     def launches(self) -> list[SideLaunch]:
         return sorted(self._launches, key=lambda launch: launch.start_ns)
+
+
+def _median(values: Any) -> int:
+    """The upper median of a non-empty collection."""
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
 
 
 def attribute_side_work(iterations: list[Iteration], launches: list[SideLaunch]) -> None:
