@@ -103,6 +103,11 @@ class Backend {
   // calling thread, returns when done.
   virtual void run_plain(Task& task, uintptr_t stream) = 0;
 
+  // Called once on the executor's thread before its loop starts: the host backend runs
+  // it at the workers' idle priority, so admitting launches never takes a core from
+  // training (a normal-priority thread woken at every gate open and close would).
+  virtual void on_executor_thread() {}
+
   // Side stream handle (0 on the host backend).
   virtual uintptr_t side_stream() const = 0;
 

@@ -210,6 +210,7 @@ void Executor::finish_locked(Record& r, TaskState state, ErrorKind kind, std::st
 }
 
 void Executor::loop() {
+  backend_->on_executor_thread();
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     Record* r = nullptr;

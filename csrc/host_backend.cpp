@@ -32,6 +32,17 @@ int64_t steady_ns() {
       .count();
 }
 
+// The host's equivalent of the lowest-priority side stream: a SCHED_IDLE thread gets a
+// core only when nothing else wants it, and a waking training thread takes the core back
+// at once. Best effort: where the policy is refused, the thread runs at normal priority.
+void run_at_idle_priority() {
+#ifdef __linux__
+  sched_param param{};
+  param.sched_priority = 0;
+  (void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &param);
+#endif
+}
+
 void atomic_min(std::atomic<int64_t>& word, int64_t value) {
   int64_t seen = word.load();
   while (value < seen && !word.compare_exchange_weak(seen, value)) {
@@ -69,25 +80,24 @@ class HostRunner final : public PhaseRunner {
   bool executing() const override { return executing_.load(); }
 
   // The claim loop of one worker: exits when the gate closes, stop is set, an item
-  // failed or no item is left. A claimed item always runs to completion. `active` is
-  // raised before the gate is read and lowered after the item: with sequentially
-  // consistent operations on both words, a closer that stored CLOSED and then sees
-  // active == 0 knows no item runs and none will start (HostBackend::gate_write).
+  // failed or no item is left. A claimed item always runs to completion, even when the
+  // gate closes meanwhile (HostBackend::gate_write does not wait for it).
   //
   // A worker also leaves once the gate was written again since the launch was admitted
   // (`seq` moved on): a worker that gets a core only after a close and the next open
   // must not carry the launch into a later bubble, so that a launch's marks (its first
   // item's start, its last item's end) lie within one bubble.
-  void work(const std::atomic<uint32_t>& gate, const std::atomic<uint32_t>& seq,
-            std::atomic<int>& active) {
+  void work(const std::atomic<uint32_t>& gate, const std::atomic<uint32_t>& seq) {
     int64_t first = INT64_MAX;
     int64_t last = INT64_MIN;
     while (true) {
-      active.fetch_add(1);
+      // Read before the gate: an item that passes the check started before any later
+      // close was stored, so a launch's first mark lies inside the bubble it ran in (its
+      // last may lie after the close, by the rest of an item).
+      const int64_t start = steady_ns();
       if (gate.load() != FREERIDE_GATE_OPEN || seq.load() != launch_seq_ || stop_.load()) break;
       const uint64_t item = next_.fetch_add(1);
       if (item >= n_items_) break;
-      const int64_t start = steady_ns();
       try {
         task_->run_item(phase_, item);
       } catch (...) {
@@ -96,18 +106,14 @@ class HostRunner final : public PhaseRunner {
         stop_.store(true);
         break;
       }
-      // Before `active` drops: a closer that saw it at 0 finds every item end recorded
-      // earlier than its own mark.
       last = steady_ns();
       first = std::min(first, start);
       done_.fetch_add(1);
-      if (active.fetch_sub(1) == 1) active.notify_all();
     }
     if (first != INT64_MAX) {
       atomic_min(first_start_ns_, first);
       atomic_max(last_end_ns_, last);
     }
-    if (active.fetch_sub(1) == 1) active.notify_all();
   }
 
   bool stop_requested() const { return stop_.load(); }
@@ -142,44 +148,20 @@ class HostBackend final : public Backend {
   std::string kind() const override { return "host"; }
   int device() const override { return -1; }
 
+  // Lock-free, and a close does not wait for the items in flight: the training thread
+  // must never wait on a side thread. The workers run SCHED_IDLE, so one preempted
+  // mid-item (by another rank's thread on a busy machine) would hold the close until a
+  // core fell idle; and raising it to normal priority for the wait needs RLIMIT_NICE,
+  // which unprivileged users lack. As on a GPU, where side blocks finish their current
+  // item while training's kernels start, an item that passed the gate before the close
+  // runs to its end beside compute, on a thread that yields its core to any training
+  // thread that wants it.
   void gate_write(uint32_t value, uintptr_t /*stream*/, uint32_t seq) override {
-    // Host work is synchronous, so a write "in stream order" is a write now.
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      seq_.store(seq);
-      gate_.store(value);
-    }
-    gate_cv_.notify_all();
-    // A close takes effect once the items that passed the gate before it have finished:
-    // at most one item's run time, the host backend's pause latency.
-    if (value != FREERIDE_GATE_OPEN) wait_for_items();
+    seq_.store(seq);
+    gate_.store(value);
+    if (value == FREERIDE_GATE_OPEN) wake_waiters();
   }
 
-  // Sleeps until no item executes. The workers run SCHED_IDLE, so while training waits
-  // on them they get normal priority back: otherwise busy cores (other ranks, other
-  // processes) could starve an item the training thread is waiting for.
-  void wait_for_items() {
-    int active = active_.load();
-    if (active == 0) return;
-    set_workers_idle(false);
-    while (active > 0) {
-      active_.wait(active);
-      active = active_.load();
-    }
-    set_workers_idle(true);
-  }
-
-  void set_workers_idle(bool idle) {
-#ifdef __linux__
-    sched_param param{};
-    param.sched_priority = 0;
-    const int policy = idle ? SCHED_IDLE : SCHED_OTHER;
-    std::lock_guard<std::mutex> lock(threads_mutex_);
-    for (auto& t : threads_) (void)pthread_setschedparam(t.native_handle(), policy, &param);
-#else
-    (void)idle;
-#endif
-  }
   uint32_t gate_read() const override { return gate_.load(); }
   uint32_t gate_seq() const override { return seq_.load(); }
 
@@ -226,6 +208,10 @@ class HostBackend final : public Backend {
   }
 
   void unblock() override { wake_waiters(); }
+  // Measured on 2 cores (4-rank gloo 1F1B): a normal-priority executor thread, woken at
+  // every gate open and again when the workers leave after a close, preempted training
+  // threads often enough to triple the time spent in the hooks.
+  void on_executor_thread() override { run_at_idle_priority(); }
   uintptr_t side_stream() const override { return 0; }
 
   void shutdown() override {
@@ -235,8 +221,7 @@ class HostBackend final : public Backend {
       closed_ = true;
     }
     work_cv_.notify_all();
-    gate_cv_.notify_all();
-    std::lock_guard<std::mutex> lock(threads_mutex_);
+    wake_waiters();
     for (auto& t : threads_) t.join();
     threads_.clear();
   }
@@ -244,13 +229,16 @@ class HostBackend final : public Backend {
   // Blocks until the gate is open or the runner is stopped; true if the gate is open,
   // with `seq` the sequence number of the write that opened it.
   bool wait_for_gate(const HostRunner& runner, uint32_t& seq) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    gate_cv_.wait(lock, [&] {
-      return closed_ || runner.stop_requested() ||
-             gate_.load(std::memory_order_acquire) == FREERIDE_GATE_OPEN;
-    });
-    seq = seq_.load();  // gate_write stores both under mutex_
-    return !closed_ && !runner.stop_requested();
+    while (true) {
+      const uint64_t epoch = wake_epoch_.load();
+      if (closed_.load() || runner.stop_requested()) return false;
+      if (gate_.load() == FREERIDE_GATE_OPEN) break;
+      wake_epoch_.wait(epoch);
+    }
+    // Read after the open was seen: a newer write's number at worst, whose launch then
+    // ends at once (HostRunner::work checks the gate and the number before each item).
+    seq = seq_.load();
+    return true;
   }
 
   // One launch: every worker runs runner.work() once; returns when all have exited.
@@ -265,23 +253,16 @@ class HostBackend final : public Backend {
     job_ = nullptr;
   }
 
-  // Taking the lock before notifying makes sure a waiter either saw the new stop flag
-  // in its predicate or is already asleep and gets this notification.
+  // A waiter reads the epoch before its predicate and sleeps only while the epoch is
+  // unchanged, so a gate open, stop or shutdown between the two is never missed.
   void wake_waiters() {
-    { std::lock_guard<std::mutex> lock(mutex_); }
-    gate_cv_.notify_all();
+    wake_epoch_.fetch_add(1);
+    wake_epoch_.notify_all();
   }
 
  private:
   void worker_main() {
-#ifdef __linux__
-    // The host's equivalent of the lowest-priority side stream: SCHED_IDLE threads get a
-    // core only when nothing else wants it, so side items take no CPU from training.
-    // Best effort: where the policy is refused, the workers run at normal priority.
-    sched_param param{};
-    param.sched_priority = 0;
-    (void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &param);
-#endif
+    run_at_idle_priority();
     uint64_t seen = 0;
     std::unique_lock<std::mutex> lock(mutex_);
     while (true) {
@@ -290,7 +271,7 @@ class HostBackend final : public Backend {
       seen = generation_;
       HostRunner* job = job_;
       lock.unlock();
-      job->work(gate_, seq_, active_);
+      job->work(gate_, seq_);
       lock.lock();
       if (--running_ == 0) done_cv_.notify_all();
     }
@@ -298,18 +279,17 @@ class HostBackend final : public Backend {
 
   std::atomic<uint32_t> gate_{FREERIDE_GATE_OPEN};
   std::atomic<uint32_t> seq_{0};
-  std::atomic<int> active_{0};  // workers between their gate check and the end of an item
-  std::mutex threads_mutex_;    // threads_ against shutdown while a close boosts them
+  std::atomic<uint64_t> wake_epoch_{0};  // bumped by gate opens, stops and shutdown
   std::mutex marks_mutex_;
   std::unordered_map<uint64_t, int64_t> marks_;
   uint64_t next_mark_ = 1;
   std::mutex mutex_;
-  std::condition_variable gate_cv_, work_cv_, done_cv_;
+  std::condition_variable work_cv_, done_cv_;
   std::vector<std::thread> threads_;
   HostRunner* job_ = nullptr;
   uint64_t generation_ = 0;
   int running_ = 0;
-  bool closed_ = false;
+  std::atomic<bool> closed_{false};  // written under mutex_, read lock-free by waiters
 };
 
 // A launch's marks are its first item's start and its last item's end, taken by the

@@ -136,13 +136,21 @@ def run_rank(
                 ]
                 ran = snap.times.reshape(-1, 2)
                 ran = ran[ran[:, 0] > 0]
-                inside = 0
+                # A close does not wait for the items in flight: an item may straddle a
+                # compute action's start (the pause latency), but one that starts inside
+                # compute passed the gate after the close, unless its worker lost its
+                # core between the gate check and the item's first clock read.
+                started_inside = straddling = 0
                 for start, end in ran.tolist():
                     for c0, c1 in spans:
-                        if start < c1 and end > c0:
-                            inside += 1
+                        if c0 <= start < c1:
+                            started_inside += 1
                             break
-                result["items_inside_compute"] = inside
+                        if start < c0 < end:
+                            straddling += 1
+                            break
+                result["items_started_in_compute"] = started_inside
+                result["items_straddling_compute"] = straddling
                 result["items_timed"] = len(ran)
                 result["side_launch_items"] = sum(report.items_per_task.values())
             else:

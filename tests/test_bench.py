@@ -17,6 +17,10 @@ pytest.importorskip("torch")
         ("preempt", {"variant", "item_us", "p50_us", "p99_us", "max_us"}),
         ("items", {"task", "plain_ms", "preemptible_ms", "item_overhead_pct", "launches"}),
         ("pipeline", {"variant", "iter_ms", "overhead_pct", "side_items", "harvest_eff_pct"}),
+        (
+            "ranks",
+            {"stages", "task", "no_side_ms", "harvesting_ms", "overhead_pct", "estimated_pct"},
+        ),
     ],
 )
 def test_cpu_mode_smoke(name, columns, tmp_path, capsys):
@@ -63,8 +67,22 @@ def test_preempt_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_ranks_measures_both_sides_and_the_hooks():
+    # A real 2-rank gloo pipeline: both kinds of step ran, side work ran in the harvesting
+    # ones, and the estimate is the hooks' measured time, not a constant.
+    row = bench.run("ranks", mode="cpu", quick=True)["rows"][0]
+    assert row["steps"] == "4+4"
+    assert row["no_side_ms"] > 0 and row["harvesting_ms"] > 0
+    assert row["ci95_low_pct"] <= row["overhead_pct"] <= row["ci95_high_pct"]
+    assert row["harvested_pct"] > 0
+    assert row["hooks_us_per_iter"] > 0
+    assert 0 < row["estimated_pct"] < 100
+
+
 def test_bad_benchmark_arguments():
     with pytest.raises(ValueError, match="benchmark must be one of"):
         bench.run("latency", mode="cpu")
     with pytest.raises(ValueError, match="mode must be"):
         bench.run("items", mode="tpu")
+    with pytest.raises(ValueError, match="runs in mode cpu only"):
+        bench.run("ranks", mode="gpu")

@@ -14,7 +14,7 @@ US = 1_000  # ns
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def make_report(rank=0) -> Report:
+def make_report(rank=0, backend="cuda") -> Report:
     """Two 100 us iterations (times in us):
 
     it0: b0 0-10 | F 10-40 | b1 40-50 | B 50-90 | b2 90-100     bubbles 30, compute 70
@@ -71,8 +71,8 @@ def make_report(rank=0) -> Report:
         TaskSummary(1, "Train(b)", "running", 20, None, overruns=2),
     ]
     return Report(
-        device="cpu",
-        backend="host",
+        device="cuda:0" if backend == "cuda" else "cpu",
+        backend=backend,
         rank=rank,
         iterations=[it0, it1],
         launches=launches,
@@ -129,17 +129,32 @@ def test_estimated_overhead_clips_at_compute_end():
             Bubble(0, 2, 40 * US, 50 * US),
         ],
     )
-    r = Report("cpu", "host", iterations=[it], launches=[SideLaunch(0, "T", 0, 0, 50 * US, 5)])
+    r = Report("cuda:0", "cuda", iterations=[it], launches=[SideLaunch(0, "T", 0, 0, 50 * US, 5)])
     assert r.estimated_overhead == pytest.approx(20 / 50)
     assert r.side_ns_outside_bubbles == 20 * US
     assert r.harvested_ns == 30 * US
+
+
+def test_host_overhead_is_the_time_in_hooks():
+    # On the host backend an item straddling a compute start runs on a SCHED_IDLE worker
+    # beside training: the estimate is the training thread's own time in the hooks.
+    r = make_report(backend="host")
+    assert r.side_ns_outside_bubbles == 9 * US  # the launches are the same
+    assert r.estimated_overhead == 0.0
+    r.iterations[0].hook_ns = 3 * US
+    r.iterations[1].hook_ns = 5 * US
+    assert r.hook_ns == 8 * US
+    assert r.estimated_overhead == pytest.approx(8 * US / (200 * US))
+    back = Report.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert back.hook_ns == 8 * US and back.totals()["hook_ns"] == 8 * US
+    assert "time in hooks" in r.summary()
 
 
 def test_launch_ending_exactly_at_compute_start_costs_nothing():
     it = Iteration(
         0, 0, 20 * US, compute=[Compute(10 * US, 20 * US, "F")], bubbles=[Bubble(0, 0, 0, 10 * US)]
     )
-    r = Report("cpu", "host", iterations=[it], launches=[SideLaunch(0, "T", 0, 0, 10 * US, 1)])
+    r = Report("cuda:0", "cuda", iterations=[it], launches=[SideLaunch(0, "T", 0, 0, 10 * US, 1)])
     assert r.estimated_overhead == 0.0
     assert r.side_ns_outside_bubbles == 0
     assert r.harvested_ns == 10 * US
@@ -183,7 +198,7 @@ def test_summary_mentions_key_numbers():
     r = make_report()
     s = r.summary()
     assert str(r) == s
-    assert "cpu" in s and "host" in s and "rank 0" in s
+    assert "cuda:0" in s and "backend cuda" in s and "rank 0" in s
     assert "35.0%" in s  # bubble fraction
     assert "200.000 us" in s  # total time
     assert "31.000 us" in s  # harvested
@@ -270,7 +285,7 @@ def test_chrome_trace_format(tmp_path):
     make_report(rank=2).to_chrome_trace(path)
     trace = _load(path)
     assert trace["displayTimeUnit"] == "ms"
-    assert trace["metadata"]["device"] == "cpu"
+    assert trace["metadata"]["device"] == "cuda:0"
     assert trace["metadata"]["totals"]["harvested_ns"] == 31 * US
     events = trace["traceEvents"]
     spans = [e for e in events if e["ph"] == "X"]

@@ -146,15 +146,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "bench",
-        help="run a benchmark: preempt, items or pipeline",
+        help="run a benchmark: preempt, items, pipeline or ranks",
         description="Run one benchmark, print its table and optionally write it as JSON.",
         formatter_class=_HELP,
     )
     p.add_argument(
         "name",
-        choices=["preempt", "items", "pipeline"],
+        choices=["preempt", "items", "pipeline", "ranks"],
         help="preempt: pause latency; items: item overhead; pipeline: training overhead "
-        "and harvest efficiency",
+        "and harvest efficiency (one-process stage emulator); ranks: training overhead of "
+        "a real multi-process gloo pipeline on the host backend",
     )
     p.add_argument(
         "--mode",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from .report import Report
@@ -32,9 +33,17 @@ def gather_reports(
     return [Report.from_dict(d) for d in out]
 
 
-def stage_table(reports: list[Report]) -> str:
+STAGE_TABLE_LEGEND = (
+    "iter ms: mean recorded iteration; bubbles: share of it the gate was open; harvested: "
+    "share of bubble time with side work running; items: side items done; overhead: "
+    "estimated cost to training (host backend: the training thread's time in freeride's "
+    "hooks; GPU: side work still running when compute started)"
+)
+
+
+def stage_table(reports: list[Report], legend: bool = True) -> str:
     """A per-rank table: iteration time, bubble fraction, harvested share, side items and
-    estimated overhead."""
+    estimated overhead; with `legend`, followed by a line that explains the columns."""
     header = f"{'rank':>4}  {'iter ms':>8}  {'bubbles':>7}  {'harvested':>9}  {'items':>10}  {'overhead':>8}"
     rows = [header, "-" * len(header)]
     for r in reports:
@@ -46,6 +55,8 @@ def stage_table(reports: list[Report]) -> str:
             f"{r.bubble_fraction:>7.1%}  {harvested:>9.1%}  {items:>10,}  "
             f"{r.estimated_overhead:>8.2%}"
         )
+    if legend:
+        rows += ["", *textwrap.wrap(STAGE_TABLE_LEGEND, width=88)]
     return "\n".join(rows)
 
 

@@ -15,8 +15,9 @@ class Gate:
     Writes are stream-ordered: ``close(stream)`` takes effect when the GPU reaches that
     point of `stream`, not when the host calls it. ``stream=None`` means the current
     stream of the harvester's device; ``stream="host"`` writes immediately. On the host
-    backend every write is immediate (its compute is synchronous), and a close returns
-    once the side items that had already started have finished.
+    backend every write is immediate (its compute is synchronous); as on a GPU, a close
+    does not wait for the side items that had already started: they finish on their
+    idle-priority worker threads beside whatever runs next.
     """
 
     def __init__(self, recorder: Recorder, executor: Any, check_open: Callable[[], None]) -> None:

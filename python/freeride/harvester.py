@@ -266,12 +266,16 @@ class Harvester:
         reopens it after, in stream order: the manual hook for training loops freeride
         does not attach to. Inside ``iteration()`` it is recorded as a compute action."""
         self._check_open()
+        t0 = time.perf_counter_ns()
         self._recorder.compute_begin(label, stream)
+        self._recorder.add_hook_ns(time.perf_counter_ns() - t0)
         try:
             yield
         finally:
             if not self._closed:
+                t1 = time.perf_counter_ns()
                 self._recorder.compute_end(stream)
+                self._recorder.add_hook_ns(time.perf_counter_ns() - t1)
 
     @contextlib.contextmanager
     def bubble(self, stream: Any = None) -> Iterator[None]:
@@ -289,12 +293,16 @@ class Harvester:
         it at the end, and records its compute actions (``compute()`` blocks) and bubbles
         for ``report()``. attach() does the same around every schedule.step()."""
         self._check_open()
+        t0 = time.perf_counter_ns()
         self._recorder.begin_iteration(stream)
+        self._recorder.add_hook_ns(time.perf_counter_ns() - t0)
         try:
             yield
         finally:
             if not self._closed:
+                t1 = time.perf_counter_ns()
                 self._recorder.end_iteration(stream)
+                self._recorder.add_hook_ns(time.perf_counter_ns() - t1)
 
     # -- pipelines ----------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ class _Pending:
     origin: int  # mark id of the iteration's start
     # (kind, label, mark, free_memory): kind "open" or "close"
     events: list[tuple[str, str, int, int | None]] = field(default_factory=list)
+    hook_ns: int = 0  # the training thread's time in freeride's hooks (add_hook_ns)
 
 
 class Recorder:
@@ -44,6 +45,7 @@ class Recorder:
         self._depth = 0  # nesting of compute actions: only the outermost writes
         self._saved_open: list[bool] = []
         self._current: _Pending | None = None
+        self._hook_target: _Pending | None = None  # the iteration add_hook_ns adds to
         self._pending: deque[_Pending] = deque()
         self._iterations: deque[Iteration] = deque(maxlen=keep_iterations)
         self._launches: deque[SideLaunch] = deque()
@@ -104,6 +106,7 @@ class Recorder:
         self._slot = 0
         _, mark = self._write(_C.GATE_OPEN, stream, mark=True, slot=0)
         self._current = _Pending(self._next_index, mark)
+        self._hook_target = self._current
         self._next_index += 1
         self._current.events.append(("open", "", self._current.origin, self._free_memory()))
 
@@ -153,6 +156,15 @@ class Recorder:
         )
         if recording:
             self._current.events.append(("open", "", mark, self._free_memory()))
+
+    def add_hook_ns(self, ns: int) -> None:
+        """Adds time the training thread spent in a hook (gate writes, recording, the
+        hook's own bookkeeping) to the iteration being recorded, or the one just ended:
+        what harvesting costs the training thread directly. The hooks time themselves
+        around everything but the training work they wrap."""
+        target = self._hook_target
+        if target is not None:
+            target.hook_ns += ns
 
     def close_gate(self, stream: Any = None) -> None:
         self._write(_C.GATE_CLOSED, stream)
@@ -248,7 +260,7 @@ class Recorder:
         return True
 
     def _build(self, pend: _Pending, times: list[int]) -> Iteration:
-        it = Iteration(pend.index, times[0], times[-1])
+        it = Iteration(pend.index, times[0], times[-1], hook_ns=pend.hook_ns)
         open_at: int | None = None
         open_mem: int | None = None
         close_at: int | None = None

@@ -220,17 +220,33 @@ class Report:
         return sum(t.overruns for t in self.tasks)
 
     @property
-    def estimated_overhead(self) -> float:
-        """Pause latency actually paid, as a fraction of total_ns.
+    def hook_ns(self) -> int:
+        """Host time the training thread spent in freeride's hooks (gate writes and
+        recording), over the recorded iterations."""
+        return sum(it.hook_ns for it in self.iterations)
 
-        For each compute action, the time side work was still running after the action
-        started: min(end, action end) - action start for the launches that began before
-        the action and ended after its start. Concurrent straddling launches count once
-        (the action waits for the last one), so the per-action cost is taken from the
-        latest-ending of them.
+    @property
+    def estimated_overhead(self) -> float:
+        """What harvesting cost training, as a fraction of total_ns.
+
+        Host backend: the training thread's time in freeride's hooks. An item that passed
+        the gate before a close finishes beside compute on a SCHED_IDLE worker, which
+        yields its core to any training thread, so side work itself is not counted; what
+        sharing cores costs beyond that (caches, a core taken for a few microseconds)
+        shows only in measured iteration times (`freeride bench ranks`).
+
+        GPU: the pause latency actually paid. For each compute action, the time side work
+        was still running after the action started: min(end, action end) - action start
+        for the launches that began before the action and ended after its start.
+        Concurrent straddling launches count once (the action waits for the last one), so
+        the per-action cost is taken from the latest-ending of them.
         """
         total = self.total_ns
-        if not total or not self.launches:
+        if not total:
+            return 0.0
+        if self.backend == "host":
+            return self.hook_ns / total
+        if not self.launches:
             return 0.0
         ordered = sorted((x.start_ns, x.end_ns) for x in self.launches)
         starts = [s for s, _ in ordered]
@@ -296,6 +312,7 @@ class Report:
             "side_ns_outside_bubbles": self.side_ns_outside_bubbles,
             "items_per_task": {str(k): v for k, v in self.items_per_task.items()},
             "overruns": self.overruns,
+            "hook_ns": self.hook_ns,
             "estimated_overhead": self.estimated_overhead,
             "per_slot": self.per_slot,
         }
@@ -323,6 +340,7 @@ class Report:
             ("harvested", f"{_fmt_ns(harvested)} ({_pct(harvested, bubble):.1f}% of bubble time)"),
             ("side outside bubbles", _fmt_ns(self.side_ns_outside_bubbles)),
             ("overruns", str(self.overruns)),
+            ("time in hooks", _fmt_ns(self.hook_ns)),
             ("estimated overhead", f"{100 * self.estimated_overhead:.3f}%"),
         ]
         width = max(len(k) for k, _ in rows)
@@ -404,6 +422,7 @@ class Report:
                     "index": it.index,
                     "start_ns": it.start_ns,
                     "end_ns": it.end_ns,
+                    "hook_ns": it.hook_ns,
                     "compute": [
                         {"start_ns": c.start_ns, "end_ns": c.end_ns, "label": c.label}
                         for c in it.compute

@@ -48,6 +48,8 @@ class Iteration:
     end_ns: int
     compute: list[Compute] = field(default_factory=list)
     bubbles: list[Bubble] = field(default_factory=list)
+    # Host time the training thread spent in freeride's hooks during this iteration.
+    hook_ns: int = 0
 
     @property
     def duration_ns(self) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import __version__, backend_info
 
-BENCHMARKS = ("preempt", "items", "pipeline")
+BENCHMARKS = ("preempt", "items", "pipeline", "ranks")
 
 
 def _commit() -> str:
@@ -52,13 +52,16 @@ def run(
     `out`, a PNG at `plot` where the benchmark draws one)."""
     if name not in BENCHMARKS:
         raise ValueError(f"benchmark must be one of {BENCHMARKS}, got {name!r}")
+    module = __import__(f"{__name__}.{name}", fromlist=["measure"])
+    modes: tuple[str, ...] = getattr(module, "MODES", ("cpu", "gpu"))
     if mode == "auto":
-        mode = "gpu" if backend_info()["cuda"] else "cpu"
+        mode = "gpu" if backend_info()["cuda"] and "gpu" in modes else "cpu"
     if mode not in ("cpu", "gpu"):
         raise ValueError(f"mode must be 'auto', 'cpu' or 'gpu', got {mode!r}")
+    if mode not in modes:
+        raise ValueError(f"benchmark {name!r} runs in mode {' or '.join(modes)} only")
     if mode == "gpu" and not backend_info()["cuda"]:
         raise RuntimeError(f"no usable GPU: {backend_info()['reason']}")
-    module = __import__(f"{__name__}.{name}", fromlist=["measure"])
     measure: Callable[[str, bool], dict] = module.measure
     result: dict[str, Any] = {
         "benchmark": name,

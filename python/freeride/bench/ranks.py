@@ -1,0 +1,110 @@
+"""Training overhead of a real multi-process pipeline on the host backend.
+
+Runs `freeride demo`'s pipeline (one process per stage, gloo, a small transformer split
+into stages, torch.distributed.pipelining's 1F1B) and alternates, step by step in the
+same run, between harvesting (hooks attached, side task submitted) and no side work
+(hooks detached). For each setting it prints the median iteration time of both, the
+measured overhead (paired steps) with a bootstrap 95% interval, and what the reports estimate (the
+training threads' time in freeride's hooks), so the two can be compared. Side task
+"none" attaches the hooks without side work: the hooks' own cost.
+
+Host backend only: the stages share this machine's CPU cores, which is what is measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+
+MODES = ("cpu",)
+
+
+def _settings(quick: bool) -> list[tuple[int, str]]:
+    if quick:
+        return [(2, "spin")]
+    return [(2, "none"), (2, "spin"), (4, "none"), (4, "spin")]
+
+
+def _paired_overhead(
+    with_side: np.ndarray, without: np.ndarray, rng: np.random.Generator, rounds: int = 2000
+) -> tuple[float, float, float]:
+    """The median over step pairs (a harvesting step and the step without side work right
+    after it) of with / without - 1, and a bootstrap 95% interval of that median. Pairs
+    of neighbouring steps cancel the machine's slow drifts, which on a shared virtual
+    machine are larger than the effect measured."""
+    ratios = with_side / without - 1.0
+    resampled = rng.choice(ratios, size=(rounds, ratios.size))
+    medians = np.median(resampled, axis=1)
+    low, high = np.percentile(medians, [2.5, 97.5])
+    return float(np.median(ratios)), float(low), float(high)
+
+
+def _job_times(times: list[dict[str, list[float]]], key: str) -> np.ndarray:
+    """A step's time for the job: its slowest rank's (the ranks meet at a barrier before
+    every step)."""
+    return np.max(np.asarray([t[key] for t in times], dtype=np.float64), axis=0)
+
+
+def measure(mode: str, quick: bool) -> dict[str, Any]:
+    from .. import Report
+    from ..demo import DemoConfig, check_config, spawn_ranks
+
+    steps = 8 if quick else 160
+    rng = np.random.default_rng(0)
+    rows = []
+    for stages, task in _settings(quick):
+        cfg = DemoConfig(stages=stages, microbatches=2 * stages, steps=steps, task=task)
+        check_config(cfg)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "result.json")
+            spawn_ranks(cfg, use_cuda=False, result_path=path)
+            with open(path) as f:
+                result = json.load(f)
+        reports = [Report.from_dict(d) for d in result["reports"]]
+        with_side = _job_times(result["times"], "with")
+        without = _job_times(result["times"], "without")
+        pairs = min(with_side.size, without.size)
+        overhead, low, high = _paired_overhead(with_side[:pairs], without[:pairs], rng)
+        estimate = float(np.mean([r.estimated_overhead for r in reports]))
+        iterations = sum(len(r.iterations) for r in reports)
+        rows.append(
+            {
+                "stages": stages,
+                "task": task,
+                "steps": f"{with_side.size}+{without.size}",
+                "no_side_ms": float(np.median(without) * 1e3),
+                "harvesting_ms": float(np.median(with_side) * 1e3),
+                "overhead_pct": 100 * overhead,
+                "ci95_low_pct": 100 * low,
+                "ci95_high_pct": 100 * high,
+                "estimated_pct": 100 * estimate,
+                "hooks_us_per_iter": sum(r.hook_ns for r in reports) / max(1, iterations) / 1e3,
+                "harvested_pct": 100
+                * sum(r.harvested_ns for r in reports)
+                / max(1, sum(r.bubble_ns for r in reports)),
+            }
+        )
+    return {
+        "settings": {
+            "schedule": "1f1b",
+            "microbatches": "2 x stages",
+            "steps": steps,
+            "item_us": DemoConfig.item_us,
+            "cpus": os.cpu_count(),
+        },
+        "rows": rows,
+        "notes": [
+            (
+                "overhead: median over step pairs of harvesting step / next step without side "
+                "work - 1 (a step's time: its slowest rank's); ci95: bootstrap over pairs"
+            ),
+            (
+                "estimated: the reports' estimate, the training threads' time in freeride's "
+                "hooks over their recorded time (mean over ranks)"
+            ),
+        ],
+    }
