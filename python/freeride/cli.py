@@ -90,7 +90,7 @@ def info(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: sub-commands demo, bench and info."""
-    from .demo import DEVICES, MAX_ITEM_US, MAX_STAGES, TASKS
+    from .demo import DEVICES, MAX_ITEM_US, MAX_STAGES, TASKS, DemoConfig
 
     parser = argparse.ArgumentParser(
         prog="freeride",
@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--steps",
         type=_int_in(2),
-        default=12,
+        default=DemoConfig.steps,
         help="measured steps, alternately with and without side work (after 2 warm-up steps)",
     )
     p.add_argument("--task", default="spin", choices=list(TASKS), help="the side task")
