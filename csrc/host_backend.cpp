@@ -141,6 +141,7 @@ class HostBackend final : public Backend {
 
   std::string kind() const override { return "host"; }
   int device() const override { return -1; }
+  std::string gate_write_mechanism() const override { return "host"; }
 
   void gate_write(uint32_t value, uintptr_t /*stream*/, uint32_t seq) override {
     // Host work is synchronous, so a write "in stream order" is a write now.
