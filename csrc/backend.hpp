@@ -67,6 +67,9 @@ class Backend {
 
   virtual std::string kind() const = 0;  // "host" or "cuda"
   virtual int device() const = 0;        // CUDA ordinal, -1 for the host
+  // How gate writes on a stream are made: "batch", "memop", "copy" or "kernel" (see
+  // cuda_driver::GateWrite); "host" on the host backend.
+  virtual std::string gate_write_mechanism() const = 0;
 
   // Gate. `stream` is a CUDA stream handle (0 = legacy default stream) or kImmediate.
   // `seq` is written beside the gate in the same order (before the value), so a reader of
@@ -126,6 +129,10 @@ struct CudaOptions {
   SmReserve reserve;
   // Longest a block of a launch keeps claiming items (0: until the gate closes).
   uint64_t slice_ns = 2'000'000;
+  // Gate write mechanism on a stream: "batch", "memop", "copy" or "kernel"; empty: the
+  // FREERIDE_GATE_WRITE environment variable, else "batch". An unusable one falls back
+  // (batch -> memop -> copy). Not exposed by the Python API: a benchmark and test knob.
+  std::string gate_write;
 };
 
 // Factories. make_cuda_backend throws where the build has no CUDA or no device exists.

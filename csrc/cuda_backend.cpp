@@ -10,6 +10,11 @@
 // read the gate before every item, so a launch admitted just before a close exits at its
 // next item boundary. The stream wait remains available as an option (stream_wait).
 //
+// A gate write on a stream is one cuStreamBatchMemOp carrying the gate, its mirror and
+// the sequence word (enqueue_gate_batch); FREERIDE_GATE_WRITE selects three
+// cuStreamWriteValue32, copies or write kernels instead, for comparison (bench preempt)
+// and where the driver lacks the batch.
+//
 // Side grids never fill an SM (the reserve, applied where each launcher sizes its grid)
 // and every launch ends after its time slice (blocks stop claiming; the executor
 // relaunches): the kernels training launches while the gate is open find room at once,
@@ -253,6 +258,9 @@ struct CudaShared {
   bool stream_wait = false;  // admit launches with cuStreamWaitValue32 instead of polling
   bool memops = false;  // stream memory operations usable on this device
   std::string memops_reason;
+  // How gate writes on a stream are made, and the flags of a batch's unfenced writes.
+  cuda_driver::GateWrite gate_write = cuda_driver::GateWrite::kCopy;
+  unsigned int batch_flags = CU_STREAM_WRITE_VALUE_DEFAULT;
   int sm_count = 0;
   SmLimits sm;
   SmReserve reserve;
@@ -311,9 +319,11 @@ struct CudaShared {
     return CudaLaunch{ctx, stream, sm_count, device, sm, reserve};
   }
 
-  // Stream-ordered write of a 32-bit word on `stream`.
-  void enqueue_write(unsigned int* word, uint32_t value, cudaStream_t stream) const {
-    if (memops) {
+  // Stream-ordered write of a 32-bit word on `stream`, by `how` (never kBatch: see
+  // enqueue_gate_write).
+  void enqueue_write(unsigned int* word, uint32_t value, cudaStream_t stream,
+                     cuda_driver::GateWrite how) const {
+    if (how == cuda_driver::GateWrite::kMemop) {
       const CUresult res = cuda_driver::api().stream_write_value32(
           stream, cuda_driver::device_ptr(word), value, CU_STREAM_WRITE_VALUE_DEFAULT);
       if (res != CUDA_SUCCESS) {
@@ -321,11 +331,13 @@ struct CudaShared {
       }
       return;
     }
-    // Fallback: copy from pinned constants. A copy needs no SM, while a write kernel
-    // could not start until a full-occupancy side kernel drains, which would turn the
-    // pause latency into the rest of the phase. cudaMemcpyDefault: the word may be device
-    // memory or mapped host memory (a mirror or a host gate).
-    if (value == FREERIDE_GATE_OPEN || value == FREERIDE_GATE_CLOSED) {
+    // Copy from pinned constants. A copy needs no SM, while a write kernel could not start
+    // until a full-occupancy side kernel drains, which would turn the pause latency into
+    // the rest of the phase. cudaMemcpyDefault: the word may be device memory or mapped
+    // host memory (a mirror or a host gate). Sequence numbers have no constant to copy
+    // from: they take the kernel.
+    if (how == cuda_driver::GateWrite::kCopy &&
+        (value == FREERIDE_GATE_OPEN || value == FREERIDE_GATE_CLOSED)) {
       const cudaError_t err = cudaMemcpyAsync(word, gate_constants() + value, sizeof(unsigned int),
                                               cudaMemcpyDefault, stream);
       if (err != cudaSuccess) throw_cuda(err, "cudaMemcpyAsync (gate write)", __FILE__, __LINE__);
@@ -338,7 +350,7 @@ struct CudaShared {
   // complete (visible to the device) on return.
   void write_now(unsigned int* word, uint32_t value) {
     if (memops) {
-      enqueue_write(word, value, control);
+      enqueue_write(word, value, control, cuda_driver::GateWrite::kMemop);
       FR_CUDA_CHECK(cudaStreamSynchronize(control));
       return;
     }
@@ -355,10 +367,65 @@ struct CudaShared {
   // goes before an open and after a close: a close is never held behind it, and an open
   // is seen with its own sequence number.
   void enqueue_gate_write(uint32_t value, cudaStream_t stream, uint32_t seq) const {
-    if (value == FREERIDE_GATE_OPEN) enqueue_write(gate.mirror_dev + 1, seq, stream);
-    enqueue_write(gate.dev, value, stream);
-    if (!host_gate) enqueue_write(gate.mirror_dev, value, stream);
-    if (value != FREERIDE_GATE_OPEN) enqueue_write(gate.mirror_dev + 1, seq, stream);
+    if (gate_write == cuda_driver::GateWrite::kBatch) {
+      const CUresult res = enqueue_gate_batch(value, stream, seq, batch_flags);
+      if (res != CUDA_SUCCESS) {
+        cuda_driver::throw_driver_error(res, "cuStreamBatchMemOp (gate write)", __FILE__, __LINE__);
+      }
+      return;
+    }
+    if (value == FREERIDE_GATE_OPEN) enqueue_write(gate.mirror_dev + 1, seq, stream, gate_write);
+    enqueue_write(gate.dev, value, stream, gate_write);
+    if (!host_gate) enqueue_write(gate.mirror_dev, value, stream, gate_write);
+    if (value != FREERIDE_GATE_OPEN) enqueue_write(gate.mirror_dev + 1, seq, stream, gate_write);
+  }
+
+  // The same writes, in the same order, as one batch: one operation for the stream to
+  // execute instead of three. Every write of a batch is fenced by default (all of the
+  // stream's earlier writes visible first), and each fence is a wait on the training
+  // stream; `relaxed_flags` drops it where the order argued above does not need it. The
+  // gate word keeps its fence: it is ordered after the preceding kernel's work (and, on
+  // an open, after the sequence word). So does the mirror of an open, which must not be
+  // seen open before the gate is. The mirror of a close may land early (the host then
+  // admits nothing a little sooner), and the sequence word of a close only follows it.
+  CUresult enqueue_gate_batch(uint32_t value, cudaStream_t stream, uint32_t seq,
+                              unsigned int relaxed_flags) const {
+    CUstreamBatchMemOpParams ops[3];
+    unsigned int count = 0;
+    auto add = [&](unsigned int* word, uint32_t v, unsigned int flags) {
+      CUstreamBatchMemOpParams& op = ops[count++];
+      std::memset(&op, 0, sizeof(op));
+      op.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+      op.writeValue.address = cuda_driver::device_ptr(word);
+      op.writeValue.value = v;
+      op.writeValue.flags = flags;
+    };
+    const bool open = value == FREERIDE_GATE_OPEN;
+    if (open) add(gate.mirror_dev + 1, seq, relaxed_flags);
+    add(gate.dev, value, CU_STREAM_WRITE_VALUE_DEFAULT);
+    if (!host_gate) add(gate.mirror_dev, value, open ? CU_STREAM_WRITE_VALUE_DEFAULT : relaxed_flags);
+    if (!open) add(gate.mirror_dev + 1, seq, relaxed_flags);
+    return cuda_driver::api().stream_batch_mem_op(stream, count, ops, 0);
+  }
+
+  // Whether the driver takes the batch of an open, tried on the control stream with the
+  // gate's current words (the constructor's state: nothing else writes them yet). The
+  // driver documents CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER as unsupported by the v2
+  // memory operations that cuStreamBatchMemOp resolves to: where it refuses the flag,
+  // the batch keeps every fence.
+  bool try_batch() {
+    if (cuda_driver::api().stream_batch_mem_op == nullptr) return false;
+    const uint32_t seq = mirror_seq();
+    for (unsigned int flags : {static_cast<unsigned int>(CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER),
+                               static_cast<unsigned int>(CU_STREAM_WRITE_VALUE_DEFAULT)}) {
+      const CUresult res = enqueue_gate_batch(FREERIDE_GATE_OPEN, control, seq, flags);
+      FR_CUDA_CHECK(cudaStreamSynchronize(control));
+      if (res == CUDA_SUCCESS) {
+        batch_flags = flags;
+        return true;
+      }
+    }
+    return false;
   }
 
   // Immediate gate write, complete on return.
@@ -774,6 +841,10 @@ class CudaBackend final : public Backend {
     FR_ARG(device >= 0 && device < count,
            "CUDA device " << device << " does not exist (" << count << " device(s) visible)");
 
+    // Before anything is allocated: a misspelt mechanism fails the harvester, not a
+    // training hook.
+    const cuda_driver::GateWrite wanted = cuda_driver::requested_gate_write(options.gate_write);
+
     CudaShared& s = *s_;
     s.device = device;
     s.host_gate = options.gate_in_host_memory;
@@ -823,6 +894,15 @@ class CudaBackend final : public Backend {
                                                    &s.memops_reason);
     }
     if (!s.host_gate && !s.memops) s.write_now(s.gate.dev, open);
+    s.gate_write = wanted;
+    if (s.gate_write == cuda_driver::GateWrite::kBatch) {
+      const bool batch = s.memops && s.try_batch();
+      if (s.memops) cuda_driver::record_batch_probe(device, batch);
+      if (!batch) s.gate_write = cuda_driver::GateWrite::kMemop;
+    }
+    if (s.gate_write == cuda_driver::GateWrite::kMemop && !s.memops) {
+      s.gate_write = cuda_driver::GateWrite::kCopy;
+    }
     kernels::preload_all();
   }
 
@@ -835,6 +915,9 @@ class CudaBackend final : public Backend {
 
   std::string kind() const override { return "cuda"; }
   int device() const override { return s_->device; }
+  std::string gate_write_mechanism() const override {
+    return cuda_driver::gate_write_name(s_->gate_write);
+  }
 
   void gate_write(uint32_t value, uintptr_t stream, uint32_t seq) override {
     CudaShared& s = *s_;

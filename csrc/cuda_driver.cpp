@@ -46,6 +46,7 @@ Api g_api;
 
 std::mutex g_probe_mu;
 std::map<int, bool> g_probe;  // device -> outcome of the last trial on it
+std::map<int, bool> g_batch_probe;  // device -> outcome of the last batched gate write
 
 }  // namespace
 
@@ -55,6 +56,7 @@ const Api& api() {
     try {
       resolve("cuStreamWriteValue32", 11070, &a.stream_write_value32, &a.error);
       resolve("cuStreamWaitValue32", 11070, &a.stream_wait_value32, &a.error);
+      resolve("cuStreamBatchMemOp", 11070, &a.stream_batch_mem_op, &a.batch_error);
       resolve("cuGetErrorName", 6000, &a.get_error_name, &a.error);
       resolve("cuDeviceGet", 2000, &a.device_get, &a.error);
       resolve("cuDevicePrimaryCtxGetState", 7000, &a.primary_ctx_get_state, &a.error);
@@ -131,6 +133,53 @@ bool stream_mem_ops_usable(int device) {
   std::lock_guard<std::mutex> lk(g_probe_mu);
   const auto it = g_probe.find(device);
   return it == g_probe.end() ? true : it->second;
+}
+
+const char* gate_write_name(GateWrite how) {
+  switch (how) {
+    case GateWrite::kBatch:
+      return "batch";
+    case GateWrite::kMemop:
+      return "memop";
+    case GateWrite::kCopy:
+      return "copy";
+    case GateWrite::kKernel:
+      return "kernel";
+  }
+  return "unknown";
+}
+
+GateWrite requested_gate_write(const std::string& option) {
+  std::string name = option;
+  if (name.empty()) {
+    const char* v = std::getenv("FREERIDE_GATE_WRITE");
+    name = v == nullptr ? "" : v;
+  }
+  if (name.empty()) return GateWrite::kBatch;
+  for (GateWrite how : {GateWrite::kBatch, GateWrite::kMemop, GateWrite::kCopy, GateWrite::kKernel}) {
+    if (name == gate_write_name(how)) return how;
+  }
+  FR_THROW(InvalidArgument, "gate write mechanism must be batch, memop, copy or kernel "
+                            "(FREERIDE_GATE_WRITE), got '" << name << "'");
+}
+
+GateWrite usable_gate_write(int device, GateWrite wanted) {
+  if (wanted == GateWrite::kBatch) {
+    bool ok = api().stream_batch_mem_op != nullptr && stream_mem_ops_usable(device);
+    if (ok) {
+      std::lock_guard<std::mutex> lk(g_probe_mu);
+      const auto it = g_batch_probe.find(device);
+      ok = it == g_batch_probe.end() || it->second;
+    }
+    wanted = ok ? GateWrite::kBatch : GateWrite::kMemop;
+  }
+  if (wanted == GateWrite::kMemop && !stream_mem_ops_usable(device)) wanted = GateWrite::kCopy;
+  return wanted;
+}
+
+void record_batch_probe(int device, bool ok) {
+  std::lock_guard<std::mutex> lk(g_probe_mu);
+  g_batch_probe[device] = ok;
 }
 
 void throw_driver_error(int result, const char* expr, const char* file, int line) {

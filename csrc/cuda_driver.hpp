@@ -17,6 +17,7 @@ namespace freeride::cuda_driver {
 struct Api {
   PFN_cuStreamWriteValue32_v11070 stream_write_value32 = nullptr;
   PFN_cuStreamWaitValue32_v11070 stream_wait_value32 = nullptr;
+  PFN_cuStreamBatchMemOp_v11070 stream_batch_mem_op = nullptr;  // gate writes, one per transition
   PFN_cuGetErrorName_v6000 get_error_name = nullptr;
   PFN_cuDeviceGet_v2000 device_get = nullptr;
   PFN_cuDevicePrimaryCtxGetState_v7000 primary_ctx_get_state = nullptr;
@@ -28,6 +29,7 @@ struct Api {
   PFN_cuFuncGetParamInfo_v12040 func_get_param_info = nullptr;  // null before CUDA 12.4
   std::string error;         // why a gate or context entry point is missing
   std::string kernel_error;  // why a user-kernel entry point is missing
+  std::string batch_error;   // why cuStreamBatchMemOp is missing
 
   bool has_memops() const {
     return stream_write_value32 != nullptr && stream_wait_value32 != nullptr;
@@ -63,6 +65,28 @@ bool probe_stream_mem_ops(int device, CUstream stream, uint32_t* device_word, ui
 // 11.7, and CUDA 12 removed the device attribute that used to tell). Never creates a
 // context; never throws.
 bool stream_mem_ops_usable(int device);
+
+// How a CUDA backend writes the gate on a stream (the training stream's close and open):
+// one cuStreamBatchMemOp carrying every word of the transition, three
+// cuStreamWriteValue32, copies from pinned constants, or one-thread write kernels. Each
+// falls back to the next where unusable: batch -> memop -> copy; kernel is only ever
+// chosen by name.
+enum class GateWrite { kBatch, kMemop, kCopy, kKernel };
+
+const char* gate_write_name(GateWrite how);
+
+// The mechanism asked for: `option` if not empty, else FREERIDE_GATE_WRITE (read at each
+// call, so once per backend), else batch. Throws InvalidArgument for an unknown name.
+GateWrite requested_gate_write(const std::string& option);
+
+// What a backend on `device` asking for `wanted` would use, after the fallbacks above:
+// batch needs the entry point and, where a backend has tried one, a batch that the
+// driver accepted (record_batch_probe); memop needs stream_mem_ops_usable(device).
+// Never creates a context; never throws.
+GateWrite usable_gate_write(int device, GateWrite wanted);
+
+// A backend's trial of a batched gate write on `device`, for usable_gate_write.
+void record_batch_probe(int device, bool ok);
 
 [[noreturn]] void throw_driver_error(int result, const char* expr, const char* file, int line);
 

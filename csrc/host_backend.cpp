@@ -161,6 +161,7 @@ class HostBackend final : public Backend {
 
   std::string kind() const override { return "host"; }
   int device() const override { return -1; }
+  std::string gate_write_mechanism() const override { return "host"; }
 
   // Lock-free, and a close does not wait for the items in flight: the training thread
   // must never wait on a side thread. The workers run SCHED_IDLE, so one preempted

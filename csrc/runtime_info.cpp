@@ -77,6 +77,12 @@ void query_cuda(BackendInfo& info) {
       dev.name = "unknown";
     }
     dev.stream_mem_ops = cuda_driver::stream_mem_ops_usable(i);
+    try {
+      dev.gate_write = cuda_driver::gate_write_name(
+          cuda_driver::usable_gate_write(i, cuda_driver::requested_gate_write("")));
+    } catch (const std::exception& e) {
+      dev.gate_write = std::string("invalid: ") + e.what();  // a harvester would refuse it
+    }
     info.devices.push_back(std::move(dev));
   }
   info.cuda = true;

@@ -12,6 +12,7 @@ struct DeviceInfo {
   int sm_count = 0;
   int compute_capability = 0;  // major * 10 + minor
   bool stream_mem_ops = false; // cuStreamWriteValue32 / cuStreamWaitValue32 usable
+  std::string gate_write;      // what a new backend would write the gate with
 };
 
 struct BackendInfo {

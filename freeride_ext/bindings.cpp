@@ -32,6 +32,7 @@ py::dict backend_info() {
     dev["sm_count"] = d.sm_count;
     dev["compute_capability"] = py::make_tuple(d.compute_capability / 10, d.compute_capability % 10);
     dev["stream_mem_ops"] = d.stream_mem_ops;
+    dev["gate_write"] = d.gate_write;
     devices.append(dev);
   }
   py::dict out;
@@ -277,5 +278,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("side_stream",
                              [](Executor& ex) { return ex.backend().side_stream(); })
       .def_property_readonly("kind", [](Executor& ex) { return ex.backend().kind(); })
+      .def_property_readonly("gate_write_mechanism",
+                             [](Executor& ex) { return ex.backend().gate_write_mechanism(); })
       .def_property_readonly("device", [](Executor& ex) { return ex.backend().device(); });
 }

@@ -39,8 +39,11 @@ def backend_info() -> dict[str, Any]:
     ``devices`` (name, SMs, compute capability, ``stream_mem_ops``), ``stream_mem_ops``
     (all devices support them), ``runtime_version``, ``driver_version``, ``version``,
     ``reserve_mechanism`` (how side kernels leave room for training's kernels on a GPU:
-    ``"occupancy-cap"``, a per-SM cap on every side grid; see fr.Reserve), and ``reason``
-    when cuda is False."""
+    ``"occupancy-cap"``, a per-SM cap on every side grid; see fr.Reserve), ``gate_write``
+    (how a harvester made now would write the gate on a stream: ``"batch"``, ``"memop"``,
+    ``"copy"`` or ``"kernel"``, as chosen by FREERIDE_GATE_WRITE and what the driver
+    offers; ``"host"`` without a GPU; one value per device under ``devices``), and
+    ``reason`` when cuda is False."""
     info = dict(_C.backend_info())
     info["stream_mem_ops"] = bool(info["devices"]) and all(
         d["stream_mem_ops"] for d in info["devices"]
@@ -48,6 +51,8 @@ def backend_info() -> dict[str, Any]:
     info["version"] = __version__
     info["default_backend"] = "cuda" if info["cuda"] else "host"
     info["reserve_mechanism"] = "occupancy-cap"
+    per_device = dict.fromkeys(d["gate_write"] for d in info["devices"])
+    info["gate_write"] = ",".join(per_device) if info["cuda"] and per_device else "host"
     return info
 
 

@@ -25,7 +25,13 @@ __device__ __forceinline__ bool leader_thread() {
   return threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0;
 }
 
-// May side work start now? One volatile read each of the gate and the stop flag.
+// May side work start now? One volatile read each of the gate and the stop flag, by the
+// block's leader only (claim_item), once per item: the other threads learn the answer
+// through shared memory. Volatile loads skip L1, so the gate is read from L2 (device
+// memory, where a close written on the training stream lands first). A harvester made
+// with gate_in_host_memory=True hands kernels the mapped host word instead: then each
+// read crosses the bus, still one per block per item (a close there is a host store, or a
+// stream write into host memory, with nothing on the device to copy it to).
 __device__ __forceinline__ bool may_run(const fr_item_ctx& ctx) {
   return *ctx.gate == FREERIDE_GATE_OPEN &&
          *reinterpret_cast<volatile unsigned int*>(&ctx.state->stop) == 0u;

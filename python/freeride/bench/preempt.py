@@ -1,7 +1,9 @@
 """Pause latency: how long after the gate closes side work is still running, against
 item duration; the GPU mode also measures the baselines (stream priority only, naive
-co-location), the delay a training kernel launched right after the close sees, and the
-admission delay of kernels launched while the gate is open (bench/admission.py)."""
+co-location), the delay a training kernel launched right after the close sees, the
+admission delay of kernels launched while the gate is open (bench/admission.py), and
+each gate write mechanism's cost on the training stream and visibility latency
+(bench/gate_write.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import time
 from .. import Harvester, tasks
 from . import percentiles
 from .admission import measure as measure_admission
+from .gate_write import measure as measure_gate_write
 
 ITEM_US = (1, 5, 10, 20, 100)  # 10: the target is stated for 10 us items
 
@@ -76,7 +79,10 @@ def _cpu(quick: bool) -> dict:
     return {
         "rows": rows,
         "settings": {"workers": 2, "trials": trials},
-        "notes": ["host backend: latency = time gate.close() takes to drain in-flight items"],
+        "notes": [
+            "host backend: latency = time gate.close() takes to drain in-flight items",
+            "gate write mechanisms (FREERIDE_GATE_WRITE) are measured in GPU mode only",
+        ],
     }
 
 
@@ -181,10 +187,13 @@ def _gpu(quick: bool) -> dict:
             rows.append(row(variant, item_us, results))
     admission = measure_admission(quick)
     rows += admission["rows"]
+    gate_write = measure_gate_write(quick)
+    rows += gate_write["rows"]
     return {
         "rows": rows,
         "settings": {
             "admission": admission["settings"],
+            "gate_write": gate_write["settings"],
             "trials": trials,
             "probe_blocks": blocks,
             "probe_threads": 1024,
@@ -202,5 +211,6 @@ def _gpu(quick: bool) -> dict:
             ),
             "baselines: side kernels of the same items without a gate",
             *admission["notes"],
+            *gate_write["notes"],
         ],
     }

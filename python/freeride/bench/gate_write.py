@@ -1,0 +1,182 @@
+"""Gate write mechanisms (FREERIDE_GATE_WRITE): what each costs the training stream and
+how soon a side kernel sees it, for the gate in device and in mapped host memory.
+
+Cost: a stream of short kernels on the training stream, with a close and open pair (or a
+close alone) inserted between every two kernels, against the same stream without them;
+CUDA events around both, the difference per inserted write. A long kernel in front keeps
+the GPU busy while the host enqueues, so host overhead does not show as GPU time.
+
+Visibility: a kernel just before the write records %globaltimer as it ends; a one-thread
+watcher on another stream spins on the gate word and records %globaltimer when it sees
+the new value. The difference covers the kernel's retirement, the write and the poll.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .. import Harvester
+from . import percentiles
+
+MECHANISMS = ("batch", "memop", "copy", "kernel")
+PLACEMENTS = (("device", False), ("host", True))
+
+_SRC = r"""
+__device__ __forceinline__ unsigned long long now() {
+  unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
+}
+extern "C" __global__ void spin_for(unsigned long long ns, unsigned long long* end) {
+  const unsigned long long t0 = now();
+  while (now() - t0 < ns) {}
+  if (end != 0 && threadIdx.x == 0) *end = now();
+}
+// out: [started, saw closed, saw open]; a value left 0 was not seen before the timeout.
+extern "C" __global__ void watch(const volatile unsigned int* gate, unsigned long long* out,
+                                 unsigned long long timeout_ns) {
+  const unsigned long long t0 = now();
+  out[0] = t0;
+  while (*gate != 0u) { if (now() - t0 > timeout_ns) return; }
+  out[1] = now();
+  while (*gate != 1u) { if (now() - t0 > timeout_ns) return; }
+  out[2] = now();
+}
+"""
+
+KERNEL_NS = 10_000  # the short training kernels of the cost stream
+WATCH_LEAD_NS = 200_000  # lets the watcher become resident before the close
+
+
+def measure(quick: bool) -> dict:
+    """Rows for every mechanism the driver offers, in both gate placements; a mechanism
+    that falls back (the driver lacks it) gets a row that says so."""
+    import cupy as cp
+
+    mod = cp.RawModule(code=_SRC)
+    spin_for, watch = mod.get_function("spin_for"), mod.get_function("watch")
+    train = cp.cuda.Stream(non_blocking=True, priority=-(2**16))  # clamped to the highest
+    watcher = cp.cuda.Stream(non_blocking=True)
+    # Every inserted write is up to three stream operations, and a stream holds about a
+    # thousand pending ones before the host blocks: past that it could no longer run ahead.
+    kernels = 50 if quick else 100
+    repeats = 5 if quick else 40
+    trials = 30 if quick else 300
+    rows: list[dict[str, Any]] = []
+    saved = os.environ.get("FREERIDE_GATE_WRITE")
+    try:
+        for mechanism in MECHANISMS:
+            os.environ["FREERIDE_GATE_WRITE"] = mechanism
+            for placement, host_gate in PLACEMENTS:
+                with Harvester("cuda:0", gate_in_host_memory=host_gate) as h:
+                    used = h._ex.gate_write_mechanism
+                    base = {"variant": "gate write", "mechanism": mechanism, "gate": placement}
+                    if used != mechanism:
+                        rows.append({**base, "item_us": 0, "unavailable": f"fell back to {used}"})
+                        continue
+                    for what in ("close+open", "close"):
+                        runs = [
+                            _extra_us(cp, h, train, spin_for, kernels, what) for _ in range(repeats)
+                        ]
+                        starved = sum(s for _, s in runs)
+                        rows.append(
+                            _row(base, f"{what} cost", [e for e, _ in runs], starved=starved)
+                        )
+                    seen_close, seen_open, missed = [], [], 0
+                    for _ in range(trials):
+                        got = _visibility_us(cp, h, train, watcher, spin_for, watch)
+                        if got is None:
+                            missed += 1
+                        else:
+                            seen_close.append(got[0])
+                            seen_open.append(got[1])
+                    if seen_close:
+                        rows.append(_row(base, "close visibility", seen_close, missed))
+                        rows.append(_row(base, "open visibility", seen_open, missed))
+    finally:
+        if saved is None:
+            os.environ.pop("FREERIDE_GATE_WRITE", None)
+        else:
+            os.environ["FREERIDE_GATE_WRITE"] = saved
+    return {
+        "rows": rows,
+        "settings": {
+            "kernel_us": KERNEL_NS / 1000,
+            "kernels_per_stream": kernels,
+            "cost_repeats": repeats,
+            "visibility_trials": trials,
+        },
+        "notes": [
+            (
+                "gate write cost = (stream of short kernels with a close+open pair, or a"
+                " close, between kernels - without) / kernels: CUDA events, per insertion"
+            ),
+            (
+                "gate write visibility = watcher's globaltimer on seeing the new value -"
+                " globaltimer at the end of the kernel just before the write"
+            ),
+        ],
+    }
+
+
+def _row(
+    base: dict, metric: str, values_us: list[float], missed: int = 0, starved: int = 0
+) -> dict:
+    row = {**base, "metric": metric, "item_us": 0, **percentiles(values_us)}
+    row["trials"] = len(values_us)
+    if missed:
+        row["missed"] = missed  # watcher not resident in time, or the write never seen
+    if starved:
+        row["starved"] = starved  # the GPU caught up with the host: host time may show
+    return row
+
+
+def _extra_us(
+    cp: Any, h: Harvester, train: Any, spin_for: Any, kernels: int, what: str
+) -> tuple[float, bool]:
+    """Extra training-stream time per inserted close+open pair (or close), in us, and
+    whether the GPU reached the measured stream before the host had enqueued all of it."""
+    lead_ns = kernels * 200_000  # outlasts the host's enqueueing of the whole stream
+
+    def elapsed_us(insert: bool) -> tuple[float, bool]:
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        with train:
+            spin_for((1,), (32,), (cp.uint64(lead_ns), cp.uint64(0)))
+            start.record()
+            for _ in range(kernels):
+                spin_for((1,), (32,), (cp.uint64(KERNEL_NS), cp.uint64(0)))
+                if insert:
+                    h.gate.close(stream=train.ptr)
+                    if what == "close+open":
+                        h.gate.open(stream=train.ptr)
+            end.record()
+        starved = start.done
+        end.synchronize()
+        return cp.cuda.get_elapsed_time(start, end) * 1000.0, starved
+
+    plain, starved_plain = elapsed_us(False)
+    gated, starved_gated = elapsed_us(True)
+    h.gate.open(stream="host")
+    return (gated - plain) / kernels, starved_plain or starved_gated
+
+
+def _visibility_us(
+    cp: Any, h: Harvester, train: Any, watcher: Any, spin_for: Any, watch: Any
+) -> tuple[float, float] | None:
+    """(close, open) visibility in us, or None where the trial did not measure it."""
+    out = cp.zeros(3, dtype=cp.uint64)
+    before_close = cp.zeros(1, dtype=cp.uint64)
+    before_open = cp.zeros(1, dtype=cp.uint64)
+    with watcher:
+        watch((1,), (1,), (cp.uint64(h.gate.address), out, cp.uint64(1_000_000_000)))
+    with train:
+        spin_for((1,), (32,), (cp.uint64(WATCH_LEAD_NS), before_close))
+        h.gate.close(stream=train.ptr)
+        spin_for((1,), (32,), (cp.uint64(50_000), before_open))
+        h.gate.open(stream=train.ptr)
+    train.synchronize()
+    watcher.synchronize()
+    started, closed, opened = (int(v) for v in out.get())
+    t_close, t_open = int(before_close.get()[0]), int(before_open.get()[0])
+    if closed == 0 or opened == 0 or started >= t_close:
+        return None
+    return (closed - t_close) / 1000.0, (opened - t_open) / 1000.0
