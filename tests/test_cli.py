@@ -151,6 +151,26 @@ def test_summary_without_a_side_task_says_so():
     assert describe_work(DemoConfig(task="spin", item_us=20), 1234) == "1,234 Spin items of 20 us"
 
 
+def test_demo_placement_sends_tasks_to_the_ranks(tmp_path):
+    """--placement: tasks submitted once, on rank 0, run on the ranks the queue chose, and
+    the table shows each rank's bubble time beside the tasks it ran."""
+    pytest.importorskip("torch")
+    args = ["--stages", "2", "--microbatches", "4", "--steps", "10", "--placement"]
+    proc = freeride("demo", *args, "--device", "cpu", "--outdir", str(tmp_path), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "6 Spin tasks of 400 x 50 us items, submitted on rank 0 to fr.JobQueue" in out
+    table = out[out.index("job-wide placement") :]
+    assert "6 placement decisions" in table
+    rows = [line.split() for line in table.splitlines() if " Spin " in f" {line} "]
+    assert len(rows) == 6, table
+    # Every task placed, none lost: each ended done or cancelled (the run is over).
+    states = [row[-3] for row in rows]
+    assert set(states) <= {"done", "cancelled"}, table
+    assert sum(int(row[-2].replace(",", "")) for row in rows) > 0, table
+    assert "ms of bubbles per iteration" in table  # placed by measured bubbles
+
+
 def test_demo_records_only_the_harvesting_steps(tmp_path):
     """A small real run: no carriage returns in a piped log, warm-up steps neither recorded
     nor counted, only the last stage's loss recorded as compute, and both files written."""

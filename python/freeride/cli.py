@@ -45,6 +45,7 @@ def demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         steps=args.steps,
         task=args.task,
         item_us=args.item_us,
+        placement=args.placement,
         device=args.device,
         outdir=args.outdir,
     )
@@ -142,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
         "cuda:i, or fail",
     )
     p.add_argument("--outdir", default=".", help="where trace.json and timeline.png go")
+    p.add_argument(
+        "--placement",
+        action="store_true",
+        help="submit Spin tasks once, on rank 0, to a job-wide fr.JobQueue, and show which "
+        "ranks ran them (those with the most bubble time get the most)",
+    )
     p.set_defaults(func=demo, parser=p)
 
     p = sub.add_parser(

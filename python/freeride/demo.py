@@ -28,6 +28,11 @@ MAX_ITEM_US = 1_000_000  # Spin's longest item (fr.tasks.Spin: 1 s)
 WARMUP_STEPS = 2
 # The Spin task must outlast any run: 2**40 items never run out (the count is not shown).
 _ENDLESS = 2**40
+# --placement: Spin tasks submitted on rank 0, each about this much work, per stage; more
+# than the ranks hold at once (fr.JobQueue's depth), so they flow as ranks finish theirs.
+PLACED_TASKS_PER_STAGE = 3
+PLACED_TASK_MS = 20
+_PLACEMENT_WARMUP_S = 0.35
 
 
 @dataclass
@@ -40,6 +45,7 @@ class DemoConfig:
     item_us: int = 50
     device: str = "auto"
     outdir: str = "."
+    placement: bool = False
     d_model: int = 64
     seq_len: int = 32
     micro_batch: int = 4
@@ -89,6 +95,8 @@ def check_config(cfg: DemoConfig) -> None:
                 f"({cfg.microbatches} // {cfg.stages} = {rounds} rounds), e.g. "
                 f"{rounds * cfg.stages}, got {cfg.microbatches}",
             )
+    if cfg.placement and cfg.task != "spin":
+        raise ConfigError("--placement", f"places Spin tasks: use --task spin, got {cfg.task!r}")
     if cfg.steps < 2:
         raise ConfigError(
             "--steps", f"must be >= 2 (one with and one without side work), got {cfg.steps}"
@@ -166,8 +174,18 @@ def _side_task(fr: Any, cfg: DemoConfig, device: str) -> Any:
     return fr.tasks.Saxpy(1e-6, torch.ones(n, device=device), torch.zeros(n, device=device))
 
 
+def placed_items(cfg: DemoConfig) -> int:
+    """Items of each task --placement submits."""
+    return max(1, PLACED_TASK_MS * 1000 // cfg.item_us)
+
+
 def describe_task(cfg: DemoConfig) -> str:
     """The side task in words, for the summary."""
+    if cfg.placement:
+        return (
+            f"{_n_placed(cfg)} Spin tasks of {placed_items(cfg):,} x "
+            f"{cfg.item_us} us items, submitted on rank 0 to fr.JobQueue"
+        )
     if cfg.task == "spin":
         return f"Spin, {cfg.item_us} us items, more than the run can finish"
     if cfg.task == "saxpy":
@@ -248,9 +266,13 @@ def _rank_main(
         # no side work runs yet (the totals describe the measured steps only).
         for i in range(WARMUP_STEPS):
             step(i)
+        queue = fr.JobQueue(h) if cfg.placement else None  # collective
+        queue_made = time.monotonic()
         h.attach(sched)  # closes the gate: from here side work runs only inside steps
         h.attach_optimizer(opt)
-        handle = h.submit(_side_task(fr, cfg, str(device))) if cfg.task != "none" else None
+        own_task = cfg.task != "none" and queue is None
+        handle = h.submit(_side_task(fr, cfg, str(device))) if own_task else None
+        placed: list[Any] = []
         times: dict[str, list[float]] = {"with": [], "without": []}
         progress = Progress(cfg.steps) if rank == 0 else None
         for i in range(cfg.steps):
@@ -264,10 +286,20 @@ def _rank_main(
             if not harvest:
                 h.attach(sched)
                 h.attach_optimizer(opt)
+            if queue is not None and rank == 0 and i == min(2, cfg.steps - 1):
+                # Every rank has recorded two steps; the queue's agents report bubbles
+                # every 100 ms, so a few reports must have reached the coordinator, which
+                # places by them. (Untimed: the other ranks wait at the next barrier.)
+                time.sleep(max(0.0, _PLACEMENT_WARMUP_S - (time.monotonic() - queue_made)))
+                placed = [queue.submit(_placed_spec(fr, cfg)) for _ in range(_n_placed(cfg))]
             if progress is not None:
                 progress.step(i + 1, harvest)
+        for task in placed:
+            task.cancel(wait=True)  # whatever the run did not finish, wherever it is
+        if queue is not None:
+            dist.barrier()  # every rank's record shows the cancels before it is gathered
         report = h.report()
-        items = handle.items_done if handle is not None else 0
+        items = handle.items_done if handle is not None else sum(report.items_per_task.values())
         if handle is not None:
             handle.cancel()
         report.settings.update(
@@ -279,9 +311,11 @@ def _rank_main(
                 "side_items": items,
             }
         )
-        gathered = fr.gather_reports(report)
+        gathered = fr.gather_reports(report, queue=queue)
         times_all: list[Any] = [None] * cfg.stages if rank == 0 else None
         dist.gather_object(times, times_all, dst=0)
+        if queue is not None:
+            queue.close()  # collective
     if rank == 0:
         if result_path is None:
             _print_summary(fr, cfg, gathered, times_all)
@@ -289,6 +323,18 @@ def _rank_main(
             with open(result_path, "w") as f:
                 json.dump({"reports": [r.to_dict() for r in gathered], "times": times_all}, f)
     dist.destroy_process_group()
+
+
+def _n_placed(cfg: DemoConfig) -> int:
+    return PLACED_TASKS_PER_STAGE * cfg.stages
+
+
+def _placed_spec(fr: Any, cfg: DemoConfig) -> Any:
+    from .placement import TaskSpec
+
+    return TaskSpec(
+        fr.tasks.Spin, kwargs={"items": placed_items(cfg), "ns_per_item": cfg.item_us * 1000}
+    )
 
 
 def _median(values: list[float]) -> float:
@@ -350,6 +396,10 @@ def _print_summary(fr: Any, cfg: DemoConfig, reports: list[Any], times_all: list
         print(f"  {key:<{width}}  {value}")
     print()
     print(fr.stage_table(reports))
+    if cfg.placement:
+        print()
+        print("job-wide placement: tasks submitted on rank 0, placed by fr.JobQueue")
+        print(fr.placement_table(reports))
     if reports[0].backend == "host":
         print(
             "host backend: side work shares the CPU cores with training; what that costs "

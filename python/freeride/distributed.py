@@ -60,9 +60,23 @@ def stage_table(reports: list[Report], legend: bool = True) -> str:
     return "\n".join(rows)
 
 
-def placement_table(reports: list[Report]) -> str:
+def _job_order(job_id: str) -> tuple:
+    """Job task ids ("submitting rank:number") in submission order, not text order."""
+    head, _, tail = job_id.partition(":")
+    return (int(head), int(tail)) if head.isdigit() and tail.isdigit() else (job_id,)
+
+
+PLACEMENT_TABLE_LEGEND = (
+    "bubbles ms/it: the rank's bubble time per recorded iteration; task: job task id "
+    "(submitting rank:number) and what it runs; state: as the rank last saw it; of "
+    "bubbles: share of the rank's bubble time during which the task had side work running"
+)
+
+
+def placement_table(reports: list[Report], legend: bool = True) -> str:
     """Per rank: the job queue's tasks that ran there, their items and the share of the
-    rank's bubble time each used (reports from gather_reports(..., queue=q))."""
+    rank's bubble time each used (reports from gather_reports(..., queue=q)); with
+    `legend`, followed by a line that explains the columns."""
     header = f"{'rank':>4}  {'bubbles ms/it':>13}  {'task':<40}  {'state':>9}  {'items':>10}  {'of bubbles':>10}"
     rows = [header, "-" * len(header)]
     for r in reports:
@@ -70,7 +84,7 @@ def placement_table(reports: list[Report]) -> str:
         used = r.harvested_ns_per_task
         hosted = r.placement.get("hosted", {})
         first = True
-        for job_id, entry in sorted(hosted.items()):
+        for job_id, entry in sorted(hosted.items(), key=lambda kv: _job_order(kv[0])):
             share = used.get(entry["local_id"], 0) / r.bubble_ns if r.bubble_ns else 0.0
             rank = (r.rank if r.rank is not None else "-") if first else ""
             bubbles = f"{r.bubble_ns / iters / 1e6:.2f}" if first else ""
@@ -89,4 +103,6 @@ def placement_table(reports: list[Report]) -> str:
             f"{len(decisions)} placement decisions; the first: task {decisions[0]['task']} "
             f"-> rank {decisions[0]['rank']} ({decisions[0]['reason']})"
         )
+    if legend:
+        rows += ["", *textwrap.wrap(PLACEMENT_TABLE_LEGEND, width=88)]
     return "\n".join(rows)
