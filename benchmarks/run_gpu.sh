@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: build, run the whole test suite (GPU tests included) and the
-# RawKernel example, then every benchmark in GPU mode. Each step runs under its own
+# RawKernel example, then every benchmark in GPU mode, and `bench ranks` on the machine's
+# CPU cores (the host backend's overhead on a machine with 8 or more cores). Each step runs under its own
 # timeout, so a hang costs that step, not the call; a hung step prints its Python stacks
 # (SIGABRT with faulthandler).
 # Results land in ${OUT:-benchmarks/results/new}: JSON per benchmark, the pause-latency
 # plot, the logs. Usage: FREERIDE_COMMIT=$(git rev-parse --short HEAD) benchmarks/run_gpu.sh
-# STEPS (default "build tests example preempt items pipeline") picks steps.
+# STEPS (default "build tests example preempt items pipeline ranks") picks steps.
 set -uo pipefail
 out=${OUT:-benchmarks/results/new}
 mkdir -p "$out"
-steps=" ${STEPS:-build tests example preempt items pipeline} "
+steps=" ${STEPS:-build tests example preempt items pipeline ranks} "
 export FREERIDE_CUDA_ARCHS=${FREERIDE_CUDA_ARCHS:-90}
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 py=python3
@@ -34,3 +35,7 @@ for b in preempt items pipeline; do
   timeout -s ABRT "${BENCH_TIMEOUT:-300}" $py -m freeride bench "$b" --mode gpu --out "$out/$b.json" \
     "${extra[@]}" 2>&1 | tee "$out/$b.log"
 done
+if step ranks; then
+  timeout -s ABRT "${BENCH_TIMEOUT:-300}" $py -m freeride bench ranks --mode cpu --out "$out/ranks.json" \
+    2>&1 | grep -v "^  step" | tee "$out/ranks.log"
+fi
