@@ -70,6 +70,11 @@ class Backend {
   // How gate writes on a stream are made: "batch", "memop", "copy" or "kernel" (see
   // cuda_driver::GateWrite); "host" on the host backend.
   virtual std::string gate_write_mechanism() const = 0;
+  // How side kernels leave room for training's kernels: "occupancy-cap" or
+  // "green-context (120 of 132 SMs)" on CUDA, "none" on the host. reserve_fallback():
+  // why green-context was asked for and not used, else "".
+  virtual std::string reserve_mechanism() const { return "none"; }
+  virtual std::string reserve_fallback() const { return ""; }
 
   // Gate. `stream` is a CUDA stream handle (0 = legacy default stream) or kImmediate.
   // `seq` is written beside the gate in the same order (before the value), so a reader of
@@ -127,6 +132,12 @@ struct CudaOptions {
   bool stream_wait = false;
   // What side blocks leave free on every SM for the kernels training launches in bubbles.
   SmReserve reserve;
+  // "occupancy-cap": `reserve` caps every side grid. "green-context": side kernels that
+  // may (Task::runs_in_green_context) run in a green context holding all SMs but
+  // `reserve_sms` (0: default_reserved_sms), uncapped; the rest keep the cap. Where the
+  // driver offers no green context, occupancy-cap, with the reason recorded.
+  std::string reserve_mechanism = "occupancy-cap";
+  int reserve_sms = 0;
   // Longest a block of a launch keeps claiming items (0: until the gate closes).
   uint64_t slice_ns = 2'000'000;
   // Gate write mechanism on a stream: "batch", "memop", "copy" or "kernel"; empty: the

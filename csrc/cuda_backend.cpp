@@ -15,8 +15,9 @@
 // cuStreamWriteValue32, copies or write kernels instead, for comparison (bench preempt)
 // and where the driver lacks the batch.
 //
-// Side grids never fill an SM (the reserve, applied where each launcher sizes its grid)
-// and every launch ends after its time slice (blocks stop claiming; the executor
+// Side grids never fill an SM (the reserve, applied where each launcher sizes its grid),
+// or, with a green-context reserve, built-in side kernels run in a green context that
+// leaves whole SMs out (see try_green_context), and every launch ends after its time slice (blocks stop claiming; the executor
 // relaunches): the kernels training launches while the gate is open find room at once,
 // and a device-wide synchronisation waits at most a slice.
 //
@@ -268,6 +269,13 @@ struct CudaShared {
   cudaStream_t side = nullptr;
   cudaStream_t control = nullptr;
   GateSlot gate;
+  // Green-context reserve: the context and the lowest-priority stream in it that tasks
+  // which may (Task::runs_in_green_context) run on instead of `side`. Null otherwise.
+  CUgreenCtx green = nullptr;
+  cudaStream_t green_side = nullptr;
+  int green_sms = 0;
+  std::string reserve_mechanism = "occupancy-cap";
+  std::string reserve_fallback;
 
   // Shared by every operation, exclusive for shutdown(): shutdown cannot pull streams
   // out from under a call in progress. Readers never wait for each other.
@@ -304,7 +312,118 @@ struct CudaShared {
     if (control != nullptr) (void)cudaStreamDestroy(control);
     side = nullptr;
     control = nullptr;
+    destroy_green();
     (void)cudaGetLastError();
+  }
+
+  // The stream first: cuGreenCtxDestroy leaves a green context's streams behind, leaked.
+  void destroy_green() noexcept {
+    const cuda_driver::Api& a = cuda_driver::api();
+    if (green_side != nullptr) (void)a.stream_destroy(reinterpret_cast<CUstream>(green_side));
+    if (green != nullptr) (void)a.green_ctx_destroy(green);
+    green_side = nullptr;
+    green = nullptr;
+  }
+
+  // Where a task's launches and their bookkeeping go.
+  bool in_green(const Task& task) const {
+    return green_side != nullptr && task.runs_in_green_context();
+  }
+  cudaStream_t stream_for(const Task& task) const { return in_green(task) ? green_side : side; }
+
+  // Builds the green context for Reserve(mechanism="green-context"), or records in
+  // reserve_fallback why not (the occupancy cap then applies to every task). Throws only
+  // for a reserve_sms that no partition of this device can leave out.
+  //
+  // Runtime-API launches into its stream: the driver API's own stream (cuGreenCtxStreamCreate)
+  // is handed to <<<>>> launches and cudaMemsetAsync/cudaMemcpyAsync/cudaEventRecord as a
+  // cudaStream_t. Documented: the CUDA Programming Guide, "Green Contexts" (4.6): using
+  // them needs "no GPU code (kernel) changes, just small host-side changes (e.g., green
+  // context creation and stream creation for this green context)"; cuda.h (13.0),
+  // cuStreamGetCtx: a green-context stream's context is the one cuCtxFromGreenCtx
+  // returns, "a normal primary context but with the resources of the specified green
+  // context", and cuStreamGetCtx_v2 names the device's primary context for it, which is
+  // where the runtime loaded the built-in kernels; PyTorch's torch.cuda.green_contexts
+  // documents runtime-launched operations on such a stream as running on the green
+  // context's resources, synchronised with other streams by events. Measured:
+  // shared/gpu-runs/2026-11-22-h100/headroom.cu launched nvcc-compiled kernels with <<<>>>
+  // on such a stream (120 of 132 SMs) and a 32 x 512-thread probe started within 8.5 us.
+  void try_green_context(int reserved_wanted, int least_priority) {
+    const cuda_driver::Api& a = cuda_driver::api();
+    if (!a.has_green_contexts()) {
+      reserve_fallback = "the driver offers no green contexts (CUDA 12.5 or later needed): " +
+                         a.green_error;
+      return;
+    }
+    auto failed = [&](const char* call, int res) {
+      reserve_fallback = std::string(call) + " failed: " + cuda_driver::error_name(res);
+    };
+    CUdevice dev = 0;
+    int res = a.device_get(&dev, device);
+    if (res != CUDA_SUCCESS) return failed("cuDeviceGet", res);
+    CUdevResource all{};
+    res = a.device_get_dev_resource(dev, &all, CU_DEV_RESOURCE_TYPE_SM);
+    if (res != CUDA_SUCCESS) return failed("cuDeviceGetDevResource", res);
+    // Drivers before CUDA 13 leave the partition rules zero: use their documented guideline.
+    int major = 0;
+    int minor = 0;
+    FR_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    FR_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    const int cc = major * 10 + minor;
+    const int total = static_cast<int>(all.sm.smCount);
+    const int min_partition = all.sm.minSmPartitionSize > 0
+                                  ? static_cast<int>(all.sm.minSmPartitionSize)
+                                  : guideline_min_partition(cc);
+    const int alignment = all.sm.smCoscheduledAlignment > 0
+                              ? static_cast<int>(all.sm.smCoscheduledAlignment)
+                              : guideline_alignment(cc);
+    const bool explicit_sms = reserved_wanted > 0;
+    const int reserved = explicit_sms ? reserved_wanted : default_reserved_sms(alignment);
+    const int want = green_context_sms(total, reserved, min_partition, alignment);
+    if (want == 0) {
+      FR_ARG(!explicit_sms, "reserve.sms=" << reserved << " leaves fewer SMs than the smallest "
+                                           "green context ("
+                                           << min_partition << " SMs) for side work on device "
+                                           << device << " (" << total << " SMs)");
+      reserve_fallback = (detail::Msg() << "no green context of at least " << min_partition
+                                        << " SMs leaves " << reserved << " of the " << total
+                                        << " SMs free")
+                             .str();
+      return;
+    }
+    CUdevResource group{};
+    CUdevResource rest{};
+    unsigned int groups = 1;
+    res = a.sm_resource_split_by_count(&group, &groups, &all, &rest, 0,
+                                       static_cast<unsigned int>(want));
+    if (res != CUDA_SUCCESS) return failed("cuDevSmResourceSplitByCount", res);
+    const int got = static_cast<int>(group.sm.smCount);
+    if (groups < 1 || got <= 0 || got > total - reserved) {
+      // The driver rounded the partition up past the SMs it must leave out.
+      reserve_fallback = (detail::Msg() << "the driver split " << got << " of " << total
+                                        << " SMs off for side work, which leaves fewer than "
+                                        << reserved << " free")
+                             .str();
+      return;
+    }
+    CUdevResourceDesc desc = nullptr;
+    res = a.resource_generate_desc(&desc, &group, 1);
+    if (res != CUDA_SUCCESS) return failed("cuDevResourceGenerateDesc", res);
+    CUgreenCtx ctx = nullptr;
+    res = a.green_ctx_create(&ctx, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM);
+    if (res != CUDA_SUCCESS) return failed("cuGreenCtxCreate", res);
+    CUstream stream = nullptr;
+    // Lowest priority, like `side`: side work yields to every stream of the primary context.
+    res = a.green_ctx_stream_create(&stream, ctx, CU_STREAM_NON_BLOCKING, least_priority);
+    if (res != CUDA_SUCCESS) {
+      (void)a.green_ctx_destroy(ctx);
+      return failed("cuGreenCtxStreamCreate", res);
+    }
+    green = ctx;
+    green_side = reinterpret_cast<cudaStream_t>(stream);
+    green_sms = got;
+    reserve_mechanism = (detail::Msg() << "green-context (" << got << " of " << total << " SMs)")
+                            .str();
   }
 
   // Caller holds pool_mu (or is the destructor).
@@ -315,7 +434,10 @@ struct CudaShared {
     words.free_all();
   }
 
-  CudaLaunch launch(const fr_item_ctx& ctx, void* stream) const {
+  // In the green context the SMs left out are the room: grids are sized for the
+  // context's SMs at full occupancy, with no per-SM cap.
+  CudaLaunch launch(const fr_item_ctx& ctx, void* stream, bool in_green_context) const {
+    if (in_green_context) return CudaLaunch{ctx, stream, green_sms, device, sm, SmReserve{0}};
     return CudaLaunch{ctx, stream, sm_count, device, sm, reserve};
   }
 
@@ -573,7 +695,16 @@ class CudaRunner final : public PhaseRunner {
       : s_(std::move(shared)), task_(std::move(task)) {
     after_.reset(static_cast<CudaDependency*>(after.release()));
     CudaShared& s = *s_;
+    green_ = s.in_green(*task_);
+    stream_ = s.stream_for(*task_);
     FR_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventBlockingSync | cudaEventDisableTiming));
+    if (s.stream_wait && stream_ != s.side) {
+      const cudaError_t err = cudaEventCreateWithFlags(&bridge_, cudaEventDisableTiming);
+      if (err != cudaSuccess) {
+        (void)cudaEventDestroy(event_);
+        throw_cuda(err, "cudaEventCreateWithFlags (admission bridge)", __FILE__, __LINE__);
+      }
+    }
     try {
       {
         std::lock_guard<std::mutex> lk(s.pool_mu);
@@ -602,6 +733,7 @@ class CudaRunner final : public PhaseRunner {
       }
     } catch (...) {
       (void)cudaEventDestroy(event_);
+      if (bridge_ != nullptr) (void)cudaEventDestroy(bridge_);
       throw;
     }
   }
@@ -610,6 +742,7 @@ class CudaRunner final : public PhaseRunner {
     try {
       DeviceGuard guard(s_->device);
       (void)cudaEventDestroy(event_);
+      if (bridge_ != nullptr) (void)cudaEventDestroy(bridge_);
       (void)cudaGetLastError();
     } catch (...) {
     }
@@ -624,7 +757,7 @@ class CudaRunner final : public PhaseRunner {
     DeviceGuard guard(s.device);
     // Only [next, done]: `stop` belongs to stop()/resume(). On the side stream, so it is
     // ordered after this task's previous launch and before its next one.
-    FR_CUDA_CHECK(cudaMemsetAsync(state_, 0, offsetof(fr_phase_state, stop), s.side));
+    FR_CUDA_CHECK(cudaMemsetAsync(state_, 0, offsetof(fr_phase_state, stop), stream_));
     {
       std::lock_guard<std::mutex> plk(progress_mu_);
       std::atomic_ref<unsigned long long>(*progress_host_).store(0);
@@ -653,6 +786,8 @@ class CudaRunner final : public PhaseRunner {
 
     // stream_wait: nothing of this launch may start while the gate is closed. Stop is not
     // part of the memop wait's condition: close() releases a waiting launch with unblock().
+    // The wait stays on the primary context's side stream whatever stream the task runs
+    // on; an event carries it over to a green-context stream.
     if (!s.stream_wait) {
       // Admitted by wait_for_open() above.
     } else if (s.memops) {
@@ -666,11 +801,15 @@ class CudaRunner final : public PhaseRunner {
     }
 
     try {
+      if (s.stream_wait && stream_ != s.side) {
+        FR_CUDA_CHECK(cudaEventRecord(bridge_, s.side));
+        FR_CUDA_CHECK(cudaStreamWaitEvent(stream_, bridge_, 0));
+      }
       if (after_) {
-        after_->enqueue_wait(s.side);
+        after_->enqueue_wait(stream_);
         after_.reset();
       }
-      if (record) marks.start = s.mark(s.side);
+      if (record) marks.start = s.mark(stream_);
       fr_item_ctx ctx{};
       ctx.gate = s.gate.dev;
       ctx.state = state_;
@@ -678,14 +817,14 @@ class CudaRunner final : public PhaseRunner {
       ctx.n_items = n_items_;
       ctx.phase = phase_;
       ctx.slice_ns = s.slice_ns;
-      task_->launch_cuda(s.launch(ctx, s.side));
+      task_->launch_cuda(s.launch(ctx, stream_, green_));
       FR_CUDA_CHECK(cudaGetLastError());
-      if (record) marks.end = s.mark(s.side);
+      if (record) marks.end = s.mark(stream_);
       // The exact count (progress-mirror stores from different blocks land in any order),
       // and with it the stop flag and the held-back count: [done, stop, held].
       FR_CUDA_CHECK(cudaMemcpyAsync(readback_host_, done_word(), kReadbackBytes,
-                                    cudaMemcpyDeviceToHost, s.side));
-      FR_CUDA_CHECK(cudaEventRecord(event_, s.side));
+                                    cudaMemcpyDeviceToHost, stream_));
+      FR_CUDA_CHECK(cudaEventRecord(event_, stream_));
     } catch (...) {
       drain_side();
       s.release_mark(marks.start);
@@ -777,11 +916,12 @@ class CudaRunner final : public PhaseRunner {
   // Best effort after a failed enqueue: run() must not return while items it enqueued
   // may still execute.
   void drain_side() noexcept {
-    if (cudaEventRecord(event_, s_->side) == cudaSuccess) {
+    if (cudaEventRecord(event_, stream_) == cudaSuccess) {
       (void)cudaEventSynchronize(event_);
     } else {
-      (void)cudaStreamSynchronize(s_->side);
+      (void)cudaStreamSynchronize(stream_);
     }
+    if (stream_ != s_->side) (void)cudaStreamSynchronize(s_->side);  // a gate wait there
     (void)cudaGetLastError();
   }
 
@@ -813,6 +953,11 @@ class CudaRunner final : public PhaseRunner {
   unsigned long long* readback_host_ = nullptr;   // word slot [1..2]: [done, stop, held]
   static constexpr size_t kReadbackBytes = 16;
   cudaEvent_t event_ = nullptr;
+  // The stream this task's launches and their bookkeeping go to: the side stream, or the
+  // green context's. bridge_: stream_wait's admission on `side`, carried over to stream_.
+  cudaStream_t stream_ = nullptr;
+  bool green_ = false;
+  cudaEvent_t bridge_ = nullptr;
   std::unique_ptr<CudaDependency> after_;  // waited for by the first launch, then dropped
   uint32_t last_held_ = 0;  // `held` after the previous launch (slots start zeroed)
 
@@ -844,6 +989,11 @@ class CudaBackend final : public Backend {
     // Before anything is allocated: a misspelt mechanism fails the harvester, not a
     // training hook.
     const cuda_driver::GateWrite wanted = cuda_driver::requested_gate_write(options.gate_write);
+    const bool green_wanted = options.reserve_mechanism == "green-context";
+    FR_ARG(green_wanted || options.reserve_mechanism == "occupancy-cap",
+           "reserve.mechanism must be 'occupancy-cap' or 'green-context', got '"
+               << options.reserve_mechanism << "'");
+    FR_ARG(options.reserve_sms >= 0, "reserve.sms must not be negative, got " << options.reserve_sms);
 
     CudaShared& s = *s_;
     s.device = device;
@@ -875,6 +1025,8 @@ class CudaBackend final : public Backend {
     // overtakes everything.
     FR_CUDA_CHECK(cudaStreamCreateWithPriority(&s.side, cudaStreamNonBlocking, least));
     FR_CUDA_CHECK(cudaStreamCreateWithPriority(&s.control, cudaStreamNonBlocking, greatest));
+    if (green_wanted) s.try_green_context(options.reserve_sms, least);
+    cuda_driver::record_reserve_mechanism(device, {s.reserve_mechanism, s.reserve_fallback});
     {
       std::lock_guard<std::mutex> lk(s.pool_mu);
       s.staging = s.words.acquire();
@@ -918,6 +1070,8 @@ class CudaBackend final : public Backend {
   std::string gate_write_mechanism() const override {
     return cuda_driver::gate_write_name(s_->gate_write);
   }
+  std::string reserve_mechanism() const override { return s_->reserve_mechanism; }
+  std::string reserve_fallback() const override { return s_->reserve_fallback; }
 
   void gate_write(uint32_t value, uintptr_t stream, uint32_t seq) override {
     CudaShared& s = *s_;
@@ -954,12 +1108,15 @@ class CudaBackend final : public Backend {
     std::shared_lock<std::shared_mutex> lk(s.life);
     FR_CHECK(!s.shut_down, "run_plain() after the CUDA backend was shut down");
     DeviceGuard guard(s.device);
-    void* where = stream == kImmediate ? static_cast<void*>(s.side) : reinterpret_cast<void*>(stream);
+    // Sized as the task's real launches are: in the green context where those run there.
+    const bool green = stream == kImmediate && s.in_green(task);
+    void* where = stream == kImmediate ? static_cast<void*>(s.stream_for(task))
+                                       : reinterpret_cast<void*>(stream);
     for (uint64_t phase = 0; phase < task.num_phases(); ++phase) {
       fr_item_ctx ctx{};  // no gate, no state: for_each_item runs every item, unchecked
       ctx.n_items = task.num_items(phase);
       ctx.phase = phase;
-      task.launch_cuda(s.launch(ctx, where));
+      task.launch_cuda(s.launch(ctx, where, green));
       FR_CUDA_CHECK(cudaGetLastError());
     }
   }
@@ -1021,7 +1178,11 @@ class CudaBackend final : public Backend {
     if (s.shut_down) return;
     s.shut_down = true;
     DeviceGuard guard(s.device);
-    const cudaError_t err = cudaStreamSynchronize(s.side);
+    cudaError_t err = cudaStreamSynchronize(s.side);
+    if (s.green_side != nullptr) {
+      const cudaError_t green_err = cudaStreamSynchronize(s.green_side);
+      if (err == cudaSuccess) err = green_err;
+    }
     s.destroy_streams();
     s.destroy_events();
     {

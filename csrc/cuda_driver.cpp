@@ -47,6 +47,7 @@ Api g_api;
 std::mutex g_probe_mu;
 std::map<int, bool> g_probe;  // device -> outcome of the last trial on it
 std::map<int, bool> g_batch_probe;  // device -> outcome of the last batched gate write
+std::map<int, ReserveRecord> g_reserve;  // device -> the last backend's reserve mechanism
 
 }  // namespace
 
@@ -65,6 +66,14 @@ const Api& api() {
       resolve("cuFuncGetAttribute", 2020, &a.func_get_attribute, &a.kernel_error);
       resolve("cuFuncSetAttribute", 9000, &a.func_set_attribute, &a.kernel_error);
       resolve("cuFuncGetParamInfo", 12040, &a.func_get_param_info, &a.kernel_error);
+      resolve("cuDeviceGetDevResource", 12040, &a.device_get_dev_resource, &a.green_error);
+      resolve("cuDevSmResourceSplitByCount", 12040, &a.sm_resource_split_by_count,
+              &a.green_error);
+      resolve("cuDevResourceGenerateDesc", 12040, &a.resource_generate_desc, &a.green_error);
+      resolve("cuGreenCtxCreate", 12040, &a.green_ctx_create, &a.green_error);
+      resolve("cuGreenCtxDestroy", 12040, &a.green_ctx_destroy, &a.green_error);
+      resolve("cuGreenCtxStreamCreate", 12050, &a.green_ctx_stream_create, &a.green_error);
+      resolve("cuStreamDestroy", 4000, &a.stream_destroy, &a.green_error);
     } catch (...) {
       // Only std::string growth can throw here; keep whatever resolved.
     }
@@ -180,6 +189,17 @@ GateWrite usable_gate_write(int device, GateWrite wanted) {
 void record_batch_probe(int device, bool ok) {
   std::lock_guard<std::mutex> lk(g_probe_mu);
   g_batch_probe[device] = ok;
+}
+
+void record_reserve_mechanism(int device, const ReserveRecord& record) {
+  std::lock_guard<std::mutex> lk(g_probe_mu);
+  g_reserve[device] = record;
+}
+
+ReserveRecord reserve_mechanism(int device) {
+  std::lock_guard<std::mutex> lk(g_probe_mu);
+  const auto it = g_reserve.find(device);
+  return it == g_reserve.end() ? ReserveRecord{} : it->second;
 }
 
 void throw_driver_error(int result, const char* expr, const char* file, int line) {

@@ -27,12 +27,28 @@ struct Api {
   PFN_cuFuncGetAttribute_v2020 func_get_attribute = nullptr;
   PFN_cuFuncSetAttribute_v9000 func_set_attribute = nullptr;
   PFN_cuFuncGetParamInfo_v12040 func_get_param_info = nullptr;  // null before CUDA 12.4
+  // Green contexts (Reserve(mechanism="green-context")): 12.4 drivers have the context
+  // calls, the stream inside one needs 12.5.
+  PFN_cuDeviceGetDevResource_v12040 device_get_dev_resource = nullptr;
+  PFN_cuDevSmResourceSplitByCount_v12040 sm_resource_split_by_count = nullptr;
+  PFN_cuDevResourceGenerateDesc_v12040 resource_generate_desc = nullptr;
+  PFN_cuGreenCtxCreate_v12040 green_ctx_create = nullptr;
+  PFN_cuGreenCtxDestroy_v12040 green_ctx_destroy = nullptr;
+  PFN_cuGreenCtxStreamCreate_v12050 green_ctx_stream_create = nullptr;
+  PFN_cuStreamDestroy_v4000 stream_destroy = nullptr;
   std::string error;         // why a gate or context entry point is missing
   std::string kernel_error;  // why a user-kernel entry point is missing
   std::string batch_error;   // why cuStreamBatchMemOp is missing
+  std::string green_error;   // why a green-context entry point is missing
 
   bool has_memops() const {
     return stream_write_value32 != nullptr && stream_wait_value32 != nullptr;
+  }
+  bool has_green_contexts() const {
+    return device_get != nullptr && device_get_dev_resource != nullptr &&
+           sm_resource_split_by_count != nullptr && resource_generate_desc != nullptr &&
+           green_ctx_create != nullptr && green_ctx_destroy != nullptr &&
+           green_ctx_stream_create != nullptr && stream_destroy != nullptr;
   }
 };
 
@@ -87,6 +103,17 @@ GateWrite usable_gate_write(int device, GateWrite wanted);
 
 // A backend's trial of a batched gate write on `device`, for usable_gate_write.
 void record_batch_probe(int device, bool ok);
+
+// How the most recent CUDA backend on a device keeps room for training's kernels
+// ("occupancy-cap" or "green-context (120 of 132 SMs)"), and why green-context was not
+// used where it was asked for ("" otherwise). For backend_info: what a harvester made on
+// the device used; nothing recorded means none was made ("occupancy-cap", the default).
+struct ReserveRecord {
+  std::string mechanism = "occupancy-cap";
+  std::string fallback;
+};
+void record_reserve_mechanism(int device, const ReserveRecord& record);
+ReserveRecord reserve_mechanism(int device);
 
 [[noreturn]] void throw_driver_error(int result, const char* expr, const char* file, int line);
 

@@ -47,6 +47,14 @@ class RawKernelTask final : public Task {
 
   std::string name() const override { return name_; }
   uint64_t num_phases() const override { return phases_; }
+
+  // Stays on the primary context's side stream under the occupancy cap even with a
+  // green-context reserve. Its CUfunctions were loaded by CuPy into the primary context,
+  // and while the runtime-API launches of the built-in kernels into a green-context
+  // stream are documented (see cuda_backend.cpp) and measured, a cuLaunchKernel of a
+  // module function loaded in the primary context into a stream of a green context is
+  // not documented either way; until a GPU run shows it works, RawKernel is not moved.
+  bool runs_in_green_context() const override { return false; }
   uint64_t num_items(uint64_t phase) const override { return kernel_of(phase).items; }
 
   void run_item(uint64_t, uint64_t) override {

@@ -83,6 +83,10 @@ void query_cuda(BackendInfo& info) {
     } catch (const std::exception& e) {
       dev.gate_write = std::string("invalid: ") + e.what();  // a harvester would refuse it
     }
+    dev.green_contexts = cuda_driver::api().has_green_contexts();
+    const cuda_driver::ReserveRecord reserve = cuda_driver::reserve_mechanism(i);
+    dev.reserve_mechanism = reserve.mechanism;
+    dev.reserve_fallback = reserve.fallback;
     info.devices.push_back(std::move(dev));
   }
   info.cuda = true;

@@ -13,6 +13,9 @@ struct DeviceInfo {
   int compute_capability = 0;  // major * 10 + minor
   bool stream_mem_ops = false; // cuStreamWriteValue32 / cuStreamWaitValue32 usable
   std::string gate_write;      // what a new backend would write the gate with
+  bool green_contexts = false; // the driver has the green-context entry points
+  std::string reserve_mechanism = "occupancy-cap";  // the last harvester's on this device
+  std::string reserve_fallback;  // why it was not green-context where that was asked for
 };
 
 struct BackendInfo {

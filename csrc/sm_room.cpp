@@ -47,4 +47,26 @@ int carveout_percent(const SmLimits& sm, const SmReserve& reserve, const KernelU
   return static_cast<int>(std::clamp<int64_t>(percent, 0, 100));
 }
 
+int green_context_sms(int total, int reserved, int min_partition, int alignment) {
+  const int64_t align = std::max(alignment, 1);
+  const int64_t usable = int64_t{total} - std::max(reserved, 0);
+  if (usable <= 0) return 0;
+  const int64_t sms = usable / align * align;
+  return sms >= std::max(min_partition, 1) ? static_cast<int>(sms) : 0;
+}
+
+int default_reserved_sms(int alignment) {
+  return static_cast<int>(round_up(8, std::max(alignment, 1)));
+}
+
+int guideline_min_partition(int compute_capability) {
+  if (compute_capability >= 90) return 8;
+  if (compute_capability >= 80) return 4;
+  return 2;
+}
+
+int guideline_alignment(int compute_capability) {
+  return compute_capability >= 90 ? 8 : 2;
+}
+
 }  // namespace freeride

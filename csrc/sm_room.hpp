@@ -53,4 +53,20 @@ int side_blocks_per_sm(const SmLimits& sm, const SmReserve& reserve, const Kerne
 int carveout_percent(const SmLimits& sm, const SmReserve& reserve, const KernelUse& use,
                      int blocks);
 
+// Green-context reserve: side kernels run in a green context of whole SMs and the SMs
+// left out are free for training. A green context's SM count must be a multiple of the
+// driver's alignment and at least its minimum partition, so the SMs left out are
+// `total` minus the largest such count that still leaves `reserved` out; 0 where no
+// partition that small exists. alignment or min_partition <= 0 count as 1.
+int green_context_sms(int total, int reserved, int min_partition, int alignment);
+
+// SMs to leave out when the Reserve names none: 8 (the step Hopper partitions in, where
+// the measured probe started within 9 us), rounded up to the partition alignment.
+int default_reserved_sms(int alignment);
+
+// The driver's partition rules where it reports none (fields that drivers before CUDA 13
+// leave zero): its documented guideline per compute capability (major * 10 + minor).
+int guideline_min_partition(int compute_capability);
+int guideline_alignment(int compute_capability);
+
 }  // namespace freeride

@@ -17,6 +17,8 @@ struct CudaLaunch {
   int device;           // CUDA device ordinal
   SmLimits sm;          // per-SM resources of the device
   SmReserve reserve;    // what side blocks leave free on every SM (blocks == 0: nothing)
+  // With a green-context reserve, for a task that runs in it: sm_count is the green
+  // context's SMs and reserve is empty (the SMs left out are the room).
 };
 
 class Task {
@@ -37,6 +39,11 @@ class Task {
   // with its phase unfinished and no block held back is a broken kernel. Kernels that
   // deliberately ignore the gate (the slicing baseline) return false.
   virtual bool follows_item_protocol() const { return true; }
+
+  // CUDA backend with a green-context reserve: whether this task's kernels may run on the
+  // green context's stream. Built-in kernels are launched through the runtime API, which
+  // green-context streams are documented to take; RawKernel overrides this (see there).
+  virtual bool runs_in_green_context() const { return true; }
 
   // Host backend: runs one item on the calling worker thread. May throw; the task then fails.
   virtual void run_item(uint64_t phase, uint64_t item) = 0;

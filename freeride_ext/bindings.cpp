@@ -33,6 +33,9 @@ py::dict backend_info() {
     dev["compute_capability"] = py::make_tuple(d.compute_capability / 10, d.compute_capability % 10);
     dev["stream_mem_ops"] = d.stream_mem_ops;
     dev["gate_write"] = d.gate_write;
+    dev["green_contexts"] = d.green_contexts;
+    dev["reserve_mechanism"] = d.reserve_mechanism;
+    dev["reserve_fallback"] = d.reserve_fallback;
     devices.append(dev);
   }
   py::dict out;
@@ -55,12 +58,15 @@ freeride::SmReserve to_reserve(const ReserveTuple& t) {
 std::unique_ptr<Executor> make_executor(const std::string& kind, int device, int workers,
                                         bool gate_in_host_memory, bool stream_wait,
                                         uint64_t memory_budget, const ReserveTuple& reserve,
-                                        uint64_t slice_ns) {
+                                        uint64_t slice_ns, const std::string& reserve_mechanism,
+                                        int reserve_sms) {
   freeride::CudaOptions options;
   options.gate_in_host_memory = gate_in_host_memory;
   options.stream_wait = stream_wait;
   options.reserve = to_reserve(reserve);
   options.slice_ns = slice_ns;
+  options.reserve_mechanism = reserve_mechanism;
+  options.reserve_sms = reserve_sms;
   return std::make_unique<Executor>(freeride::make_backend(kind, device, workers, options),
                                     memory_budget);
 }
@@ -210,11 +216,18 @@ PYBIND11_MODULE(_C, m) {
       "per thread, shared bytes) on an SM `sm` = (threads, blocks, registers, shared bytes, "
       "reserved shared bytes per block) beside `reserve` = (blocks, threads, registers per "
       "thread, shared bytes).");
+  m.def("green_context_sms", &freeride::green_context_sms, py::arg("total"), py::arg("reserved"),
+        py::arg("min_partition"), py::arg("alignment"),
+        "SMs of a green context leaving at least `reserved` of `total` out (0: none can).");
+  m.def("default_reserved_sms", &freeride::default_reserved_sms, py::arg("alignment"),
+        "SMs a green-context reserve leaves out when Reserve(sms=None).");
 
   py::class_<Executor>(m, "Executor")
       .def(py::init(&make_executor), py::arg("kind"), py::arg("device"), py::arg("workers"),
            py::arg("gate_in_host_memory"), py::arg("stream_wait"), py::arg("memory_budget"),
-           py::arg("reserve"), py::arg("slice_ns"), release_gil())
+           py::arg("reserve"), py::arg("slice_ns"),
+           py::arg("reserve_mechanism") = "occupancy-cap", py::arg("reserve_sms") = 0,
+           release_gil())
       .def("submit", &Executor::submit, py::arg("task"), py::arg("priority"),
            py::arg("after") = std::vector<uintptr_t>{}, release_gil(),
            "after: stream handles whose work so far the task's first launch waits for")
@@ -280,5 +293,9 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("kind", [](Executor& ex) { return ex.backend().kind(); })
       .def_property_readonly("gate_write_mechanism",
                              [](Executor& ex) { return ex.backend().gate_write_mechanism(); })
+      .def_property_readonly("reserve_mechanism",
+                             [](Executor& ex) { return ex.backend().reserve_mechanism(); })
+      .def_property_readonly("reserve_fallback",
+                             [](Executor& ex) { return ex.backend().reserve_fallback(); })
       .def_property_readonly("device", [](Executor& ex) { return ex.backend().device(); });
 }

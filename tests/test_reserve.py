@@ -125,7 +125,72 @@ def test_harvester_reports_its_reserve_and_slice():
 
 
 def test_backend_info_names_the_reserve_mechanism():
-    assert fr.backend_info()["reserve_mechanism"] == "occupancy-cap"
+    info = fr.backend_info()
+    if not info["devices"]:
+        assert info["reserve_mechanism"] == "occupancy-cap"
+        assert info["reserve_fallback"] is None
+    for dev in info["devices"]:
+        # What the last harvester on the device used; a GPU test may have made one.
+        assert dev["reserve_mechanism"] == "occupancy-cap" or dev["reserve_mechanism"].startswith(
+            "green-context ("
+        )
+        assert isinstance(dev["green_contexts"], bool)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"mechanism": "x"}, ValueError, "reserve.mechanism"),
+        ({"mechanism": "green"}, ValueError, "reserve.mechanism"),
+        ({"sms": 8}, ValueError, "reserve.sms"),  # occupancy-cap has no SMs to leave out
+        ({"mechanism": "green-context", "sms": 0}, ValueError, "reserve.sms"),
+        ({"mechanism": "green-context", "sms": 2000}, ValueError, "reserve.sms"),
+        ({"mechanism": "green-context", "sms": 1.5}, TypeError, "reserve.sms"),
+        ({"mechanism": "green-context", "sms": True}, TypeError, "reserve.sms"),
+    ],
+)
+def test_reserve_rejects_bad_mechanisms_and_sms(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        fr.Reserve(**kwargs)
+
+
+def test_green_context_reserve_keeps_its_per_sm_shape():
+    # The block shape still applies to RawKernel tasks and to the fallback.
+    r = fr.Reserve(mechanism="green-context", sms=16)
+    assert (r.mechanism, r.sms) == ("green-context", 16)
+    assert r.as_tuple() == DEFAULT
+    assert fr.Reserve().mechanism == "occupancy-cap" and fr.Reserve().sms is None
+
+
+@pytest.mark.parametrize(
+    ("total", "reserved", "min_partition", "alignment", "sms"),
+    [
+        (132, 8, 8, 8, 120),  # H100: 124 rounded down to the 8-SM step leaves 12 out
+        (132, 12, 8, 8, 120),
+        (132, 13, 8, 8, 112),
+        (132, 124, 8, 8, 8),
+        (132, 125, 8, 8, 0),  # 7 SMs left: below the smallest partition
+        (108, 8, 4, 2, 100),  # A100
+        (10, 3, 0, 0, 7),  # no rules reported: any count
+        (8, 8, 8, 8, 0),
+    ],
+)
+def test_green_context_split_arithmetic(total, reserved, min_partition, alignment, sms):
+    assert _C.green_context_sms(total, reserved, min_partition, alignment) == sms
+
+
+def test_default_green_context_reserve_is_eight_sms_in_the_driver_step():
+    assert _C.default_reserved_sms(8) == 8
+    assert _C.default_reserved_sms(2) == 8
+    assert _C.default_reserved_sms(6) == 12
+    assert _C.default_reserved_sms(0) == 8
+
+
+def test_host_harvester_ignores_the_reserve_mechanism():
+    with fr.Harvester("cpu", reserve=fr.Reserve(mechanism="green-context")) as h:
+        assert h.reserve.mechanism == "green-context"
+        assert h.reserve_mechanism == "none"
+        assert h.reserve_fallback is None
 
 
 # -- on a GPU -------------------------------------------------------------------------------
@@ -160,6 +225,24 @@ def _torch_cupy():
     return torch, cp
 
 
+GREEN = fr.Reserve(mechanism="green-context")
+RESERVES = [pytest.param(fr.Reserve(), id="occupancy-cap"), pytest.param(GREEN, id="green-context")]
+
+
+def _harvester(reserve, **kwargs):
+    """A CUDA harvester with `reserve`. Green-context where the driver has none skips
+    (the fallback is the occupancy cap, which the other parameter tests); where it has
+    them, falling back fails the test."""
+    h = fr.Harvester("cuda:0", reserve=reserve, **kwargs)
+    if reserve.mechanism == "green-context" and h.reserve_fallback is not None:
+        fallback = h.reserve_fallback
+        h.close()
+        if not fr.backend_info()["devices"][0]["green_contexts"]:
+            pytest.skip(f"no green contexts in this driver: {fallback}")
+        pytest.fail(f"the driver has green contexts, yet the harvester fell back: {fallback}")
+    return h
+
+
 def _spin_forever(h):
     """A Spin task long enough to hold the GPU for the whole test (cancelled after)."""
     t = h.submit(fr.tasks.Spin(items=2**40, ns_per_item=20_000))
@@ -169,9 +252,10 @@ def _spin_forever(h):
 
 
 @pytest.mark.gpu
-def test_training_kernel_starts_while_side_grid_runs():
+@pytest.mark.parametrize("reserve", RESERVES)
+def test_training_kernel_starts_while_side_grid_runs(reserve):
     torch, cp = _torch_cupy()
-    with fr.Harvester("cuda:0") as h:
+    with _harvester(reserve) as h:
         comm = cp.RawKernel(_COMM, "comm")
         comm.max_dynamic_shared_size_bytes = 48 * 1024
         started = cp.zeros(32, dtype=cp.uint64)
@@ -194,7 +278,8 @@ def test_training_kernel_starts_while_side_grid_runs():
 
 
 @pytest.mark.gpu
-def test_receive_wait_on_training_stream_cannot_deadlock_with_side_work():
+@pytest.mark.parametrize("reserve", RESERVES)
+def test_receive_wait_on_training_stream_cannot_deadlock_with_side_work(reserve):
     """The training stream holds a receive that only ends when a kernel launched later on
     a third stream sets its flag, then the gate close; every built-in task and a
     RawKernel run meanwhile. Without room on the SMs the send never starts: deadlock."""
@@ -202,7 +287,7 @@ def test_receive_wait_on_training_stream_cannot_deadlock_with_side_work():
     kernels = cp.RawModule(code=_RECV_SEND)
     recv, send = kernels.get_function("recv"), kernels.get_function("send")
     n = 1 << 22
-    with fr.Harvester("cuda:0") as h:
+    with _harvester(reserve) as h:
         x = torch.ones(n, device="cuda:0")
         y = torch.zeros(n, device="cuda:0")
         scale = fr.tasks.RawKernel(
@@ -282,3 +367,57 @@ def test_training_gets_priority_over_side_work_only_on_a_priority_stream():
         # ...a stream made with a negative priority is.
         train = torch.cuda.Stream(priority=-1)
         assert train.priority < side.priority
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stream_wait", [False, True])
+def test_green_context_side_work_runs_exactly_once(stream_wait):
+    """Built-in kernels in the green context and a RawKernel beside it on the primary
+    context's side stream, under gate flips: every item of every phase runs once."""
+    torch, _ = _torch_cupy()
+    with _harvester(GREEN, stream_wait=stream_wait) as h:
+        counters = [h.submit(fr.tasks.ItemCounter(3000, 3, 2000)) for _ in range(2)]
+        y = torch.zeros(1 << 20, device="cuda:0")
+        raw = h.submit(
+            fr.tasks.RawKernel(
+                r"""
+#include <freeride/preempt.cuh>
+extern "C" __global__ void bump(fr_item_ctx ctx, float* y) {
+  freeride::for_each_item(ctx, [&](unsigned long long item) {
+    if (threadIdx.x == 0) y[item] += 1.0f;
+  });
+}""",
+                "bump",
+                items=1 << 20,
+                args=(y,),
+            )
+        )
+        for _ in range(20):
+            h.gate.close(stream="host")
+            time.sleep(0.002)
+            h.gate.open(stream="host")
+            time.sleep(0.003)
+        assert h.wait_all(timeout=120)
+        for handle in counters:
+            snap = handle.task.snapshot()
+            assert snap.violations == 0
+            assert (snap.counts == 1).all(), "an item ran twice or never"
+        raw.result()
+        assert int((y == 1.0).sum()) == 1 << 20
+
+
+@pytest.mark.gpu
+def test_backend_info_reports_the_green_context():
+    with _harvester(GREEN) as h:
+        mechanism = h.reserve_mechanism
+        dev = fr.backend_info()["devices"][0]
+        assert dev["reserve_mechanism"] == mechanism
+        assert dev["reserve_fallback"] == ""
+        assert fr.backend_info()["reserve_mechanism"] == mechanism
+        # "green-context (120 of 132 SMs)": whole SMs left out, at least the default 8.
+        inside, total = (int(w) for w in mechanism.split("(")[1].split()[::2][:2])
+        assert total == dev["sm_count"]
+        assert total - inside >= 8
+    with fr.Harvester("cuda:0") as h:
+        assert h.reserve_mechanism == "occupancy-cap"
+        assert fr.backend_info()["devices"][0]["reserve_mechanism"] == "occupancy-cap"

@@ -38,7 +38,9 @@ void preload(Kernel kernel) {
 // gate rather than queued behind the others), no more blocks than items, and never so
 // many per SM that the launch's reserve no longer fits beside them: the kernels training
 // launches during a bubble must start at once. Also asks for a shared-memory carveout
-// that keeps the reserve's shared memory configured next to the side blocks.
+// that keeps the reserve's shared memory configured next to the side blocks. In a green
+// context (green-context reserve) the launch carries no per-SM reserve and the context's
+// SM count: the SMs left out of it are the room.
 template <typename Kernel>
 unsigned int persistent_grid(Kernel kernel, int threads, const CudaLaunch& launch,
                              uint64_t items, int dynamic_shared_bytes = 0) {

@@ -70,8 +70,11 @@ class Harvester:
         reserve: CUDA only: what side kernels leave free on every SM for the kernels
             training launches while side work runs (see freeride.Reserve for the cost).
             The default keeps room for one 512-thread block with 48 KiB of shared memory
-            per SM; None takes whole SMs, which can delay such kernels until side work
-            stops (and deadlock where a gate close is ordered behind them).
+            per SM by capping every side grid's occupancy; None takes whole SMs, which can
+            delay such kernels until side work stops (and deadlock where a gate close is
+            ordered behind them). Reserve(mechanism="green-context") instead leaves whole
+            SMs out of side work (opt-in; harvest cost: those SMs, 12 of 132 on an H100
+            by default); see reserve_mechanism for what a harvester got.
         time_slice: CUDA only: seconds after which a side launch claims no further item
             and is relaunched (if the gate is still open), so that a device-wide
             synchronisation issued while the gate is open (torch.cuda.synchronize,
@@ -118,6 +121,8 @@ class Harvester:
             budget,
             reserve.as_tuple(),
             0 if self._time_slice is None else max(1, round(self._time_slice * 1e9)),
+            reserve_mechanism=reserve.mechanism,
+            reserve_sms=reserve.sms or 0,
         )
         self._lock = threading.Lock()
         self._closed = False
@@ -158,6 +163,19 @@ class Harvester:
     def reserve(self) -> Reserve:
         """What side kernels leave free on every SM (CUDA; blocks == 0: nothing)."""
         return self._reserve
+
+    @property
+    def reserve_mechanism(self) -> str:
+        """How side kernels leave room for training's kernels: "occupancy-cap",
+        "green-context (120 of 132 SMs)" (built-in kernels in a green context of that
+        many SMs; RawKernel tasks under the occupancy cap), or "none" on the host."""
+        return str(self._ex.reserve_mechanism)
+
+    @property
+    def reserve_fallback(self) -> str | None:
+        """Why Reserve(mechanism="green-context") fell back to the occupancy cap (a
+        driver without green contexts, a failed split); None where it did not."""
+        return str(self._ex.reserve_fallback) or None
 
     @property
     def time_slice(self) -> float | None:

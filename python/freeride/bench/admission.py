@@ -1,7 +1,10 @@
 """Admission delay: how long a kernel that training launches while side work runs (the
 gate open: NCCL's send/recv in a bubble, a stage's receive) takes to have every block
 started, for every built-in side task and a RawKernel, against the same launch on an
-idle GPU.
+idle GPU. Each side task runs once under each reserve mechanism: the occupancy cap
+(the default) and a green context leaving whole SMs out (opt-in; where the driver has
+none, its rows are left out and a note says why). RawKernel stays under the occupancy
+cap in both.
 
 Each probe block's first thread adds one to a counter in pinned host memory; the host
 times from the launch call until the counter reaches the grid size. That is launch cost
@@ -17,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import Harvester, tasks
+from .. import Harvester, Reserve, tasks
 from . import percentiles
 from .items import _workloads
 
@@ -77,33 +80,61 @@ def measure(quick: bool) -> dict:
                 [delay_us(grid, threads, shared) for _ in range(trials)],
             )
         )
-    for task_name, make in _side_tasks(quick):
-        with Harvester("cuda:0") as h:
-            keep = _KeepBusy(h, make)
-            try:
-                for probe_name, grid, threads, shared in PROBES:
-                    lat = []
-                    for _ in range(trials):
-                        keep.refill()
-                        time.sleep(random.uniform(0.0005, 0.002))
-                        lat.append(delay_us(grid, threads, shared))
-                    rows.append(_row(task_name, probe_name, lat, keep.launches()))
-            finally:
-                keep.stop()
+    notes = [
+        "delay = launch call to every probe block started (host clock, pinned counter)",
+        "idle rows: the launch cost with no side work; the difference is admission delay",
+    ]
+    for reserve in RESERVES:
+        for task_name, make in _side_tasks(quick):
+            with Harvester("cuda:0", reserve=reserve) as h:
+                if h.reserve_fallback is not None:
+                    notes.append(f"no {reserve.mechanism} rows: {h.reserve_fallback}")
+                    break
+                keep = _KeepBusy(h, make)
+                try:
+                    for probe_name, grid, threads, shared in PROBES:
+                        lat = []
+                        for _ in range(trials):
+                            keep.refill()
+                            time.sleep(random.uniform(0.0005, 0.002))
+                            lat.append(delay_us(grid, threads, shared))
+                        rows.append(
+                            _row(
+                                task_name,
+                                probe_name,
+                                lat,
+                                keep.launches(),
+                                h.reserve_mechanism,
+                            )
+                        )
+                finally:
+                    keep.stop()
     return {
         "rows": rows,
-        "settings": {"trials": trials, "reserve": "default", "time_slice_s": 0.002},
-        "notes": [
-            "delay = launch call to every probe block started (host clock, pinned counter)",
-            "idle rows: the launch cost with no side work; the difference is admission delay",
-        ],
+        "settings": {
+            "trials": trials,
+            "reserve": "default shape; occupancy-cap and green-context",
+            "time_slice_s": 0.002,
+        },
+        "notes": notes,
     }
 
 
-def _row(task: str, probe: str, lat: list[float], side_launches: int | None = None) -> dict:
+# The default reserve under each mechanism: the green context opts in, not yet measured.
+RESERVES = (Reserve(), Reserve(mechanism="green-context"))
+
+
+def _row(
+    task: str,
+    probe: str,
+    lat: list[float],
+    side_launches: int | None = None,
+    reserve: str = "none",
+) -> dict:
     return {
         "variant": "admission",
         "task": task,
+        "reserve": reserve,
         "probe": probe,
         "item_us": 0,
         **percentiles(lat),
