@@ -426,6 +426,93 @@ struct CudaShared {
                             .str();
   }
 
+  // Runs, once on the green context's stream, every kind of runtime-API call a task's
+  // launches put there (run, begin_phase, mark, drain_side): an event of the primary
+  // context recorded on it and waited for by it, a memset, a built-in kernel, a copy, and
+  // the elapsed time from an event on the primary context's side stream to one on it. Only the kernel launch is measured to work on such a stream
+  // (headroom.cu); cuEventRecord documents that event and stream "must be from the same
+  // context", and a green context's stream belongs to the context cuCtxFromGreenCtx
+  // returns. Where any call is refused, the green context goes and the occupancy cap
+  // applies with the reason in reserve_fallback, instead of every launch of every task
+  // failing later. Needs `staging`; throws only where the context itself failed.
+  void try_green_stream() {
+    std::string refused;
+    // [0]: the end of the trial; [1] on the side stream, [2] on the green one: a timed
+    // pair across the two contexts, as the recorder resolves a launch's marks against an
+    // anchor on the training stream.
+    cudaEvent_t ev[3] = {nullptr, nullptr, nullptr};
+    SlotPool::Slot slot;
+    {
+      std::lock_guard<std::mutex> lk(pool_mu);
+      slot = states.acquire();
+    }
+    auto try_call = [&](cudaError_t err, const char* call) {
+      if (err == cudaSuccess || !refused.empty()) return refused.empty();
+      (void)cudaGetLastError();
+      refused = std::string(call) + " failed: " + cudaGetErrorName(err);
+      return false;
+    };
+    constexpr unsigned int kProbe = 0x600dfeedu;
+    auto* word = reinterpret_cast<unsigned int*>(slot.dev);
+    auto* seen = reinterpret_cast<volatile unsigned int*>(staging.host);
+    *seen = 0u;
+    bool ok = try_call(cudaEventCreateWithFlags(&ev[0], cudaEventDisableTiming),
+                       "cudaEventCreateWithFlags") &&
+              try_call(cudaEventCreateWithFlags(&ev[1], cudaEventDefault),
+                       "cudaEventCreateWithFlags") &&
+              try_call(cudaEventCreateWithFlags(&ev[2], cudaEventDefault),
+                       "cudaEventCreateWithFlags") &&
+              try_call(cudaEventRecord(ev[1], side), "cudaEventRecord on the side stream") &&
+              try_call(cudaStreamWaitEvent(green_side, ev[1], 0), "cudaStreamWaitEvent") &&
+              try_call(cudaMemsetAsync(word, 0, sizeof(fr_phase_state), green_side),
+                       "cudaMemsetAsync");
+    if (ok) {
+      try {
+        kernels::launch_gate_write(word, kProbe, green_side);
+      } catch (const std::exception& e) {
+        (void)cudaGetLastError();
+        refused = std::string("a built-in kernel launch failed: ") + e.what();
+        ok = false;
+      }
+    }
+    ok = ok &&
+         try_call(cudaEventRecord(ev[2], green_side), "cudaEventRecord") &&
+         try_call(cudaMemcpyAsync(staging.host, word, sizeof(unsigned int),
+                                  cudaMemcpyDeviceToHost, green_side),
+                  "cudaMemcpyAsync") &&
+         try_call(cudaEventRecord(ev[0], green_side), "cudaEventRecord");
+    // Whatever was enqueued finishes before the slot goes back. A failure to wait for it
+    // is the context's own (a synchronisation the green stream refused is retried
+    // device-wide): that throws.
+    cudaError_t waited = ok ? cudaEventSynchronize(ev[0]) : cudaStreamSynchronize(green_side);
+    if (!ok && waited != cudaSuccess) {
+      (void)cudaGetLastError();
+      waited = cudaDeviceSynchronize();
+    }
+    if (ok && waited == cudaSuccess) {
+      float ms = 0.f;
+      ok = try_call(cudaEventElapsedTime(&ms, ev[1], ev[2]), "cudaEventElapsedTime");
+    }
+    for (cudaEvent_t e : ev) {
+      if (e != nullptr) (void)cudaEventDestroy(e);
+    }
+    {
+      std::lock_guard<std::mutex> lk(pool_mu);
+      states.release(slot);
+    }
+    FR_CUDA_CHECK(waited);
+    if (ok && *seen != kProbe) {
+      refused = "a kernel on it wrote nothing";
+      ok = false;
+    }
+    if (ok) return;
+    destroy_green();
+    (void)cudaGetLastError();
+    green_sms = 0;
+    reserve_mechanism = "occupancy-cap";
+    reserve_fallback = "the green context's stream refused the runtime API: " + refused;
+  }
+
   // Caller holds pool_mu (or is the destructor).
   void free_pools() noexcept {
     if (pools_freed) return;
@@ -1026,12 +1113,16 @@ class CudaBackend final : public Backend {
     FR_CUDA_CHECK(cudaStreamCreateWithPriority(&s.side, cudaStreamNonBlocking, least));
     FR_CUDA_CHECK(cudaStreamCreateWithPriority(&s.control, cudaStreamNonBlocking, greatest));
     if (green_wanted) s.try_green_context(options.reserve_sms, least);
-    cuda_driver::record_reserve_mechanism(device, {s.reserve_mechanism, s.reserve_fallback});
     {
       std::lock_guard<std::mutex> lk(s.pool_mu);
       s.staging = s.words.acquire();
       s.zeros = s.words.acquire();
     }
+    if (s.green_side != nullptr) {
+      kernels::preload_gate_kernels();  // a lazy load would synchronise the context mid-trial
+      s.try_green_stream();
+    }
+    cuda_driver::record_reserve_mechanism(device, {s.reserve_mechanism, s.reserve_fallback});
     if (!s.host_gate) (void)gate_constants();  // fail now rather than in a training hook
     s.gate = acquire_gate(device, s.host_gate);
 

@@ -174,7 +174,8 @@ class Harvester:
     @property
     def reserve_fallback(self) -> str | None:
         """Why Reserve(mechanism="green-context") fell back to the occupancy cap (a
-        driver without green contexts, a failed split); None where it did not."""
+        driver without green contexts, a failed split, a green-context stream that refused
+        a trial launch); None where it did not."""
         return str(self._ex.reserve_fallback) or None
 
     @property

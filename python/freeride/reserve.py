@@ -38,8 +38,9 @@ class Reserve:
     to side work altogether (on an H100, 12 of 132 SMs, 9%, by default). RawKernel tasks
     stay on the primary context under the occupancy cap (launching CuPy-loaded functions
     into a green context's stream is not documented). Where the driver has no green
-    contexts, or the split fails, the harvester falls back to the occupancy cap and
-    ``Harvester.reserve_fallback`` says why.
+    contexts, the split fails or the green context's stream refuses one of the runtime
+    calls side launches make (tried once when the harvester starts), the harvester falls
+    back to the occupancy cap and ``Harvester.reserve_fallback`` says why.
 
     Args:
         blocks: blocks of that shape to keep room for on every SM (0: no reserve); with
