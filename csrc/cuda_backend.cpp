@@ -1123,7 +1123,9 @@ class CudaBackend final : public Backend {
       s.try_green_stream();
     }
     cuda_driver::record_reserve_mechanism(device, {s.reserve_mechanism, s.reserve_fallback});
-    if (!s.host_gate) (void)gate_constants();  // fail now rather than in a training hook
+    // Fail (and allocate pinned memory) now rather than in a training hook: copies of a
+    // host-memory gate's stream-ordered writes come from the constants as well.
+    (void)gate_constants();
     s.gate = acquire_gate(device, s.host_gate);
 
     const uint32_t open = FREERIDE_GATE_OPEN;
