@@ -298,12 +298,18 @@ struct CudaShared {
   CudaShared& operator=(const CudaShared&) = delete;
 
   ~CudaShared() {
+    // A backend whose constructor refused its arguments (an unknown gate write or reserve
+    // mechanism, a device that does not exist) made nothing, and has no device yet:
+    // cudaSetDevice(-1) would leave cudaErrorInvalidDevice as the thread's last error,
+    // for the next launch checked on it (run_plain, a kernel gate write) to report.
+    if (device < 0) return;
     try {
       DeviceGuard guard(device);
       destroy_streams();
       free_pools();
     } catch (...) {
       // Destructors never throw; at process exit the runtime may already be gone.
+      (void)cudaGetLastError();
     }
   }
 

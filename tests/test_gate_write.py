@@ -42,6 +42,13 @@ def test_unknown_mechanism_is_refused(monkeypatch):
     with pytest.raises(ValueError, match="batch, memop, copy or kernel"):
         fr.Harvester("cuda:0")
     assert "invalid" in fr.backend_info()["gate_write"]
+    # The refusal leaves no CUDA error behind on this thread for its next checked launch
+    # (here a gate write kernel) to report as its own.
+    monkeypatch.setenv("FREERIDE_GATE_WRITE", "kernel")
+    with fr.Harvester("cuda:0") as h:
+        assert h._ex.gate_write_mechanism == "kernel"
+        h.gate.close(stream=0)
+        h.gate.open(stream=0)
 
 
 @pytest.mark.gpu
