@@ -602,7 +602,9 @@ struct CudaShared {
   // gate word keeps its fence: it is ordered after the preceding kernel's work (and, on
   // an open, after the sequence word). So does the mirror of an open, which must not be
   // seen open before the gate is. The mirror of a close may land early (the host then
-  // admits nothing a little sooner), and the sequence word of a close only follows it.
+  // admits nothing a little sooner). The sequence word of a close keeps its fence too:
+  // the iterative runner reads the mirror, then the number, and a number seen before the
+  // closed mirror would make a closing bubble look like a new one.
   CUresult enqueue_gate_batch(uint32_t value, cudaStream_t stream, uint32_t seq,
                               unsigned int relaxed_flags) const {
     CUstreamBatchMemOpParams ops[3];
@@ -619,7 +621,7 @@ struct CudaShared {
     if (open) add(gate.mirror_dev + 1, seq, relaxed_flags);
     add(gate.dev, value, CU_STREAM_WRITE_VALUE_DEFAULT);
     if (!host_gate) add(gate.mirror_dev, value, open ? CU_STREAM_WRITE_VALUE_DEFAULT : relaxed_flags);
-    if (!open) add(gate.mirror_dev + 1, seq, relaxed_flags);
+    if (!open) add(gate.mirror_dev + 1, seq, CU_STREAM_WRITE_VALUE_DEFAULT);
     return cuda_driver::api().stream_batch_mem_op(stream, count, ops, 0);
   }
 
