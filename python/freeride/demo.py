@@ -337,6 +337,15 @@ def _placed_spec(fr: Any, cfg: DemoConfig) -> Any:
     )
 
 
+def job_step_times(times_all: list[dict[str, list[float]]]) -> tuple[list[float], list[float]]:
+    """Each step's time for the job, harvesting steps and steps without side work: its
+    slowest rank's (the ranks meet at a barrier before every step). `times_all`: every
+    rank's {"with": [s, ...], "without": [...]}, as spawn_ranks writes them."""
+    with_side = [max(step) for step in zip(*(t["with"] for t in times_all))]
+    without = [max(step) for step in zip(*(t["without"] for t in times_all))]
+    return with_side, without
+
+
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[len(ordered) // 2] if ordered else float("nan")
@@ -356,8 +365,7 @@ def _print_summary(fr: Any, cfg: DemoConfig, reports: list[Any], times_all: list
     without = max(_median(t["without"]) for t in times_all)
     # A step's time is its slowest rank's; each harvesting step is compared with the step
     # without side work right after it, which cancels the machine's slow drifts.
-    job_with = [max(steps) for steps in zip(*(t["with"] for t in times_all))]
-    job_without = [max(steps) for steps in zip(*(t["without"] for t in times_all))]
+    job_with, job_without = job_step_times(times_all)
     paired = _median([w / wo - 1.0 for w, wo in zip(job_with, job_without)])
     bubble = sum(r.bubble_ns for r in reports)
     total = sum(r.total_ns for r in reports)

@@ -43,15 +43,9 @@ def _paired_overhead(
     return float(np.median(ratios)), float(low), float(high)
 
 
-def _job_times(times: list[dict[str, list[float]]], key: str) -> np.ndarray:
-    """A step's time for the job: its slowest rank's (the ranks meet at a barrier before
-    every step)."""
-    return np.max(np.asarray([t[key] for t in times], dtype=np.float64), axis=0)
-
-
 def measure(mode: str, quick: bool) -> dict[str, Any]:
     from .. import Report
-    from ..demo import DemoConfig, check_config, spawn_ranks
+    from ..demo import DemoConfig, check_config, job_step_times, spawn_ranks
 
     steps = 8 if quick else 160
     rng = np.random.default_rng(0)
@@ -65,8 +59,7 @@ def measure(mode: str, quick: bool) -> dict[str, Any]:
             with open(path) as f:
                 result = json.load(f)
         reports = [Report.from_dict(d) for d in result["reports"]]
-        with_side = _job_times(result["times"], "with")
-        without = _job_times(result["times"], "without")
+        with_side, without = (np.asarray(t) for t in job_step_times(result["times"]))
         pairs = min(with_side.size, without.size)
         overhead, low, high = _paired_overhead(with_side[:pairs], without[:pairs], rng)
         estimate = float(np.mean([r.estimated_overhead for r in reports]))
