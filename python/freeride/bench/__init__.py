@@ -17,6 +17,14 @@ from typing import Any
 
 from .. import __version__, backend_info
 
+# CUDA source of now(): the device's nanosecond clock (%globaltimer), one for every SM, so
+# stamps taken by different kernels and streams compare. The GPU benchmarks' kernels use it.
+DEVICE_CLOCK_SRC = r"""
+__device__ __forceinline__ unsigned long long now() {
+  unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
+}
+"""
+
 BENCHMARKS = ("preempt", "items", "pipeline", "ranks")
 
 

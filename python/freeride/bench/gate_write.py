@@ -17,15 +17,14 @@ import os
 from typing import Any
 
 from .. import Harvester
-from . import percentiles
+from . import DEVICE_CLOCK_SRC, percentiles
 
 MECHANISMS = ("batch", "memop", "copy", "kernel")
 PLACEMENTS = (("device", False), ("host", True))
 
-_SRC = r"""
-__device__ __forceinline__ unsigned long long now() {
-  unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
-}
+_SRC = (
+    DEVICE_CLOCK_SRC
+    + r"""
 extern "C" __global__ void spin_for(unsigned long long ns, unsigned long long* end) {
   const unsigned long long t0 = now();
   while (now() - t0 < ns) {}
@@ -42,6 +41,7 @@ extern "C" __global__ void watch(const volatile unsigned int* gate, unsigned lon
   out[2] = now();
 }
 """
+)
 
 KERNEL_NS = 10_000  # the short training kernels of the cost stream
 WATCH_LEAD_NS = 200_000  # lets the watcher become resident before the close

@@ -11,7 +11,7 @@ import random
 import time
 
 from .. import Harvester, tasks
-from . import percentiles
+from . import DEVICE_CLOCK_SRC, percentiles
 from .admission import measure as measure_admission
 from .gate_write import measure as measure_gate_write
 
@@ -86,10 +86,9 @@ def _cpu(quick: bool) -> dict:
     }
 
 
-_STAMP_SRC = r"""
-__device__ __forceinline__ unsigned long long now() {
-  unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
-}
+_STAMP_SRC = (
+    DEVICE_CLOCK_SRC
+    + r"""
 extern "C" __global__ void stamp(unsigned long long* out) { *out = now(); }
 extern "C" __global__ void probe(unsigned long long* starts) {
   if (threadIdx.x == 0) starts[blockIdx.x] = now();
@@ -101,6 +100,7 @@ extern "C" __global__ void plain_spin(unsigned long long ns, unsigned long long 
   }
 }
 """
+)
 
 
 def _gpu(quick: bool) -> dict:
