@@ -36,6 +36,27 @@ def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return ((out - target) ** 2).mean()
 
 
+def train_steps(schedule, opt, generator, steps, rows, width, first, last, on_step=None):
+    """`steps` schedule steps, each followed by an optimizer step, on random batches of
+    `rows` x `width` from `generator`; `first` / `last`: this rank holds the first stage
+    (feeds the input) / the last (gets the target). Returns each step's losses;
+    `on_step(step)` runs after each step."""
+    losses_all = []
+    for step in range(steps):
+        x = torch.randn(rows, width, generator=generator)
+        target = torch.randn(rows, width, generator=generator)
+        opt.zero_grad()
+        losses: list = []
+        args = (x,) if first else ()
+        kw = {"target": target, "losses": losses} if last else {}
+        schedule.step(*args, **kw)
+        opt.step()
+        losses_all.append([float(v.detach()) for v in losses])
+        if on_step is not None:
+            on_step(step)
+    return losses_all
+
+
 def _train(rank, world, name, n_micro, steps, harvester=None, side=None, out=None):
     cls_name, per_rank, _ = simulate.SCHEDULES[name]
     num_stages = world * per_rank
@@ -54,17 +75,9 @@ def _train(rank, world, name, n_micro, steps, harvester=None, side=None, out=Non
         harvester.attach(schedule)
         harvester.attach_optimizer(opt)
     g = torch.Generator().manual_seed(99)
-    losses_all = []
-    for _ in range(steps):
-        x = torch.randn(BATCH * n_micro, D, generator=g)
-        target = torch.randn(BATCH * n_micro, D, generator=g)
-        opt.zero_grad()
-        losses = []
-        args = (x,) if 0 in ids else ()
-        kw = {"target": target, "losses": losses} if num_stages - 1 in ids else {}
-        schedule.step(*args, **kw)
-        opt.step()
-        losses_all.append([float(v) for v in losses])
+    losses_all = train_steps(
+        schedule, opt, g, steps, BATCH * n_micro, D, 0 in ids, num_stages - 1 in ids
+    )
     grads = [p.grad.clone() for p in params]
     weights = [p.detach().clone() for p in params]
     if harvester is not None:

@@ -14,7 +14,7 @@ import traceback
 
 import torch
 import torch.distributed as dist
-from pipeline_worker import _loss
+from pipeline_worker import _loss, train_steps
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, schedules
 
@@ -51,19 +51,9 @@ def _train(rank, world, steps, on_step=None, h=None):
         h.attach(schedule)
         h.attach_optimizer(opt)
     g = torch.Generator().manual_seed(7)
-    losses_all = []
-    for step in range(steps):
-        x = torch.randn(BATCH * MICRO, D, generator=g)
-        target = torch.randn(BATCH * MICRO, D, generator=g)
-        opt.zero_grad()
-        losses: list = []
-        args = (x,) if rank == 0 else ()
-        kw = {"target": target, "losses": losses} if rank == world - 1 else {}
-        schedule.step(*args, **kw)
-        opt.step()
-        losses_all.append([float(v.detach()) for v in losses])
-        if on_step is not None:
-            on_step(step)
+    losses_all = train_steps(
+        schedule, opt, g, steps, BATCH * MICRO, D, rank == 0, rank == world - 1, on_step
+    )
     if h is not None:
         h.detach()
     weights = [p.detach().clone() for p in module.parameters()]
