@@ -351,9 +351,9 @@ struct CudaShared {
   // context", and cuStreamGetCtx_v2 names the device's primary context for it, which is
   // where the runtime loaded the built-in kernels; PyTorch's torch.cuda.green_contexts
   // documents runtime-launched operations on such a stream as running on the green
-  // context's resources, synchronised with other streams by events. Measured:
-  // shared/gpu-runs/2026-11-22-h100/headroom.cu launched nvcc-compiled kernels with <<<>>>
-  // on such a stream (120 of 132 SMs) and a 32 x 512-thread probe started within 8.5 us.
+  // context's resources, synchronised with other streams by events. Measured: a standalone
+  // probe program on an H100 (not freeride) launched nvcc-compiled kernels with <<<>>> on
+  // such a stream (120 of 132 SMs) and a 32 x 512-thread probe started within 8.5 us.
   void try_green_context(int reserved_wanted, int least_priority) {
     const cuda_driver::Api& a = cuda_driver::api();
     if (!a.has_green_contexts()) {
@@ -435,8 +435,9 @@ struct CudaShared {
   // Runs, once on the green context's stream, every kind of runtime-API call a task's
   // launches put there (run, begin_phase, mark, drain_side): an event of the primary
   // context recorded on it and waited for by it, a memset, a built-in kernel, a copy, and
-  // the elapsed time from an event on the primary context's side stream to one on it. Only the kernel launch is measured to work on such a stream
-  // (headroom.cu); cuEventRecord documents that event and stream "must be from the same
+  // the elapsed time from an event on the primary context's side stream to one on it.
+  // Only the kernel launch is measured to work on such a stream (the probe program
+  // above); cuEventRecord documents that event and stream "must be from the same
   // context", and a green context's stream belongs to the context cuCtxFromGreenCtx
   // returns. Where any call is refused, the green context goes and the occupancy cap
   // applies with the reason in reserve_fallback, instead of every launch of every task
