@@ -2,13 +2,15 @@
 // host-visible mirror written in the same stream order, a lowest-priority side stream,
 // and runners whose phase counters live in device memory across launches.
 //
-// A launch is admitted when the mirror reads open (the executor thread polls it), not by
-// a cuStreamWaitValue32 left pending on the side stream: a pending wait on a closed gate
-// turns any device-wide synchronisation issued before the matching open
-// (torch.cuda.synchronize, cudaFree, empty_cache, an OOM retry) into a deadlock, and
-// with CUDA_DEVICE_MAX_CONNECTIONS=1 it blocks the training stream itself. Kernels still
-// read the gate before every item, so a launch admitted just before a close exits at its
-// next item boundary. The stream wait remains available as an option (stream_wait).
+// A launch is admitted when the mirror reads open, not by a cuStreamWaitValue32 left
+// pending on the side stream: a pending wait on a closed gate turns any device-wide
+// synchronisation issued before the matching open (torch.cuda.synchronize, cudaFree,
+// empty_cache, an OOM retry) into a deadlock, and with CUDA_DEVICE_MAX_CONNECTIONS=1 it
+// blocks the training stream itself. Kernels still read the gate before every item, so
+// a launch admitted just before a close exits at its next item boundary. The stream
+// wait remains available as an option (stream_wait).
+// While the gate is closed the executor thread sleeps: a host function behind every
+// stream-ordered open wakes it (enqueue_ring), so admission costs no CPU during compute.
 //
 // A gate write on a stream is one cuStreamBatchMemOp carrying the gate, its mirror and
 // the sequence word (enqueue_gate_batch); FREERIDE_GATE_WRITE selects three
@@ -25,9 +27,6 @@
 // gate_write (on the training hot path), stop/resume, done and gate_read. Every public
 // method selects the device itself and puts the caller's device back afterwards.
 #include <cuda_runtime_api.h>
-#ifdef __linux__
-#include <sys/prctl.h>
-#endif
 
 #include <algorithm>
 #include <atomic>
@@ -40,7 +39,6 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -49,6 +47,7 @@
 #include "backend.hpp"
 #include "check.hpp"
 #include "cuda_driver.hpp"
+#include "doorbell.hpp"
 #include "freeride/item_ctx.h"
 #include "launchers.hpp"
 
@@ -122,6 +121,10 @@ struct GateSlot {
   unsigned int* mirror = nullptr;      // host view of the host-visible copy; for a
                                        // host-memory gate, the gate itself
   unsigned int* mirror_dev = nullptr;  // device view of that copy (== dev for a host gate)
+  // Rung once an open has taken effect (a host function behind it on the stream), and by
+  // stops: the executor thread sleeps on it while the gate is closed. As long-lived as the
+  // gate, because a training stream may run that host function after the harvester closed.
+  Doorbell* bell = nullptr;
 };
 
 GateSlot acquire_gate(int device, bool host_memory) {
@@ -152,6 +155,7 @@ GateSlot acquire_gate(int device, bool host_memory) {
   slot.dev = reinterpret_cast<unsigned int*>(slab.dev + slab.used);
   slot.mirror = reinterpret_cast<unsigned int*>(slab.host + slab.used);
   slot.mirror_dev = reinterpret_cast<unsigned int*>(slab.host_dev + slab.used);
+  slot.bell = new Doorbell();  // leaked on purpose, like the gate
   slab.used += kGateStride;
   return slot;
 }
@@ -269,6 +273,13 @@ struct CudaShared {
   cudaStream_t side = nullptr;
   cudaStream_t control = nullptr;
   GateSlot gate;
+  // Rings gate.bell once a stream-ordered open has taken effect: an event recorded on the
+  // training stream, waited for by `notify`, then a host function there. Not a host
+  // function on the training stream itself, which would hold that stream until a driver
+  // thread had run it. Null with stream_wait (admission is on the GPU then).
+  cudaStream_t notify = nullptr;
+  cudaEvent_t opened = nullptr;
+  std::mutex notify_mu;  // an `opened` record and the wait for it go together
   // Green-context reserve: the context and the lowest-priority stream in it that tasks
   // which may (Task::runs_in_green_context) run on instead of `side`. Null otherwise.
   CUgreenCtx green = nullptr;
@@ -316,8 +327,14 @@ struct CudaShared {
   void destroy_streams() noexcept {
     if (side != nullptr) (void)cudaStreamDestroy(side);
     if (control != nullptr) (void)cudaStreamDestroy(control);
+    // Work still pending on `notify` completes after the destroy; its host functions ring
+    // a bell that outlives the backend.
+    if (notify != nullptr) (void)cudaStreamDestroy(notify);
+    if (opened != nullptr) (void)cudaEventDestroy(opened);
     side = nullptr;
     control = nullptr;
+    notify = nullptr;
+    opened = nullptr;
     destroy_green();
     (void)cudaGetLastError();
   }
@@ -651,6 +668,29 @@ struct CudaShared {
     std::atomic_ref<unsigned int>(gate.mirror[1]).store(seq);
     if (!host_gate) write_now(gate.dev, value);
     std::atomic_ref<unsigned int>(*gate.mirror).store(value);
+    if (value == FREERIDE_GATE_OPEN) gate.bell->ring();
+  }
+
+  static void CUDART_CB ring_bell(void* bell) { static_cast<Doorbell*>(bell)->ring(); }
+
+  // Has gate.bell rung once `stream` reaches this point (just after an open's writes, so
+  // the mirror reads open by then). Caller holds `life` shared, not shut down. Never
+  // throws: the open itself is enqueued, and where no ring comes the executor thread
+  // still looks at the mirror every kAdmissionPoll. Skipped on a stream being captured
+  // into a graph, where a wait from an uncaptured stream would invalidate the capture.
+  void enqueue_ring(cudaStream_t stream) noexcept {
+    if (notify == nullptr) return;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
+        capture != cudaStreamCaptureStatusNone) {
+      (void)cudaGetLastError();
+      return;
+    }
+    std::lock_guard<std::mutex> lk(notify_mu);
+    cudaError_t err = cudaEventRecord(opened, stream);
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(notify, opened, 0);
+    if (err == cudaSuccess) err = cudaLaunchHostFunc(notify, ring_bell, gate.bell);
+    if (err != cudaSuccess) (void)cudaGetLastError();
   }
 
   uint32_t mirror() const { return std::atomic_ref<unsigned int>(*gate.mirror).load(); }
@@ -727,18 +767,10 @@ SmLimits sm_limits(int device) {
   return sm;
 }
 
-// The executor thread polls the mirror while the gate is closed; with the default 50 us
-// timer slack each sleep would overshoot by that much, delaying the start of side work
-// in every bubble.
-void tighten_timer_slack() {
-#ifdef __linux__
-  thread_local bool done = false;
-  if (!done) {
-    (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
-    done = true;
-  }
-#endif
-}
+// The longest the executor thread sleeps on the gate's bell before it looks at the mirror
+// anyway: the admission delay where no ring comes (an open enqueued while its stream was
+// being captured into a graph, or one whose ring could not be enqueued).
+constexpr std::chrono::microseconds kAdmissionPoll{1000};
 
 // Events recorded on the submitter's streams at submit; the side stream waits on them
 // before the task's first launch.
@@ -794,12 +826,14 @@ class CudaRunner final : public PhaseRunner {
     green_ = s.in_green(*task_);
     stream_ = s.stream_for(*task_);
     FR_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventBlockingSync | cudaEventDisableTiming));
-    if (s.stream_wait && stream_ != s.side) {
-      const cudaError_t err = cudaEventCreateWithFlags(&bridge_, cudaEventDisableTiming);
-      if (err != cudaSuccess) {
-        (void)cudaEventDestroy(event_);
-        throw_cuda(err, "cudaEventCreateWithFlags (admission bridge)", __FILE__, __LINE__);
+    try {
+      FR_CUDA_CHECK(cudaEventCreateWithFlags(&stop_written_, cudaEventDisableTiming));
+      if (s.stream_wait && stream_ != s.side) {
+        FR_CUDA_CHECK(cudaEventCreateWithFlags(&bridge_, cudaEventDisableTiming));
       }
+    } catch (...) {
+      destroy_events();
+      throw;
     }
     try {
       {
@@ -819,17 +853,21 @@ class CudaRunner final : public PhaseRunner {
       readback_host_ = progress_host_ + 1;
       try {
         // A reused slot may hold a previous runner's stop flag. Cleared on the control
-        // stream and waited for here: a later stop() must not be overtaken by it.
+        // stream, where every later stop()/resume() write follows it in order; the first
+        // launch waits for it (stop_written_). Nobody waits here: the executor admits
+        // under its lock.
         FR_CUDA_CHECK(cudaMemcpyAsync(state_, s.zeros.host, sizeof(fr_phase_state),
                                       cudaMemcpyHostToDevice, s.control));
-        FR_CUDA_CHECK(cudaStreamSynchronize(s.control));
+        FR_CUDA_CHECK(cudaEventRecord(stop_written_, s.control));
+        launch_waits_ = true;
       } catch (...) {
+        // The copy may be enqueued: the slot goes back only once it has landed.
+        (void)cudaStreamSynchronize(s.control);
         give_back_slots();
         throw;
       }
     } catch (...) {
-      (void)cudaEventDestroy(event_);
-      if (bridge_ != nullptr) (void)cudaEventDestroy(bridge_);
+      destroy_events();
       throw;
     }
   }
@@ -837,9 +875,7 @@ class CudaRunner final : public PhaseRunner {
   ~CudaRunner() override {
     try {
       DeviceGuard guard(s_->device);
-      (void)cudaEventDestroy(event_);
-      if (bridge_ != nullptr) (void)cudaEventDestroy(bridge_);
-      (void)cudaGetLastError();
+      destroy_events();
     } catch (...) {
     }
     give_back_slots();
@@ -905,6 +941,14 @@ class CudaRunner final : public PhaseRunner {
         after_->enqueue_wait(stream_);
         after_.reset();
       }
+      {
+        // The latest stop-word write on the control stream lands before the kernel reads it.
+        std::lock_guard<std::mutex> slk(stop_mu_);
+        if (launch_waits_) {
+          FR_CUDA_CHECK(cudaStreamWaitEvent(stream_, stop_written_, 0));
+          launch_waits_ = false;
+        }
+      }
       if (record) marks.start = s.mark(stream_);
       fr_item_ctx ctx{};
       ctx.gate = s.gate.dev;
@@ -935,14 +979,14 @@ class CudaRunner final : public PhaseRunner {
     return marks;
   }
 
+  // Both return without waiting for the GPU: the executor calls them under its lock, and
+  // submit() and cancel() on a training thread. A launch that waits for the gate to open
+  // is woken by the bell and sees stop_requested_.
   void stop() override {
-    stop_requested_.store(true);
     set_stop(1u);
+    s_->gate.bell->ring();
   }
-  void resume() override {
-    set_stop(0u);
-    stop_requested_.store(false);
-  }
+  void resume() override { set_stop(0u); }
 
   uint64_t done() const override {
     std::lock_guard<std::mutex> lk(progress_mu_);
@@ -954,27 +998,45 @@ class CudaRunner final : public PhaseRunner {
   bool executing() const override { return executing_.load(); }
 
  private:
+  // The stop word is written on the control stream without waiting: writes made there
+  // land in the order they were made, after the constructor's clear, and the next launch
+  // waits for the latest one (stop_written_). A value already written is not written
+  // again, so the resume() before every relaunch costs nothing.
   void set_stop(uint32_t value) {
     CudaShared& s = *s_;
-    std::shared_lock<std::shared_mutex> lk(s.life);
-    if (s.shut_down) return;  // nothing can run any more
+    std::shared_lock<std::shared_mutex> lk(s.life);  // before stop_mu_, as in run()
+    std::lock_guard<std::mutex> slk(stop_mu_);
+    stop_requested_.store(value != 0u);
+    if (s.shut_down || device_stop_ == value) return;  // shut down: nothing runs any more
     DeviceGuard guard(s.device);
-    s.write_now(stop_word(), value);
+    // 0 and 1 are the gate constants' values, so the copy fallback needs no kernel.
+    static_assert(FREERIDE_GATE_CLOSED == 0u && FREERIDE_GATE_OPEN == 1u);
+    s.enqueue_write(stop_word(), value, s.control,
+                    s.memops ? cuda_driver::GateWrite::kMemop : cuda_driver::GateWrite::kCopy);
+    FR_CUDA_CHECK(cudaEventRecord(stop_written_, s.control));
+    device_stop_ = value;
+    launch_waits_ = true;
   }
 
-  // Polls the gate's host mirror until it reads open (true) or stop() is requested
-  // (false). Spins briefly first: gaps between compute actions are often microseconds.
+  // Sleeps until the gate's host mirror reads open (true) or stop() is requested (false).
+  // The bell rings when a stream-ordered open has taken effect (enqueue_ring), on an
+  // immediate open and on stop(); no ring within kAdmissionPoll: look anyway.
   bool wait_for_open() const {
-    tighten_timer_slack();
-    for (int spins = 0;; ++spins) {
+    Doorbell& bell = *s_->gate.bell;
+    while (true) {
+      const uint64_t seen = bell.rings();  // before the checks: a ring between them counts
       if (stop_requested_.load()) return false;
       if (s_->mirror() == FREERIDE_GATE_OPEN) return true;
-      if (spins < 200) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
+      bell.wait_for(seen, kAdmissionPoll);
     }
+  }
+
+  void destroy_events() noexcept {
+    for (cudaEvent_t* ev : {&event_, &stop_written_, &bridge_}) {
+      if (*ev != nullptr) (void)cudaEventDestroy(*ev);
+      *ev = nullptr;
+    }
+    (void)cudaGetLastError();
   }
 
   // Every block of a launch exits either because no item is left or because the gate or
@@ -1059,6 +1121,11 @@ class CudaRunner final : public PhaseRunner {
 
   std::atomic<bool> executing_{false};
   std::atomic<bool> stop_requested_{false};  // host copy of the stop flag, for admission
+  // Guards the three below: stop()/resume() on any thread, run() on the executor's.
+  std::mutex stop_mu_;
+  uint32_t device_stop_ = 0;         // the stop word's value as last enqueued
+  cudaEvent_t stop_written_ = nullptr;  // recorded on the control stream after that write
+  bool launch_waits_ = false;        // the next launch must wait for stop_written_
   mutable std::mutex progress_mu_;
   mutable uint64_t max_seen_ = 0;  // done() never goes backwards within a phase
   uint64_t phase_ = 0;
@@ -1121,6 +1188,10 @@ class CudaBackend final : public Backend {
     // overtakes everything.
     FR_CUDA_CHECK(cudaStreamCreateWithPriority(&s.side, cudaStreamNonBlocking, least));
     FR_CUDA_CHECK(cudaStreamCreateWithPriority(&s.control, cudaStreamNonBlocking, greatest));
+    if (!s.stream_wait) {
+      FR_CUDA_CHECK(cudaStreamCreateWithFlags(&s.notify, cudaStreamNonBlocking));
+      FR_CUDA_CHECK(cudaEventCreateWithFlags(&s.opened, cudaEventDisableTiming));
+    }
     if (green_wanted) s.try_green_context(options.reserve_sms, least);
     {
       std::lock_guard<std::mutex> lk(s.pool_mu);
@@ -1172,6 +1243,11 @@ class CudaBackend final : public Backend {
   std::string gate_write_mechanism() const override {
     return cuda_driver::gate_write_name(s_->gate_write);
   }
+  std::string gate_write_fences() const override {
+    if (s_->gate_write != cuda_driver::GateWrite::kBatch) return "";
+    return s_->batch_flags == CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER ? "gate and open's mirror"
+                                                                       : "all";
+  }
   std::string reserve_mechanism() const override { return s_->reserve_mechanism; }
   std::string reserve_fallback() const override { return s_->reserve_fallback; }
 
@@ -1191,6 +1267,9 @@ class CudaBackend final : public Backend {
     // Still allowed after shutdown (the gate is never freed): a training hook that fires
     // after close must not fail the training step.
     s.enqueue_gate_write(value, reinterpret_cast<cudaStream_t>(stream), seq);
+    if (value == FREERIDE_GATE_OPEN && !s.shut_down) {
+      s.enqueue_ring(reinterpret_cast<cudaStream_t>(stream));
+    }
   }
 
   // The mirror: every write that has taken effect on the GPU, read without a copy.
@@ -1285,6 +1364,9 @@ class CudaBackend final : public Backend {
       const cudaError_t green_err = cudaStreamSynchronize(s.green_side);
       if (err == cudaSuccess) err = green_err;
     }
+    // Stop-word writes still pending there land before the pools may be freed.
+    const cudaError_t control_err = cudaStreamSynchronize(s.control);
+    if (err == cudaSuccess) err = control_err;
     s.destroy_streams();
     s.destroy_events();
     {

@@ -235,13 +235,15 @@ PYBIND11_MODULE(_C, m) {
       .def("wait", &Executor::wait, py::arg("id"), py::arg("timeout"), release_gil())
       .def("wait_all", &Executor::wait_all, py::arg("timeout"), release_gil())
       .def("cancel", &Executor::cancel, py::arg("id"), py::arg("wait"), release_gil())
-      .def("forget", &Executor::forget, py::arg("id"))
+      .def("forget", &Executor::forget, py::arg("id"), release_gil())
       .def("take_finished", &Executor::take_finished, release_gil(),
            "Ids of the tasks that became final since the last call.")
       .def("close", &Executor::close, release_gil())
-      .def_property_readonly("closed", &Executor::closed)
+      // Each takes the executor's lock, which its thread may hold while admitting a task.
+      .def_property_readonly("closed", py::cpp_function(&Executor::closed, release_gil()))
       .def_property_readonly("memory_budget", &Executor::memory_budget)
-      .def_property_readonly("memory_used", &Executor::memory_used)
+      .def_property_readonly("memory_used",
+                             py::cpp_function(&Executor::memory_used, release_gil()))
       .def(
           "gate_write",
           [](Executor& ex, uint32_t value, uint64_t stream, uint32_t seq) {
@@ -277,11 +279,16 @@ PYBIND11_MODULE(_C, m) {
             ex.backend().run_plain(*task, static_cast<uintptr_t>(stream));
           },
           py::arg("task"), py::arg("stream"), release_gil())
-      .def("set_recording", &Executor::set_recording, py::arg("on"))
+      .def("set_recording", &Executor::set_recording, py::arg("on"), release_gil())
       .def("take_launch_log",
            [](Executor& ex) {
+             std::vector<freeride::LaunchRecord> log;
+             {
+               py::gil_scoped_release release;
+               log = ex.take_launch_log();
+             }
              py::list out;
-             for (const auto& r : ex.take_launch_log()) {
+             for (const auto& r : log) {
                out.append(py::make_tuple(r.task_id, r.phase, r.start_mark, r.end_mark, r.items));
              }
              return out;
@@ -293,6 +300,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("kind", [](Executor& ex) { return ex.backend().kind(); })
       .def_property_readonly("gate_write_mechanism",
                              [](Executor& ex) { return ex.backend().gate_write_mechanism(); })
+      .def_property_readonly("gate_write_fences",
+                             [](Executor& ex) { return ex.backend().gate_write_fences(); })
       .def_property_readonly("reserve_mechanism",
                              [](Executor& ex) { return ex.backend().reserve_mechanism(); })
       .def_property_readonly("reserve_fallback",

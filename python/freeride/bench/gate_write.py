@@ -70,6 +70,8 @@ def measure(quick: bool) -> dict:
                 with Harvester("cuda:0", gate_in_host_memory=host_gate) as h:
                     used = h._ex.gate_write_mechanism
                     base = {"variant": "gate write", "mechanism": mechanism, "gate": placement}
+                    if h._ex.gate_write_fences:
+                        base["fenced"] = h._ex.gate_write_fences
                     if used != mechanism:
                         rows.append({**base, "item_us": 0, "unavailable": f"fell back to {used}"})
                         continue

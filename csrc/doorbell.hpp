@@ -1,0 +1,45 @@
+// A doorbell: one thread sleeps until another rings it. The CUDA backend's executor thread
+// sleeps on one while the gate is closed, and a host function that the GPU runs once a
+// stream-ordered open has taken effect rings it (cudaLaunchHostFunc), so admitting a
+// launch costs no CPU while training computes.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+
+namespace freeride {
+
+class Doorbell {
+ public:
+  // Safe from any thread, including a CUDA host function (no CUDA call, a short lock).
+  void ring() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++rings_;
+    }
+    cv_.notify_all();
+  }
+
+  // The rings so far: read it before checking the condition that ringing announces,
+  // then wait_for(seen, ...) misses no ring in between.
+  uint64_t rings() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return rings_;
+  }
+
+  // Sleeps until the count differs from `seen` or `timeout` passed; the count then.
+  uint64_t wait_for(uint64_t seen, std::chrono::microseconds timeout) {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait_for(lk, timeout, [&] { return rings_ != seen; });
+    return rings_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t rings_ = 0;
+};
+
+}  // namespace freeride
