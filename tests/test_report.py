@@ -191,6 +191,33 @@ def test_empty_report():
     json.dumps(r.to_dict())
 
 
+def test_unharvested_says_why_nothing_ran_in_the_bubbles():
+    # make_report's bubbles (times in us): 10, 10, 10, 20, 10, 10 -> median 10, longest 20.
+    assert make_report().unharvested == []  # side work ran: nothing to explain
+    r = make_report()
+    r.launches, r.tasks = [], []
+    assert r.harvested_ns == 0
+    assert r.unharvested == [
+        "no side task was submitted",
+        (
+            "6 bubbles: median 10.000 us, longest 20.000 us (a side launch needs tens of"
+            " microseconds to start after the gate opens)"
+        ),
+    ]
+    r.tasks = [TaskSummary(0, "Spin(a)", "done", 5, 5), TaskSummary(1, "X", "cancelled", 0, 9)]
+    assert (
+        r.unharvested[0]
+        == "every side task had ended before the recorded iterations (1 cancelled, 1 done)"
+    )
+    r.tasks.append(TaskSummary(2, "Y", "queued", 0, 9))
+    assert r.unharvested[0].startswith("1 side task(s) still queued")
+    r.launches = [SideLaunch(0, "Spin(a)", 0, 12 * US, 14 * US, 2)]  # inside compute F
+    assert "1 side launch(es) recorded, none inside a bubble" in r.unharvested
+    assert "nothing harvested:" in r.summary()
+    assert "nothing harvested" not in make_report().summary()
+    assert Report("cpu", "host").unharvested == []  # no bubbles
+
+
 # ------------------------------------------------------------------------- text
 
 

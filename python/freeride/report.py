@@ -27,6 +27,7 @@ from .report_model import Bubble, Compute, Iteration, SideLaunch, TaskSummary
 __all__ = ["Report", "merge_chrome_traces"]
 
 _FORMAT = "freeride.report/1"
+_FINAL_STATES = ("done", "failed", "cancelled")
 
 # Fixed track ids so that the same track has the same tid on every rank of a merged trace.
 _TID_ITERATIONS = 1
@@ -220,6 +221,42 @@ class Report:
         return sum(t.overruns for t in self.tasks)
 
     @property
+    def unharvested(self) -> list[str]:
+        """Why bubble time went unharvested, where none of it was: an empty list when
+        side work ran in some bubble or there were no bubbles. Each line states what the
+        record shows (no task, tasks already final or still queued, how long the
+        bubbles were), so a run that harvested nothing says why instead of just 0%."""
+        if self.bubble_ns == 0 or self.harvested_ns > 0:
+            return []
+        reasons: list[str] = []
+        states: dict[str, int] = {}
+        for t in self.tasks:
+            states[t.state] = states.get(t.state, 0) + 1
+        if not self.tasks:
+            reasons.append("no side task was submitted")
+        elif not self.launches and all(s in _FINAL_STATES for s in states):
+            reasons.append(
+                "every side task had ended before the recorded iterations ("
+                + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+                + ")"
+            )
+        if states.get("queued"):
+            reasons.append(
+                f"{states['queued']} side task(s) still queued: none was admitted (the"
+                " memory_budget, or a task of higher priority ahead of them)"
+            )
+        if self.launches:
+            reasons.append(f"{len(self.launches)} side launch(es) recorded, none inside a bubble")
+        durations = sorted(b.duration_ns for it in self.iterations for b in it.bubbles)
+        if durations:
+            reasons.append(
+                f"{len(durations)} bubbles: median {_fmt_ns(durations[len(durations) // 2])},"
+                f" longest {_fmt_ns(durations[-1])} (a side launch needs tens of"
+                " microseconds to start after the gate opens)"
+            )
+        return reasons
+
+    @property
     def hook_ns(self) -> int:
         """Host time the training thread spent in freeride's hooks (gate writes and
         recording), over the recorded iterations."""
@@ -345,6 +382,10 @@ class Report:
         ]
         width = max(len(k) for k, _ in rows)
         lines = ["freeride report"] + [f"  {k:<{width}}  {v}" for k, v in rows]
+        why = self.unharvested
+        if why:
+            lines.append("  nothing harvested:")
+            lines += [f"    - {reason}" for reason in why]
 
         names = self.task_names
         if names:
