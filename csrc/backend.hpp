@@ -87,6 +87,10 @@ class Backend {
   virtual void gate_write(uint32_t value, uintptr_t stream, uint32_t seq) = 0;
   virtual uint32_t gate_read() const = 0;
   virtual uint32_t gate_seq() const = 0;
+  // Sleeps until gate_read() is open (true) or `timeout_s` passed (false), without
+  // polling: woken by opens (on CUDA once a stream-ordered open has taken effect). For
+  // threads that wait for bubbles beside training (iterative tasks).
+  virtual bool wait_open(double timeout_s) const = 0;
 
   // Timestamps in stream order. mark() records "now" when `stream` reaches it (host: the
   // steady clock now) and returns an id; elapsed_ns(a, b) is the time from a to b once

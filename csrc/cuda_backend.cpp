@@ -1275,6 +1275,10 @@ class CudaBackend final : public Backend {
   // The mirror: every write that has taken effect on the GPU, read without a copy.
   uint32_t gate_read() const override { return s_->mirror(); }
   uint32_t gate_seq() const override { return s_->mirror_seq(); }
+  bool wait_open(double timeout_s) const override {
+    const CudaShared& s = *s_;
+    return wait_for_open(*s.gate.bell, timeout_s, [&] { return s.mirror() == FREERIDE_GATE_OPEN; });
+  }
 
   uint64_t mark(uintptr_t stream) override {
     CudaShared& s = *s_;

@@ -42,4 +42,21 @@ class Doorbell {
   uint64_t rings_ = 0;
 };
 
+// Sleeps on `bell` until is_open() holds (true) or `timeout_s` passed (false). The bell
+// must ring on every change that can make is_open() true.
+template <typename IsOpen>
+bool wait_for_open(Doorbell& bell, double timeout_s, IsOpen is_open) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(timeout_s));
+  while (true) {
+    const uint64_t seen = bell.rings();  // before the check: a ring in between counts
+    if (is_open()) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return false;
+    bell.wait_for(seen, std::chrono::duration_cast<std::chrono::microseconds>(deadline - now) +
+                            std::chrono::microseconds(1));
+  }
+}
+
 }  // namespace freeride

@@ -20,6 +20,7 @@
 
 #include "backend.hpp"
 #include "check.hpp"
+#include "doorbell.hpp"
 
 namespace freeride {
 namespace {
@@ -179,6 +180,9 @@ class HostBackend final : public Backend {
 
   uint32_t gate_read() const override { return gate_.load(); }
   uint32_t gate_seq() const override { return seq_.load(); }
+  bool wait_open(double timeout_s) const override {
+    return wait_for_open(bell_, timeout_s, [&] { return gate_.load() == FREERIDE_GATE_OPEN; });
+  }
 
   uint64_t mark(uintptr_t /*stream*/) override { return mark_at(steady_ns()); }
   // A mark for a steady-clock time already taken (a launch's first and last item).
@@ -273,6 +277,7 @@ class HostBackend final : public Backend {
   void wake_waiters() {
     wake_epoch_.fetch_add(1);
     wake_epoch_.notify_all();
+    bell_.ring();
   }
 
  private:
@@ -295,6 +300,7 @@ class HostBackend final : public Backend {
   std::atomic<uint32_t> gate_{FREERIDE_GATE_OPEN};
   std::atomic<uint32_t> seq_{0};
   std::atomic<uint64_t> wake_epoch_{0};  // bumped by gate opens, stops and shutdown
+  mutable Doorbell bell_;                 // rung with it, for wait_open()'s timeout
   std::mutex marks_mutex_;
   std::unordered_map<uint64_t, int64_t> marks_;
   uint64_t next_mark_ = 1;

@@ -253,6 +253,11 @@ PYBIND11_MODULE(_C, m) {
       .def("gate_read", [](Executor& ex) { return ex.backend().gate_read(); })
       .def("gate_seq", [](Executor& ex) { return ex.backend().gate_seq(); })
       .def(
+          "gate_wait_open",
+          [](Executor& ex, double timeout) { return ex.backend().wait_open(timeout); },
+          py::arg("timeout"), release_gil(),
+          "Sleeps until the gate reads open (True) or timeout seconds passed (False).")
+      .def(
           "mark",
           [](Executor& ex, uint64_t stream) {
             return ex.backend().mark(static_cast<uintptr_t>(stream));

@@ -81,3 +81,23 @@ def test_close_mid_run_stops_items_and_reopen_resumes(harvester):
     assert (result.counts == 1).all()
     assert result.violations == 0
     assert t.launches >= 2
+
+
+def test_wait_open_sleeps_until_an_open(harvester):
+    """The extension's wait for the gate (iterative tasks sleep on it with the GIL
+    released): times out while closed, returns once another thread opens it."""
+    import threading
+
+    ex = harvester._ex
+    assert ex.gate_wait_open(0.0)  # open already
+    harvester.gate.close(stream="host")
+    start = time.monotonic()
+    assert not ex.gate_wait_open(0.05)
+    assert time.monotonic() - start >= 0.05
+    opener = threading.Timer(0.05, lambda: harvester.gate.open(stream="host"))
+    opener.start()
+    try:
+        assert ex.gate_wait_open(30.0)  # woken by the open, long before the timeout
+    finally:
+        opener.join()
+    assert harvester.gate.is_open

@@ -40,7 +40,8 @@ _RECENT_STEPS = 3
 # A task whose estimate fits no bubble is measured again at the start of the longest
 # bubble once every this many such bubbles, instead of waiting forever.
 _REMEASURE_EVERY = 8
-_POLL_S = 50e-6
+_POLL_S = 50e-6  # while the gate is open but the bubble has no room for a step
+_CLOSED_WAIT_S = 2e-3  # longest sleep on a closed gate between checks for cancel/close
 # How long close() waits for a running step before abandoning it.
 CLOSE_TIMEOUT_S = 5.0
 
@@ -388,7 +389,7 @@ class IterativeRunner:
         return sys.modules["torch"].cuda.stream(self._stream)
 
     def _wait_for_fit(self, handle: IterativeHandle) -> int | None:
-        """Polls the gate until a bubble with room for one step; its sequence number, or
+        """Waits for a bubble with room for one step; its sequence number, or
         None when the task should stop waiting (cancel, close, preemption)."""
         seen_seq, seen_at = None, 0.0
         polls = 0
@@ -403,6 +404,12 @@ class IterativeRunner:
                 if self._fits(handle, seq, time.monotonic_ns() - seen_at):
                     # A more urgent task submitted meanwhile gets this bubble instead.
                     return None if self._preempted(handle) else seq
+            else:
+                # Closed: sleep in the extension (GIL released, woken by the open) rather
+                # than poll beside the training thread; an open is looked at at once.
+                if not self._ex.gate_wait_open(_CLOSED_WAIT_S) and self._preempted(handle):
+                    return None
+                continue
             polls += 1
             if polls % 64 == 0 and self._preempted(handle):
                 return None
