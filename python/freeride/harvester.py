@@ -59,7 +59,11 @@ class Harvester:
             ("8GiB", "512MB"), or None for no limit.
         workers: host backend only: threads that run items (default: half the cores).
         gate_in_host_memory: CUDA only: keep the gate in mapped pinned host memory
-            instead of device memory.
+            instead of device memory: a host-side close then takes effect without a
+            stream operation, but every side block's leader reads the gate across the bus
+            before each item (one read per block per item, as with the device gate), and
+            a close written on the training stream lands there later. For comparison in
+            `freeride bench preempt`; the device-memory gate is the one to use.
         stream_wait: CUDA only: hold each launch on the side stream with
             cuStreamWaitValue32 until the gate opens, instead of admitting it when the
             executor thread sees the gate open. Not even an empty launch then reaches the
