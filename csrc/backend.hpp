@@ -28,6 +28,11 @@ struct LaunchMarks {
 class StreamDependency {
  public:
   virtual ~StreamDependency() = default;
+
+  // True once that work has completed, or can no longer complete (an error, which the
+  // task's first launch then reports). Never blocks: the executor asks under its lock and
+  // leaves a task whose dependency is not ready in the queue, running others meanwhile.
+  virtual bool ready() const = 0;
 };
 
 // One task's execution state on a backend: the counters of its current phase.

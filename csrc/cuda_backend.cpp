@@ -777,6 +777,7 @@ constexpr std::chrono::microseconds kAdmissionPoll{1000};
 class CudaDependency final : public StreamDependency {
  public:
   explicit CudaDependency(const std::vector<uintptr_t>& streams) {
+    FR_CUDA_CHECK(cudaGetDevice(&device_));
     try {
       for (uintptr_t stream : streams) {
         cudaEvent_t ev = nullptr;
@@ -798,6 +799,28 @@ class CudaDependency final : public StreamDependency {
   CudaDependency(const CudaDependency&) = delete;
   CudaDependency& operator=(const CudaDependency&) = delete;
 
+  // cudaEventQuery does not block (it reads the event's state), so the executor may ask
+  // under its lock. On the event's device: on a thread with no current context the
+  // runtime would otherwise create device 0's.
+  bool ready() const override {
+    try {
+      DeviceGuard guard(device_);
+      for (cudaEvent_t ev : events_) {
+        const cudaError_t err = cudaEventQuery(ev);
+        if (err == cudaErrorNotReady) {
+          // Not an error of this thread's work: keep it out of a later cudaGetLastError().
+          if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+          return false;
+        }
+        // Any other error: "ready", so the first launch runs into it and reports it.
+        if (err != cudaSuccess) return true;
+      }
+    } catch (...) {
+      return true;  // the device could not be made current: the launch reports why
+    }
+    return true;
+  }
+
   // The side stream's next work waits for every captured stream. Destroying the events
   // afterwards is fine: a wait holds on to what it waits for.
   void enqueue_wait(cudaStream_t side) const {
@@ -811,6 +834,7 @@ class CudaDependency final : public StreamDependency {
     (void)cudaGetLastError();
   }
 
+  int device_ = 0;
   std::vector<cudaEvent_t> events_;
 };
 

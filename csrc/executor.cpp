@@ -7,6 +7,17 @@
 
 namespace freeride {
 
+namespace {
+
+// How often an executor with nothing else to run asks again whether a queued task's
+// stream dependency is ready. Nothing wakes it when the submitter's stream gets there (the
+// dependency is an event on that stream), so this bounds how late the task starts after
+// its inputs are complete: 1 ms is well inside a bubble, and costs an otherwise idle
+// thread a thousand event queries a second, only while such a task waits.
+constexpr std::chrono::milliseconds kDependencyPoll{1};
+
+}  // namespace
+
 const char* state_name(TaskState state) {
   switch (state) {
     case TaskState::Queued: return "queued";
@@ -36,11 +47,17 @@ Executor::~Executor() {
 uint64_t Executor::submit(std::shared_ptr<Task> task, int priority,
                           const std::vector<uintptr_t>& after) {
   FR_ARG(task != nullptr, "task must not be null");
-  const uint64_t total = task->total_items();
   // Captured on the submitting thread, now: the side stream must not overtake what the
   // caller enqueued before submit (inputs being written, buffers being zeroed).
   std::unique_ptr<StreamDependency> dependency;
   if (!after.empty()) dependency = backend_->after_streams(after);
+  return submit_after(std::move(task), priority, std::move(dependency));
+}
+
+uint64_t Executor::submit_after(std::shared_ptr<Task> task, int priority,
+                                std::unique_ptr<StreamDependency> dependency) {
+  FR_ARG(task != nullptr, "task must not be null");
+  const uint64_t total = task->total_items();
   std::lock_guard<std::mutex> lock(mutex_);
   FR_CHECK(!closing_, "the harvester is closed");
   auto rec = std::make_unique<Record>();
@@ -158,11 +175,21 @@ bool Executor::closed() const {
   return closing_;
 }
 
-Executor::Record* Executor::pick_locked() {
+Executor::Record* Executor::pick_locked(bool& dependency_pending) {
+  dependency_pending = false;
   for (const QueueKey& k : runnable_) {
     Record& r = *records_.at(k.second);
+    if (r.admitted) return &r;
     // A task waits in the queue until the memory of running ones is released.
-    if (r.admitted || budget_ == 0 || used_ + r.memory_bytes <= budget_) return &r;
+    if (budget_ != 0 && used_ + r.memory_bytes > budget_) continue;
+    // ... and until the work its submitter had enqueued has run: an admitted task would
+    // hold this thread until then, and a stream that never gets there would hold it for
+    // good. ready() does not block.
+    if (r.after && !r.after->ready()) {
+      dependency_pending = true;
+      continue;
+    }
+    return &r;
   }
   return nullptr;
 }
@@ -214,7 +241,15 @@ void Executor::loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     Record* r = nullptr;
-    work_cv_.wait(lock, [&] { return closing_ || (r = pick_locked()) != nullptr; });
+    bool dependency_pending = false;
+    while (!closing_ && (r = pick_locked(dependency_pending)) == nullptr) {
+      // Nothing signals a dependency's completion: look again after a while.
+      if (dependency_pending) {
+        work_cv_.wait_for(lock, kDependencyPoll);
+      } else {
+        work_cv_.wait(lock);
+      }
+    }
     if (closing_) break;
     try {
       if (!r->admitted) admit_locked(*r);

@@ -54,9 +54,14 @@ class Executor {
 
   // Queues a task; higher priority first, FIFO within a priority. A task larger than
   // the whole budget is returned already failed with ErrorKind::MemoryBudget. The task's
-  // first launch waits for the work enqueued on `after` (stream handles) before this call.
+  // first launch waits for the work enqueued on `after` (stream handles) before this call;
+  // until that work has run the task stays queued and other tasks run.
   uint64_t submit(std::shared_ptr<Task> task, int priority,
                   const std::vector<uintptr_t>& after = {});
+  // submit() with the dependency already made (nullptr: none): tests drive the executor
+  // on the host backend with one whose readiness they control.
+  uint64_t submit_after(std::shared_ptr<Task> task, int priority,
+                        std::unique_ptr<StreamDependency> dependency);
 
   TaskStatus status(uint64_t id) const;
   // Blocks until the task is final or timeout_s passed (negative: no timeout).
@@ -114,7 +119,10 @@ class Executor {
   static QueueKey key(const Record& r) { return {-static_cast<int64_t>(r.priority), r.id}; }
 
   void loop();
-  Record* pick_locked();
+  // The next task to run: the first of runnable_ that is admitted, or fits in the memory
+  // budget and whose dependency is ready. dependency_pending: some task was passed over
+  // only because its dependency is not ready yet.
+  Record* pick_locked(bool& dependency_pending);
   void admit_locked(Record& r);
   void advance_locked(Record& r);
   void finish_locked(Record& r, TaskState state, ErrorKind kind, std::string error);

@@ -11,6 +11,7 @@
 #include "builtin_tasks.hpp"
 #include "check.hpp"
 #include "executor.hpp"
+#include "latch_dependency.hpp"
 #include "raw_kernel_task.hpp"
 #include "runtime_info.hpp"
 
@@ -222,6 +223,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("default_reserved_sms", &freeride::default_reserved_sms, py::arg("alignment"),
         "SMs a green-context reserve leaves out when Reserve(sms=None).");
 
+  // Test-only: a dependency a test releases by hand (the host backend has no streams).
+  py::class_<freeride::Latch, std::shared_ptr<freeride::Latch>>(m, "_Latch")
+      .def(py::init<>())
+      .def("release", &freeride::Latch::release);
+
   py::class_<Executor>(m, "Executor")
       .def(py::init(&make_executor), py::arg("kind"), py::arg("device"), py::arg("workers"),
            py::arg("gate_in_host_memory"), py::arg("stream_wait"), py::arg("memory_budget"),
@@ -231,6 +237,16 @@ PYBIND11_MODULE(_C, m) {
       .def("submit", &Executor::submit, py::arg("task"), py::arg("priority"),
            py::arg("after") = std::vector<uintptr_t>{}, release_gil(),
            "after: stream handles whose work so far the task's first launch waits for")
+      .def(
+          "_submit_after_latch",
+          [](Executor& ex, std::shared_ptr<Task> task, int priority,
+             std::shared_ptr<freeride::Latch> latch) {
+            FR_ARG(latch != nullptr, "latch must not be None");
+            return ex.submit_after(std::move(task), priority,
+                                   std::make_unique<freeride::LatchDependency>(std::move(latch)));
+          },
+          py::arg("task"), py::arg("priority"), py::arg("latch"), release_gil(),
+          "Test-only: submit() whose first launch waits until `latch` is released.")
       .def("status", &status_tuple, py::arg("id"))
       .def("wait", &Executor::wait, py::arg("id"), py::arg("timeout"), release_gil())
       .def("wait_all", &Executor::wait_all, py::arg("timeout"), release_gil())

@@ -6,6 +6,7 @@ import pytest
 
 import freeride as fr
 from conftest import os_threads, wait_until
+from freeride import _C
 
 
 def test_priorities_higher_first_fifo_within(host):
@@ -144,6 +145,55 @@ def test_close_while_gate_closed_and_task_waiting():
     time.sleep(0.05)
     h.close()
     assert t.state == "cancelled"
+    assert os_threads() == before
+
+
+# A task whose submit-time stream dependency is not ready yet must not hold the executor.
+# The host backend has no streams; a latch the test releases stands in for one.
+
+
+def _latched(h, priority=0):
+    """Submits a short Spin that waits for a latch; returns (task id, latch)."""
+    latch = _C._Latch()
+    return h._ex._submit_after_latch(_C.spin_task(20, 1, 1000), priority, latch), latch
+
+
+def _returns(call):
+    """True if call() returned within 30 s (a call held by the dependency never would)."""
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    return not thread.is_alive()
+
+
+def test_task_waiting_on_its_dependency_lets_later_tasks_run(host):
+    blocked, latch = _latched(host, priority=5)
+    later = host.submit(fr.tasks.ItemCounter(50), priority=0)
+    assert later.wait(timeout=30)
+    assert (later.result().counts == 1).all()
+    state, items_done = host._ex.status(blocked)[:2]
+    assert state == "queued" and items_done == 0
+    latch.release()
+    assert host._ex.wait(blocked, 30.0)
+    assert host._ex.status(blocked)[:3] == ("done", 20, 20)
+
+
+def test_cancel_of_a_task_waiting_on_its_dependency_returns(host):
+    blocked, _latch = _latched(host)
+    time.sleep(0.01)  # the executor has looked at it and passed it over
+    assert _returns(lambda: host._ex.cancel(blocked, True))
+    assert host._ex.status(blocked)[0] == "cancelled"
+    after = host.submit(fr.tasks.Spin(10, 1000))
+    assert after.wait(timeout=30) and after.state == "done"
+
+
+def test_close_with_a_task_waiting_on_its_dependency_returns():
+    before = os_threads()
+    h = fr.Harvester("cpu", workers=2)
+    blocked, _latch = _latched(h)
+    time.sleep(0.01)
+    assert _returns(h.close)
+    assert h._ex.status(blocked)[0] == "cancelled"
     assert os_threads() == before
 
 

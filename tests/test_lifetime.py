@@ -131,3 +131,46 @@ def test_dropped_gpu_task_does_not_write_freed_memory(gpu):
     assert gpu.wait_all(timeout=120)
     torch.cuda.synchronize()
     assert int(fresh.count_nonzero()) == 0
+
+
+# ~2 s of GPU time at ~2 GHz: far longer than a small side task, or close(), takes.
+LONG_SLEEP_CYCLES = 4_000_000_000
+
+
+def _saxpy():
+    return fr.tasks.Saxpy(
+        2.0, torch.ones(1 << 16, device="cuda"), torch.ones(1 << 16, device="cuda")
+    )
+
+
+@pytest.mark.gpu
+def test_task_waiting_on_a_busy_stream_does_not_hold_the_executor(gpu):
+    """The executor used to admit the first task and wait in it for the caller's stream,
+    running nothing else meanwhile."""
+    _warm(gpu)
+    first_task, second_task = _saxpy(), _saxpy()
+    busy = torch.cuda.Stream()
+    with torch.cuda.stream(busy):
+        torch.cuda._sleep(LONG_SLEEP_CYCLES)
+    first = gpu.submit(first_task, stream=busy)
+    second = gpu.submit(second_task)
+    assert second.wait(timeout=60)
+    state, items_done = first.state, first.items_done
+    assert not busy.query(), "the sleep ended before the check: it proves nothing"
+    assert state == "queued" and items_done == 0
+    assert first.wait(timeout=60) and first.state == "done"
+    assert int((first.result() != 3.0).sum()) == 0
+
+
+@pytest.mark.gpu
+def test_close_with_a_task_waiting_on_a_busy_stream_returns():
+    h = fr.Harvester("cuda:0")
+    _warm(h)
+    busy = torch.cuda.Stream()
+    with torch.cuda.stream(busy):
+        torch.cuda._sleep(LONG_SLEEP_CYCLES)
+    waiting = h.submit(_saxpy(), stream=busy)
+    h.close()
+    assert not busy.query(), "close() waited for the stream the task depends on"
+    assert waiting.state == "cancelled"
+    busy.synchronize()

@@ -7,7 +7,15 @@ from typing import Any
 
 from . import _C
 
-STREAM_ARG = "None (current stream), 'host', an int handle, a torch.cuda.Stream or a cupy Stream"
+# The only stream handles that mean the same in every process: the default stream (0),
+# cudaStreamLegacy (1) and cudaStreamPerThread (2). Any other int is a pointer nothing can
+# check, and a wrong one crashes the driver instead of raising an error.
+SPECIAL_HANDLES = (0, 1, 2)
+
+STREAM_ARG = (
+    "None (the current stream), 'host', a torch.cuda.Stream, a CuPy stream, or one of the "
+    "special handles 0 (default stream), 1 (cudaStreamLegacy), 2 (cudaStreamPerThread)"
+)
 
 
 def stream_handle(stream: Any, kind: str, device: int) -> int:
@@ -18,8 +26,13 @@ def stream_handle(stream: Any, kind: str, device: int) -> int:
         raise ValueError(f"stream must be {STREAM_ARG}; got {stream!r}")
     if isinstance(stream, bool):
         raise TypeError(f"stream must be {STREAM_ARG}; got a bool")
-    if isinstance(stream, int) and not 0 <= stream < 2**64 - 1:
-        raise ValueError(f"stream handle must be a non-negative 64-bit integer, got {stream}")
+    if isinstance(stream, int) and stream not in SPECIAL_HANDLES:
+        raise ValueError(
+            f"stream={stream} is a raw stream handle freeride cannot check; pass the stream "
+            "object instead (torch.cuda.ExternalStream(handle) or "
+            "cupy.cuda.ExternalStream(handle) wraps a raw handle), or one of the special "
+            "handles 0 (default stream), 1 (cudaStreamLegacy), 2 (cudaStreamPerThread)"
+        )
     if kind == "host":
         # The host backend has no streams: its compute is synchronous, so now is in order.
         if stream is None or isinstance(stream, int) or _handle_of(stream) is not None:

@@ -14,7 +14,10 @@ class Gate:
 
     Writes are stream-ordered: ``close(stream)`` takes effect when the GPU reaches that
     point of `stream`, not when the host calls it. ``stream=None`` means the current
-    stream of the harvester's device; ``stream="host"`` writes immediately. On the host
+    stream of the harvester's device; ``stream="host"`` writes immediately. A stream is a
+    torch.cuda.Stream or a CuPy stream (torch.cuda.ExternalStream wraps a raw handle), or
+    one of the special handles 0 (default stream), 1 (cudaStreamLegacy) and 2
+    (cudaStreamPerThread); any other int is refused, as it cannot be checked. On the host
     backend every write is immediate (its compute is synchronous); as on a GPU, a close
     does not wait for the side items that had already started: they finish on their
     idle-priority worker threads beside whatever runs next.

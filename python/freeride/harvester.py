@@ -213,9 +213,11 @@ class Harvester:
         steps in the bubbles they are predicted to fit.
 
         Stream order: on a GPU the task's first kernel starts only after everything the
-        current stream (and `stream`, if given: a torch.cuda.Stream, a CuPy stream or a
-        handle) had enqueued when submit() was called, so inputs still being written
-        there are complete before side work reads them. The harvester holds the task and
+        current stream (and `stream`, if given: a torch.cuda.Stream, a CuPy stream, or
+        the special handle 0, 1 or 2; wrap any other raw handle in
+        torch.cuda.ExternalStream) had enqueued when submit() was called, so inputs still
+        being written there are complete before side work reads them. Until then the task
+        stays queued and other tasks run. The harvester holds the task and
         its buffers until it is final, whether or not the handle is kept; once
         ``wait()`` returns True its results are complete for any later work on any
         stream."""
@@ -257,7 +259,10 @@ class Harvester:
         handles = [current_stream(self._device_index)]
         if stream is not None:
             if isinstance(stream, str):
-                raise TypeError("stream must be a CUDA stream or a stream handle, got a string")
+                raise TypeError(
+                    "stream must be a torch.cuda.Stream, a CuPy stream or a special handle "
+                    "(0, 1, 2), got a string"
+                )
             handle = stream_handle(stream, self._kind, self._device_index)
             if handle not in handles:
                 handles.append(handle)

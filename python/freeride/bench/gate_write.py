@@ -147,9 +147,9 @@ def _extra_us(
             for _ in range(kernels):
                 spin_for((1,), (32,), (cp.uint64(KERNEL_NS), cp.uint64(0)))
                 if insert:
-                    h.gate.close(stream=train.ptr)
+                    h.gate.close(stream=train)
                     if what == "close+open":
-                        h.gate.open(stream=train.ptr)
+                        h.gate.open(stream=train)
             end.record()
         starved = start.done
         end.synchronize()
@@ -172,9 +172,9 @@ def _visibility_us(
         watch((1,), (1,), (cp.uint64(h.gate.address), out, cp.uint64(1_000_000_000)))
     with train:
         spin_for((1,), (32,), (cp.uint64(WATCH_LEAD_NS), before_close))
-        h.gate.close(stream=train.ptr)
+        h.gate.close(stream=train)
         spin_for((1,), (32,), (cp.uint64(50_000), before_open))
-        h.gate.open(stream=train.ptr)
+        h.gate.open(stream=train)
     train.synchronize()
     watcher.synchronize()
     started, closed, opened = (int(v) for v in out.get())

@@ -120,17 +120,17 @@ def _gpu(quick: bool) -> dict:
     least, greatest = 0, -(2**16)  # CUDA's least priority is 0
     train = cp.cuda.Stream(non_blocking=True, priority=greatest)
 
-    def trial(gate_stream_ptr, h) -> tuple[float, float]:
+    def trial(gate_stream, h) -> tuple[float, float]:
         """(pause latency, start delay): when the probe's last and first blocks started,
         after the close's place on the training stream. The probe fills every SM, so its
         last block starts once side work has left the whole device."""
         with train:
             stamp((1,), (1,), (close_t,))
             if h is not None:
-                h.gate.close(stream=gate_stream_ptr)
+                h.gate.close(stream=gate_stream)
             probe((blocks,), (1024,), (starts,))
             if h is not None:
-                h.gate.open(stream=gate_stream_ptr)
+                h.gate.open(stream=gate_stream)
         train.synchronize()
         s = starts.get().astype("int64")
         t = int(close_t.get()[0])
@@ -168,7 +168,7 @@ def _gpu(quick: bool) -> dict:
                 results = []
                 for _ in range(trials):
                     time.sleep(0.002)
-                    results.append(trial(train.ptr, h))
+                    results.append(trial(train, h))
                 handle.cancel()
             rows.append(row(name, item_us, results))
     # Baselines without a gate: a non-preemptible kernel of the same items, on the

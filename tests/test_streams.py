@@ -1,0 +1,66 @@
+"""The `stream` argument: stream objects and the special handles 0, 1 and 2 are taken; any
+other int is refused before anything reaches CUDA (a wrong raw handle would crash the
+driver rather than raise), so these run without a GPU."""
+
+import pytest
+
+import freeride as fr
+from freeride import _C
+from freeride._streams import stream_handle
+
+RAW_HANDLES = [3, 12345, 0x7F00_DEAD_BEEF, 2**64 - 1, -1]
+
+
+class FakeTorchStream:
+    """What the harvester reads of a torch.cuda.Stream: its handle and device."""
+
+    def __init__(self, handle: int) -> None:
+        self.cuda_stream = handle
+        self.device = None
+
+
+@pytest.mark.parametrize("raw", RAW_HANDLES)
+@pytest.mark.parametrize("kind", ["host", "cuda"])
+def test_raw_handle_is_refused_with_the_way_out(raw, kind):
+    with pytest.raises(ValueError, match=rf"stream={raw} .*ExternalStream"):
+        stream_handle(raw, kind, 0)
+
+
+@pytest.mark.parametrize("special", [0, 1, 2])
+def test_special_handles_are_taken_as_they_are(special):
+    assert stream_handle(special, "cuda", 0) == special
+    assert stream_handle(special, "host", -1) == _C.IMMEDIATE
+
+
+def test_a_stream_object_gives_its_handle():
+    # Any handle a stream object carries is taken: the object vouches for it.
+    assert stream_handle(FakeTorchStream(0x7F00_DEAD_BEEF), "cuda", 0) == 0x7F00_DEAD_BEEF
+
+
+def test_bool_is_not_a_handle():
+    with pytest.raises(TypeError, match="bool"):
+        stream_handle(True, "cuda", 0)
+
+
+@pytest.mark.parametrize("raw", RAW_HANDLES)
+def test_every_public_stream_argument_refuses_a_raw_handle(host, raw):
+    with pytest.raises(ValueError, match="ExternalStream"):
+        host.submit(fr.tasks.Spin(1, 1), stream=raw)
+    with pytest.raises(ValueError, match="ExternalStream"):
+        host.gate.close(stream=raw)
+    with pytest.raises(ValueError, match="ExternalStream"):
+        host.gate.open(stream=raw)
+    with pytest.raises(ValueError, match="ExternalStream"), host.compute(stream=raw):
+        pass
+    with pytest.raises(ValueError, match="ExternalStream"), host.iteration(stream=raw):
+        pass
+    assert host.gate.is_open
+    assert host.tasks() == []
+
+
+def test_special_handles_and_stream_objects_work_on_the_host(host):
+    for stream in (0, 1, 2, FakeTorchStream(12345)):
+        host.gate.close(stream=stream)
+        assert not host.gate.is_open
+        host.gate.open(stream=stream)
+        assert host.submit(fr.tasks.Spin(2, 1000), stream=stream).wait(timeout=30)
