@@ -984,8 +984,11 @@ class CudaRunner final : public PhaseRunner {
       task_->launch_cuda(s.launch(ctx, stream_, green_));
       FR_CUDA_CHECK(cudaGetLastError());
       if (record) marks.end = s.mark(stream_);
-      // The exact count (progress-mirror stores from different blocks land in any order),
-      // and with it the stop flag and the held-back count: [done, stop, held].
+      // The exact count (the progress mirror lags: kernels write it every
+      // freeride::kProgressEvery items, and stores from different blocks land in any
+      // order), and with it the stop flag and the held-back count: [done, stop, held].
+      // Behind the kernel in stream order, so it and the items' results are complete
+      // once the event below is: the kernels count `done` without a memory fence.
       FR_CUDA_CHECK(cudaMemcpyAsync(readback_host_, done_word(), kReadbackBytes,
                                     cudaMemcpyDeviceToHost, stream_));
       FR_CUDA_CHECK(cudaEventRecord(event_, stream_));
@@ -1012,6 +1015,9 @@ class CudaRunner final : public PhaseRunner {
   }
   void resume() override { set_stop(0u); }
 
+  // While a launch runs: the mirror, a multiple of freeride::kProgressEvery (or the
+  // phase's total) that lags the device's count. Exact after every launch (run() raised
+  // it to the read-back count), which is when the executor advances a phase or ends a task.
   uint64_t done() const override {
     std::lock_guard<std::mutex> lk(progress_mu_);
     const uint64_t mirror = std::atomic_ref<unsigned long long>(*progress_host_).load();

@@ -13,6 +13,26 @@
 // flag); if side work must not run, the whole block exits. A claimed item always runs
 // to completion, so an exited kernel has lost nothing and the next launch of the same
 // phase resumes at the next unclaimed item: every item runs exactly once.
+//
+// What an item costs (for_each_item), per block: one __syncthreads, and for the leader
+// thread two volatile loads issued together (the gate and the stop flag), a relaxed
+// atomicAdd on `next` (the claim), one on `done` (the count) and, every kProgressEvery
+// items, a store to the host-visible progress mirror. The leader claims the next item
+// as soon as its own part of the current one is done, into the one of two shared slots
+// that the current item was not read from; after the barrier every thread has finished
+// the current item, so the leader counts it then and the block goes on to the next. No
+// item is claimed before the leader finished its part of the one before it (no claim
+// runs ahead of the item in flight): a close that lands after the leader read the gate
+// lets one more item start, so a block exits at most one item (plus what the other
+// threads still had left of the current one at that read) after a close.
+//
+// No memory fence: the host reads a phase's results and its exact `done` only after the
+// launch ended (a copy behind the kernel in stream order, then an event; the end of a
+// kernel makes its writes visible), and the next phase is a later launch on the same
+// stream. The progress mirror, what Executor::status reports while a launch runs, is
+// written when `done` reaches a multiple of kProgressEvery and at the phase's last item;
+// it may lag, and items_done read from it orders nothing (count_finished says what would
+// need a fence).
 #pragma once
 
 #include "item_ctx.h"
@@ -21,20 +41,49 @@ namespace freeride {
 
 constexpr unsigned long long kNoItem = ~0ull;
 
+// The progress mirror is written when `done` reaches a multiple of this (and at the
+// phase's last item) rather than every item: it crosses the bus, and the host only shows
+// it. A power of two, so the test is a mask.
+constexpr unsigned long long kProgressEvery = 8ull;
+static_assert((kProgressEvery & (kProgressEvery - 1ull)) == 0ull && kProgressEvery != 0ull,
+              "kProgressEvery must be a power of two");
+
 __device__ __forceinline__ bool leader_thread() {
   return threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0;
 }
 
+// Leader only: `word`, addressed so that ptxas does not aggregate an atomic on it across
+// the warp. On an address the same in every lane, ptxas turns atomicAdd into a vote, one
+// atomic and a shuffle of its result to the lanes, and the shuffle waits for the atomic's
+// round trip right there, however much later the result is used. The leader is lane 0
+// (thread (0,0,0) is the first of warp 0), so adding its lane index changes nothing but
+// makes the address look per lane; the atomic stays one thread's.
+__device__ __forceinline__ unsigned long long* leader_word(unsigned long long* word) {
+  unsigned int lane;
+  asm("mov.u32 %0, %%laneid;" : "=r"(lane));
+  return word + lane;
+}
+
 // May side work start now? One volatile read each of the gate and the stop flag, by the
 // block's leader only (claim_item), once per item: the other threads learn the answer
-// through shared memory. Volatile loads skip L1, so the gate is read from L2 (device
-// memory, where a close written on the training stream lands first). A harvester made
-// with gate_in_host_memory=True hands kernels the mapped host word instead: then each
-// read crosses the bus, still one per block per item (a close there is a host store, or a
+// through shared memory. Both loads are issued before either value is compared, so they
+// cost one round trip, not two (one asm block: no compiler puts a compare between them).
+// Volatile loads skip L1, so the gate is read from L2 (device memory, where a close
+// written on the training stream lands first). A harvester made with
+// gate_in_host_memory=True hands kernels the mapped host word instead: then each read
+// crosses the bus, still one per block per item (a close there is a host store, or a
 // stream write into host memory, with nothing on the device to copy it to).
 __device__ __forceinline__ bool may_run(const fr_item_ctx& ctx) {
-  return *ctx.gate == FREERIDE_GATE_OPEN &&
-         *reinterpret_cast<volatile unsigned int*>(&ctx.state->stop) == 0u;
+  unsigned int gate;
+  unsigned int stop;
+  asm volatile(
+      "ld.volatile.global.u32 %0, [%2];\n\t"
+      "ld.volatile.global.u32 %1, [%3];"
+      : "=r"(gate), "=r"(stop)
+      : "l"(__cvta_generic_to_global(const_cast<const unsigned int*>(ctx.gate))),
+        "l"(__cvta_generic_to_global(&ctx.state->stop))
+      : "memory");
+  return (gate == FREERIDE_GATE_OPEN) & (stop == 0u);
 }
 
 // %globaltimer: nanoseconds, the same clock on every SM.
@@ -51,28 +100,65 @@ __device__ __forceinline__ unsigned long long globaltimer_ns() {
 // then waits at most a slice, and between launches the executor may pick another task.
 __device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx,
                                                          unsigned long long started_ns) {
-  if (!may_run(ctx) ||
-      (ctx.slice_ns != 0ull && globaltimer_ns() - started_ns >= ctx.slice_ns)) {
+  const bool open = may_run(ctx);
+  const bool in_slice =
+      ctx.slice_ns == 0ull || globaltimer_ns() - started_ns < ctx.slice_ns;
+  if (!(open && in_slice)) {
     atomicAdd(&ctx.state->held, 1u);
     return kNoItem;
   }
-  const unsigned long long item = atomicAdd(&ctx.state->next, 1ull);
+  // Relaxed, device scope (atomicAdd): the claim orders nothing but itself.
+  const unsigned long long item = atomicAdd(leader_word(&ctx.state->next), 1ull);
   return item < ctx.n_items ? item : kNoItem;
 }
 
-// Leader only, after the whole block finished an item: publish its completion. The
-// fence orders the item's writes before the count that lets the host start the next phase.
-__device__ __forceinline__ void finish_item(const fr_item_ctx& ctx) {
-  __threadfence_system();
-  const unsigned long long done = atomicAdd(&ctx.state->done, 1ull) + 1ull;
-  if (ctx.progress != nullptr) {
-    // Stores from different blocks may land out of order; the host takes the maximum.
+// Leader only, after the whole block finished an item (a __syncthreads in between):
+// count it. Returns `done` as it was before this item (the atomic's old value; for_each_item
+// adds the 1 only where it uses the value, so nothing waits for the atomic's round trip
+// before then). A relaxed device-scope atomicAdd, and no fence before it: nothing reads
+// `done` or the items' results while the launch runs (the host reads both after it
+// ended, behind the kernel in stream order, and a kernel's end makes all its writes
+// visible), and the barrier already ordered the block's writes before the leader's
+// atomic at block scope. Something that consumed results during a launch on the
+// strength of `done` or the mirror (a host thread reading mapped memory, a concurrent
+// kernel) would need a release at its scope here: __threadfence_system() before a count
+// the host polls.
+__device__ __forceinline__ unsigned long long count_finished(const fr_item_ctx& ctx) {
+  return atomicAdd(leader_word(&ctx.state->done), 1ull);
+}
+
+// Leader only: write `done` (a count_finished value plus one) to the host-visible
+// progress mirror if it is a multiple of kProgressEvery or the phase's last item. Stores
+// from different blocks may land out of order; the host takes the maximum, and the
+// exact count it reads back after each launch.
+__device__ __forceinline__ void publish_progress(const fr_item_ctx& ctx,
+                                                 unsigned long long done) {
+  if (ctx.progress != nullptr &&
+      ((done & (kProgressEvery - 1ull)) == 0ull || done == ctx.n_items)) {
     *ctx.progress = done;
   }
 }
 
+// Leader only, after the whole block finished an item: publish its completion (both of
+// the above at once, waiting for the atomic; for_each_item splits them so that the
+// round trip overlaps the next item).
+__device__ __forceinline__ void finish_item(const fr_item_ctx& ctx) {
+  publish_progress(ctx, count_finished(ctx) + 1ull);
+}
+
 // Runs body(item) for every item this block claims until the gate closes, the phase is
-// stopped, the launch's time slice ends or no item is left. Every thread of the block must call it (it synchronises).
+// stopped, the launch's time slice ends or no item is left. Every thread of the block
+// must call it (it synchronises); the body may use shared memory and __syncthreads:
+// consecutive items are separated by a block barrier.
+//
+// One barrier per item: the leader claims item k+1 as soon as its own part of item k is
+// done, into the shared slot item k was not read from (a slower thread may still be
+// about to read item k's); the barrier that follows means every thread finished item k,
+// so the leader counts it then and offers the count to the progress mirror after its
+// part of item k+1, so that nothing waits for the atomic's round trip (ptxas would
+// otherwise shuffle or copy the result right after the atomic: see leader_word; checked
+// in the SASS of the built-in kernels with CUDA 13). When the claim says kNoItem the
+// leader counts and publishes the last item before the block returns.
 //
 // A context without phase state (ctx.state == 0) runs the kernel plain: every item, in a
 // grid-stride loop, with no gate, claims or counters. The item-overhead benchmark
@@ -86,16 +172,27 @@ __device__ __forceinline__ void for_each_item(const fr_item_ctx& ctx, Body&& bod
     }
     return;
   }
-  __shared__ unsigned long long s_item;
-  const unsigned long long started_ns = leader_thread() ? globaltimer_ns() : 0ull;
+  __shared__ unsigned long long s_item[2];
+  const bool leader = leader_thread();
+  const unsigned long long started_ns = leader ? globaltimer_ns() : 0ull;
+  bool ran = false;  // the previous pass ran an item: the leader counts it after the barrier
+  unsigned int slot = 0;
   while (true) {
-    if (leader_thread()) s_item = claim_item(ctx, started_ns);
-    __syncthreads();
-    const unsigned long long item = s_item;
-    if (item == kNoItem) return;  // uniform across the block
+    if (leader) s_item[slot] = claim_item(ctx, started_ns);
+    __syncthreads();  // every thread finished the previous item; s_item[slot] is set
+    const unsigned long long item = s_item[slot];
+    const bool count = leader && ran;
+    if (item == kNoItem) {  // uniform across the block
+      if (count) finish_item(ctx);
+      return;
+    }
+    unsigned long long before = 0;  // `done` before the count (count_finished)
+    if (count) before = count_finished(ctx);
+    ran = true;
     body(item);
-    __syncthreads();  // the item is complete, and s_item may be overwritten
-    if (leader_thread()) finish_item(ctx);
+    // The count's result is used only now, an item after the atomic was issued.
+    if (count) publish_progress(ctx, before + 1ull);
+    slot ^= 1u;
   }
 }
 

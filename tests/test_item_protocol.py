@@ -1,0 +1,155 @@
+"""What the item protocol costs per item, checked without a GPU: NVRTC (tests/nvrtc.py)
+compiles kernels that use freeride::for_each_item against this checkout's
+csrc/include, and the PTX says what the loop adds to each item. No system-scope fence,
+one block barrier, the gate and stop loads issued together. How long an item takes
+needs a GPU: `freeride bench items` measures that."""
+
+import functools
+import os
+import re
+
+import pytest
+from nvrtc import compile_ptx, find_nvrtc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The header in this checkout, not fr.include_dir(): that may be an installed copy.
+INCLUDE = os.path.join(ROOT, "csrc", "include")
+
+pytestmark = pytest.mark.skipif(
+    find_nvrtc() is None, reason="libnvrtc not found (pip install nvidia-cuda-nvrtc)"
+)
+
+# compute_90: PTX only, the way CuPy compiles a RawKernel. sm_80 and sm_90 (CMake's
+# targets for the built-in kernels): NVRTC also runs ptxas, so the header's inline PTX
+# is assembled for both.
+ARCHS = ["compute_90", "sm_80", "sm_90"]
+
+# A body without barriers or volatile accesses: everything of either kind in the PTX
+# comes from for_each_item.
+SCALE = r"""
+#include <freeride/preempt.cuh>
+extern "C" __global__ void scale(fr_item_ctx ctx, float* x, float a, unsigned long long n) {
+  freeride::for_each_item(ctx, [&](unsigned long long item) {
+    unsigned long long i = item * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= a;
+  });
+}
+"""
+
+# A body with its own shared memory and __syncthreads (as PageRank's contributions).
+REDUCE = r"""
+#include <freeride/preempt.cuh>
+extern "C" __global__ void __launch_bounds__(256) reduce(fr_item_ctx ctx, const float* x,
+                                                         float* out) {
+  __shared__ float part[256];
+  freeride::for_each_item(ctx, [&](unsigned long long item) {
+    part[threadIdx.x] = x[item * 256 + threadIdx.x];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float total = 0.f;
+      for (int i = 0; i < 256; ++i) total += part[i];
+      out[item] = total;
+    }
+  });
+}
+"""
+
+# The pieces for_each_item is made of, used directly (as Spin's sliced kernel does), and
+# a body that only the leader runs (as ItemCounter's).
+PIECES = r"""
+#include <freeride/preempt.cuh>
+extern "C" __global__ void one_item(fr_item_ctx ctx, unsigned int* hits) {
+  __shared__ unsigned long long s_item;
+  if (freeride::leader_thread()) s_item = freeride::claim_item(ctx, freeride::globaltimer_ns());
+  __syncthreads();
+  if (s_item == freeride::kNoItem) return;
+  atomicAdd(&hits[s_item], 1u);
+  __syncthreads();
+  if (freeride::leader_thread()) freeride::finish_item(ctx);
+}
+extern "C" __global__ void leader_only(fr_item_ctx ctx, unsigned int* hits) {
+  static_assert(freeride::kProgressEvery == 8, "tests poll items_done in steps of 8");
+  freeride::for_each_item(ctx, [&](unsigned long long item) {
+    if (!freeride::leader_thread()) return;
+    atomicAdd(&hits[item], 1u);
+  });
+}
+"""
+
+SOURCES = {"scale": SCALE, "reduce": REDUCE, "one_item": PIECES, "leader_only": PIECES}
+
+_BARRIER = re.compile(r"(?:bar|barrier)(?:\.cta)?\.(?:sync|arrive|red)\b")
+_SYSTEM_FENCE = re.compile(r"(?:membar\.sys|fence(?:\.\w+)*\.sys)\b")
+_ANY_FENCE = re.compile(r"(?:membar|fence)\.")
+_SYSTEM_ATOMIC = re.compile(r"(?:atom|red)(?:\.\w+)*\.sys\b")
+_VOLATILE_U32_LOAD = re.compile(r"ld\.volatile\.global\.u32\s+(%r\d+)")
+
+
+@functools.cache
+def _ptx(source: str, arch: str) -> str:
+    return compile_ptx(source, [f"-I{INCLUDE}", f"-arch={arch}"])
+
+
+def instructions(ptx: str, kernel: str) -> list[str]:
+    """The instructions of .entry `kernel`, one a line, without labels, directives,
+    braces or comments; a guard predicate (@%p1, @!%p1) is dropped."""
+    m = re.search(r"\.entry\s+" + re.escape(kernel) + r"\s*\(", ptx)
+    assert m is not None, f"no .entry {kernel} in the PTX"
+    end = ptx.find(".entry", m.end())
+    body = ptx[m.end() : end if end != -1 else len(ptx)]
+    body = body[body.index(")") :]  # past the parameter list
+    out = []
+    for line in body.splitlines():
+        line = line.split("//", 1)[0].strip()
+        if not line or line[0] in ".{})" or line.endswith(":"):
+            continue
+        out.append(re.sub(r"^@!?%\w+\s+", "", line))
+    return out
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kernel", sorted(SOURCES))
+def test_header_compiles(kernel, arch):
+    assert instructions(_ptx(SOURCES[kernel], arch), kernel)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kernel", sorted(SOURCES))
+def test_no_system_scope_fence_or_atomic(kernel, arch):
+    """Completion needs no fence: the host reads `done` and the results only after the
+    launch ended, behind the kernel on its stream (preempt.cuh, count_finished)."""
+    code = instructions(_ptx(SOURCES[kernel], arch), kernel)
+    assert not [i for i in code if _SYSTEM_FENCE.match(i)], "a system-scope fence per item"
+    assert not [i for i in code if _SYSTEM_ATOMIC.match(i)], "a system-scope atomic"
+    if kernel == "scale":  # nothing in its body asks for a fence: neither does the loop
+        assert not [i for i in code if _ANY_FENCE.match(i)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_one_block_barrier_per_item(arch):
+    """The kernel is compiled with both of for_each_item's paths: the plain grid-stride
+    loop (a context without phase state: one barrier after each item) and the protocol
+    loop, whose one barrier per item both ends an item and hands out the next claim. A
+    body without barriers therefore shows two in all; one with a barrier of its own
+    (inlined into both paths) four."""
+    scale = instructions(_ptx(SCALE, arch), "scale")
+    assert sum(1 for i in scale if _BARRIER.match(i)) == 2
+    reduce = instructions(_ptx(REDUCE, arch), "reduce")
+    assert sum(1 for i in reduce if _BARRIER.match(i)) == 4
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gate_and_stop_loads_are_issued_together(arch):
+    """The leader's two volatile loads (gate, stop flag) are adjacent instructions, so
+    neither waits for the other's round trip: nothing compares the first before the
+    second is issued. (They come from one asm block in may_run, so the compiler cannot
+    put anything between them; ptxas keeps volatile loads in order.)"""
+    code = instructions(_ptx(SCALE, arch), "scale")
+    loads = [(n, m.group(1)) for n, i in enumerate(code) if (m := _VOLATILE_U32_LOAD.match(i))]
+    assert len(loads) == 2, loads  # the body has none: one claim path, two loads
+    (first, reg_a), (second, reg_b) = loads
+    assert second == first + 1, code[first : second + 1]
+    assert reg_a != reg_b
+    either = re.compile(rf"(?:{re.escape(reg_a)}|{re.escape(reg_b)})\b")
+    uses = [n for n, i in enumerate(code) if n not in (first, second) and either.search(i)]
+    assert uses and min(uses) > second
