@@ -47,6 +47,7 @@
 #include "backend.hpp"
 #include "check.hpp"
 #include "cuda_driver.hpp"
+#include "device_guard.hpp"
 #include "doorbell.hpp"
 #include "freeride/item_ctx.h"
 #include "launchers.hpp"
@@ -87,29 +88,6 @@ void alloc_mapped(size_t bytes, char** host, char** dev) {
   *host = static_cast<char*>(h);
   *dev = static_cast<char*>(d);
 }
-
-// Selects `device` for the calling thread and puts the caller's device back. The caller's
-// device is restored only where its primary context already exists: restoring the
-// default device 0 of a thread that never chose one would create a context (hundreds of
-// MiB) on a GPU this process may not otherwise use.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) : device_(device) {
-    FR_CUDA_CHECK(cudaGetDevice(&prev_));
-    if (prev_ != device_) FR_CUDA_CHECK(cudaSetDevice(device_));
-  }
-  ~DeviceGuard() {
-    if (prev_ != device_ && cuda_driver::primary_context_active(prev_)) {
-      (void)cudaSetDevice(prev_);
-    }
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int device_;
-  int prev_ = -1;
-};
 
 // ---------------------------------------------------------------------------------------
 // Gates: a per-device, process-lifetime pool. Never freed and never reused: a training

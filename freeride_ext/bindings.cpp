@@ -14,6 +14,7 @@
 #include "latch_dependency.hpp"
 #include "raw_kernel_task.hpp"
 #include "runtime_info.hpp"
+#include "step_stream.hpp"
 
 namespace py = pybind11;
 using freeride::Executor;
@@ -113,6 +114,12 @@ PYBIND11_MODULE(_C, m) {
   m.attr("CUDA_BUILT") = false;
 #endif
   m.def("backend_info", &backend_info, "What this build and machine offer.");
+  m.def(
+      "step_stream",
+      [](int device) { return static_cast<uint64_t>(freeride::step_stream(device)); },
+      py::arg("device"), release_gil(),
+      "Handle of the device's stream for iterative tasks' steps: least priority, "
+      "non-blocking, made once per process and never destroyed.");
 
   py::class_<Task, std::shared_ptr<Task>>(m, "Task")
       .def_property_readonly("name", &Task::name)

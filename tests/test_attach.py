@@ -1,7 +1,9 @@
 """attach() on a single-process schedule (one stage, gloo with world size 1): argument
 errors, exact detach, optimizer hooks and the report of a real schedule."""
 
+import gc
 import json
+import weakref
 
 import pytest
 
@@ -46,6 +48,33 @@ def test_detach_restores_exactly(group, host):
     for obj, calls, keys in before:
         assert callables(obj) == calls
         assert set(vars(obj)) == keys
+
+
+def test_a_dropped_attached_harvester_is_detached_and_closed(group):
+    """The hooks attach() places hold nothing that keeps the harvester alive: dropped
+    without close(), it is closed and the schedule is left as it was, without the
+    cyclic GC."""
+    module, stage, sched = make_schedule()
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    before = [(o, callables(o), set(vars(o))) for o in (sched, stage, opt)]
+    gc.disable()  # whatever passes here passes without the cyclic GC
+    try:
+        h = fr.Harvester("cpu", workers=2)
+        h.attach(sched)
+        h.attach_optimizer(opt)
+        sched.step(torch.randn(4, 16), target=torch.randn(4, 16))  # the hooks ran
+        opt.step()
+        ex = h._ex
+        ref = weakref.ref(h)
+        del h
+        assert ref() is None, "the attached schedule still holds the dropped harvester"
+        assert ex.closed
+    finally:
+        gc.enable()
+    for obj, calls, keys in before:
+        assert callables(obj) == calls
+        assert set(vars(obj)) == keys
+    sched.step(torch.randn(4, 16), target=torch.randn(4, 16))  # training goes on
 
 
 def test_report_of_a_real_schedule(group, host, tmp_path):

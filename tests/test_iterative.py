@@ -224,6 +224,27 @@ def test_steps_have_their_own_stream_ordered_after_the_callers_work():
         assert bool((y == 2.0).all())
 
 
+@pytest.mark.gpu
+def test_steps_have_a_least_priority_stream_no_one_else_is_handed():
+    """Torch hands its pool streams out round-robin: a step stream taken from the pool
+    could be the very stream a user's torch.cuda.Stream() trains on."""
+    torch = pytest.importorskip("torch")
+    with fr.Harvester("cuda") as h:
+        step = h._iterative.step_stream
+        handle = int(step.cuda_stream)
+        least, greatest = torch.cuda.Stream.priority_range()
+        assert step.priority == least
+        # Every pool stream of every priority, and the default stream.
+        handed = {int(torch.cuda.default_stream(h.device).cuda_stream)}
+        for priority in range(greatest, least + 1):
+            for _ in range(2 * 32 + 1):
+                handed.add(int(torch.cuda.Stream(device=h.device, priority=priority).cuda_stream))
+        assert handle not in handed
+        assert handle != h.side_stream
+    with fr.Harvester("cuda") as again:  # one per device, for the process's lifetime
+        assert int(again._iterative.step_stream.cuda_stream) == handle
+
+
 class Upload(fr.IterativeTask):
     """One step that copies host memory to the GPU (the copy engine: no SM needed)."""
 
@@ -247,8 +268,8 @@ def test_a_step_is_not_queued_behind_a_persistent_item_kernel():
     with fr.Harvester("cuda") as h:
         src = torch.full((1024,), 3.0).pin_memory()
         dst = torch.zeros(1024, device=h.device)
-        # Start the runner (and torch's stream pool) first: making the pool's streams
-        # does not complete while a full-occupancy item kernel runs.
+        # Start the runner (and its step stream) first: making streams (torch's pool
+        # was measured) does not complete while a full-occupancy item kernel runs.
         assert h.submit(Upload(src, dst)).wait(timeout=30)
         dst.zero_()
         torch.cuda.synchronize()

@@ -3,14 +3,43 @@ and is let go once it is final; on a GPU, side work starts only after what the c
 stream did before submit, and results are complete for any stream once wait() returns."""
 
 import gc
+import time
 import weakref
 
 import pytest
 
 import freeride as fr
-from conftest import wait_until
+from conftest import os_threads, wait_until
 
 torch = pytest.importorskip("torch")
+
+
+class AddTwice(fr.IterativeTask):
+    """One step: y += 2 * x (on a GPU, on the step stream)."""
+
+    total_steps = 1
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+        self.steps = 0
+
+    def step(self):
+        self.y.add_(self.x, alpha=2.0)
+        self.steps += 1
+
+    def finished(self):
+        return self.steps >= self.total_steps
+
+
+class Forever(fr.IterativeTask):
+    """Short steps that never finish."""
+
+    def __init__(self):
+        self.steps = 0
+
+    def step(self):
+        self.steps += 1
+        time.sleep(0.001)
 
 
 def test_dropped_handle_keeps_the_task_and_its_buffers_alive(host):
@@ -71,9 +100,62 @@ def test_final_tasks_are_let_go_at_the_end_of_each_recorded_iteration(host):
     assert y_ref() is None
 
 
-def test_submit_stream_argument_is_checked(host):
-    with pytest.raises(ValueError, match="stream"):
-        host.submit(fr.tasks.Spin(1, 1), stream="banana")
+# Both kinds of task take submit's `stream` alike.
+KINDS = {
+    "kernel": lambda: fr.tasks.Spin(1, 1),
+    "iterative": lambda: AddTwice(torch.ones(4), torch.zeros(4)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize(
+    "stream, error",
+    [("banana", ValueError), (True, TypeError), (object(), TypeError), (-1, ValueError)],
+)
+def test_submit_stream_argument_is_checked(host, kind, stream, error):
+    with pytest.raises(error, match="stream"):
+        host.submit(KINDS[kind](), stream=stream)
+    assert host.tasks() == []  # nothing was queued
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("stream", [None, "host", 0, 12345])
+def test_submit_accepts_a_stream_on_the_host_backend(host, kind, stream):
+    handle = host.submit(KINDS[kind](), stream=stream)
+    assert handle.wait(timeout=30)
+    assert handle.state == "done"
+
+
+@pytest.mark.parametrize("iterative", [False, True], ids=["kernel", "iterative"])
+def test_a_dropped_harvester_is_closed_without_the_cyclic_gc(iterative):
+    """A harvester dropped without close() stops its threads and lets go of its tasks
+    when its last reference goes: nothing it owns points back at it, so neither the
+    cyclic GC nor (with iterative tasks) a runner thread keeps it alive."""
+    before = os_threads()
+    gc.disable()  # whatever passes here passes without the cyclic GC
+    try:
+        h = fr.Harvester("cpu", workers=2)
+        ex = h._ex
+        kernel = h.submit(fr.tasks.Spin(10**9, 20_000))
+        wait_until(lambda: kernel.state == "running")
+        steps = h.submit(Forever()) if iterative else None
+        if steps is not None:
+            wait_until(lambda: steps.items_done > 0)
+        with h.iteration():  # the recorder calls back into the harvester at its end
+            pass
+        gate = h.gate
+        ref = weakref.ref(h)
+        del h
+        assert ref() is None, "something still holds the dropped harvester"
+        assert ex.closed
+        with pytest.raises(fr.HarvesterClosedError):
+            gate.open()
+        assert kernel.state == "cancelled"
+        if steps is not None:
+            assert steps.state == "cancelled"
+        assert os_threads() == before
+    finally:
+        gc.enable()
 
 
 # -- GPU -----------------------------------------------------------------------------------
@@ -110,6 +192,30 @@ def test_side_work_waits_for_the_callers_stream(gpu, where):
     assert handle.wait(timeout=60)
     # No synchronisation: wait() returning True means the results are complete for any
     # later work on any stream.
+    other = torch.cuda.Stream()
+    with torch.cuda.stream(other):
+        wrong = int((y != 3.0).sum())
+    assert wrong == 0, f"{wrong} of {n} elements read y before it was ready"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("where", ["current", "argument"])
+def test_iterative_steps_wait_for_the_callers_stream(gpu, where):
+    _warm(gpu)
+    small = torch.zeros(1024, device="cuda")
+    assert gpu.submit(AddTwice(torch.ones_like(small), small)).wait(timeout=60)  # warm
+    n = 1 << 22
+    ones = torch.ones(n, device="cuda")
+    y = torch.empty(n, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(100_000_000)  # ~50 ms of GPU time before y is ready
+        y.fill_(1.0)
+        if where == "current":
+            handle = gpu.submit(AddTwice(ones, y))
+    if where == "argument":
+        handle = gpu.submit(AddTwice(ones, y), stream=stream)
+    assert handle.wait(timeout=60)
     other = torch.cuda.Stream()
     with torch.cuda.stream(other):
         wrong = int((y != 3.0).sum())

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import _C
@@ -47,6 +47,49 @@ def _check_time_slice(value: Any) -> float | None:
 
 def _default_workers() -> int:
     return max(1, (os.cpu_count() or 2) // 2)
+
+
+def _raise_closed() -> None:
+    raise HarvesterClosedError("the harvester is closed")
+
+
+def _weakly(
+    method: Callable[[], None], if_gone: Callable[[], None] | None = None
+) -> Callable[[], None]:
+    """Calls `method` while its object lives (else `if_gone`) without keeping the object
+    alive: what a harvester gives its recorder and gate must not point back at it."""
+    ref = weakref.WeakMethod(method)
+
+    def call() -> None:
+        bound = ref()
+        if bound is not None:
+            bound()
+        elif if_gone is not None:
+            if_gone()
+
+    return call
+
+
+class _Parts:
+    """What closing a harvester stops, held apart from the Harvester: its finalizer holds
+    this, so a harvester dropped without close() is closed as soon as its last reference
+    goes, instead of whenever the cyclic GC runs."""
+
+    def __init__(self, executor: Any) -> None:
+        self.ex = executor
+        self.iterative: IterativeRunner | None = None
+        self.attachment: Attachment | None = None
+
+    def detach(self) -> None:
+        if self.attachment is not None:
+            self.attachment.detach()
+            self.attachment = None
+
+    def close(self) -> None:
+        self.detach()
+        if self.iterative is not None:
+            self.iterative.close()
+        self.ex.close()  # every task is final once it returns: nothing runs any more
 
 
 class Harvester:
@@ -136,15 +179,23 @@ class Harvester:
         # the task's buffers alive, and a side kernel may write them until it is final.
         self._live: dict[int, TaskHandle] = {}
         self._recorder = Recorder(self._ex, self._kind, self._device_index)
-        self._recorder.on_iteration_end = self._reap
-        self._attachment: Attachment | None = None
-        self._iterative: IterativeRunner | None = None
+        self._recorder.on_iteration_end = _weakly(self._reap)
+        self._parts = _Parts(self._ex)
+        self._finalizer = weakref.finalize(self, self._parts.close)
         if self._kind == "cuda" and "torch" in sys.modules:
-            # Now, before any side kernel runs: the runner takes its step stream from torch's
-            # stream pool, and creating that pool while a persistent side grid holds the GPU
+            # Now, before any side kernel runs: the runner makes its step stream, and
+            # creating streams (torch's pool) while a persistent side grid held the GPU
             # was measured to block for over a minute.
-            self._iterative = IterativeRunner(self)
-        self.gate = Gate(self._recorder, self._ex, self._check_open)
+            self._parts.iterative = self._new_runner()
+        self.gate = Gate(self._recorder, self._ex, _weakly(self._check_open, _raise_closed))
+
+    def _new_runner(self) -> IterativeRunner:
+        return IterativeRunner(self._ex, self._recorder, self._kind, self._device_index)
+
+    @property
+    def _iterative(self) -> IterativeRunner | None:
+        """The runner of iterative tasks, once there is one."""
+        return self._parts.iterative
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -212,32 +263,32 @@ class Harvester:
         Item tasks (fr.tasks.*) run as preemptible kernels; an fr.IterativeTask runs its
         steps in the bubbles they are predicted to fit.
 
-        Stream order: on a GPU the task's first kernel starts only after everything the
-        current stream (and `stream`, if given: a torch.cuda.Stream, a CuPy stream, or
-        the special handle 0, 1 or 2; wrap any other raw handle in
-        torch.cuda.ExternalStream) had enqueued when submit() was called, so inputs still
-        being written there are complete before side work reads them. Until then the task
-        stays queued and other tasks run. The harvester holds the task and
-        its buffers until it is final, whether or not the handle is kept; once
-        ``wait()`` returns True its results are complete for any later work on any
-        stream."""
+        Stream order: on a GPU the task's first kernel (an IterativeTask's setup() and
+        steps, on the step stream) starts only after everything the current stream (and
+        `stream`, if given: a torch.cuda.Stream, a CuPy stream, or the special handle 0,
+        1 or 2; wrap any other raw handle in torch.cuda.ExternalStream) had enqueued when
+        submit() was called, so inputs still being written there are complete before
+        side work reads them. Until then a kernel task stays queued and other tasks run.
+        The harvester holds the task and its buffers until it is final, whether or not
+        the handle is kept; once ``wait()`` returns True its results are complete for
+        any later work on any stream."""
         self._check_open()
-        if isinstance(task, IterativeTask):
-            priority = check_count(priority, "priority", -(2**31), 2**31 - 1)
-            with self._lock:
-                self._check_open()
-                if self._iterative is None:
-                    self._iterative = IterativeRunner(self)
-                handle = self._iterative.submit(task, priority)
-                self._handles.add(handle)
-            return handle
-        if not isinstance(task, Task):
+        iterative = isinstance(task, IterativeTask)
+        if not iterative and not isinstance(task, Task):
             raise TypeError(
                 "task must be a freeride task (fr.tasks.*) or an fr.IterativeTask, "
                 f"got {type(task).__name__}"
             )
         priority = check_count(priority, "priority", -(2**31), 2**31 - 1)
         after = self._streams_to_follow(stream)
+        if iterative:
+            with self._lock:
+                self._check_open()
+                if self._parts.iterative is None:
+                    self._parts.iterative = self._new_runner()
+                handle = self._parts.iterative.submit(task, priority, after)
+                self._handles.add(handle)
+            return handle
         built = task._build(self)
         self._reap()
         with self._lock:
@@ -341,25 +392,25 @@ class Harvester:
         stage on this rank, and closes when step() returns. Closes the gate now, so side
         work runs only inside steps. Undo with detach()."""
         self._check_open()
-        if self._attachment is not None:
+        if self._parts.attachment is not None:
             raise RuntimeError("this harvester is already attached to a schedule; detach() first")
-        self._attachment = Attachment(self._recorder, schedule, self._kind, self._device_index)
+        self._parts.attachment = Attachment(
+            self._recorder, schedule, self._kind, self._device_index
+        )
         self._recorder.close_gate()
 
     def attach_optimizer(self, optimizer: Any) -> None:
         """Keeps the gate closed through optimizer.step() (recorded as a compute action
         when it runs inside a step)."""
         self._check_open()
-        if self._attachment is None:
+        if self._parts.attachment is None:
             raise RuntimeError("attach(schedule) before attach_optimizer()")
-        self._attachment.add_optimizer(self._recorder, optimizer)
+        self._parts.attachment.add_optimizer(self._recorder, optimizer)
 
     def detach(self) -> None:
         """Removes every hook attach() and attach_optimizer() placed, leaving the schedule,
         its stages and the optimizers exactly as they were. The gate stays closed."""
-        if self._attachment is not None:
-            self._attachment.detach()
-            self._attachment = None
+        self._parts.detach()
 
     def report(self, timeout: float = 30.0) -> Report:
         """The bubble record so far: every recorded iteration's compute actions and
@@ -396,15 +447,13 @@ class Harvester:
 
     def close(self) -> None:
         """Cancels what has not finished, stops the executor thread and frees the side
-        stream and every buffer. Returns promptly even with tasks running. Idempotent."""
+        stream and every buffer. Returns promptly even with tasks running. Idempotent. A
+        harvester dropped without close() is closed when its last reference goes."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        self.detach()
-        if self._iterative is not None:
-            self._iterative.close()
-        self._ex.close()  # every task is final once it returns: nothing runs any more
+        self._finalizer()  # detaches, closes the runner and the executor, once
         with self._lock:
             self._live.clear()
 
@@ -417,11 +466,6 @@ class Harvester:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def __del__(self) -> None:
-        ex = getattr(self, "_ex", None)
-        if ex is not None and not getattr(self, "_closed", True):
-            ex.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"

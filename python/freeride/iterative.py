@@ -7,12 +7,13 @@ bubble record, and each task's step time from its own steps. A gate opened by ha
 whenever it is open, as before any iteration was recorded. Steps run on one runner
 thread per harvester; a step still running when the bubble closed counts as an overrun.
 
-On a GPU, setup(), step() and teardown() run on a torch stream of their own (priority 0,
-torch's least urgent), not on the executor's side stream: work queued there behind a
-persistent item kernel would start only once the gate closed, i.e. during compute. A task's
-first GPU work is stream-ordered after everything the submitting thread's current stream
-had enqueued when it called submit() (e.g. producing the task's inputs). On the host
-backend there are no streams.
+On a GPU, setup(), step() and teardown() run on the device's step stream (made by the
+core at the device's least urgent priority and handed to no one else), not on the
+executor's side stream: work queued there behind a persistent item kernel would start
+only once the gate closed, i.e. during compute. A task's first GPU work is stream-ordered
+after everything the submitting thread's current stream, and submit's `stream`, had
+enqueued when it called submit() (e.g. producing the task's inputs). On the host backend
+there are no streams.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class IterativeTask:
 
     def setup(self) -> None:
         """Called once before the first step (allocate, load); on a GPU, on the step
-        stream, after the work the caller had enqueued when it submitted the task."""
+        stream, after the work the caller had enqueued (on its current stream and
+        submit's `stream`) when it submitted the task."""
 
     def step(self) -> None:
         """One unit of work; must not block on the training (it runs in its bubbles)."""
@@ -94,9 +96,9 @@ class IterativeHandle:
         self._step_ns: list[int] = []
         self._warmup_ns: int | None = None
         self._starved = 0
-        # CUDA event recorded on the submitting thread's current stream at submit; the
-        # step stream waits for it before setup() (None on the host backend).
-        self._ready: Any = None
+        # CUDA events recorded at submit on the streams the task follows (the current
+        # stream and submit's `stream`); the step stream waits for them before setup().
+        self._ready: list[Any] = []
         self._done = threading.Event()
 
     @property
@@ -178,10 +180,12 @@ class IterativeHandle:
 class IterativeRunner:
     """One thread per harvester that runs iterative tasks' steps in fitting bubbles."""
 
-    def __init__(self, harvester: Any) -> None:
-        self._h = harvester
-        self._ex = harvester._ex
-        self._recorder = harvester._recorder
+    def __init__(self, executor: Any, recorder: Any, kind: str, device: int) -> None:
+        # Not the harvester: this runner's thread would keep it alive until close().
+        self._ex = executor
+        self._recorder = recorder
+        self._kind = kind
+        self._device = device
         self._lock = threading.Condition()
         self._queue: list[tuple[int, int, IterativeHandle]] = []
         self._seq = itertools.count()
@@ -198,31 +202,47 @@ class IterativeRunner:
 
     @property
     def step_stream(self) -> Any:
-        """The torch.cuda.Stream that setup(), step() and teardown() run on (None on the
-        host backend, or until a GPU runner has torch to make one with)."""
+        """The torch.cuda.ExternalStream that setup(), step() and teardown() run on (None
+        on the host backend, or until a GPU runner has torch to wrap it with)."""
         return self._stream
 
     def _torch(self) -> Any:
         """torch if this runner is on a GPU and torch is loaded, else None."""
-        return sys.modules.get("torch") if self._h._kind == "cuda" else None
+        return sys.modules.get("torch") if self._kind == "cuda" else None
+
+    def _require_torch(self) -> Any:
+        """torch with CUDA, imported if need be: steps on a GPU run on torch streams."""
+        torch = sys.modules.get("torch")
+        if torch is None:
+            try:
+                torch = importlib.import_module("torch")
+            except ImportError as exc:
+                raise RuntimeError("iterative tasks on a GPU need PyTorch") from exc
+        if not torch.cuda.is_available():
+            raise RuntimeError("iterative tasks on a GPU need a PyTorch built with CUDA")
+        return torch
 
     def _new_stream(self, torch: Any) -> Any:
-        # A stream from torch's pool, never one we create and destroy: torch never destroys
-        # its pool streams, and close() may abandon a thread whose hung step still uses
-        # this stream after the harvester (and its side stream) is gone. Priority 0 is
-        # torch's least urgent: side work must not get ahead of the training's kernels.
-        return torch.cuda.Stream(device=f"cuda:{self._h._device_index}", priority=0)
+        # The core's step stream, not one from torch's pool: torch hands its pool streams
+        # out round-robin, so a user's torch.cuda.Stream() could be the same CUDA stream
+        # and steps would queue behind training work. The core never destroys it: close()
+        # may abandon a thread whose hung step still uses it.
+        device = torch.device("cuda", self._device)
+        return torch.cuda.ExternalStream(_C.step_stream(self._device), device=device)
 
     # -- called by the harvester ----------------------------------------------------------------
 
-    def submit(self, task: IterativeTask, priority: int) -> IterativeHandle:
+    def submit(self, task: IterativeTask, priority: int, after: list[int]) -> IterativeHandle:
+        """Queues `task`; its setup() waits for the work enqueued so far on the stream
+        handles `after` (the harvester's streams to follow; empty on the host)."""
         bind = getattr(task, "bind", None)
         if bind is not None:  # the task checks its data against the harvester's device
-            bind(self._h._kind, self._h._device_index)
+            bind(self._kind, self._device)
+        ready = self._record_ready(after)
         handle = IterativeHandle(self, task, priority)
         self._recorder.name_task(handle.id, repr(task))
         need = int(getattr(task, "memory_bytes", 0) or 0)
-        budget = self._h._ex.memory_budget
+        budget = self._ex.memory_budget
         if need < 0:
             raise ValueError(f"{task!r}.memory_bytes must be >= 0, got {need}")
         if budget and need > budget:
@@ -235,15 +255,31 @@ class IterativeRunner:
                 ),
             )
             return handle
-        torch = self._torch()
-        if torch is not None and torch.cuda.is_available():
-            # Stream order in: setup() waits for what the caller enqueued before submit.
-            handle._ready = torch.cuda.Event()
-            handle._ready.record(torch.cuda.current_stream(self._h._device_index))
+        handle._ready = ready
         with self._lock:
             heapq.heappush(self._queue, (-priority, next(self._seq), handle))
             self._lock.notify_all()
         return handle
+
+    def _record_ready(self, after: list[int]) -> list[Any]:
+        """One event per stream handle in `after`, recorded now, on the submitting thread:
+        stream order in, so setup() waits for what the caller enqueued before submit."""
+        if self._kind != "cuda" or not after:
+            return []
+        torch = self._require_torch()
+        device = torch.device("cuda", self._device)
+        events = []
+        for handle in after:
+            # Handle 0 is the default stream; ExternalStream(0) would be a pool stream.
+            stream = (
+                torch.cuda.default_stream(device)
+                if handle == 0
+                else torch.cuda.ExternalStream(handle, device=device)
+            )
+            event = torch.cuda.Event()
+            event.record(stream)
+            events.append(event)
+        return events
 
     def cancel(self, handle: IterativeHandle) -> None:
         with self._lock:
@@ -259,6 +295,9 @@ class IterativeRunner:
             for _, _, handle in self._queue:
                 handle._cancel = True
             self._lock.notify_all()
+        if threading.current_thread() is self._thread:
+            # Closed from a step (its harvester finalised here): the loop ends after it.
+            return
         timeout = CLOSE_TIMEOUT_S if timeout is None else timeout
         self._thread.join(timeout)
         if self._thread.is_alive():
@@ -293,7 +332,7 @@ class IterativeRunner:
 
     def _pick(self) -> IterativeHandle | None:
         """Highest priority first; a task waits until its memory fits the budget."""
-        budget = self._h._ex.memory_budget
+        budget = self._ex.memory_budget
         for _, _, handle in sorted(self._queue):
             if handle._cancel:
                 return handle
@@ -345,9 +384,9 @@ class IterativeRunner:
         try:
             if not handle._set_up:
                 stream = self._stream_for_steps()
-                if handle._ready is not None:
-                    stream.wait_event(handle._ready)
-                    handle._ready = None
+                for event in handle._ready:
+                    stream.wait_event(event)
+                handle._ready = []
                 handle._set_up = True
                 with self._on_step_stream():
                     task.setup()
@@ -371,16 +410,10 @@ class IterativeRunner:
     def _stream_for_steps(self) -> Any:
         """The step stream, made now if torch was not loaded when the runner started (a
         task may import it in setup()); None on the host backend."""
-        if self._h._kind != "cuda":
+        if self._kind != "cuda":
             return None
         if self._stream is None:
-            torch = sys.modules.get("torch")
-            if torch is None:
-                try:
-                    torch = importlib.import_module("torch")
-                except ImportError as exc:
-                    raise RuntimeError("iterative tasks on a GPU need PyTorch") from exc
-            self._stream = self._new_stream(torch)
+            self._stream = self._new_stream(self._require_torch())
         return self._stream
 
     def _on_step_stream(self):
