@@ -86,3 +86,45 @@ def test_bad_benchmark_arguments():
         bench.run("items", mode="tpu")
     with pytest.raises(ValueError, match="runs in mode cpu only"):
         bench.run("ranks", mode="gpu")
+
+
+def test_admission_keeps_only_probes_with_side_work_around_them():
+    # (items finished so far, (running task, its launches)) before the probe was released,
+    # once it had started, and after it: the GPU-only benchmark's residency rule.
+    from freeride.bench.admission import resident
+
+    head = (7, 3)
+    assert resident((10, head), (20, head), (30, head))
+    assert not resident((10, head), (10, head), (30, head))  # nothing finished before it
+    assert not resident((10, head), (20, head), (20, head))  # nor after it
+    assert not resident((10, head), (20, head), (30, (7, 4)))  # a relaunch in between
+    assert not resident((10, head), (20, head), (30, (8, 1)))  # the next task took over
+    assert not resident((10, head), (20, head), (30, None))  # the task ended
+    assert not resident((10, None), (20, None), (30, None))
+
+
+def test_admission_summary_counts_only_kept_probes():
+    import numpy as np
+
+    from freeride.bench.admission import TARGET_US, Trial, summarize
+
+    kept = [Trial("kept", float(us), float(us) + 1) for us in range(1, 101)]
+    trials = kept + [Trial("dropped", 0.5, 0.5)] * 3 + [Trial("late", math.nan, math.nan)]
+    row = summarize(trials, idle_p99_us=2.0)
+    p99 = float(np.percentile(np.arange(1, 101), 99))
+    assert (row["trials"], row["dropped"], row["late"]) == (100, 3, 1)
+    assert row["p50_us"] == pytest.approx(50.5)  # the dropped 0.5s would pull it down
+    assert row["p99_us"] == pytest.approx(p99)
+    assert row["max_us"] == 100.0
+    assert row["all_p99_us"] == pytest.approx(p99 + 1)
+    assert row["over_idle_p99_us"] == pytest.approx(p99 - 2.0)
+    assert row["target_10us"] == "miss"
+
+    at_target = summarize([Trial("kept", TARGET_US, TARGET_US)] * 10, idle_p99_us=None)
+    assert at_target["target_10us"] == "pass"
+    assert at_target["over_idle_p99_us"] is None
+
+    none_kept = summarize([Trial("dropped", 1.0, 1.0)], idle_p99_us=2.0)
+    assert none_kept["target_10us"] == "no data"
+    assert none_kept["trials"] == 0 and none_kept["dropped"] == 1
+    assert none_kept["p99_us"] is None

@@ -65,9 +65,13 @@ def measure(mode: str, quick: bool) -> dict:
     }
 
 
-def _workloads(gpu: bool, quick: bool) -> list[tuple[str, Callable[[], Any], int]]:
+def _workloads(
+    gpu: bool, quick: bool, pagerank_iters: int = 5
+) -> list[tuple[str, Callable[[], Any], int]]:
     """(name, task factory, bytes moved or 0). Sizes: large enough on a GPU that launch
-    costs do not dominate; small on the host."""
+    costs do not dominate; small on the host. `pagerank_iters` lets a caller that needs
+    a long-running task have one (building a PageRank task sorts its graph on the host,
+    too slow to resubmit often)."""
     rng = np.random.default_rng(0)
     scale = (1 if quick else 4) if gpu else 1
 
@@ -92,8 +96,8 @@ def _workloads(gpu: bool, quick: bool) -> list[tuple[str, Callable[[], Any], int
     indptr = np.arange(0, nodes * degree + 1, degree, dtype=np.int64)
     out.append(
         (
-            f"PageRank {nodes} nodes x{degree}, 5 iters",
-            lambda: tasks.PageRank(indptr, indices, iters=5),
+            f"PageRank {nodes} nodes x{degree}, {pagerank_iters} iters",
+            lambda: tasks.PageRank(indptr, indices, iters=pagerank_iters),
             0,
         )
     )
