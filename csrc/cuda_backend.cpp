@@ -365,48 +365,34 @@ struct CudaShared {
     CUdevResource all{};
     res = a.device_get_dev_resource(dev, &all, CU_DEV_RESOURCE_TYPE_SM);
     if (res != CUDA_SUCCESS) return failed("cuDeviceGetDevResource", res);
-    // Drivers before CUDA 13 leave the partition rules zero: use their documented guideline.
+    // Drivers before CUDA 13 leave the partition rules zero: plan_green_context applies
+    // their documented guideline then.
     int major = 0;
     int minor = 0;
     FR_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     FR_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    const int cc = major * 10 + minor;
     const int total = static_cast<int>(all.sm.smCount);
-    const int min_partition = all.sm.minSmPartitionSize > 0
-                                  ? static_cast<int>(all.sm.minSmPartitionSize)
-                                  : guideline_min_partition(cc);
-    const int alignment = all.sm.smCoscheduledAlignment > 0
-                              ? static_cast<int>(all.sm.smCoscheduledAlignment)
-                              : guideline_alignment(cc);
-    const bool explicit_sms = reserved_wanted > 0;
-    const int reserved = explicit_sms ? reserved_wanted : default_reserved_sms(alignment);
-    const int want = green_context_sms(total, reserved, min_partition, alignment);
-    if (want == 0) {
-      FR_ARG(!explicit_sms, "reserve.sms=" << reserved << " leaves fewer SMs than the smallest "
-                                           "green context ("
-                                           << min_partition << " SMs) for side work on device "
-                                           << device << " (" << total << " SMs)");
-      reserve_fallback = (detail::Msg() << "no green context of at least " << min_partition
-                                        << " SMs leaves " << reserved << " of the " << total
-                                        << " SMs free")
-                             .str();
+    const GreenContextStep plan = plan_green_context(
+        total, reserved_wanted, static_cast<int>(all.sm.minSmPartitionSize),
+        static_cast<int>(all.sm.smCoscheduledAlignment), major * 10 + minor, device);
+    FR_ARG(plan.action != GreenContextStep::Action::kRefuse, plan.message);
+    if (plan.action != GreenContextStep::Action::kAsk) {
+      reserve_fallback = plan.message;
       return;
     }
     CUdevResource group{};
     CUdevResource rest{};
     unsigned int groups = 1;
     res = a.sm_resource_split_by_count(&group, &groups, &all, &rest, 0,
-                                       static_cast<unsigned int>(want));
+                                       static_cast<unsigned int>(plan.sms));
     if (res != CUDA_SUCCESS) return failed("cuDevSmResourceSplitByCount", res);
-    const int got = static_cast<int>(group.sm.smCount);
-    if (groups < 1 || got <= 0 || got > total - reserved) {
-      // The driver rounded the partition up past the SMs it must leave out.
-      reserve_fallback = (detail::Msg() << "the driver split " << got << " of " << total
-                                        << " SMs off for side work, which leaves fewer than "
-                                        << reserved << " free")
-                             .str();
+    const GreenContextStep split =
+        check_green_split(plan, total, groups, static_cast<int>(group.sm.smCount));
+    if (split.action != GreenContextStep::Action::kUse) {
+      reserve_fallback = split.message;
       return;
     }
+    const int got = split.sms;
     CUdevResourceDesc desc = nullptr;
     res = a.resource_generate_desc(&desc, &group, 1);
     if (res != CUDA_SUCCESS) return failed("cuDevResourceGenerateDesc", res);
@@ -734,6 +720,13 @@ struct CudaShared {
 
 SmLimits sm_limits(int device) {
   SmLimits sm;
+  int major = 0;
+  int minor = 0;
+  FR_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  FR_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  // Allocation units and sub-partitions have no attribute: by architecture.
+  set_architecture_units(sm, major * 10 + minor);
+  FR_CUDA_CHECK(cudaDeviceGetAttribute(&sm.warp_size, cudaDevAttrWarpSize, device));
   FR_CUDA_CHECK(cudaDeviceGetAttribute(&sm.threads, cudaDevAttrMaxThreadsPerMultiProcessor, device));
   FR_CUDA_CHECK(cudaDeviceGetAttribute(&sm.blocks, cudaDevAttrMaxBlocksPerMultiprocessor, device));
   FR_CUDA_CHECK(

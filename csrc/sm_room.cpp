@@ -2,38 +2,70 @@
 
 #include <algorithm>
 
+#include "check.hpp"
+
 namespace freeride {
 namespace {
 
-constexpr int64_t kWarp = 32;
-constexpr int64_t kRegisterUnit = 256;  // registers are allocated per warp in these units
-constexpr int64_t kSharedUnit = 128;
-
 int64_t round_up(int64_t value, int64_t unit) { return (value + unit - 1) / unit * unit; }
+int64_t divide_up(int64_t value, int64_t unit) { return (value + unit - 1) / unit; }
 
 }  // namespace
 
-int64_t block_registers(int threads, int registers_per_thread) {
-  const int64_t warps = (std::max(threads, 0) + kWarp - 1) / kWarp;
-  return warps * round_up(int64_t{std::max(registers_per_thread, 0)} * kWarp, kRegisterUnit);
+void set_architecture_units(SmLimits& sm, int compute_capability) {
+  const int major = compute_capability / 10;
+  const int minor = compute_capability % 10;
+  // cudaOccRegAllocationGranularity: 256 on every architecture it knows (3.x to 12.x).
+  sm.register_unit = 256;
+  // cudaOccSubPartitionsPerMultiprocessor: 4, but 2 on GP100 (6.0).
+  sm.sub_partitions = major == 6 && minor == 0 ? 2 : 4;
+  // cudaOccSMemAllocationGranularity: 256 up to Volta/Turing, 128 from Ampere on.
+  sm.shared_unit = major <= 7 ? 256 : 128;
+}
+
+int64_t block_warps(const SmLimits& sm, int threads) {
+  return divide_up(std::max(threads, 0), std::max(sm.warp_size, 1));
+}
+
+int64_t warp_registers(const SmLimits& sm, int registers_per_thread) {
+  return round_up(int64_t{std::max(registers_per_thread, 0)} * std::max(sm.warp_size, 1),
+                  std::max(sm.register_unit, 1));
 }
 
 int64_t block_shared_bytes(const SmLimits& sm, int shared_bytes) {
-  return round_up(int64_t{std::max(shared_bytes, 0)} + sm.reserved_shared_per_block, kSharedUnit);
+  return round_up(int64_t{std::max(shared_bytes, 0)} + sm.reserved_shared_per_block,
+                  std::max(sm.shared_unit, 1));
 }
 
 int side_blocks_per_sm(const SmLimits& sm, const SmReserve& reserve, const KernelUse& use) {
   if (use.threads <= 0) return 0;
+  const int64_t parts = std::max(sm.sub_partitions, 1);
   const int64_t n = std::max(reserve.blocks, 0);
-  const int64_t free_threads = sm.threads - n * reserve.threads;
+  const int64_t reserve_warps = n > 0 ? block_warps(sm, reserve.threads) : 0;
+  // Warp slots, not threads: a 48-thread block holds two whole warps.
+  const int64_t free_warps = sm.threads / std::max(sm.warp_size, 1) - n * reserve_warps;
   const int64_t free_blocks = sm.blocks - n;
-  const int64_t free_registers =
-      sm.registers - n * block_registers(reserve.threads, reserve.registers_per_thread);
+  // Registers of one sub-partition: each reserved block puts its warps, rounded up to a
+  // multiple of the sub-partitions, evenly into all of them (the hardware's per-block
+  // check), so the busiest one holds n * ceil(warps / parts) reserved warps.
+  const int64_t free_partition_registers =
+      sm.registers / parts -
+      n * divide_up(reserve_warps, parts) * warp_registers(sm, reserve.registers_per_thread);
   const int64_t free_shared = sm.shared_bytes - n * block_shared_bytes(sm, reserve.shared_bytes);
-  int64_t fit = std::min(free_threads / use.threads, free_blocks);
-  const int64_t registers = block_registers(use.threads, use.registers_per_thread);
-  if (registers > 0) fit = std::min(fit, free_registers / registers);
-  fit = std::min(fit, free_shared / block_shared_bytes(sm, use.shared_bytes));
+  if (free_warps < 0 || free_blocks < 0 || free_partition_registers < 0 || free_shared < 0) {
+    return 0;  // the reserve alone does not fit
+  }
+  const int64_t warps = block_warps(sm, use.threads);
+  int64_t fit = std::min(free_warps / warps, free_blocks);
+  const int64_t per_warp = warp_registers(sm, use.registers_per_thread);
+  if (per_warp > 0) {
+    // As cudaOccMaxBlocksPerSMRegsLimit: whole warps per sub-partition, times the
+    // sub-partitions, in whole blocks.
+    fit = std::min(fit, free_partition_registers / per_warp * parts / warps);
+  }
+  // Before Ampere a block without shared memory holds none (no system reservation).
+  const int64_t shared = block_shared_bytes(sm, use.shared_bytes);
+  if (shared > 0) fit = std::min(fit, free_shared / shared);
   return static_cast<int>(std::clamp<int64_t>(fit, 0, sm.blocks));
 }
 
@@ -67,6 +99,56 @@ int guideline_min_partition(int compute_capability) {
 
 int guideline_alignment(int compute_capability) {
   return compute_capability >= 90 ? 8 : 2;
+}
+
+GreenContextStep plan_green_context(int total, int reserve_sms, int min_partition,
+                                    int alignment, int compute_capability, int device) {
+  using Action = GreenContextStep::Action;
+  GreenContextStep step;
+  step.min_partition =
+      min_partition > 0 ? min_partition : guideline_min_partition(compute_capability);
+  step.alignment = alignment > 0 ? alignment : guideline_alignment(compute_capability);
+  const bool explicit_sms = reserve_sms > 0;
+  step.reserved = explicit_sms ? reserve_sms : default_reserved_sms(step.alignment);
+  step.sms = green_context_sms(total, step.reserved, step.min_partition, step.alignment);
+  if (step.sms > 0) {
+    step.action = Action::kAsk;
+    return step;
+  }
+  // Asked for by name, the reserve is an error; the default one falls back instead.
+  if (explicit_sms) {
+    step.action = Action::kRefuse;
+    step.message = (detail::Msg() << "reserve.sms=" << step.reserved
+                                  << " leaves fewer SMs than the smallest green context ("
+                                  << step.min_partition << " SMs) for side work on device "
+                                  << device << " (" << total << " SMs)")
+                       .str();
+  } else {
+    step.action = Action::kFallBack;
+    step.message = (detail::Msg() << "no green context of at least " << step.min_partition
+                                  << " SMs leaves " << step.reserved << " of the " << total
+                                  << " SMs free")
+                       .str();
+  }
+  return step;
+}
+
+GreenContextStep check_green_split(const GreenContextStep& plan, int total, unsigned groups,
+                                   int got) {
+  GreenContextStep step = plan;
+  step.sms = got;
+  if (groups < 1 || got <= 0 || got > total - plan.reserved) {
+    // The driver rounded the partition up past the SMs it must leave out.
+    step.action = GreenContextStep::Action::kFallBack;
+    step.message = (detail::Msg() << "the driver split " << got << " of " << total
+                                  << " SMs off for side work, which leaves fewer than "
+                                  << plan.reserved << " free")
+                       .str();
+  } else {
+    step.action = GreenContextStep::Action::kUse;
+    step.message.clear();
+  }
+  return step;
 }
 
 }  // namespace freeride

@@ -14,6 +14,7 @@
 #include "latch_dependency.hpp"
 #include "raw_kernel_task.hpp"
 #include "runtime_info.hpp"
+#include "sm_room.hpp"
 #include "step_stream.hpp"
 
 namespace py = pybind11;
@@ -73,10 +74,41 @@ std::unique_ptr<Executor> make_executor(const std::string& kind, int device, int
                                     memory_budget);
 }
 
-// (threads, blocks, registers, shared bytes, reserved shared bytes per block)
-freeride::SmLimits to_limits(const std::tuple<int, int, int, int, int>& t) {
-  return freeride::SmLimits{std::get<0>(t), std::get<1>(t), std::get<2>(t), std::get<3>(t),
-                            std::get<4>(t)};
+// (threads, blocks, registers, shared bytes, reserved shared bytes per block, warp size,
+// compute capability as major * 10 + minor): what sm_limits reads from the device.
+using LimitsTuple = std::tuple<int, int, int, int, int, int, int>;
+
+freeride::SmLimits to_limits(const LimitsTuple& t) {
+  freeride::SmLimits sm;
+  freeride::set_architecture_units(sm, std::get<6>(t));
+  sm.threads = std::get<0>(t);
+  sm.blocks = std::get<1>(t);
+  sm.registers = std::get<2>(t);
+  sm.shared_bytes = std::get<3>(t);
+  sm.reserved_shared_per_block = std::get<4>(t);
+  sm.warp_size = std::get<5>(t);
+  return sm;
+}
+
+const char* action_name(freeride::GreenContextStep::Action action) {
+  using Action = freeride::GreenContextStep::Action;
+  switch (action) {
+    case Action::kAsk:
+      return "ask";
+    case Action::kUse:
+      return "use";
+    case Action::kFallBack:
+      return "fallback";
+    case Action::kRefuse:
+      return "refuse";
+  }
+  return "?";
+}
+
+// (action, SMs, reserved SMs, message), raising ValueError where try_green_context does.
+py::tuple green_step_tuple(const freeride::GreenContextStep& step) {
+  FR_ARG(step.action != freeride::GreenContextStep::Action::kRefuse, step.message);
+  return py::make_tuple(action_name(step.action), step.sms, step.reserved, step.message);
 }
 
 py::tuple status_tuple(const Executor& ex, uint64_t id) {
@@ -211,8 +243,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("ITEM_CTX_BYTES") = py::int_(sizeof(fr_item_ctx));
   m.def(
       "side_blocks_per_sm",
-      [](const std::tuple<int, int, int, int, int>& sm, const ReserveTuple& reserve,
-         const std::tuple<int, int, int>& use) {
+      [](const LimitsTuple& sm, const ReserveTuple& reserve, const std::tuple<int, int, int>& use) {
         const freeride::KernelUse u{std::get<0>(use), std::get<1>(use), std::get<2>(use)};
         const freeride::SmLimits limits = to_limits(sm);
         const freeride::SmReserve r = to_reserve(reserve);
@@ -222,13 +253,39 @@ PYBIND11_MODULE(_C, m) {
       py::arg("sm"), py::arg("reserve"), py::arg("use"),
       "(side blocks per SM, carveout percent) for a kernel block `use` = (threads, registers "
       "per thread, shared bytes) on an SM `sm` = (threads, blocks, registers, shared bytes, "
-      "reserved shared bytes per block) beside `reserve` = (blocks, threads, registers per "
-      "thread, shared bytes).");
+      "reserved shared bytes per block, warp size, compute capability as major * 10 + minor) "
+      "beside `reserve` = (blocks, threads, registers per thread, shared bytes).");
   m.def("green_context_sms", &freeride::green_context_sms, py::arg("total"), py::arg("reserved"),
         py::arg("min_partition"), py::arg("alignment"),
         "SMs of a green context leaving at least `reserved` of `total` out (0: none can).");
   m.def("default_reserved_sms", &freeride::default_reserved_sms, py::arg("alignment"),
         "SMs a green-context reserve leaves out when Reserve(sms=None).");
+  m.def(
+      "plan_green_context",
+      [](int total, int reserve_sms, int min_partition, int alignment, int compute_capability,
+         int device) {
+        return green_step_tuple(freeride::plan_green_context(
+            total, reserve_sms, min_partition, alignment, compute_capability, device));
+      },
+      py::arg("total"), py::arg("reserve_sms"), py::arg("min_partition"), py::arg("alignment"),
+      py::arg("compute_capability"), py::arg("device") = 0,
+      "The green-context reserve's plan before the driver splits: (\"ask\", SMs to ask for, "
+      "reserved, \"\") or (\"fallback\", 0, reserved, reason); ValueError where reserve.sms "
+      "cannot be honoured.");
+  m.def(
+      "check_green_split",
+      [](int total, int reserve_sms, int min_partition, int alignment, int compute_capability,
+         unsigned groups, int got) {
+        const freeride::GreenContextStep plan = freeride::plan_green_context(
+            total, reserve_sms, min_partition, alignment, compute_capability, 0);
+        FR_ARG(plan.action == freeride::GreenContextStep::Action::kAsk,
+               "the plan asks the driver for nothing: " << plan.message);
+        return green_step_tuple(freeride::check_green_split(plan, total, groups, got));
+      },
+      py::arg("total"), py::arg("reserve_sms"), py::arg("min_partition"), py::arg("alignment"),
+      py::arg("compute_capability"), py::arg("groups"), py::arg("got"),
+      "After the driver split `groups` groups, the first of `got` SMs, for the plan of these "
+      "arguments: (\"use\", got, reserved, \"\") or (\"fallback\", got, reserved, reason).");
 
   // Test-only: a dependency a test releases by hand (the host backend has no streams).
   py::class_<freeride::Latch, std::shared_ptr<freeride::Latch>>(m, "_Latch")

@@ -1,4 +1,6 @@
 import os
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -69,20 +71,70 @@ def test_missing_driver_is_named_as_such():
     assert "insufficient" not in reason
 
 
+# Messages and a type name compiled into libstdc++'s locale code (locale.cc,
+# localename.cc, locale_init.cc): in a module's read-only data only if a copy of it is.
+_LIBSTDCXX_LOCALE_DATA = (
+    b"locale::_S_normalize_category category not found",
+    b"locale::facet::_S_create_c_locale name not valid",
+    b"NSt6locale5facetE",
+)
+
+
+def _private_libstdcxx(path):
+    """(DT_NEEDED entries, evidence of a libstdc++ linked into the ELF object at `path`)."""
+    elffile = pytest.importorskip("elftools.elf.elffile")
+    with open(path, "rb") as f:
+        elf = elffile.ELFFile(f)
+        dynamic = elf.get_section_by_name(".dynamic")
+        needed = [tag.needed for tag in dynamic.iter_tags() if tag.entry.d_tag == "DT_NEEDED"]
+        # --exclude-libs,ALL keeps a static copy's symbols out of .dynsym, so .symtab is
+        # where they show; Release builds are stripped of it (pybind11 strips them), so
+        # the copy's own constant data is looked for as well.
+        defined = [
+            sym.name
+            for name in (".dynsym", ".symtab")
+            if (table := elf.get_section_by_name(name)) is not None
+            for sym in table.iter_symbols()
+            if sym["st_shndx"] != "SHN_UNDEF"
+        ]
+        rodata = elf.get_section_by_name(".rodata")
+        data = rodata.data() if rodata is not None else b""
+    evidence = [n for n in defined if n.startswith("_ZNSt6locale") or "codecvt" in n]
+    evidence += [text.decode() for text in _LIBSTDCXX_LOCALE_DATA if text in data]
+    return needed, evidence
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF shared objects only")
 def test_extension_uses_the_shared_libstdcxx():
     """One libstdc++ per process: the module must not carry a static copy next to torch's
     (a toolchain that linked it statically made error formatting crash beside torch)."""
-    elffile = pytest.importorskip("elftools.elf.elffile")
-    with open(_C.__file__, "rb") as f:
-        elf = elffile.ELFFile(f)
-        dynamic = elf.get_section_by_name(".dynamic")
-        needed = [tag.needed for tag in dynamic.iter_tags() if tag.entry.d_tag == "DT_NEEDED"]
-        defined = [
-            sym.name
-            for sym in elf.get_section_by_name(".dynsym").iter_symbols()
-            if sym["st_shndx"] != "SHN_UNDEF"
-        ]
+    needed, private_copy = _private_libstdcxx(_C.__file__)
     assert any(name.startswith("libstdc++.so") for name in needed), needed
-    private_copy = [n for n in defined if n.startswith("_ZNSt6locale") or "codecvt" in n]
     assert not private_copy, private_copy[:5]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF shared objects only")
+@pytest.mark.parametrize("strip", [False, True], ids=["symtab", "stripped"])
+def test_a_static_libstdcxx_is_detected(tmp_path, strip):
+    """The check above fires on a library linked as the module is (--exclude-libs,ALL)
+    with libstdc++ static, stripped or not."""
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no g++")
+    archive = subprocess.run(
+        [cxx, "-print-file-name=libstdc++.a"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    if not os.path.isabs(archive):
+        pytest.skip("no static libstdc++ to link")
+    source = tmp_path / "locale.cpp"
+    source.write_text(
+        "#include <locale>\n"
+        'extern "C" bool has_c_locale() { return std::locale("C") == std::locale::classic(); }\n'
+    )
+    library = tmp_path / "static.so"
+    command = [cxx, "-shared", "-fPIC", "-O2", "-static-libstdc++", "-Wl,--exclude-libs,ALL"]
+    subprocess.run(
+        [*command, *(["-s"] if strip else []), str(source), "-o", str(library)], check=True
+    )
+    _, evidence = _private_libstdcxx(library)
+    assert evidence

@@ -25,9 +25,11 @@ class Reserve:
     ``backend_info()["reserve_mechanism"]`` say which one a harvester uses):
 
     ``"occupancy-cap"`` (the default): every side grid is capped per SM so that
-    ``blocks`` blocks of the given shape still fit beside it. Cost: for the built-in Spin
-    kernel (128-thread blocks) 12 of 16 blocks per SM on an H100; kernels heavy on
-    registers or shared memory lose more. A side kernel whose single block does not fit
+    ``blocks`` blocks of the given shape still fit beside it, counted as the CUDA
+    occupancy calculator counts (whole warps, registers per SM sub-partition, shared
+    memory in allocation units). Cost: the built-in Spin kernel (128-thread blocks, 18
+    registers per thread for sm_90) keeps 10 of 16 blocks per SM on an H100; kernels
+    heavy on registers or shared memory lose more. A side kernel whose single block does not fit
     beside the reserve fails with a clear error. RawKernel's ``grid`` is capped the same
     way; the cap is not enforced on kernels that ignore freeride's grid sizing.
 
