@@ -51,9 +51,9 @@ def main() -> None:
     u1 = torch.empty_like(u0)
     initial = u0.cpu().numpy()
 
-    # Stand-in training: matrix products on the default stream, with idle gaps between
-    # them where a real pipeline stage would wait for its neighbours.
-    a = torch.randn(4096, 4096, device="cuda")
+    # Stand-in training: a few milliseconds of matrix products on the default stream per
+    # step, then an idle gap where a real pipeline stage would wait for its neighbour.
+    a = torch.randn(2048, 2048, device="cuda")
     with fr.Harvester("cuda:0", memory_budget="2GiB") as h:
         scale = h.submit(fr.tasks.RawKernel(source, "scale_shift", tiles, (x, y, 3.0, 1.0, n)))
         heat = h.submit(
@@ -65,7 +65,12 @@ def main() -> None:
                 with h.compute(label="forward"):
                     for _ in range(8):
                         a = torch.tanh(a @ a * 1e-3)
-                time.sleep(0.002)  # the stage waits for its neighbour: a bubble
+                # The stage waits for its neighbour, as a pipeline stage does once its
+                # compute is done: the GPU idles with the gate open, a bubble. (A loop that
+                # only enqueued would run ahead of the GPU, and its bubbles would shrink to
+                # the microseconds between one compute's end and the next one's start.)
+                torch.cuda.current_stream().synchronize()
+                time.sleep(0.002)
         elapsed = time.perf_counter() - t0
         # Once done, the results are complete for any later work on any stream.
         scale.result()

@@ -138,7 +138,9 @@ SCRIPT = textwrap.dedent(
 
     def cancel_paths(prefix, device):
         with fr.Harvester(device) as h:
-            h.gate.close()
+            # Closed now, not in stream order: a close queued on a CUDA stream could land
+            # after the executor had already run the 10 us of Spin below.
+            h.gate.close(stream="host")
             handle = h.submit(fr.tasks.Spin(10, 1000))
             handle.cancel()
             check(

@@ -3,13 +3,15 @@
 Host tests check the occupancy arithmetic against figures worked out by hand for an H100
 and the validation of the Harvester's arguments. GPU tests check what the reserve and the
 slice are for: a kernel that training launches while a persistent side grid runs starts at
-once, a receive-style wait kernel on the training stream cannot deadlock against side
-work, and a device-wide synchronisation with the gate open waits at most about a slice.
+once (and, the control, does not without a reserve), a receive-style wait kernel on the
+training stream cannot deadlock against any side task, and device-wide synchronisations
+(synchronize, cudaFree, cudaMalloc) with the gate open wait at most about a slice.
 """
 
 import threading
 import time
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,6 +19,7 @@ from hypothesis import strategies as st
 import freeride as fr
 from conftest import wait_until
 from freeride import _C
+from freeride.bench import DEVICE_CLOCK_SRC
 
 # SMs as sm_limits reads them: threads, blocks, registers, shared memory (largest
 # carveout), the shared memory the system reserves per block, warp size, and compute
@@ -432,21 +435,36 @@ def test_host_harvester_ignores_the_reserve_mechanism():
 
 
 # -- on a GPU -------------------------------------------------------------------------------
+#
+# The reserve tests run without a time slice (time_slice=None): a side launch then holds its
+# SMs until the gate closes, so nothing but the reserve lets training's kernels start while
+# it runs. With the default 2 ms slice they would start at the first slice end anyway.
 
-# A kernel of the shape the default reserve keeps room for: 32 blocks of 512 threads
-# with 48 KiB of dynamic shared memory, each recording when it started.
-_COMM = r"""
-extern "C" __global__ void comm(unsigned long long* started) {
+# mark: holds its stream for `ns` (so that the host has enqueued what follows before the GPU
+# gets there), then stamps the time. probe: a kernel of the shape the default reserve keeps
+# room for, 32 blocks of 512 threads with 48 KiB of dynamic shared memory, each stamping when
+# it started. The same clock on every SM, so the stamps compare.
+_STAMPS = (
+    DEVICE_CLOCK_SRC
+    + r"""
+extern "C" __global__ void mark(unsigned long long ns, unsigned long long* at) {
+  const unsigned long long t0 = now();
+  while (now() - t0 < ns) {}
+  *at = now();
+}
+extern "C" __global__ void probe(unsigned long long* started) {
   extern __shared__ unsigned char scratch[];
   scratch[threadIdx.x] = 1;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    started[blockIdx.x] = t + scratch[0] - 1;
-  }
+  if (threadIdx.x == 0) started[blockIdx.x] = now() + scratch[0] - 1;
 }
 """
+)
+PROBE_BLOCKS, PROBE_THREADS, PROBE_SHARED = 32, 512, 48 * 1024
+HOLD_NS = 50_000_000
+# A quarter of the default slice: a start beside the side grid, not a wait for its launch
+# to end.
+START_BOUND_NS = 500_000
 
 # A receive: spins on a device flag until a later kernel on another stream sets it.
 _RECV_SEND = r"""
@@ -455,6 +473,22 @@ extern "C" __global__ void recv(volatile unsigned int* flag) {
 }
 extern "C" __global__ void send(unsigned int* flag) { atomicExch(flag, 1u); }
 """
+
+# A RawKernel side task whose items each spin `ns` nanoseconds.
+_RAW_SPIN = r"""
+#include <freeride/preempt.cuh>
+extern "C" __global__ void spin(fr_item_ctx ctx, unsigned long long ns) {
+  freeride::for_each_item(ctx, [&](unsigned long long) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+  });
+}
+"""
+
+SIDE_TASKS = ["Spin", "ItemCounter", "Saxpy", "PageRank", "GaussianBlur", "Resize", "RawKernel"]
 
 
 def _torch_cupy():
@@ -484,113 +518,235 @@ def _harvester(reserve, **kwargs):
 def _spin_forever(h):
     """A Spin task long enough to hold the GPU for the whole test (cancelled after)."""
     t = h.submit(fr.tasks.Spin(items=2**40, ns_per_item=20_000))
-    wait_until(lambda: t.launches > 0, timeout=30)
+    wait_until(lambda: t.items_done > 0, timeout=30)  # its kernel runs
     time.sleep(0.05)  # every block of the persistent grid is up
     return t
+
+
+class _Probe:
+    """mark, then probe, on a stream of their own between two events. Everything is made
+    and loaded here, before any side grid runs: a kernel loaded lazily at its first launch,
+    or an allocation, may wait for the whole device."""
+
+    def __init__(self, cp):
+        module = cp.RawModule(code=_STAMPS)
+        self._mark = module.get_function("mark")
+        self._probe = module.get_function("probe")
+        self._probe.max_dynamic_shared_size_bytes = PROBE_SHARED
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.marked = cp.zeros(1, dtype=cp.uint64)
+        self.started = cp.zeros(PROBE_BLOCKS, dtype=cp.uint64)
+        self.before, self.after = cp.cuda.Event(), cp.cuda.Event()
+        cp.cuda.Device().synchronize()  # the zeroing is done: the stream does not wait for it
+        self.enqueue_s = 0.0
+
+    def enqueue(self) -> float:
+        """Enqueues both kernels; returns the host time just before the first event."""
+        begin = time.monotonic()
+        with self.stream:
+            self.before.record()
+            self._mark((1,), (1,), (np.uint64(HOLD_NS), self.marked))
+            self._probe((PROBE_BLOCKS,), (PROBE_THREADS,), (self.started,), shared_mem=PROBE_SHARED)
+            self.after.record()
+        self.enqueue_s = time.monotonic() - begin
+        return begin
+
+    def ran(self, timeout: float) -> bool:
+        """True once the GPU has passed the probe; False after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while not self.after.done:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
+    def start_delay_ns(self) -> int:
+        """From the end of the mark to the start of the probe's first block."""
+        return int(self.started.get().min()) - int(self.marked.get()[0])
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("reserve", RESERVES)
 def test_training_kernel_starts_while_side_grid_runs(reserve):
-    torch, cp = _torch_cupy()
-    with _harvester(reserve) as h:
-        comm = cp.RawKernel(_COMM, "comm")
-        comm.max_dynamic_shared_size_bytes = 48 * 1024
-        started = cp.zeros(32, dtype=cp.uint64)
-        train = cp.cuda.Stream(non_blocking=True)
+    _, cp = _torch_cupy()
+    probe = _Probe(cp)
+    with _harvester(reserve, time_slice=None) as h:
         t = _spin_forever(h)
         try:
-            begin = time.monotonic()
-            with train:
-                comm((32,), (512,), (started,), shared_mem=48 * 1024)
-            train.synchronize()
-            waited = time.monotonic() - begin
-            assert not t.done(), "side work stopped: the test proves nothing"
+            launches = t.launches
+            probe.enqueue()
+            ran = probe.ran(timeout=1.0)
+            # The launch that was running before the probe still is: the probe ran beside it.
+            held = t.launches == launches and not t.done()
+        finally:
+            t.cancel()  # lets a probe that found no room start, so the stream drains
+        probe.stream.synchronize()
+    assert ran, "the probe did not start within 1 s of its launch: the side grid left no room"
+    assert held, "the side launch ended while the probe waited: the test proves nothing"
+    assert (probe.started.get() > 0).all()
+    delay = probe.start_delay_ns()
+    assert delay < START_BOUND_NS, (
+        f"on the device the probe's first block started {delay / 1000:.1f} us after the mark "
+        f"ended (the host took {probe.enqueue_s * 1000:.1f} ms to enqueue both; the mark "
+        f"holds {HOLD_NS / 1e6:.0f} ms)"
+    )
+
+
+@pytest.mark.gpu
+def test_without_reserve_training_kernel_waits_for_the_gate_to_close():
+    """The control for the test above: with reserve=None the Spin grid takes every thread
+    of every SM, so the probe must not start while it runs. A host-side close 200 ms on
+    ends the side launch and releases it."""
+    _, cp = _torch_cupy()
+    probe = _Probe(cp)
+    with fr.Harvester("cuda:0", reserve=None, time_slice=None) as h:
+        t = _spin_forever(h)
+        try:
+            launches = t.launches
+            enqueued = probe.enqueue()
+            time.sleep(0.2)
+            held = t.launches == launches and not t.done()
+            closing = time.monotonic()
+            early = probe.after.done
+            h.gate.close(stream="host")
+            released = probe.ran(timeout=10.0)
         finally:
             t.cancel()
-        # Without the reserve the kernel waits for side work to end (the task runs for
-        # hours); with it, well under a second even on a loaded machine.
-        assert waited < 1.0, f"a 32 x 512-thread kernel waited {waited:.3f} s for side work"
-        assert int(cp.count_nonzero(started)) == 32
-        del torch
+            h.gate.open(stream="host")
+        probe.stream.synchronize()
+    assert held, "the side launch ended before the gate closed: the control proves nothing"
+    assert not early, "without a reserve the probe still ran beside a grid that fills every SM"
+    assert released, "the gate closed, yet the probe did not run within 10 s"
+    # On the device too: the probe (which takes microseconds) ended after the close.
+    waited = cp.cuda.get_elapsed_time(probe.before, probe.after) / 1000
+    assert waited >= closing - enqueued - 0.005, (
+        f"on the device the probe ended {waited:.3f} s after it was enqueued, but the gate "
+        f"closed {closing - enqueued:.3f} s after"
+    )
+
+
+def _long_side_task(name, torch):
+    """Side task `name` sized to keep its grid busy for seconds on an H100; the test needs
+    it for about a tenth of a second, and checks that it was still running after."""
+    dev = "cuda:0"
+    if name == "Spin":
+        return fr.tasks.Spin(items=2**40, ns_per_item=20_000)
+    if name == "ItemCounter":
+        # At most 8 blocks of 256 threads per SM: 2**20 items of 5 ms take over 4 s on 132.
+        return fr.tasks.ItemCounter(2**20, ns_per_item=5_000_000)
+    if name == "Saxpy":
+        # One element per item: 2**30 items (8 GiB of x and y), each a claim and a count on
+        # words every block shares, take over a second however fast the memory is.
+        n = 2**30
+        x, y = torch.ones(n, device=dev), torch.zeros(n, device=dev)
+        return fr.tasks.Saxpy(1.0, x, y, chunk=1)
+    if name == "PageRank":
+        # 100,000 phases (2 per iteration), each a launch of its own and a round trip
+        # through the executor thread, of 2048 items over 2**20 nodes of 8 random out-links.
+        n, links = 2**20, 8
+        indices = np.random.default_rng(0).integers(0, n, n * links)
+        indptr = np.arange(0, n * links + 1, links)
+        return fr.tasks.PageRank(indptr, indices, iters=50_000, nodes_per_item=512)
+    if name == "GaussianBlur":
+        # Radius 8000: 16,001 taps per pixel and pass over 64M pixels; an item (8 rows of
+        # 64 pixels) takes about ten milliseconds.
+        images = torch.zeros((32, 1, 32768, 64), dtype=torch.uint8, device=dev)
+        return fr.tasks.GaussianBlur(images, sigma=2000.0)
+    if name == "Resize":
+        # 2**30 items of 8 output pixels (8 GiB of uint8): as Saxpy, bound by the claims.
+        return fr.tasks.Resize(torch.zeros((1, 2, 2), dtype=torch.uint8, device=dev), (2**33, 1))
+    assert name == "RawKernel", name
+    return fr.tasks.RawKernel(_RAW_SPIN, "spin", items=2**40, args=(20_000,))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("reserve", RESERVES)
-def test_receive_wait_on_training_stream_cannot_deadlock_with_side_work(reserve):
+@pytest.mark.parametrize("name", SIDE_TASKS)
+def test_receive_wait_on_training_stream_cannot_deadlock_with_side_work(name, reserve):
     """The training stream holds a receive that only ends when a kernel launched later on
-    a third stream sets its flag, then the gate close; every built-in task and a
-    RawKernel run meanwhile. Without room on the SMs the send never starts: deadlock."""
+    a third stream sets its flag, then the gate close, while task `name` runs (every
+    built-in task and a RawKernel, one per case: the executor runs one task at a time).
+    Without room on the SMs the send never starts, and the side launch, with no time
+    slice, ends only at the close queued behind the receive: deadlock."""
     torch, cp = _torch_cupy()
+    # Loaded, allocated and created before side work runs (see _Probe).
     kernels = cp.RawModule(code=_RECV_SEND)
     recv, send = kernels.get_function("recv"), kernels.get_function("send")
-    n = 1 << 22
-    with _harvester(reserve) as h:
-        x = torch.ones(n, device="cuda:0")
-        y = torch.zeros(n, device="cuda:0")
-        scale = fr.tasks.RawKernel(
-            r"""
-#include <freeride/preempt.cuh>
-extern "C" __global__ void scale(fr_item_ctx ctx, float* x, unsigned long long n) {
-  freeride::for_each_item(ctx, [&](unsigned long long item) {
-    for (unsigned long long i = item * blockDim.x + threadIdx.x; i < n; i += 1ull << 40) {
-      x[i] = x[i] * 1.0f;
-    }
-  });
-}""",
-            "scale",
-            items=2**30,
-            args=(torch.ones(1 << 20, device="cuda:0"), 1 << 20),
-        )
-        side = [
-            h.submit(fr.tasks.Spin(items=2**40, ns_per_item=20_000)),
-            h.submit(fr.tasks.Saxpy(1.0, x, y)),
-            h.submit(scale),
-        ]
-        wait_until(lambda: any(t.launches > 0 for t in side), timeout=30)
-        flag = cp.zeros(1, dtype=cp.uint32)
-        train = torch.cuda.Stream(device="cuda:0", priority=-1)
-        third = cp.cuda.Stream(non_blocking=True)
-        with torch.cuda.stream(train):
-            recv((1,), (1,), (flag,), stream=cp.cuda.ExternalStream(train.cuda_stream))
-            h.gate.close(stream=train)
-        done = threading.Event()
+    flag = cp.zeros(1, dtype=cp.uint32)
+    third = cp.cuda.Stream(non_blocking=True)
+    train = torch.cuda.Stream(device="cuda:0", priority=-1)
+    cp.cuda.Device().synchronize()
+    with _harvester(reserve, time_slice=None) as h:
+        t = h.submit(_long_side_task(name, torch))
+        try:
+            wait_until(lambda: t.items_done > 0 or t.done(), timeout=60)
+            time.sleep(0.05)  # every block of the grid is up
+            assert t.launches > 0 and not t.done(), f"{name} was not running before the receive"
+            with torch.cuda.stream(train):
+                recv((1,), (1,), (flag,), stream=cp.cuda.ExternalStream(train.cuda_stream))
+                h.gate.close(stream=train)
+            done = threading.Event()
 
-        def finish():
-            train.synchronize()
-            done.set()
+            def finish():
+                train.synchronize()
+                done.set()
 
-        waiter = threading.Thread(target=finish, daemon=True)
-        waiter.start()
-        time.sleep(0.01)
-        with third:
-            send((1,), (1,), (flag,))
-        finished = done.wait(timeout=10.0)
-        for t in side:
-            t.cancel()
-        assert finished, "the receive on the training stream never ended: deadlock"
-        h.gate.open()
+            waiter = threading.Thread(target=finish, daemon=True)
+            waiter.start()
+            time.sleep(0.01)
+            with third:
+                send((1,), (1,), (flag,))
+            finished = done.wait(timeout=1.0)
+            running = not t.done()
+        finally:
+            t.cancel()  # a deadlocked receive gets its room back, so the stream drains
+            h.gate.open(stream="host")
+        waiter.join(timeout=30)
+    assert finished, f"the receive on the training stream did not end within 1 s beside {name}"
+    assert running, f"{name} finished before the receive did: the test proves nothing"
+
+
+def _device_wide_sync(op, torch):
+    """Seconds one `op` blocked: torch.cuda.synchronize(), empty_cache() with a freed
+    segment to give back (cudaFree), or a fresh 64 MiB allocation (cudaMalloc)."""
+    size = 64 << 20
+    if op == "empty_cache":
+        segment = torch.empty(size, dtype=torch.uint8, device="cuda:0")
+        del segment  # cached by torch's allocator until empty_cache() frees it
+    elif op == "malloc":
+        torch.cuda.empty_cache()  # nothing cached: the allocation calls cudaMalloc
+    begin = time.monotonic()
+    if op == "synchronize":
+        torch.cuda.synchronize()
+    elif op == "empty_cache":
+        torch.cuda.empty_cache()
+    else:
+        torch.empty(size, dtype=torch.uint8, device="cuda:0")
+    return time.monotonic() - begin
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("op", ["synchronize", "empty_cache", "malloc"])
 @pytest.mark.parametrize("time_slice", [0.002, 0.02])
-def test_synchronize_with_gate_open_waits_about_a_slice(time_slice):
-    torch, _ = _torch_cupy()
+def test_device_wide_sync_with_gate_open_waits_about_a_slice(time_slice, op):
+    torch = pytest.importorskip("torch")
     with fr.Harvester("cuda:0", time_slice=time_slice) as h:
+        _device_wide_sync(op, torch)  # one-time costs (allocator set-up) before side work
         t = _spin_forever(h)
-        waits = []
         try:
-            for _ in range(5):
-                begin = time.monotonic()
-                torch.cuda.synchronize()
-                waits.append(time.monotonic() - begin)
-            launches = t.launches
+            waits = [_device_wide_sync(op, torch) for _ in range(5)]
+            launches, running = t.launches, not t.done()
         finally:
             t.cancel()
-        # The side task is still running: each synchronize saw at most the launch in
-        # flight (one slice), plus the host's relaunch.
-        assert launches > 1, "the side task was never relaunched: no slice ended"
-        assert max(waits) < 50 * time_slice + 0.2, f"synchronize waited {max(waits):.3f} s"
+    # The side task ran throughout: each sync saw at most the launch in flight (one slice)
+    # and the host's relaunch.
+    assert running, "the side task finished: the test proves nothing"
+    assert launches > 1, "the side task was never relaunched: no slice ended"
+    bound = 10 * time_slice + 0.1
+    assert max(waits) < bound, (
+        f"{op} waited {max(waits):.3f} s with side work running (slice {time_slice} s, "
+        f"bound {bound:.3f} s); all waits: {[round(w, 4) for w in waits]}"
+    )
 
 
 @pytest.mark.gpu
