@@ -20,6 +20,7 @@ import freeride as fr
 from conftest import wait_until
 from freeride import _C
 from freeride.bench import DEVICE_CLOCK_SRC
+from freeride.reserve import NO_RESERVE
 
 # SMs as sm_limits reads them: threads, blocks, registers, shared memory (largest
 # carveout), the shared memory the system reserves per block, warp size, and compute
@@ -203,7 +204,7 @@ def test_item_ctx_layout_matches_the_signature_check():
         ({"blocks": -1}, ValueError, "reserve.blocks"),
         ({"blocks": 33}, ValueError, "reserve.blocks"),
         ({"threads": 0}, ValueError, "reserve.threads"),
-        ({"threads": 4096}, ValueError, "reserve.threads"),
+        ({"threads": 1025}, ValueError, "reserve.threads"),  # no CUDA block is larger
         ({"registers_per_thread": 256}, ValueError, "reserve.registers_per_thread"),
         ({"shared_memory": "lots"}, ValueError, "reserve.shared_memory"),
         ({"shared_memory": "2GiB"}, ValueError, "reserve.shared_memory"),
@@ -271,7 +272,11 @@ def test_backend_info_names_the_reserve_mechanism():
     [
         ({"mechanism": "x"}, ValueError, "reserve.mechanism"),
         ({"mechanism": "green"}, ValueError, "reserve.mechanism"),
-        ({"sms": 8}, ValueError, "reserve.sms"),  # occupancy-cap has no SMs to leave out
+        (
+            {"mechanism": "occupancy-cap", "sms": 8},
+            ValueError,
+            "reserve.sms",
+        ),  # no SMs to leave out
         ({"mechanism": "green-context", "sms": 0}, ValueError, "reserve.sms"),
         ({"mechanism": "green-context", "sms": 2000}, ValueError, "reserve.sms"),
         ({"mechanism": "green-context", "sms": 1.5}, TypeError, "reserve.sms"),
@@ -288,7 +293,11 @@ def test_green_context_reserve_keeps_its_per_sm_shape():
     r = fr.Reserve(mechanism="green-context", sms=16)
     assert (r.mechanism, r.sms) == ("green-context", 16)
     assert r.as_tuple() == DEFAULT
-    assert fr.Reserve().mechanism == "occupancy-cap" and fr.Reserve().sms is None
+    # Whole SMs by default (where the driver has green contexts; else the cap).
+    assert fr.Reserve().mechanism == "green-context" and fr.Reserve().sms is None
+    assert fr.Reserve() == GREEN
+    # reserve=None is no reserve at all, not a green context.
+    assert NO_RESERVE.mechanism == "occupancy-cap" and NO_RESERVE.blocks == 0
 
 
 @pytest.mark.parametrize(
@@ -498,7 +507,8 @@ def _torch_cupy():
 
 
 GREEN = fr.Reserve(mechanism="green-context")
-RESERVES = [pytest.param(fr.Reserve(), id="occupancy-cap"), pytest.param(GREEN, id="green-context")]
+CAP = fr.Reserve(mechanism="occupancy-cap")
+RESERVES = [pytest.param(CAP, id="occupancy-cap"), pytest.param(GREEN, id="green-context")]
 
 
 def _harvester(reserve, **kwargs):

@@ -114,14 +114,14 @@ class Harvester:
             cudaFree, empty_cache) issued while the gate is closed and before its open
             waits forever, and with CUDA_DEVICE_MAX_CONNECTIONS=1 the pending wait blocks
             the training stream. Off by default.
-        reserve: CUDA only: what side kernels leave free on every SM for the kernels
-            training launches while side work runs (see freeride.Reserve for the cost).
-            The default keeps room for one 512-thread block with 48 KiB of shared memory
-            per SM by capping every side grid's occupancy; None takes whole SMs, which can
-            delay such kernels until side work stops (and deadlock where a gate close is
-            ordered behind them). Reserve(mechanism="green-context") instead leaves whole
-            SMs out of side work (opt-in; harvest cost: those SMs, 12 of 132 on an H100
-            by default); see reserve_mechanism for what a harvester got.
+        reserve: CUDA only: what side kernels leave free for the kernels training
+            launches while side work runs (see freeride.Reserve for the cost). The
+            default leaves whole SMs out of side work through a green context (12 of 132
+            on an H100) where the driver offers one, else caps every side grid's
+            occupancy so that one 512-thread block with 48 KiB of shared memory still
+            fits on every SM; see reserve_mechanism for what a harvester got. None:
+            no reserve, side grids fill every SM, and such kernels wait for a side launch
+            to end (its time slice, or the gate's close).
         time_slice: CUDA only: seconds after which a side launch claims no further item
             and is relaunched (if the gate is still open), so that a device-wide
             synchronisation issued while the gate is open (torch.cuda.synchronize,
@@ -228,7 +228,7 @@ class Harvester:
 
     @property
     def reserve_fallback(self) -> str | None:
-        """Why Reserve(mechanism="green-context") fell back to the occupancy cap (a
+        """Why the green-context reserve (the default) fell back to the occupancy cap (a
         driver without green contexts, a failed split, a green-context stream that refused
         a trial launch); None where it did not."""
         return str(self._ex.reserve_fallback) or None

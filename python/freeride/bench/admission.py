@@ -103,7 +103,7 @@ PROBES = (("1 x 1 thread", 1, 1, 0), ("32 x 512 threads, 48 KiB", 32, 512, 48 * 
 # highest there is; 0 is the default (torch's streams, cudaStreamCreate).
 STREAMS = (("highest priority", -(2**16)), ("priority 0 (default)", 0))
 # The default reserve under each mechanism: the green context opts in.
-RESERVES = (Reserve(), Reserve(mechanism="green-context"))
+RESERVES = (Reserve(mechanism="occupancy-cap"), Reserve(mechanism="green-context"))
 IDLE = "idle GPU (no side work)"
 
 

@@ -25,10 +25,12 @@ def measure(mode: str, quick: bool) -> dict:
     repeats = (3 if quick else 10) if not gpu else (3 if quick else 20)
     rows = []
     device = "cuda:0" if gpu else "cpu"
+    mechanism = None
     # The reserve's cost: the same plain kernels on grids that take whole SMs.
     free = Harvester(device, workers=1, reserve=None) if gpu else None
     with Harvester(device, workers=1) as h, free or contextlib.nullcontext():
         h.gate.open(stream="host")
+        mechanism = h.reserve_mechanism
         for name, make, nbytes in _workloads(gpu, quick):
             built = make()._build(h)  # once: validation and uploads are not timed
             plain = _plain_seconds(h, built, repeats, gpu)
@@ -49,12 +51,13 @@ def measure(mode: str, quick: bool) -> dict:
             rows.append(row)
     return {
         "rows": rows,
-        "settings": {"repeats": repeats, "quick": quick},
+        "settings": {"repeats": repeats, "quick": quick, "reserve_mechanism": mechanism},
         "notes": [
             "plain: the same kernels without the item protocol (grid-stride over items)",
             (
-                "GPU: both with the default reserve (side grids capped per SM); reserve_cost: "
-                "plain with the reserve against plain on grids that take whole SMs"
+                "GPU: both with the default reserve (settings.reserve_mechanism: a green"
+                " context leaving whole SMs out, or side grids capped per SM); reserve_cost:"
+                " plain with the reserve against plain on every SM at full occupancy"
             ),
             "host: the preemptible time includes the hand-off to the worker thread",
             (
