@@ -23,6 +23,19 @@ def find_nvrtc() -> str | None:
     return candidates[0] if candidates else None
 
 
+# A kernel written against freeride's header whose body has no barrier and no volatile
+# access: what its PTX holds of either comes from for_each_item.
+SCALE = r"""
+#include <freeride/preempt.cuh>
+extern "C" __global__ void scale(fr_item_ctx ctx, float* x, float a, unsigned long long n) {
+  freeride::for_each_item(ctx, [&](unsigned long long item) {
+    unsigned long long i = item * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= a;
+  });
+}
+"""
+
+
 class NvrtcError(Exception):
     def __init__(self, log: str) -> None:
         super().__init__(log)

@@ -9,7 +9,7 @@ import os
 import re
 
 import pytest
-from nvrtc import compile_ptx, find_nvrtc
+from nvrtc import SCALE, compile_ptx, find_nvrtc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The header in this checkout, not fr.include_dir(): that may be an installed copy.
@@ -23,18 +23,6 @@ pytestmark = pytest.mark.skipif(
 # targets for the built-in kernels): NVRTC also runs ptxas, so the header's inline PTX
 # is assembled for both.
 ARCHS = ["compute_90", "sm_80", "sm_90"]
-
-# A body without barriers or volatile accesses: everything of either kind in the PTX
-# comes from for_each_item.
-SCALE = r"""
-#include <freeride/preempt.cuh>
-extern "C" __global__ void scale(fr_item_ctx ctx, float* x, float a, unsigned long long n) {
-  freeride::for_each_item(ctx, [&](unsigned long long item) {
-    unsigned long long i = item * blockDim.x + threadIdx.x;
-    if (i < n) x[i] *= a;
-  });
-}
-"""
 
 # A body with its own shared memory and __syncthreads (as PageRank's contributions).
 REDUCE = r"""

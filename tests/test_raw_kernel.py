@@ -11,7 +11,7 @@ import types
 
 import numpy as np
 import pytest
-from nvrtc import NvrtcError, compile_ptx, find_nvrtc, ptx_param_sizes
+from nvrtc import SCALE, NvrtcError, compile_ptx, find_nvrtc, ptx_param_sizes
 
 import freeride as fr
 from conftest import wait_until
@@ -20,15 +20,6 @@ from freeride.tasks._signature import CTX_BYTES, Param, pack, parse_kernel, scal
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = pathlib.Path(ROOT, "examples", "kernels.cu")
 
-SCALE = r"""
-#include <freeride/preempt.cuh>
-extern "C" __global__ void scale(fr_item_ctx ctx, float* x, float a, unsigned long long n) {
-  freeride::for_each_item(ctx, [&](unsigned long long item) {
-    unsigned long long i = item * blockDim.x + threadIdx.x;
-    if (i < n) x[i] *= a;
-  });
-}
-"""
 
 # Every scalar spelling the parser knows, with what the compiler makes of it.
 MANY = r"""
