@@ -96,6 +96,10 @@ class Backend {
   // polling: woken by opens (on CUDA once a stream-ordered open has taken effect). For
   // threads that wait for bubbles beside training (iterative tasks).
   virtual bool wait_open(double timeout_s) const = 0;
+  // How a launch is admitted on CUDA: "ring" (the executor thread sleeps until a host
+  // function behind the open wakes it), "poll" (it polls the gate's mirror) or
+  // "stream-wait"; "host" on the host backend.
+  virtual std::string admission() const { return "host"; }
 
   // Timestamps in stream order. mark() records "now" when `stream` reaches it (host: the
   // steady clock now) and returns an id; elapsed_ns(a, b) is the time from a to b once

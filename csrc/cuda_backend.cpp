@@ -27,11 +27,15 @@
 // gate_write (on the training hot path), stop/resume, done and gate_read. Every public
 // method selects the device itself and puts the caller's device back afterwards.
 #include <cuda_runtime_api.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -39,6 +43,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -258,6 +263,9 @@ struct CudaShared {
   cudaStream_t notify = nullptr;
   cudaEvent_t opened = nullptr;
   std::mutex notify_mu;  // an `opened` record and the wait for it go together
+  // How a closed gate is waited for: by the bell (rings from host functions) or, where
+  // those would cost training (ring_blocks_training), by polling the mirror.
+  bool ring = true;
   // Green-context reserve: the context and the lowest-priority stream in it that tasks
   // which may (Task::runs_in_green_context) run on instead of `side`. Null otherwise.
   CUgreenCtx green = nullptr;
@@ -643,7 +651,7 @@ struct CudaShared {
   // still looks at the mirror every kAdmissionPoll. Skipped on a stream being captured
   // into a graph, where a wait from an uncaptured stream would invalidate the capture.
   void enqueue_ring(cudaStream_t stream) noexcept {
-    if (notify == nullptr) return;
+    if (!ring || notify == nullptr) return;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
         capture != cudaStreamCaptureStatusNone) {
@@ -742,6 +750,36 @@ SmLimits sm_limits(int device) {
 // anyway: the admission delay where no ring comes (an open enqueued while its stream was
 // being captured into a graph, or one whose ring could not be enqueued).
 constexpr std::chrono::microseconds kAdmissionPoll{1000};
+// How long a wait for the gate spins on the mirror before it sleeps.
+constexpr std::chrono::microseconds kAdmissionSpin{20};
+// Without rings (FREERIDE_ADMISSION=poll): the sleep between looks at the mirror.
+constexpr std::chrono::microseconds kPollSleep{20};
+
+// Sleeps between looks at the mirror would overshoot by the default 50 us timer slack.
+void tighten_timer_slack() {
+#ifdef __linux__
+  thread_local bool done = false;
+  if (!done) {
+    (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+    done = true;
+  }
+#endif
+}
+
+// Whether gate opens ring the executor's bell through host functions (FREERIDE_ADMISSION
+// "ring", the default) or it polls the mirror ("poll"). A host function holds the work
+// queued behind it on its hardware queue until a driver thread has run it; with
+// CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM sets it) every stream shares one queue, so
+// the training stream would wait for each ring: poll there unless asked otherwise.
+bool admission_rings() {
+  const char* mode = std::getenv("FREERIDE_ADMISSION");
+  const std::string wanted = mode == nullptr ? "" : mode;
+  FR_ARG(wanted.empty() || wanted == "ring" || wanted == "poll",
+         "FREERIDE_ADMISSION must be 'ring' or 'poll', got '" << wanted << "'");
+  if (!wanted.empty()) return wanted == "ring";
+  const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  return connections == nullptr || std::string(connections) != "1";
+}
 
 // Events recorded on the submitter's streams at submit; the side stream waits on them
 // before the task's first launch.
@@ -911,6 +949,17 @@ class CudaRunner final : public PhaseRunner {
     executing_.store(true);
     ClearOnExit clear{executing_};
 
+    {
+      // The latest stop-word write on the control stream lands before anything of this
+      // launch reads the word: the kernel, and before it stream_wait's gate-wait kernel
+      // (on the side stream, which stream_ follows through the bridge below).
+      std::lock_guard<std::mutex> slk(stop_mu_);
+      if (launch_waits_) {
+        FR_CUDA_CHECK(cudaStreamWaitEvent(s.stream_wait ? s.side : stream_, stop_written_, 0));
+        launch_waits_ = false;
+      }
+    }
+
     // stream_wait: nothing of this launch may start while the gate is closed. Stop is not
     // part of the memop wait's condition: close() releases a waiting launch with unblock().
     // The wait stays on the primary context's side stream whatever stream the task runs
@@ -935,14 +984,6 @@ class CudaRunner final : public PhaseRunner {
       if (after_) {
         after_->enqueue_wait(stream_);
         after_.reset();
-      }
-      {
-        // The latest stop-word write on the control stream lands before the kernel reads it.
-        std::lock_guard<std::mutex> slk(stop_mu_);
-        if (launch_waits_) {
-          FR_CUDA_CHECK(cudaStreamWaitEvent(stream_, stop_written_, 0));
-          launch_waits_ = false;
-        }
       }
       if (record) marks.start = s.mark(stream_);
       fr_item_ctx ctx{};
@@ -1019,16 +1060,28 @@ class CudaRunner final : public PhaseRunner {
     launch_waits_ = true;
   }
 
-  // Sleeps until the gate's host mirror reads open (true) or stop() is requested (false).
-  // The bell rings when a stream-ordered open has taken effect (enqueue_ring), on an
-  // immediate open and on stop(); no ring within kAdmissionPoll: look anyway.
+  // Until the gate's host mirror reads open (true) or stop() is requested (false). Spins
+  // (yielding) for kAdmissionSpin first: gaps between compute actions are often that
+  // short, and a ring takes a driver thread's wake-up and then this one's. Then sleeps on
+  // the bell, rung when a stream-ordered open has taken effect (enqueue_ring), on an
+  // immediate open and on stop(), looking anyway every kAdmissionPoll; or, where rings are
+  // off, polls every kPollSleep.
   bool wait_for_open() const {
-    Doorbell& bell = *s_->gate.bell;
+    const CudaShared& s = *s_;
+    Doorbell& bell = *s.gate.bell;
+    const auto spin_until = std::chrono::steady_clock::now() + kAdmissionSpin;
+    if (!s.ring) tighten_timer_slack();
     while (true) {
       const uint64_t seen = bell.rings();  // before the checks: a ring between them counts
       if (stop_requested_.load()) return false;
-      if (s_->mirror() == FREERIDE_GATE_OPEN) return true;
-      bell.wait_for(seen, kAdmissionPoll);
+      if (s.mirror() == FREERIDE_GATE_OPEN) return true;
+      if (std::chrono::steady_clock::now() < spin_until) {
+        std::this_thread::yield();
+      } else if (s.ring) {
+        bell.wait_for(seen, kAdmissionPoll);
+      } else {
+        std::this_thread::sleep_for(kPollSleep);
+      }
     }
   }
 
@@ -1153,6 +1206,7 @@ class CudaBackend final : public Backend {
     // Before anything is allocated: a misspelt mechanism fails the harvester, not a
     // training hook.
     const cuda_driver::GateWrite wanted = cuda_driver::requested_gate_write(options.gate_write);
+    const bool ring = admission_rings();
     const bool green_wanted = options.reserve_mechanism == "green-context";
     FR_ARG(green_wanted || options.reserve_mechanism == "occupancy-cap",
            "reserve.mechanism must be 'occupancy-cap' or 'green-context', got '"
@@ -1189,7 +1243,9 @@ class CudaBackend final : public Backend {
     // overtakes everything.
     FR_CUDA_CHECK(cudaStreamCreateWithPriority(&s.side, cudaStreamNonBlocking, least));
     FR_CUDA_CHECK(cudaStreamCreateWithPriority(&s.control, cudaStreamNonBlocking, greatest));
-    if (!s.stream_wait) {
+    // Rings serve stream_wait too: iterative tasks wait for the gate on the host.
+    s.ring = ring;
+    if (s.ring) {
       FR_CUDA_CHECK(cudaStreamCreateWithFlags(&s.notify, cudaStreamNonBlocking));
       FR_CUDA_CHECK(cudaEventCreateWithFlags(&s.opened, cudaEventDisableTiming));
     }
@@ -1278,7 +1334,28 @@ class CudaBackend final : public Backend {
   uint32_t gate_seq() const override { return s_->mirror_seq(); }
   bool wait_open(double timeout_s) const override {
     const CudaShared& s = *s_;
-    return wait_for_open(*s.gate.bell, timeout_s, [&] { return s.mirror() == FREERIDE_GATE_OPEN; });
+    auto is_open = [&] { return s.mirror() == FREERIDE_GATE_OPEN; };
+    if (s.ring) return wait_for_open(*s.gate.bell, timeout_s, is_open);
+    tighten_timer_slack();
+    const auto deadline = std::chrono::steady_clock::now() + clamp_timeout(timeout_s);
+    while (!is_open()) {
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(kPollSleep);
+    }
+    return true;
+  }
+
+  // The executor thread queries and synchronises events while training may be capturing
+  // a CUDA graph; in the default (global) capture mode such calls from another thread
+  // would invalidate the capture. Relaxed mode lets them be.
+  void on_executor_thread() override {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) (void)cudaGetLastError();
+  }
+
+  std::string admission() const override {
+    if (s_->stream_wait) return "stream-wait";
+    return s_->ring ? "ring" : "poll";
   }
 
   uint64_t mark(uintptr_t stream) override {

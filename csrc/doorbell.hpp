@@ -42,13 +42,20 @@ class Doorbell {
   uint64_t rings_ = 0;
 };
 
+// A timeout in seconds as a duration: negative or NaN is 0, and at most a day (a larger
+// or infinite value would overflow the clock's arithmetic).
+inline std::chrono::steady_clock::duration clamp_timeout(double timeout_s) {
+  constexpr double kDay = 86400.0;
+  const double s = timeout_s > 0.0 ? (timeout_s < kDay ? timeout_s : kDay) : 0.0;
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(s));
+}
+
 // Sleeps on `bell` until is_open() holds (true) or `timeout_s` passed (false). The bell
 // must ring on every change that can make is_open() true.
 template <typename IsOpen>
 bool wait_for_open(Doorbell& bell, double timeout_s, IsOpen is_open) {
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(timeout_s));
+  const auto deadline = std::chrono::steady_clock::now() + clamp_timeout(timeout_s);
   while (true) {
     const uint64_t seen = bell.rings();  // before the check: a ring in between counts
     if (is_open()) return true;

@@ -385,6 +385,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("kind", [](Executor& ex) { return ex.backend().kind(); })
       .def_property_readonly("gate_write_mechanism",
                              [](Executor& ex) { return ex.backend().gate_write_mechanism(); })
+      .def_property_readonly("admission", [](Executor& ex) { return ex.backend().admission(); })
       .def_property_readonly("gate_write_fences",
                              [](Executor& ex) { return ex.backend().gate_write_fences(); })
       .def_property_readonly("reserve_mechanism",

@@ -4,7 +4,11 @@ how soon a side kernel sees it, for the gate in device and in mapped host memory
 Cost: a stream of short kernels on the training stream, with a close and open pair (or a
 close alone) inserted between every two kernels, against the same stream without them;
 CUDA events around both, the difference per inserted write. A long kernel in front keeps
-the GPU busy while the host enqueues, so host overhead does not show as GPU time.
+the GPU busy while the host enqueues, so host overhead does not show as GPU time; the
+host's own time per insertion (the training thread's cost) is a row of its own. The batch
+mechanism is measured twice: with the executor's bell rung by a host function behind
+every open (FREERIDE_ADMISSION=ring, the default) and with it polling instead ("poll"),
+which shows what the ring costs the training stream.
 
 Visibility: a kernel just before the write records %globaltimer as it ends; a one-thread
 watcher on another stream spins on the gate word and records %globaltimer when it sees
@@ -14,12 +18,15 @@ the new value. The difference covers the kernel's retirement, the write and the 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from .. import Harvester
 from . import DEVICE_CLOCK_SRC, percentiles
 
 MECHANISMS = ("batch", "memop", "copy", "kernel")
+# (gate write mechanism, admission): every mechanism as by default, and batch polling.
+CONFIGS = tuple((m, "ring") for m in MECHANISMS) + (("batch", "poll"),)
 PLACEMENTS = (("device", False), ("host", True))
 
 _SRC = (
@@ -62,14 +69,20 @@ def measure(quick: bool) -> dict:
     repeats = 5 if quick else 40
     trials = 30 if quick else 300
     rows: list[dict[str, Any]] = []
-    saved = os.environ.get("FREERIDE_GATE_WRITE")
+    saved = {k: os.environ.get(k) for k in ("FREERIDE_GATE_WRITE", "FREERIDE_ADMISSION")}
     try:
-        for mechanism in MECHANISMS:
+        for mechanism, admission in CONFIGS:
             os.environ["FREERIDE_GATE_WRITE"] = mechanism
+            os.environ["FREERIDE_ADMISSION"] = admission
             for placement, host_gate in PLACEMENTS:
                 with Harvester("cuda:0", gate_in_host_memory=host_gate) as h:
                     used = h._ex.gate_write_mechanism
-                    base = {"variant": "gate write", "mechanism": mechanism, "gate": placement}
+                    base = {
+                        "variant": "gate write",
+                        "mechanism": mechanism,
+                        "gate": placement,
+                        "admission": h._ex.admission,
+                    }
                     if h._ex.gate_write_fences:
                         base["fenced"] = h._ex.gate_write_fences
                     if used != mechanism:
@@ -79,10 +92,13 @@ def measure(quick: bool) -> dict:
                         runs = [
                             _extra_us(cp, h, train, spin_for, kernels, what) for _ in range(repeats)
                         ]
-                        starved = sum(s for _, s in runs)
+                        starved = sum(s for _, s, _ in runs)
                         rows.append(
-                            _row(base, f"{what} cost", [e for e, _ in runs], starved=starved)
+                            _row(base, f"{what} cost", [e for e, _, _ in runs], starved=starved)
                         )
+                        rows.append(_row(base, f"{what} host cost", [h_us for _, _, h_us in runs]))
+                    if admission != "ring":
+                        continue  # visibility does not depend on how the executor waits
                     seen_close, seen_open, missed = [], [], 0
                     for _ in range(trials):
                         got = _visibility_us(cp, h, train, watcher, spin_for, watch)
@@ -95,10 +111,11 @@ def measure(quick: bool) -> dict:
                         rows.append(_row(base, "close visibility", seen_close, missed))
                         rows.append(_row(base, "open visibility", seen_open, missed))
     finally:
-        if saved is None:
-            os.environ.pop("FREERIDE_GATE_WRITE", None)
-        else:
-            os.environ["FREERIDE_GATE_WRITE"] = saved
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     return {
         "rows": rows,
         "settings": {
@@ -111,6 +128,11 @@ def measure(quick: bool) -> dict:
             (
                 "gate write cost = (stream of short kernels with a close+open pair, or a"
                 " close, between kernels - without) / kernels: CUDA events, per insertion"
+            ),
+            (
+                "gate write host cost = host time of the enqueueing loop with the writes -"
+                " without, per insertion (the training thread's cost; admission 'ring' adds"
+                " an event record, a stream wait and a host function to every open)"
             ),
             (
                 "gate write visibility = watcher's globaltimer on seeing the new value -"
@@ -134,31 +156,38 @@ def _row(
 
 def _extra_us(
     cp: Any, h: Harvester, train: Any, spin_for: Any, kernels: int, what: str
-) -> tuple[float, bool]:
-    """Extra training-stream time per inserted close+open pair (or close), in us, and
-    whether the GPU reached the measured stream before the host had enqueued all of it."""
+) -> tuple[float, bool, float]:
+    """Extra training-stream time per inserted close+open pair (or close), in us, whether
+    the GPU reached the measured stream before the host had enqueued all of it, and the
+    extra host time per insertion, in us (what the training thread pays)."""
     lead_ns = kernels * 200_000  # outlasts the host's enqueueing of the whole stream
 
-    def elapsed_us(insert: bool) -> tuple[float, bool]:
+    def elapsed_us(insert: bool) -> tuple[float, bool, float]:
         start, end = cp.cuda.Event(), cp.cuda.Event()
         with train:
             spin_for((1,), (32,), (cp.uint64(lead_ns), cp.uint64(0)))
             start.record()
+            host_start = time.perf_counter()
             for _ in range(kernels):
                 spin_for((1,), (32,), (cp.uint64(KERNEL_NS), cp.uint64(0)))
                 if insert:
                     h.gate.close(stream=train)
                     if what == "close+open":
                         h.gate.open(stream=train)
+            host_us = (time.perf_counter() - host_start) * 1e6
             end.record()
         starved = start.done
         end.synchronize()
-        return cp.cuda.get_elapsed_time(start, end) * 1000.0, starved
+        return cp.cuda.get_elapsed_time(start, end) * 1000.0, starved, host_us
 
-    plain, starved_plain = elapsed_us(False)
-    gated, starved_gated = elapsed_us(True)
+    plain, starved_plain, host_plain = elapsed_us(False)
+    gated, starved_gated, host_gated = elapsed_us(True)
     h.gate.open(stream="host")
-    return (gated - plain) / kernels, starved_plain or starved_gated
+    return (
+        (gated - plain) / kernels,
+        starved_plain or starved_gated,
+        (host_gated - host_plain) / kernels,
+    )
 
 
 def _visibility_us(
