@@ -101,3 +101,36 @@ def test_wait_open_sleeps_until_an_open(harvester):
     finally:
         opener.join()
     assert harvester.gate.is_open
+
+
+def test_admission_is_reported(monkeypatch):
+    with fr.Harvester("cpu") as h:
+        assert h.admission == "host"
+    monkeypatch.setenv("FREERIDE_ADMISSION", "sometimes")
+    if fr.backend_info()["cuda"]:
+        with pytest.raises(ValueError, match="FREERIDE_ADMISSION"):
+            fr.Harvester("cuda:0")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, "ring"),
+        ({"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, "poll"),
+        ({"FREERIDE_ADMISSION": "poll"}, "poll"),
+    ],
+)
+def test_cuda_admission_follows_the_environment(monkeypatch, env, expected):
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    monkeypatch.delenv("FREERIDE_ADMISSION", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with fr.Harvester("cuda:0") as h:
+        assert h.admission == expected
+        task = fr.tasks.ItemCounter(20_000, ns_per_item=2_000)
+        h.gate.close(stream="host")
+        t = h.submit(task)
+        h.gate.open(stream=0)  # stream-ordered on the default stream: admitted either way
+        assert t.wait(timeout=60)
+        assert (t.result().counts == 1).all()

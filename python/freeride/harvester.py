@@ -227,6 +227,14 @@ class Harvester:
         return str(self._ex.reserve_mechanism)
 
     @property
+    def admission(self) -> str:
+        """How a side launch is let in once the gate opens: "ring" (the executor thread
+        sleeps until a host function behind the open wakes it), "poll" (it polls the
+        gate's host mirror: where CUDA_DEVICE_MAX_CONNECTIONS=1, or FREERIDE_ADMISSION=poll),
+        "stream-wait" (Harvester(stream_wait=True)), or "host" on the host backend."""
+        return str(self._ex.admission)
+
+    @property
     def reserve_fallback(self) -> str | None:
         """Why the green-context reserve (the default) fell back to the occupancy cap (a
         driver without green contexts, a failed split, a green-context stream that refused
