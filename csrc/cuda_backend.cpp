@@ -9,8 +9,9 @@
 // blocks the training stream itself. Kernels still read the gate before every item, so
 // a launch admitted just before a close exits at its next item boundary. The stream
 // wait remains available as an option (stream_wait).
-// While the gate is closed the executor thread sleeps: a host function behind every
-// stream-ordered open wakes it (enqueue_ring), so admission costs no CPU during compute.
+// While the gate is closed the executor thread sleeps: every stream-ordered open records
+// an event that the device's OpenWatcher thread waits for and then wakes it
+// (enqueue_ring), so admission costs no CPU during compute.
 //
 // A gate write on a stream is one cuStreamBatchMemOp carrying the gate, its mirror and
 // the sequence word (enqueue_gate_batch); FREERIDE_GATE_WRITE selects three
@@ -55,6 +56,7 @@
 #include "device_guard.hpp"
 #include "doorbell.hpp"
 #include "freeride/item_ctx.h"
+#include "open_watcher.hpp"
 #include "launchers.hpp"
 
 namespace freeride {
@@ -104,9 +106,10 @@ struct GateSlot {
   unsigned int* mirror = nullptr;      // host view of the host-visible copy; for a
                                        // host-memory gate, the gate itself
   unsigned int* mirror_dev = nullptr;  // device view of that copy (== dev for a host gate)
-  // Rung once an open has taken effect (a host function behind it on the stream), and by
-  // stops: the executor thread sleeps on it while the gate is closed. As long-lived as the
-  // gate, because a training stream may run that host function after the harvester closed.
+  // Rung once an open has taken effect (the device's OpenWatcher), and by stops: the
+  // executor thread sleeps on it while the gate is closed. As long-lived as the gate,
+  // because the watcher may ring it for an open that a training stream reaches after the
+  // harvester closed.
   Doorbell* bell = nullptr;
 };
 
@@ -256,15 +259,10 @@ struct CudaShared {
   cudaStream_t side = nullptr;
   cudaStream_t control = nullptr;
   GateSlot gate;
-  // Rings gate.bell once a stream-ordered open has taken effect: an event recorded on the
-  // training stream, waited for by `notify`, then a host function there. Not a host
-  // function on the training stream itself, which would hold that stream until a driver
-  // thread had run it. Null with stream_wait (admission is on the GPU then).
-  cudaStream_t notify = nullptr;
-  cudaEvent_t opened = nullptr;
-  std::mutex notify_mu;  // an `opened` record and the wait for it go together
-  // How a closed gate is waited for: by the bell (rings from host functions) or, where
-  // those would cost training (ring_blocks_training), by polling the mirror.
+  // How a closed gate is waited for: by the bell, which the device's OpenWatcher rings
+  // once a stream-ordered open has taken effect (enqueue_ring), or by polling the mirror
+  // (FREERIDE_ADMISSION=poll). Null where polling.
+  OpenWatcher* watcher = nullptr;
   bool ring = true;
   // Green-context reserve: the context and the lowest-priority stream in it that tasks
   // which may (Task::runs_in_green_context) run on instead of `side`. Null otherwise.
@@ -313,14 +311,8 @@ struct CudaShared {
   void destroy_streams() noexcept {
     if (side != nullptr) (void)cudaStreamDestroy(side);
     if (control != nullptr) (void)cudaStreamDestroy(control);
-    // Work still pending on `notify` completes after the destroy; its host functions ring
-    // a bell that outlives the backend.
-    if (notify != nullptr) (void)cudaStreamDestroy(notify);
-    if (opened != nullptr) (void)cudaEventDestroy(opened);
     side = nullptr;
     control = nullptr;
-    notify = nullptr;
-    opened = nullptr;
     destroy_green();
     (void)cudaGetLastError();
   }
@@ -643,26 +635,21 @@ struct CudaShared {
     if (value == FREERIDE_GATE_OPEN) gate.bell->ring();
   }
 
-  static void CUDART_CB ring_bell(void* bell) { static_cast<Doorbell*>(bell)->ring(); }
-
   // Has gate.bell rung once `stream` reaches this point (just after an open's writes, so
-  // the mirror reads open by then). Caller holds `life` shared, not shut down. Never
-  // throws: the open itself is enqueued, and where no ring comes the executor thread
-  // still looks at the mirror every kAdmissionPoll. Skipped on a stream being captured
-  // into a graph, where a wait from an uncaptured stream would invalidate the capture.
+  // the mirror reads open by then): one event record on the training stream. Caller
+  // holds `life` shared, not shut down, with the device current. Never throws: the open
+  // itself is enqueued, and where no ring comes the executor thread still looks at the
+  // mirror every kAdmissionPoll. Skipped on a stream being captured into a graph, where
+  // waiting for an event recorded in the capture would invalidate it.
   void enqueue_ring(cudaStream_t stream) noexcept {
-    if (!ring || notify == nullptr) return;
+    if (watcher == nullptr) return;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
         capture != cudaStreamCaptureStatusNone) {
       (void)cudaGetLastError();
       return;
     }
-    std::lock_guard<std::mutex> lk(notify_mu);
-    cudaError_t err = cudaEventRecord(opened, stream);
-    if (err == cudaSuccess) err = cudaStreamWaitEvent(notify, opened, 0);
-    if (err == cudaSuccess) err = cudaLaunchHostFunc(notify, ring_bell, gate.bell);
-    if (err != cudaSuccess) (void)cudaGetLastError();
+    (void)watcher->ring_after(stream, gate.bell);
   }
 
   uint32_t mirror() const { return std::atomic_ref<unsigned int>(*gate.mirror).load(); }
@@ -766,19 +753,14 @@ void tighten_timer_slack() {
 #endif
 }
 
-// Whether gate opens ring the executor's bell through host functions (FREERIDE_ADMISSION
-// "ring", the default) or it polls the mirror ("poll"). A host function holds the work
-// queued behind it on its hardware queue until a driver thread has run it; with
-// CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM sets it) every stream shares one queue, so
-// the training stream would wait for each ring: poll there unless asked otherwise.
+// Whether gate opens ring the executor's bell (FREERIDE_ADMISSION "ring", the default:
+// see OpenWatcher) or it polls the mirror ("poll", for comparison in bench preempt).
 bool admission_rings() {
   const char* mode = std::getenv("FREERIDE_ADMISSION");
   const std::string wanted = mode == nullptr ? "" : mode;
   FR_ARG(wanted.empty() || wanted == "ring" || wanted == "poll",
          "FREERIDE_ADMISSION must be 'ring' or 'poll', got '" << wanted << "'");
-  if (!wanted.empty()) return wanted == "ring";
-  const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  return connections == nullptr || std::string(connections) != "1";
+  return wanted != "poll";
 }
 
 // Events recorded on the submitter's streams at submit; the side stream waits on them
@@ -1062,7 +1044,7 @@ class CudaRunner final : public PhaseRunner {
 
   // Until the gate's host mirror reads open (true) or stop() is requested (false). Spins
   // (yielding) for kAdmissionSpin first: gaps between compute actions are often that
-  // short, and a ring takes a driver thread's wake-up and then this one's. Then sleeps on
+  // short, and a ring takes the watcher thread's wake-up and then this one's. Then sleeps on
   // the bell, rung when a stream-ordered open has taken effect (enqueue_ring), on an
   // immediate open and on stop(), looking anyway every kAdmissionPoll; or, where rings are
   // off, polls every kPollSleep.
@@ -1245,10 +1227,7 @@ class CudaBackend final : public Backend {
     FR_CUDA_CHECK(cudaStreamCreateWithPriority(&s.control, cudaStreamNonBlocking, greatest));
     // Rings serve stream_wait too: iterative tasks wait for the gate on the host.
     s.ring = ring;
-    if (s.ring) {
-      FR_CUDA_CHECK(cudaStreamCreateWithFlags(&s.notify, cudaStreamNonBlocking));
-      FR_CUDA_CHECK(cudaEventCreateWithFlags(&s.opened, cudaEventDisableTiming));
-    }
+    if (s.ring) s.watcher = &OpenWatcher::for_device(device);
     if (green_wanted) s.try_green_context(options.reserve_sms, least);
     {
       std::lock_guard<std::mutex> lk(s.pool_mu);

@@ -1,7 +1,7 @@
 // A doorbell: one thread sleeps until another rings it. The CUDA backend's executor thread
-// sleeps on one while the gate is closed, and a host function that the GPU runs once a
-// stream-ordered open has taken effect rings it (cudaLaunchHostFunc), so admitting a
-// launch costs no CPU while training computes.
+// sleeps on one while the gate is closed, and a watcher thread (open_watcher.hpp) rings it
+// once a stream-ordered open has taken effect, so admitting a launch costs no CPU while
+// training computes.
 #pragma once
 
 #include <chrono>
@@ -13,7 +13,7 @@ namespace freeride {
 
 class Doorbell {
  public:
-  // Safe from any thread, including a CUDA host function (no CUDA call, a short lock).
+  // Safe from any thread (no CUDA call, a short lock).
   void ring() {
     {
       std::lock_guard<std::mutex> lk(mu_);

@@ -163,9 +163,10 @@ def test_image_tasks_match_the_host_backend(cuda_harvester):
 
 
 def test_admission_sleeps_while_the_gate_is_closed():
-    """While the gate is closed the executor thread sleeps on a bell, rung by a host
-    function behind the stream-ordered open, instead of polling the mirror (which cost
-    0.21 CPU-seconds per second: 200 yields, then a poll every 20 us)."""
+    """While the gate is closed the executor thread sleeps on a bell, rung by the
+    device's watcher thread once the stream-ordered open has taken effect, instead of
+    polling the mirror (which cost 0.21 CPU-seconds per second: 200 yields, then a poll
+    every 20 us)."""
     with fr.Harvester("cuda:0") as h:
         h.gate.close(stream="host")
         t = h.submit(fr.tasks.Spin(10**9, 10_000))

@@ -229,8 +229,8 @@ class Harvester:
     @property
     def admission(self) -> str:
         """How a side launch is let in once the gate opens: "ring" (the executor thread
-        sleeps until a host function behind the open wakes it), "poll" (it polls the
-        gate's host mirror: where CUDA_DEVICE_MAX_CONNECTIONS=1, or FREERIDE_ADMISSION=poll),
+        sleeps until a watcher thread, waiting for an event recorded behind the open,
+        wakes it), "poll" (it polls the gate's host mirror: FREERIDE_ADMISSION=poll),
         "stream-wait" (Harvester(stream_wait=True)), or "host" on the host backend."""
         return str(self._ex.admission)
 

@@ -6,9 +6,9 @@ close alone) inserted between every two kernels, against the same stream without
 CUDA events around both, the difference per inserted write. A long kernel in front keeps
 the GPU busy while the host enqueues, so host overhead does not show as GPU time; the
 host's own time per insertion (the training thread's cost) is a row of its own. The batch
-mechanism is measured twice: with the executor's bell rung by a host function behind
-every open (FREERIDE_ADMISSION=ring, the default) and with it polling instead ("poll"),
-which shows what the ring costs the training stream.
+mechanism is measured twice: with an event recorded behind every open for the executor's
+watcher (FREERIDE_ADMISSION=ring, the default) and with the executor polling instead
+("poll"), which shows what the ring costs the training stream.
 
 Visibility: a kernel just before the write records %globaltimer as it ends; a one-thread
 watcher on another stream spins on the gate word and records %globaltimer when it sees
@@ -132,7 +132,7 @@ def measure(quick: bool) -> dict:
             (
                 "gate write host cost = host time of the enqueueing loop with the writes -"
                 " without, per insertion (the training thread's cost; admission 'ring' adds"
-                " an event record, a stream wait and a host function to every open)"
+                " an event record to every open)"
             ),
             (
                 "gate write visibility = watcher's globaltimer on seeing the new value -"
