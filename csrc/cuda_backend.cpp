@@ -628,11 +628,16 @@ struct CudaShared {
   }
 
   // Immediate gate write, complete on return.
+  // In the stream-ordered writes' order: the sequence number before an open and after a
+  // close, so a reader of the mirror, then the number, never takes a closing bubble for a
+  // new one.
   void write_gate_now(uint32_t value, uint32_t seq) {
-    std::atomic_ref<unsigned int>(gate.mirror[1]).store(seq);
+    const bool open = value == FREERIDE_GATE_OPEN;
+    if (open) std::atomic_ref<unsigned int>(gate.mirror[1]).store(seq);
     if (!host_gate) write_now(gate.dev, value);
     std::atomic_ref<unsigned int>(*gate.mirror).store(value);
-    if (value == FREERIDE_GATE_OPEN) gate.bell->ring();
+    if (!open) std::atomic_ref<unsigned int>(gate.mirror[1]).store(seq);
+    if (open) gate.bell->ring();
   }
 
   // Has gate.bell rung once `stream` reaches this point (just after an open's writes, so

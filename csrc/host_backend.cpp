@@ -171,11 +171,14 @@ class HostBackend final : public Backend {
   // which unprivileged users lack. As on a GPU, where side blocks finish their current
   // item while training's kernels start, an item that passed the gate before the close
   // runs to its end beside compute, on a thread that yields its core to any training
-  // thread that wants it.
+  // thread that wants it. The number goes before an open and after a close, as on a GPU:
+  // a reader of the gate, then the number, never takes a closing bubble for a new one.
   void gate_write(uint32_t value, uintptr_t /*stream*/, uint32_t seq) override {
-    seq_.store(seq);
+    const bool open = value == FREERIDE_GATE_OPEN;
+    if (open) seq_.store(seq);
     gate_.store(value);
-    if (value == FREERIDE_GATE_OPEN) wake_waiters();
+    if (!open) seq_.store(seq);
+    if (open) wake_waiters();
   }
 
   uint32_t gate_read() const override { return gate_.load(); }
