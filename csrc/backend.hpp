@@ -96,8 +96,9 @@ class Backend {
   // polling: woken by opens (on CUDA once a stream-ordered open has taken effect). For
   // threads that wait for bubbles beside training (iterative tasks).
   virtual bool wait_open(double timeout_s) const = 0;
-  // How a launch is admitted on CUDA: "ring" (the executor thread sleeps until a host
-  // function behind the open wakes it), "poll" (it polls the gate's mirror) or
+  // How a launch is admitted on CUDA: "ring" (the executor thread sleeps until a watcher
+  // thread, waiting for an event recorded behind the open, wakes it), "poll" (it polls
+  // the gate's mirror) or
   // "stream-wait"; "host" on the host backend.
   virtual std::string admission() const { return "host"; }
 

@@ -10,7 +10,7 @@
 // a launch admitted just before a close exits at its next item boundary. The stream
 // wait remains available as an option (stream_wait).
 // While the gate is closed the executor thread sleeps: every stream-ordered open records
-// an event that the device's OpenWatcher thread waits for and then wakes it
+// an event that the backend's OpenWatcher thread waits for and then wakes it
 // (enqueue_ring), so admission costs no CPU during compute.
 //
 // A gate write on a stream is one cuStreamBatchMemOp carrying the gate, its mirror and
@@ -106,7 +106,7 @@ struct GateSlot {
   unsigned int* mirror = nullptr;      // host view of the host-visible copy; for a
                                        // host-memory gate, the gate itself
   unsigned int* mirror_dev = nullptr;  // device view of that copy (== dev for a host gate)
-  // Rung once an open has taken effect (the device's OpenWatcher), and by stops: the
+  // Rung once an open has taken effect (the backend's OpenWatcher), and by stops: the
   // executor thread sleeps on it while the gate is closed. As long-lived as the gate,
   // because the watcher may ring it for an open that a training stream reaches after the
   // harvester closed.
@@ -259,10 +259,10 @@ struct CudaShared {
   cudaStream_t side = nullptr;
   cudaStream_t control = nullptr;
   GateSlot gate;
-  // How a closed gate is waited for: by the bell, which the device's OpenWatcher rings
-  // once a stream-ordered open has taken effect (enqueue_ring), or by polling the mirror
-  // (FREERIDE_ADMISSION=poll). Null where polling.
-  OpenWatcher* watcher = nullptr;
+  // How a closed gate is waited for: by the bell, which `watcher` rings once a
+  // stream-ordered open has taken effect (enqueue_ring), or by polling the mirror
+  // (FREERIDE_ADMISSION=poll). Null where polling, and after shutdown.
+  std::unique_ptr<OpenWatcher> watcher;
   bool ring = true;
   // Green-context reserve: the context and the lowest-priority stream in it that tasks
   // which may (Task::runs_in_green_context) run on instead of `side`. Null otherwise.
@@ -1232,7 +1232,7 @@ class CudaBackend final : public Backend {
     FR_CUDA_CHECK(cudaStreamCreateWithPriority(&s.control, cudaStreamNonBlocking, greatest));
     // Rings serve stream_wait too: iterative tasks wait for the gate on the host.
     s.ring = ring;
-    if (s.ring) s.watcher = &OpenWatcher::for_device(device);
+    if (s.ring) s.watcher = std::make_unique<OpenWatcher>(device);
     if (green_wanted) s.try_green_context(options.reserve_sms, least);
     {
       std::lock_guard<std::mutex> lk(s.pool_mu);
@@ -1320,7 +1320,6 @@ class CudaBackend final : public Backend {
     const CudaShared& s = *s_;
     auto is_open = [&] { return s.mirror() == FREERIDE_GATE_OPEN; };
     if (s.ring) return wait_for_open(*s.gate.bell, timeout_s, is_open);
-    tighten_timer_slack();
     const auto deadline = std::chrono::steady_clock::now() + clamp_timeout(timeout_s);
     while (!is_open()) {
       if (std::chrono::steady_clock::now() >= deadline) return false;
@@ -1435,6 +1434,7 @@ class CudaBackend final : public Backend {
     if (err == cudaSuccess) err = control_err;
     s.destroy_streams();
     s.destroy_events();
+    s.watcher.reset();  // its thread ends once the opens it waits for are reached
     {
       std::lock_guard<std::mutex> plk(s.pool_mu);
       s.orphaned = true;

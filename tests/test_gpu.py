@@ -183,3 +183,29 @@ def test_admission_sleeps_while_the_gate_is_closed():
         wait_until(lambda: t.items_done > 0)
         t.cancel()
         assert t.wait(timeout=30)
+
+
+def test_process_exits_while_an_open_is_still_ahead_of_the_gpu(tmp_path):
+    """The watcher thread waits for an event recorded behind an open the GPU has not
+    reached yet; the interpreter must still exit at once and cleanly."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit_early.py"
+    script.write_text(
+        "import sys, torch, freeride as fr\n"
+        "h = fr.Harvester('cuda:0')\n"
+        "s = torch.cuda.Stream()\n"
+        "with torch.cuda.stream(s):\n"
+        "    h.gate.close()\n"
+        "    torch.cuda._sleep(10_000_000_000)  # seconds of GPU time\n"
+        "    h.gate.open()\n"
+        "print('exiting', flush=True)\n"
+        "sys.exit(0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert "exiting" in done.stdout, done.stderr
+    assert done.returncode == 0, done.stderr
+    assert "terminate called" not in done.stderr
