@@ -642,7 +642,8 @@ struct CudaShared {
 
   // Has gate.bell rung once `stream` reaches this point (just after an open's writes, so
   // the mirror reads open by then): one event record on the training stream. Caller
-  // holds `life` shared, not shut down, with the device current. Never throws: the open
+  // holds `life` shared (shutdown drops the watcher under it held exclusively: no ring
+  // after), with the device current. Never throws: the open
   // itself is enqueued, and where no ring comes the executor thread still looks at the
   // mirror every kAdmissionPoll. Skipped on a stream being captured into a graph, where
   // waiting for an event recorded in the capture would invalidate it.
@@ -756,6 +757,34 @@ void tighten_timer_slack() {
     done = true;
   }
 #endif
+}
+
+// Until the gate's host mirror reads open (true), or stopped() holds or `deadline` passes
+// (false). Spins (yielding) for kAdmissionSpin first: gaps between compute actions are
+// often that short, and a ring takes the watcher thread's wake-up and then this one's.
+// Then sleeps on the bell, rung when a stream-ordered open has taken effect
+// (enqueue_ring) and on an immediate open, looking anyway every kAdmissionPoll; or, where
+// rings are off, polls every kPollSleep.
+template <typename Stopped>
+bool wait_for_gate(const CudaShared& s, std::chrono::steady_clock::time_point deadline,
+                   Stopped stopped) {
+  Doorbell& bell = *s.gate.bell;
+  const auto spin_until = std::chrono::steady_clock::now() + kAdmissionSpin;
+  while (true) {
+    const uint64_t seen = bell.rings();  // before the checks: a ring between them counts
+    if (stopped()) return false;
+    if (s.mirror() == FREERIDE_GATE_OPEN) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return false;
+    if (now < spin_until) {
+      std::this_thread::yield();
+    } else if (s.ring) {
+      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
+      bell.wait_for(seen, std::min(kAdmissionPoll, left + std::chrono::microseconds(1)));
+    } else {
+      std::this_thread::sleep_for(kPollSleep);
+    }
+  }
 }
 
 // Whether gate opens ring the executor's bell (FREERIDE_ADMISSION "ring", the default:
@@ -1047,29 +1076,12 @@ class CudaRunner final : public PhaseRunner {
     launch_waits_ = true;
   }
 
-  // Until the gate's host mirror reads open (true) or stop() is requested (false). Spins
-  // (yielding) for kAdmissionSpin first: gaps between compute actions are often that
-  // short, and a ring takes the watcher thread's wake-up and then this one's. Then sleeps on
-  // the bell, rung when a stream-ordered open has taken effect (enqueue_ring), on an
-  // immediate open and on stop(), looking anyway every kAdmissionPoll; or, where rings are
-  // off, polls every kPollSleep.
+  // Until the gate's host mirror reads open (true) or stop() is requested (false); the
+  // bell also rings on stop().
   bool wait_for_open() const {
-    const CudaShared& s = *s_;
-    Doorbell& bell = *s.gate.bell;
-    const auto spin_until = std::chrono::steady_clock::now() + kAdmissionSpin;
-    if (!s.ring) tighten_timer_slack();
-    while (true) {
-      const uint64_t seen = bell.rings();  // before the checks: a ring between them counts
-      if (stop_requested_.load()) return false;
-      if (s.mirror() == FREERIDE_GATE_OPEN) return true;
-      if (std::chrono::steady_clock::now() < spin_until) {
-        std::this_thread::yield();
-      } else if (s.ring) {
-        bell.wait_for(seen, kAdmissionPoll);
-      } else {
-        std::this_thread::sleep_for(kPollSleep);
-      }
-    }
+    if (!s_->ring) tighten_timer_slack();  // this thread only ever waits for the gate
+    return wait_for_gate(*s_, std::chrono::steady_clock::time_point::max(),
+                         [&] { return stop_requested_.load(); });
   }
 
   void destroy_events() noexcept {
@@ -1308,24 +1320,16 @@ class CudaBackend final : public Backend {
     // Still allowed after shutdown (the gate is never freed): a training hook that fires
     // after close must not fail the training step.
     s.enqueue_gate_write(value, reinterpret_cast<cudaStream_t>(stream), seq);
-    if (value == FREERIDE_GATE_OPEN && !s.shut_down) {
-      s.enqueue_ring(reinterpret_cast<cudaStream_t>(stream));
-    }
+    // No ring after shutdown: the watcher is gone (enqueue_ring).
+    if (value == FREERIDE_GATE_OPEN) s.enqueue_ring(reinterpret_cast<cudaStream_t>(stream));
   }
 
   // The mirror: every write that has taken effect on the GPU, read without a copy.
   uint32_t gate_read() const override { return s_->mirror(); }
   uint32_t gate_seq() const override { return s_->mirror_seq(); }
   bool wait_open(double timeout_s) const override {
-    const CudaShared& s = *s_;
-    auto is_open = [&] { return s.mirror() == FREERIDE_GATE_OPEN; };
-    if (s.ring) return wait_for_open(*s.gate.bell, timeout_s, is_open);
-    const auto deadline = std::chrono::steady_clock::now() + clamp_timeout(timeout_s);
-    while (!is_open()) {
-      if (std::chrono::steady_clock::now() >= deadline) return false;
-      std::this_thread::sleep_for(kPollSleep);
-    }
-    return true;
+    return wait_for_gate(*s_, std::chrono::steady_clock::now() + clamp_timeout(timeout_s),
+                         [] { return false; });
   }
 
   // The executor thread queries and synchronises events while training may be capturing
