@@ -46,7 +46,6 @@ Executor::~Executor() {
 
 uint64_t Executor::submit(std::shared_ptr<Task> task, int priority,
                           const std::vector<uintptr_t>& after) {
-  FR_ARG(task != nullptr, "task must not be null");
   // Captured on the submitting thread, now: the side stream must not overtake what the
   // caller enqueued before submit (inputs being written, buffers being zeroed).
   std::unique_ptr<StreamDependency> dependency;
