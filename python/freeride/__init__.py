@@ -19,6 +19,8 @@ from .errors import (
     HarvesterClosedError,
     KernelCompileError,
     MemoryBudgetError,
+    QueueAuthError,
+    RankLostError,
     TaskCancelledError,
     TaskFailedError,
 )
@@ -26,7 +28,7 @@ from .gate import Gate
 from .handle import TaskHandle
 from .harvester import Harvester
 from .iterative import IterativeHandle, IterativeTask
-from .jobqueue import JobQueue, RemoteHandle
+from .job import JobClient, JobQueue, RemoteHandle
 from .placement import Load, TaskSpec
 from .report import Report, merge_chrome_traces
 from .reserve import Reserve
@@ -85,10 +87,13 @@ __all__ = [
     "HarvesterClosedError",
     "IterativeHandle",
     "IterativeTask",
+    "JobClient",
     "JobQueue",
     "KernelCompileError",
     "Load",
     "MemoryBudgetError",
+    "QueueAuthError",
+    "RankLostError",
     "RemoteHandle",
     "Report",
     "Reserve",

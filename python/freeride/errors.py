@@ -32,3 +32,18 @@ class KernelCompileError(FreerideError):
     def __init__(self, message: str, log: str = "") -> None:
         super().__init__(f"{message}\n{log}".rstrip() if log else message)
         self.log = log
+
+
+class RankLostError(FreerideError):
+    """A rank of the job queue stopped answering (killed, crashed, or cut off): a task
+    that ran there, or the queue itself if it was the queue's leader, cannot finish.
+    ``rank`` names it."""
+
+    def __init__(self, message: str, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
+class QueueAuthError(FreerideError, PermissionError):
+    """The secret given to ``fr.JobQueue.connect`` is not the job queue's: nothing was
+    sent."""

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._checks import check_float
 from ._units import parse_memory
-from .tasks._base import check_float
 
 
 def resolve(ref: str | Callable[..., Any]) -> Callable[..., Any]:

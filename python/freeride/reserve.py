@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ._checks import check_count
 from ._units import parse_memory
-from .tasks._base import check_count
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
-import operator
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
+from .._checks import check_count, check_float  # noqa: F401 - re-exported to the tasks
 
 _U64 = 2**64 - 1
 
@@ -34,32 +34,6 @@ class Task:
     def _build(self, harvester: Any) -> Built:
         """Validates the task against the harvester's device and creates the core task."""
         raise NotImplementedError
-
-
-def check_count(value: Any, name: str, minimum: int = 1, maximum: int = 2**63 - 1) -> int:
-    """An integer in [minimum, maximum]; counters are 64-bit, so item counts beyond
-    32 bits are fine."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, got a bool")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    if value > maximum:
-        raise ValueError(f"{name} must be <= {maximum}, got {value}")
-    return value
-
-
-def check_float(value: Any, name: str) -> float:
-    """A finite real number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
-    return value
 
 
 def zeros(shape: tuple[int, ...], dtype: str, kind: str, device: int) -> tuple[Any, int]:

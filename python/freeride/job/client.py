@@ -1,0 +1,245 @@
+"""JobClient: submits to and watches a running job's queue from a process that is not one
+of its ranks (the side-task manager's seat), with the queue's secret."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import stat
+import threading
+import time
+from typing import Any
+
+from .._checks import check_count, check_float
+from ..errors import QueueAuthError, RankLostError
+from ..placement import TaskSpec
+from . import mailbox
+from . import messages as m
+from .handle import RemoteHandle
+from .serving import Serving
+
+log = logging.getLogger("freeride.job")
+
+
+def read_secret_file(path: str | os.PathLike) -> tuple[str, bytes]:
+    """(address, secret) from a file JobQueue(secret_file=...) wrote. Refuses a file
+    that others than its owner can read: the secret lets its holder run code as the job."""
+    path = os.fspath(path)
+    try:
+        mode = os.stat(path).st_mode
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"secret_file {path!r} does not exist") from None
+    except (OSError, ValueError) as exc:
+        raise ValueError(
+            f"secret_file {path!r} cannot be read as the queue's JSON: {exc}"
+        ) from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise PermissionError(
+            f"secret_file {path!r} has mode {stat.S_IMODE(mode):04o}: others than its owner "
+            f"can read the job's secret; chmod 600 {path}"
+        )
+    if not (
+        isinstance(data, dict)
+        and isinstance(data.get("address"), str)
+        and isinstance(data.get("secret"), str)
+    ):
+        raise ValueError(  # noqa: TRY004 - a bad file's content, not a bad argument
+            f"secret_file {path!r} lacks 'address' and 'secret'"
+        )
+    return data["address"], _secret_bytes(data["secret"], "secret_file's secret")
+
+
+def _secret_bytes(secret: bytes | str, name: str) -> bytes:
+    if isinstance(secret, str):
+        try:
+            secret = bytes.fromhex(secret)
+        except ValueError:
+            raise ValueError(f"{name} must be {mailbox.SECRET_BYTES * 2} hex digits") from None
+    if not isinstance(secret, bytes) or len(secret) != mailbox.SECRET_BYTES:
+        raise ValueError(
+            f"{name} must be {mailbox.SECRET_BYTES} bytes (or {mailbox.SECRET_BYTES * 2} hex "
+            "digits)"
+        )
+    return secret
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    if not isinstance(address, str) or ":" not in address:
+        raise ValueError(f"address must be 'host:port', got {address!r}")
+    host, _, port = address.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        number = int(port)
+    except ValueError:
+        raise ValueError(f"address must be 'host:port', got {address!r}") from None
+    if not host or not 0 < number < 65536:
+        raise ValueError(f"address must be 'host:port' with a port in 1..65535, got {address!r}")
+    return host, number
+
+
+class JobClient:
+    """A client of a running job's queue (see fr.JobQueue.connect). Tasks it submits run
+    in the job like any rank's; they outlive the client (close() stops their updates
+    here, unless `cancel=True`)."""
+
+    def __init__(
+        self,
+        address: str | None = None,
+        secret: bytes | str | None = None,
+        *,
+        secret_file: str | os.PathLike | None = None,
+        timeout: float = 10.0,
+    ) -> None:
+        if secret_file is not None:
+            if address is not None or secret is not None:
+                raise TypeError("give either secret_file or address and secret, not both")
+            address, key = read_secret_file(secret_file)
+        else:
+            if address is None or secret is None:
+                raise TypeError("JobQueue.connect needs address and secret, or secret_file")
+            key = _secret_bytes(secret, "secret")
+        host, port = _split_address(address)
+        timeout = check_float(timeout, "timeout")
+        self.address = address
+        try:
+            store = mailbox.connect(host, port, timeout)
+            reader = mailbox.connect(host, port, timeout)
+        except Exception as exc:  # noqa: BLE001 - torch raises several kinds
+            raise ConnectionError(f"no job queue answers at {address}: {exc}") from None
+        if not mailbox.check_proof(store, key):
+            raise QueueAuthError(
+                f"refused: the secret does not match the job queue at {address}; nothing was sent"
+            )
+        self._out = mailbox.Outbox(store, key)
+        self._n = self._out.add("fr-clients", 1)
+        self._box = m.client_box(self._n)
+        self._inbox = mailbox.Inbox(reader, key, self._box)
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._handles: dict[str, RemoteHandle] = {}
+        self._replies: dict[int, list[dict]] = {}
+        self._replied = threading.Condition(self._lock)
+        self._requests = itertools.count(1)
+        self.closed_by_job = False
+        self._closed = False
+        self._out.send(m.COORD, ("hello", self._box))
+        self._reader = Serving("freeride-jobclient", self._step, max_idle=0.02)
+        self._reader.start()
+
+    def _send_coord(self, message: tuple) -> None:
+        self._out.send(m.COORD, message)
+
+    def submit(self, spec: TaskSpec, priority: int = 0) -> RemoteHandle:
+        """Queues `spec` in the job; returns a handle that follows it."""
+        if not isinstance(spec, TaskSpec):
+            raise TypeError(
+                f"spec must be a freeride.placement.TaskSpec, got {type(spec).__name__}"
+            )
+        priority = check_count(priority, "priority", -(2**31), 2**31 - 1)
+        data = spec.dumps()
+        if self._closed or self.closed_by_job:
+            raise RuntimeError("the client is closed" if self._closed else "the job queue closed")
+        task_id = f"c{self._n}:{next(self._ids)}"
+        handle = RemoteHandle(self, task_id, spec)
+        with self._lock:
+            self._handles[task_id] = handle
+        try:
+            self._send_coord(("submit", task_id, data, priority, self._box))
+        except Exception as exc:  # noqa: BLE001
+            with self._lock:
+                self._handles.pop(task_id, None)
+            raise RankLostError(
+                f"the job queue at {self.address} cannot be reached: {exc}"
+            ) from None
+        return handle
+
+    def status(self, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """Every task the queue knows (the last 10,000 final ones included): dicts with
+        "id", "label", "state", "rank", "items_done", "items_total", "priority" and
+        "origin" (the submitter's box)."""
+        request = next(self._requests)
+        self._send_coord(("status", self._box, request))
+        deadline = time.monotonic() + check_float(timeout, "timeout")
+        with self._replied:
+            while request not in self._replies:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.closed_by_job:
+                    raise TimeoutError(
+                        f"the job queue at {self.address} did not answer within {timeout} s"
+                    )
+                self._replied.wait(left)
+            return self._replies.pop(request)
+
+    def close(self, cancel: bool = False) -> None:
+        """Stops following this client's tasks (with `cancel`, cancels those not final
+        first) and joins the client's thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            handles = [h for h in self._handles.values() if not h.done()]
+        try:
+            if cancel:
+                for handle in handles:
+                    handle.cancel(wait=False)
+            self._send_coord(("bye", self._box))
+        except Exception:  # noqa: BLE001, S110 - the job may be gone already
+            pass
+        self._reader.stop()
+        self._inbox.release()
+        self._out.release()
+
+    def __enter__(self) -> JobClient:  # noqa: PYI034
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _step(self) -> bool:
+        try:
+            message = self._inbox.poll()
+        except Exception:  # noqa: BLE001 - the job is gone
+            self._job_gone()
+            self._reader.halt()
+            return False
+        if message is None:
+            return False
+        try:
+            self._handle(m.to_agent(message))
+        except m.Malformed as exc:
+            log.warning("freeride job client: dropped a malformed message: %s", exc)
+        return True
+
+    def _handle(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "update":
+            task_id, state, rank, done, total, error, err_kind, blob = message[1:]
+            with self._lock:
+                handle = self._handles.get(task_id)
+            if handle is None:
+                return
+            handle._apply(self._inbox, state, rank, done, total, error, err_kind, blob)
+        elif kind == "status":
+            with self._replied:
+                self._replies[message[1]] = message[2]
+                self._replied.notify_all()
+        elif kind == "closed":
+            self.closed_by_job = True
+            with self._replied:
+                self._replied.notify_all()
+
+    def _job_gone(self) -> None:
+        self.closed_by_job = True
+        with self._lock:
+            handles = list(self._handles.values())
+        for handle in handles:
+            handle._final("failed", f"the job queue at {self.address} is gone", "rank_lost")
+        with self._replied:
+            self._replied.notify_all()
+
+    def __repr__(self) -> str:
+        return f"JobClient({self.address}, box={self._box})"

@@ -1,0 +1,449 @@
+"""The job queue's coordinator: one thread on the queue's leader rank that places tasks,
+relays their states to whoever submitted them, notices ranks that went silent, and runs
+the queue's close."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import pickle
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from ..placement import Decision, Policy, RankState, TaskSpec
+from . import messages as m
+from .mailbox import Inbox, Outbox
+from .serving import Serving
+
+log = logging.getLogger("freeride.job")
+
+_GRACE_S = 1.0  # how long placement waits for every rank's first bubble measurement
+_KEEP_FINAL = 10_000  # final tasks kept for status(); older ones are forgotten
+_KEEP_DECISIONS = 10_000
+
+
+@dataclass
+class _Placed:
+    """The coordinator's record of a task."""
+
+    task_id: str
+    spec_bytes: bytes | None
+    spec: TaskSpec | None
+    label: str
+    priority: int
+    reply: str  # the submitter's box
+    rank: int | None = None
+    state: str = "queued"
+    cancel: bool = False
+    done: int = 0
+    total: int | None = None
+
+
+class Coordinator(Serving):
+    """Rank `ranks[0]`'s placement loop. `outbox` sends to agents and clients; `inbox`
+    reads "fr-coord"."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        outbox: Outbox,
+        inbox: Inbox,
+        ranks: list[int],
+        rank_timeout: float,
+    ) -> None:
+        super().__init__("freeride-jobqueue-coord")
+        self._policy = policy
+        self._out = outbox
+        self._inbox = inbox
+        self._ranks = {r: RankState(r) for r in ranks}
+        self._rank_timeout = rank_timeout
+        now = time.monotonic()
+        self._seen = dict.fromkeys(ranks, now)
+        self._beats = dict.fromkeys(ranks, -1)
+        self._beats_read = 0.0
+        self._lost: set[int] = set()
+        self._closing: set[int] = set()
+        self._gone: set[int] = set()
+        self._clients: set[str] = set()
+        self._closed_boxes: set[str] = set()
+        self._tasks: dict[str, _Placed] = {}
+        self._finals: deque[str] = deque()
+        self._pending: list[tuple[int, int, str]] = []
+        self._seq = itertools.count()
+        self._finished = threading.Event()  # close ran: every final state sent
+        self._bye_at: float | None = None
+        self._first_measured: float | None = None
+        self.decisions: deque[Decision] = deque(maxlen=_KEEP_DECISIONS)
+        self.malformed = 0
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Drops the coordinator's store connection (its thread has ended)."""
+        self._inbox.release()
+
+    @property
+    def lost(self) -> set[int]:
+        return set(self._lost)
+
+    def step(self) -> bool:
+        """Handles one message, or (with none waiting) checks liveness and places; ends
+        the thread once the close is over."""
+        message = self._inbox.poll()
+        if message is not None:
+            self.handle(message)
+            return True
+        self._check_liveness()
+        if not self._finished.is_set():
+            if self._closing | self._lost >= set(self._ranks):
+                self._finish()
+            else:
+                self._place()
+        elif self._all_gone():
+            self.halt()
+        return False
+
+    def _all_gone(self) -> bool:
+        waiting = self._closing - self._gone
+        if not waiting:
+            return True
+        # A rank that closed but never says it is gone is treated as lost after the bound.
+        return self._bye_at is not None and time.monotonic() - self._bye_at > self._rank_timeout
+
+    # -- messages ----------------------------------------------------------------------------
+
+    def handle(self, message: Any) -> None:
+        """Acts on one verified message; a malformed one is counted and logged."""
+        try:
+            message = m.to_coordinator(message)
+            if message[0] in ("stats", "state", "handback", "closing", "gone"):
+                rank = message[1] if message[0] != "state" else message[2]
+                if rank not in self._ranks:
+                    raise m.Malformed(f"unknown rank {rank}")
+            getattr(self, "_on_" + message[0])(*message[1:])
+        except m.Malformed as exc:
+            self.malformed += 1
+            log.warning("freeride job queue: coordinator dropped a malformed message: %s", exc)
+
+    def _on_submit(self, task_id: str, data: bytes, priority: int, reply: str) -> None:
+        if task_id in self._tasks:
+            raise m.Malformed(f"task id {task_id!r} is taken")
+        try:
+            spec = pickle.loads(data)
+            if not isinstance(spec, TaskSpec):
+                raise TypeError(f"not a TaskSpec but {type(spec).__name__}")
+            label = spec.label
+        except Exception as exc:  # noqa: BLE001 - fails the task, not the coordinator
+            task = _Placed(task_id, None, None, "?", priority, reply)
+            self._tasks[task_id] = task
+            self._final(
+                task,
+                "failed",
+                None,
+                0,
+                None,
+                f"the spec could not be read: {type(exc).__name__}: {exc}",
+                "failed",
+                None,
+            )
+            return
+        self._tasks[task_id] = _Placed(task_id, data, spec, label, priority, reply)
+        if self._finished.is_set():
+            self._final(
+                self._tasks[task_id],
+                "cancelled",
+                None,
+                0,
+                None,
+                "cancelled: the job queue closed",
+                "cancelled",
+                None,
+            )
+            return
+        heapq.heappush(self._pending, (-priority, next(self._seq), task_id))
+
+    def _on_stats(
+        self, rank: int, bubble: int, longest: int, free: int | None, iterations: int
+    ) -> None:
+        r = self._ranks[rank]
+        r.bubble_ns, r.longest_bubble_ns, r.free_bytes, r.iterations = (
+            bubble,
+            longest,
+            free,
+            iterations,
+        )
+
+    def _on_state(
+        self,
+        task_id: str,
+        rank: int,
+        state: str,
+        done: int,
+        total: int | None,
+        error: str | None,
+        kind: str | None,
+        blob: tuple | None,
+    ) -> None:
+        task = self._tasks.get(task_id)
+        if task is None or task.state in m.FINAL or task.rank != rank:
+            if blob is not None:
+                self._out.delete_blob(*blob)  # nobody will read it
+            return
+        if state in m.FINAL:
+            self._final(task, state, rank, done, total, error, kind, blob)
+        else:
+            task.state, task.done, task.total = state, done, total
+            self._notify(task, state, rank, done, total, None, None, None)
+
+    def _on_handback(self, rank: int, task_ids: list[str]) -> None:
+        r = self._ranks[rank]
+        r.alive = False  # a rank hands back only when it leaves or its harvester closed
+        for task_id in task_ids:
+            task = self._tasks.get(task_id)
+            r.outstanding.discard(task_id)
+            r.iterative.discard(task_id)
+            if task is None or task.state in m.FINAL or task.rank != rank:
+                continue
+            self._requeue(task)
+
+    def _on_cancel(self, task_id: str) -> None:
+        task = self._tasks.get(task_id)
+        if task is None or task.state in m.FINAL:
+            return
+        task.cancel = True
+        if task.rank is None:
+            self._final(
+                task, "cancelled", None, task.done, task.total, "cancelled", "cancelled", None
+            )
+        else:
+            self._send(m.agent_box(task.rank), ("cancel", task.task_id))
+
+    def _on_closing(self, rank: int) -> None:
+        self._closing.add(rank)
+        self._ranks[rank].alive = False
+        if self._finished.is_set():  # late (it was declared lost): it still gets its bye
+            self._out.send(m.agent_box(rank), ("bye",))
+
+    def _on_gone(self, rank: int) -> None:
+        self._gone.add(rank)
+        if rank not in self._closing:  # left without closing (abort): like a lost rank,
+            self._depart(rank, lost=False)  # but its own reports already came in
+
+    def _on_hello(self, box: str) -> None:
+        self._clients.add(box)
+        if self._finished.is_set():
+            self._send(box, ("closed",))
+
+    def _on_status(self, box: str, request: int) -> None:
+        rows = [
+            {
+                "id": t.task_id,
+                "label": t.label,
+                "state": t.state,
+                "rank": t.rank,
+                "items_done": t.done,
+                "items_total": t.total,
+                "priority": t.priority,
+                "origin": t.reply,
+            }
+            for t in self._tasks.values()
+        ]
+        self._send(box, ("status", request, rows))
+
+    def _on_bye(self, box: str) -> None:
+        self._clients.discard(box)
+        self._closed_boxes.add(box)
+
+    # -- ranks that go away -------------------------------------------------------------------
+
+    def _check_liveness(self) -> None:
+        """Reads every rank's beat counter (4 times a second); a rank whose counter did
+        not move for rank_timeout is lost."""
+        now = time.monotonic()
+        if now - self._beats_read < 0.25:
+            return
+        self._beats_read = now
+        for rank in self._ranks:
+            if rank in self._lost or rank in self._gone:
+                continue
+            beat = self._out.add(m.beat_key(rank), 0)
+            if beat != self._beats[rank]:
+                self._beats[rank], self._seen[rank] = beat, now
+            elif now - self._seen[rank] > self._rank_timeout:
+                self._depart(rank, lost=True)
+
+    def _depart(self, rank: int, lost: bool) -> None:
+        """`rank` is gone for good: its unstarted tasks go elsewhere, its started ones fail
+        (lost) and the tasks it submitted are cancelled (nobody waits for them)."""
+        if lost:
+            self._lost.add(rank)
+            log.warning(
+                "freeride job queue: rank %d sent nothing for %.1f s: declared lost",
+                rank,
+                self._rank_timeout,
+            )
+        r = self._ranks[rank]
+        r.alive = False
+        box = m.agent_box(rank)
+        self._closed_boxes.add(box)
+        for task in list(self._tasks.values()):
+            if task.state in m.FINAL:
+                continue
+            if task.rank == rank:
+                r.outstanding.discard(task.task_id)
+                r.iterative.discard(task.task_id)
+                if task.state == "queued" or not lost:
+                    self._requeue(task)
+                else:
+                    self._final(
+                        task,
+                        "failed",
+                        rank,
+                        task.done,
+                        task.total,
+                        f"rank {rank} was lost while the task ran there "
+                        f"(silent for {self._rank_timeout:g} s)",
+                        "rank_lost",
+                        None,
+                    )
+            if task.reply == box and task.state not in m.FINAL:
+                self._on_cancel(task.task_id)
+        if lost:  # the lost rank too: if it lives after all, it must not wait for us
+            for other in self._ranks:
+                if other == rank or (other not in self._lost and other not in self._gone):
+                    self._out.send(m.agent_box(other), ("lost", rank))
+
+    def _requeue(self, task: _Placed) -> None:
+        task.rank, task.state = None, "queued"
+        if task.cancel:
+            self._final(
+                task, "cancelled", None, task.done, task.total, "cancelled", "cancelled", None
+            )
+            return
+        heapq.heappush(self._pending, (-task.priority, next(self._seq), task.task_id))
+        self._notify(task, "queued", None, 0, None, None, None, None)
+
+    # -- placement ---------------------------------------------------------------------------
+
+    def _measuring(self, ranks: list[RankState]) -> bool:
+        """True while some ranks have measured bubbles and others have not reported theirs
+        yet (for at most _GRACE_S): placing then would favour whoever reported first."""
+        measured = [r.bubble_ns > 0 for r in ranks if r.alive]
+        if not any(measured):
+            return False
+        now = time.monotonic()
+        if self._first_measured is None:
+            self._first_measured = now
+        return not all(measured) and now - self._first_measured < _GRACE_S
+
+    def _place(self) -> None:
+        """Places pending tasks, most urgent first, while some rank has room."""
+        ranks = list(self._ranks.values())
+        if not self._pending or self._measuring(ranks):
+            return
+        deferred = []
+        while self._pending:
+            entry = heapq.heappop(self._pending)
+            task = self._tasks.get(entry[2])
+            if task is None or task.state in m.FINAL or task.rank is not None:
+                continue
+            choice = self._policy.choose(task.spec, ranks)
+            if choice is None:
+                deferred.append(entry)
+                if not any(r.alive and len(r.outstanding) < self._policy.depth for r in ranks):
+                    break
+                continue
+            rank, reason = choice
+            task.rank = rank
+            r = self._ranks[rank]
+            r.outstanding.add(task.task_id)
+            if task.spec.is_iterative:
+                r.iterative.add(task.task_id)
+            self.decisions.append(
+                Decision(
+                    task.task_id,
+                    task.label,
+                    rank,
+                    reason,
+                    {x.rank: x.bubble_ns / 1e6 for x in ranks},
+                )
+            )
+            self._send(m.agent_box(rank), ("run", task.task_id, task.spec_bytes, task.priority))
+            self._notify(task, "queued", rank, 0, None, None, None, None)
+        for entry in deferred:
+            heapq.heappush(self._pending, entry)
+
+    # -- closing -----------------------------------------------------------------------------
+
+    def _finish(self) -> None:
+        """Every rank is closing or lost: cancel what is left and say goodbye."""
+        for task in list(self._tasks.values()):
+            if task.state not in m.FINAL:
+                self._final(
+                    task,
+                    "cancelled",
+                    task.rank,
+                    task.done,
+                    task.total,
+                    "cancelled: the job queue closed",
+                    "cancelled",
+                    None,
+                )
+        for rank in self._closing - self._gone:
+            self._out.send(m.agent_box(rank), ("bye",))
+        for box in self._clients:
+            self._send(box, ("closed",))
+        self._bye_at = time.monotonic()
+        self._finished.set()
+
+    # -- telling submitters ------------------------------------------------------------------
+
+    def _final(
+        self,
+        task: _Placed,
+        state: str,
+        rank: int | None,
+        done: int,
+        total: int | None,
+        error: str | None,
+        kind: str | None,
+        blob: tuple | None,
+    ) -> None:
+        task.state, task.done, task.total = state, done, total
+        if task.rank is not None:
+            r = self._ranks[task.rank]
+            r.outstanding.discard(task.task_id)
+            r.iterative.discard(task.task_id)
+        task.spec_bytes = None  # a final task keeps only what status() shows
+        self._finals.append(task.task_id)
+        while len(self._finals) > _KEEP_FINAL:
+            self._tasks.pop(self._finals.popleft(), None)
+        self._notify(task, state, rank, done, total, error, kind, blob)
+
+    def _notify(
+        self,
+        task: _Placed,
+        state: str,
+        rank: int | None,
+        done: int,
+        total: int | None,
+        error: str | None,
+        kind: str | None,
+        blob: tuple | None,
+    ) -> None:
+        if task.reply in self._closed_boxes:
+            if blob is not None:
+                self._out.delete_blob(*blob)
+            return
+        self._send(
+            task.reply, ("update", task.task_id, state, rank, done, total, error, kind, blob)
+        )
+
+    def _send(self, box: str, message: tuple) -> None:
+        if box in self._closed_boxes and message[0] != "bye":
+            return
+        self._out.send(box, message)

@@ -1,0 +1,161 @@
+"""The job queue's messages and their shapes.
+
+Every message is a tuple whose first field names its kind. A verified message is still
+checked against its kind's shape before anything acts on it, so a malformed one (a bug,
+a version mismatch, a holder of the secret sending nonsense) is rejected with a reason
+instead of raising inside a serving thread.
+
+To the coordinator (box "fr-coord"):
+    ("submit", task_id, spec_bytes, priority, reply_box)
+    ("cancel", task_id)
+    ("stats", rank, bubble_ns, longest_bubble_ns, free_bytes | None, iterations)
+    ("state", task_id, rank, state, items_done, items_total | None, error | None,
+        error_kind | None, blob | None)
+    ("handback", rank, [task_id, ...])
+    ("closing", rank)       the rank is closing: place nothing more there
+    ("gone", rank)          the rank's agent has stopped (after close, or abort)
+    ("hello", reply_box)    an outside client opened `reply_box`
+    ("status", reply_box, request)   asks for the task table
+    ("bye", reply_box)      the client closed: send nothing more there
+To a rank's agent ("fr-agent/<rank>") or a client ("fr-client/<n>"):
+    ("run", task_id, spec_bytes, priority)
+    ("cancel", task_id)
+    ("update", task_id, state, rank | None, items_done, items_total | None, error | None,
+        error_kind | None, blob | None)
+    ("lost", rank)
+    ("bye",)                every final state the coordinator will send has been sent
+    ("status", request, rows)
+    ("closed",)             (to clients) the queue closed
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+COORD = "fr-coord"
+FINAL = ("done", "failed", "cancelled")
+STATES = ("queued", "running", "paused", *FINAL)
+ERROR_KINDS = ("failed", "cancelled", "rank_lost")
+
+
+def agent_box(rank: int) -> str:
+    return f"fr-agent/{rank}"
+
+
+def client_box(n: int) -> str:
+    return f"fr-client/{n}"
+
+
+def beat_key(rank: int) -> str:
+    """A counter the rank raises every 100 ms while it lives: liveness apart from the
+    message stream, so a stalled box never makes a live rank look dead."""
+    return f"fr-beat/{rank}"
+
+
+class Malformed(ValueError):
+    """A message that does not have its kind's shape."""
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63
+
+
+def _count(v: Any) -> bool:
+    return _int(v) and v >= 0
+
+
+def _opt(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or check(v)
+
+
+def _str(v: Any) -> bool:
+    return isinstance(v, str) and 0 < len(v) <= 4096
+
+
+def _text(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _bytes(v: Any) -> bool:
+    return isinstance(v, bytes)
+
+
+def _state(v: Any) -> bool:
+    return v in STATES
+
+
+def _error_kind(v: Any) -> bool:
+    return v is None or v in ERROR_KINDS
+
+
+def _blob(v: Any) -> bool:
+    return (
+        v is None
+        or isinstance(v, tuple)
+        and len(v) == 2
+        and _str(v[0])
+        and _int(v[1])
+        and 1 <= v[1] <= 1 << 16
+    )
+
+
+def _ids(v: Any) -> bool:
+    return isinstance(v, list) and all(_str(x) for x in v)
+
+
+def _rows(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, dict) for x in v)
+
+
+def _box(v: Any) -> bool:
+    return _str(v) and v.startswith(("fr-agent/", "fr-client/"))
+
+
+_RANK = _count
+_TO_COORD: dict[str, tuple[Callable[[Any], bool], ...]] = {
+    "submit": (_str, _bytes, _int, _box),
+    "cancel": (_str,),
+    "stats": (_RANK, _count, _count, _opt(_count), _count),
+    "state": (_str, _RANK, _state, _count, _opt(_count), _opt(_text), _error_kind, _blob),
+    "handback": (_RANK, _ids),
+    "closing": (_RANK,),
+    "gone": (_RANK,),
+    "hello": (_box,),
+    "status": (_box, _int),
+    "bye": (_box,),
+}
+_TO_AGENT: dict[str, tuple[Callable[[Any], bool], ...]] = {
+    "run": (_str, _bytes, _int),
+    "cancel": (_str,),
+    "update": (_str, _state, _opt(_RANK), _count, _opt(_count), _opt(_text), _error_kind, _blob),
+    "lost": (_RANK,),
+    "bye": (),
+    "status": (_int, _rows),
+    "closed": (),
+}
+
+
+def _check(message: Any, shapes: dict[str, tuple[Callable[[Any], bool], ...]]) -> tuple:
+    if not isinstance(message, tuple) or not message:
+        raise Malformed(f"not a non-empty tuple: {type(message).__name__}")
+    kind = message[0]
+    shape = shapes.get(kind) if isinstance(kind, str) else None
+    if shape is None:
+        raise Malformed(f"unknown kind {kind!r}")
+    if len(message) != len(shape) + 1:
+        raise Malformed(f"{kind!r} takes {len(shape)} fields, got {len(message) - 1}")
+    for i, (check, value) in enumerate(zip(shape, message[1:]), 1):
+        if not check(value):
+            raise Malformed(f"{kind!r} field {i} is not valid: {value!r:.80}")
+    return message
+
+
+def to_coordinator(message: Any) -> tuple:
+    """`message` if it has the shape of a message to the coordinator, else Malformed."""
+    return _check(message, _TO_COORD)
+
+
+def to_agent(message: Any) -> tuple:
+    """`message` if it has the shape of a message to an agent or client, else Malformed."""
+    return _check(message, _TO_AGENT)

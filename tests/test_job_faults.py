@@ -1,0 +1,87 @@
+"""The job queue when a rank dies: a 3-rank gloo job loses a rank (SIGKILL) while that
+rank runs a placed task, and a 2-rank job loses its leader."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+
+import pytest
+
+pytest.importorskip("torch")
+
+import job_fault_worker
+
+BOUND_S = job_fault_worker.RANK_TIMEOUT + 3.0  # detection, plus a loaded 2-core machine
+
+
+def _run(tmp_path, world: int, victim: int, submitter: int) -> dict[int, dict]:
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(
+            target=job_fault_worker.run_rank,
+            args=(rank, world, str(tmp_path), victim, submitter),
+        )
+        for rank in range(world)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    alive = [p.pid for p in procs if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert not alive, f"ranks still running after 120 s: {alive}"
+    assert procs[victim].exitcode == -9, procs[victim].exitcode
+    out = {}
+    for rank in range(world):
+        with open(os.path.join(tmp_path, f"rank{rank}.json")) as f:
+            out[rank] = json.load(f)
+        if rank != victim:
+            assert out[rank]["ok"], out[rank].get("error")
+    return out
+
+
+@pytest.fixture(scope="module")
+def lost_rank(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("lost_rank"), world=3, victim=2, submitter=1)
+
+
+def test_the_task_on_a_killed_rank_fails_with_rank_lost_within_the_bound(lost_rank):
+    killed_at = lost_rank[2]["killed_at"]
+    lost = [o for o in lost_rank[1]["outcomes"] if o["state"] == "lost"]
+    assert len(lost) == 1, lost_rank[1]["outcomes"]
+    assert lost[0]["rank"] == 2 and "rank 2" in lost[0]["error"]
+    assert lost[0]["at"] - killed_at < BOUND_S, lost[0]["at"] - killed_at
+
+
+def test_tasks_waiting_on_the_killed_rank_run_elsewhere(lost_rank):
+    waiting = [tid for tid, state in lost_rank[2]["hosted"].items() if state == "queued"]
+    assert waiting, lost_rank[2]["hosted"]
+    outcomes = {o["id"]: o for o in lost_rank[1]["outcomes"]}
+    for tid in waiting:
+        assert outcomes[tid]["state"] == "done" and outcomes[tid]["final_rank"] != 2
+    assert sum(o["state"] == "done" for o in outcomes.values()) == len(outcomes) - 1
+
+
+def test_survivors_close_with_a_clear_error_and_join_their_threads(lost_rank):
+    # close() is collective: it can end only once the last survivor called it (and the
+    # dead rank was declared lost).
+    last_call = max([lost_rank[2]["killed_at"]] + [lost_rank[r]["close_started"] for r in (0, 1)])
+    for rank in (0, 1):
+        r = lost_rank[rank]
+        assert r["close"] == "lost" and r["close_rank"] == 2, r
+        assert "rank(s) 2" in r["close_error"]
+        assert r["close_ended"] - last_call < BOUND_S, r["close_ended"] - last_call
+        assert r["stats"]["lost_ranks"] == [2]
+        assert r["threads_after"] == [], r["threads_after"]
+
+
+def test_a_lost_leader_fails_every_handle_and_close_says_so(tmp_path):
+    out = _run(tmp_path, world=2, victim=0, submitter=1)
+    r = out[1]
+    assert r["outcomes"] and all(o["state"] == "lost" and o["rank"] == 0 for o in r["outcomes"])
+    assert r["close"] == "lost" and r["close_rank"] == 0
+    assert r["threads_after"] == []
