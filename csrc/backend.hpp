@@ -137,7 +137,14 @@ class Backend {
   // Side stream handle (0 on the host backend).
   virtual uintptr_t side_stream() const = 0;
 
-  // Joins threads and frees resources. No run() may be in progress.
+  // Close-time, before the executor waits for its thread (which may still be in run()):
+  // no launch starts after this, and the backend's own threads exit as soon as their
+  // current item is done, at normal priority where the OS allows it (see
+  // leave_idle_priority), so that closing on a busy machine does not wait for idle cores
+  // several times over. A launch in progress ends at its next item boundary as with stop().
+  virtual void begin_shutdown() {}
+
+  // Joins threads and frees resources. No run() may be in progress. Idempotent.
   virtual void shutdown() = 0;
 };
 

@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "check.hpp"
+#include "thread_name.hpp"
 
 namespace freeride {
 
@@ -236,6 +237,7 @@ void Executor::finish_locked(Record& r, TaskState state, ErrorKind kind, std::st
 }
 
 void Executor::loop() {
+  name_this_thread("freeride-exec");
   backend_->on_executor_thread();
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
@@ -319,6 +321,14 @@ void Executor::close() {
   closing_ = true;
   if (active_ != nullptr) active_->runner->stop();
   work_cv_.notify_all();
+  // Every side thread is told at once and may run at normal priority: on a busy machine
+  // an idle-priority thread waits for a free core at each wake-up, and a close used to
+  // need several such wake-ups one after the other (the workers to finish the launch,
+  // this loop to exit, the workers again to exit).
+  lock.unlock();
+  leave_idle_priority(thread_);
+  backend_->begin_shutdown();
+  lock.lock();
   // A launch held by a closed gate (cuda: a stream wait) must be let through to see its
   // stop flag; keep nudging until the loop has left it.
   while (!loop_exited_) {

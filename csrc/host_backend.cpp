@@ -21,6 +21,7 @@
 #include "backend.hpp"
 #include "check.hpp"
 #include "doorbell.hpp"
+#include "thread_name.hpp"
 
 namespace freeride {
 namespace {
@@ -236,15 +237,24 @@ class HostBackend final : public Backend {
   void on_executor_thread() override { run_at_idle_priority(); }
   uintptr_t side_stream() const override { return 0; }
 
-  void shutdown() override {
+  // The workers leave as soon as they are idle: one still in a launch finishes its item,
+  // leaves the launch (the executor's stop flag), and exits without waiting to be woken
+  // again by shutdown().
+  void begin_shutdown() override {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (closed_) return;
       closed_ = true;
     }
+    for (auto& t : threads_) leave_idle_priority(t);
     work_cv_.notify_all();
     wake_waiters();
-    for (auto& t : threads_) t.join();
+  }
+
+  void shutdown() override {
+    begin_shutdown();
+    for (auto& t : threads_) {
+      if (t.joinable()) t.join();
+    }
     threads_.clear();
   }
 
@@ -264,9 +274,11 @@ class HostBackend final : public Backend {
   }
 
   // One launch: every worker runs runner.work() once; returns when all have exited.
+  // After begin_shutdown() it runs nothing (the workers may be gone): the launch ends
+  // with no item run, as one stopped before the gate opened.
   void launch(HostRunner& runner) {
     std::unique_lock<std::mutex> lock(mutex_);
-    FR_CHECK(!closed_, "host backend is shut down");
+    if (closed_) return;
     job_ = &runner;
     running_ = static_cast<int>(threads_.size());
     ++generation_;
@@ -285,6 +297,7 @@ class HostBackend final : public Backend {
 
  private:
   void worker_main() {
+    name_this_thread("freeride-work");
     run_at_idle_priority();
     uint64_t seen = 0;
     std::unique_lock<std::mutex> lock(mutex_);

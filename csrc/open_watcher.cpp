@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "check.hpp"
+#include "thread_name.hpp"
 
 namespace freeride {
 namespace {
@@ -33,6 +34,7 @@ struct OpenWatcher::State {
 namespace {
 
 void watch(const std::shared_ptr<OpenWatcher::State>& s) {
+  name_this_thread("freeride-watch");
   (void)cudaSetDevice(s->device);
   // Its waits must not invalidate a CUDA graph that training captures meanwhile.
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;

@@ -3,6 +3,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -10,10 +12,12 @@
 #include "backend.hpp"
 #include "builtin_tasks.hpp"
 #include "check.hpp"
+#include "doorbell.hpp"
 #include "executor.hpp"
 #include "latch_dependency.hpp"
 #include "raw_kernel_task.hpp"
 #include "runtime_info.hpp"
+#include "sigterm_guard.hpp"
 #include "sm_room.hpp"
 #include "step_stream.hpp"
 
@@ -122,6 +126,36 @@ py::tuple status_tuple(const Executor& ex, uint64_t id) {
                         s.launches, static_cast<int>(s.error_kind), s.error);
 }
 
+// Longest a blocking wait stays in C++ before Python's signal handlers get a turn.
+constexpr double kSignalSlice = 0.05;
+
+// A wait that Ctrl-C (or any signal with a Python handler) interrupts: `wait(slice)`
+// waits up to `slice` seconds with the GIL released and returns true once done; between
+// slices Python's pending signal handlers run (on the main thread), and an exception one
+// raises (KeyboardInterrupt) propagates. timeout_s < 0: no limit. True once done.
+template <typename Wait>
+bool wait_interruptibly(double timeout_s, Wait wait) {
+  using clock = std::chrono::steady_clock;
+  const bool bounded = timeout_s >= 0;
+  const clock::time_point deadline = bounded ? clock::now() + freeride::clamp_timeout(timeout_s)
+                                             : clock::time_point::max();
+  while (true) {
+    double slice = kSignalSlice;
+    if (bounded) {
+      const double left = std::chrono::duration<double>(deadline - clock::now()).count();
+      slice = std::clamp(left, 0.0, kSignalSlice);
+    }
+    bool done;
+    {
+      py::gil_scoped_release release;
+      done = wait(slice);
+    }
+    if (done) return true;
+    if (bounded && clock::now() >= deadline) return false;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -146,6 +180,18 @@ PYBIND11_MODULE(_C, m) {
   m.attr("CUDA_BUILT") = false;
 #endif
   m.def("backend_info", &backend_info, "What this build and machine offer.");
+  // The SIGTERM deadline of freeride._shutdown (csrc/sigterm_guard.hpp).
+  m.def("_sigterm_guard_arm", &freeride::sigterm_guard::arm, py::arg("grace"), release_gil(),
+        "Chains a watchdog in front of the SIGTERM handler installed now: `grace` seconds "
+        "after a SIGTERM not answered by _sigterm_guard_stand_down(), SIGTERM's default "
+        "action. False where the disposition is the default or ignore, or already armed.");
+  m.def("_sigterm_guard_stand_down", &freeride::sigterm_guard::stand_down,
+        "The process's SIGTERM handler has started (and ends the process itself).");
+  m.def("_sigterm_guard_disarm", &freeride::sigterm_guard::disarm,
+        py::arg("restore_default") = false, release_gil(),
+        "Joins the watchdog; puts back the handler the chain was in front of (with "
+        "restore_default, SIGTERM's default action instead).");
+  m.def("_sigterm_guard_armed", &freeride::sigterm_guard::armed);
   m.def(
       "step_stream",
       [](int device) { return static_cast<uint64_t>(freeride::step_stream(device)); },
@@ -312,9 +358,34 @@ PYBIND11_MODULE(_C, m) {
           py::arg("task"), py::arg("priority"), py::arg("latch"), release_gil(),
           "Test-only: submit() whose first launch waits until `latch` is released.")
       .def("status", &status_tuple, py::arg("id"))
-      .def("wait", &Executor::wait, py::arg("id"), py::arg("timeout"), release_gil())
-      .def("wait_all", &Executor::wait_all, py::arg("timeout"), release_gil())
-      .def("cancel", &Executor::cancel, py::arg("id"), py::arg("wait"), release_gil())
+      // Blocking waits run Python's signal handlers every kSignalSlice: Ctrl-C reaches a
+      // training loop waiting for a side task.
+      .def(
+          "wait",
+          [](Executor& ex, uint64_t id, double timeout) {
+            return wait_interruptibly(timeout, [&](double slice) { return ex.wait(id, slice); });
+          },
+          py::arg("id"), py::arg("timeout"))
+      .def(
+          "wait_all",
+          [](Executor& ex, double timeout) {
+            return wait_interruptibly(timeout, [&](double slice) { return ex.wait_all(slice); });
+          },
+          py::arg("timeout"))
+      .def(
+          "cancel",
+          [](Executor& ex, uint64_t id, bool wait) {
+            bool cancelled;
+            {
+              py::gil_scoped_release release;
+              cancelled = ex.cancel(id, false);
+            }
+            if (cancelled && wait) {
+              wait_interruptibly(-1.0, [&](double slice) { return ex.wait(id, slice); });
+            }
+            return cancelled;
+          },
+          py::arg("id"), py::arg("wait"))
       .def("forget", &Executor::forget, py::arg("id"), release_gil())
       .def("take_finished", &Executor::take_finished, release_gil(),
            "Ids of the tasks that became final since the last call.")

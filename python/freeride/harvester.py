@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import sys
@@ -11,7 +12,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import _C
+from . import _C, _shutdown
 from ._device import resolve_device
 from ._streams import current_stream, stream_handle
 from ._units import parse_memory
@@ -25,6 +26,10 @@ from .report import Report
 from .report_model import TaskSummary
 from .reserve import DEFAULT_RESERVE, NO_RESERVE, Reserve
 from .tasks._base import Task, check_count, check_float
+
+# After an interrupt or a signal (_abort), how long close waits for an iterative task's
+# step in flight before abandoning it (close() itself: iterative.CLOSE_TIMEOUT_S).
+ABORT_STEP_TIMEOUT_S = 0.2
 
 
 def _rank() -> int | None:
@@ -79,6 +84,7 @@ class _Parts:
         self.ex = executor
         self.iterative: IterativeRunner | None = None
         self.attachment: Attachment | None = None
+        self.step_timeout: float | None = None  # None: the runner's CLOSE_TIMEOUT_S
 
     def detach(self) -> None:
         if self.attachment is not None:
@@ -88,7 +94,7 @@ class _Parts:
     def close(self) -> None:
         self.detach()
         if self.iterative is not None:
-            self.iterative.close()
+            self.iterative.close(self.step_timeout)
         self.ex.close()  # every task is final once it returns: nothing runs any more
 
 
@@ -129,6 +135,16 @@ class Harvester:
             the GPU between launches. None: a launch runs until the gate closes.
 
     Use it as a context manager, or call close().
+
+    Interrupts: Ctrl-C in a training loop inside ``with fr.Harvester(...)`` leaves the
+    block within milliseconds (the KeyboardInterrupt closes it on the way out), and a
+    SIGTERM while a harvester is open closes it before the process dies by SIGTERM as
+    before (only where SIGTERM had its default action: a handler of your own is never
+    replaced). Either way side tasks stop at an item boundary (an item in flight
+    finishes, no new one starts, none runs twice), every freeride thread is joined, and
+    freeride's part takes milliseconds (on a machine whose cores are all busy, see
+    "Ctrl-C and SIGTERM" in the README). Waits on side work (``handle.wait()``,
+    ``result()``, ``cancel()``, ``wait_all()``) let Ctrl-C through.
     """
 
     def __init__(
@@ -175,6 +191,9 @@ class Harvester:
         self._closed = False
         # Every handle the user still holds, for tasks() and report()...
         self._handles: weakref.WeakSet[TaskHandle] = weakref.WeakSet()
+        # Ids of final tasks whose handles are gone: the executor forgets their records
+        # at the next _reap(), so a long run's memory does not grow with every task.
+        self._orphans: collections.deque[int] = collections.deque()  # appended from any thread's GC
         # ...and, whatever the user holds, every task that is not final: its handle keeps
         # the task's buffers alive, and a side kernel may write them until it is final.
         self._live: dict[int, TaskHandle] = {}
@@ -188,6 +207,8 @@ class Harvester:
             # was measured to block for over a minute.
             self._parts.iterative = self._new_runner()
         self.gate = Gate(self._recorder, self._ex, _weakly(self._check_open, _raise_closed))
+        # SIGTERM closes it (and dies by SIGTERM as before); held weakly.
+        _shutdown.register(self, self._abort)
 
     def _new_runner(self) -> IterativeRunner:
         return IterativeRunner(self._ex, self._recorder, self._kind, self._device_index)
@@ -305,6 +326,7 @@ class Harvester:
             handle = TaskHandle(self._ex, task_id, task, built)
             self._recorder.name_task(task_id, repr(task))
             self._handles.add(handle)
+            weakref.finalize(handle, self._orphans.append, task_id)
             self._live[task_id] = handle
         return handle
 
@@ -334,6 +356,10 @@ class Harvester:
             with self._lock:
                 for task_id in finished:
                     self._live.pop(task_id, None)
+        if self._orphans:
+            # A handle can die only once its task is final (until then _live holds it).
+            while self._orphans:
+                self._ex.forget(self._orphans.popleft())
 
     def wait_all(self, timeout: float | None = None) -> bool:
         """Blocks until every submitted task is final; True if they are."""
@@ -455,15 +481,28 @@ class Harvester:
 
     def close(self) -> None:
         """Cancels what has not finished, stops the executor thread and frees the side
-        stream and every buffer. Returns promptly even with tasks running. Idempotent. A
-        harvester dropped without close() is closed when its last reference goes."""
+        stream and every buffer. Returns promptly even with tasks running: items in
+        flight finish, no new one starts, and every thread of the harvester is joined
+        (an iterative task's step in flight is waited for up to
+        iterative.CLOSE_TIMEOUT_S). Idempotent. A harvester dropped without close() is
+        closed when its last reference goes."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        self._finalizer()  # detaches, closes the runner and the executor, once
+        try:
+            self._finalizer()  # detaches, closes the runner and the executor, once
+        finally:
+            _shutdown.unregister(self)
         with self._lock:
             self._live.clear()
+
+    def _abort(self) -> None:
+        """close() after Ctrl-C, an exception leaving the with-block that is not an
+        Exception (SystemExit), or SIGTERM (freeride._shutdown): the same, except that an
+        iterative task's step in flight is waited for only ABORT_STEP_TIMEOUT_S."""
+        self._parts.step_timeout = ABORT_STEP_TIMEOUT_S
+        self.close()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -472,8 +511,11 @@ class Harvester:
     def __enter__(self) -> Harvester:  # noqa: PYI034 - typing.Self needs Python 3.11
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is not None and not issubclass(exc_type, Exception):
+            self._abort()  # KeyboardInterrupt, SystemExit: the process is on its way out
+        else:
+            self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"

@@ -207,7 +207,12 @@ class Recorder:
     # -- resolution ------------------------------------------------------------------------
 
     def name_task(self, task_id: int, name: str) -> None:
+        """Names a task's launches in the report. Only the newest 8192 names are kept
+        (a launch is named when its marks resolve, within a flush of its end)."""
         self._task_names[task_id] = name
+        if len(self._task_names) > 8192:
+            for old in list(self._task_names)[:4096]:
+                del self._task_names[old]
 
     def add_launch_marks(self, task_id: int, phase: int, start: int, end: int, items: int) -> None:
         """A side launch whose marks still have to be resolved."""
