@@ -3,8 +3,11 @@ error line and what the demo writes."""
 
 import io
 import json
+import os
 import subprocess
 import sys
+import textwrap
+import time
 
 import pytest
 
@@ -12,6 +15,10 @@ import freeride as fr
 from freeride.demo import DemoConfig, Progress, describe_work
 
 HAS_GPU = bool(fr.backend_info()["cuda"])
+
+
+# `freeride submit` up to its options; q.json does not exist (checked after the options).
+_SUBMIT = ["submit", "--queue", "q.json", "freeride.tasks:Spin"]
 
 
 def freeride(*args, cwd=None, timeout=120):
@@ -59,6 +66,27 @@ def error_line(proc):
         (["demo", "--device", "cuda:3"], "--device", "invalid choice: 'cuda:3'"),
         (["demo", "--device", "banana"], "--device", "invalid choice: 'banana'"),
         (["bench", "items", "--plot", "x.png"], "--plot", "only preempt draws a plot"),
+        (["bench", "items", "--minutes", "1"], "--minutes", "only soak runs for a set time"),
+        (["bench", "soak", "--minutes", "0"], "--minutes", "must be > 0 and <= 1440, got 0"),
+        (["bench", "soak", "--minutes", "-1"], "--minutes", "must be > 0 and <= 1440, got -1"),
+        (["bench", "soak", "--minutes", "ten"], "--minutes", "must be a number, got 'ten'"),
+        (["bench", "soak", "--mode", "gpu"], "--mode", "soak runs on the host backend only"),
+        (_SUBMIT + ["--args", "[1,"], "--args", "not valid JSON (Expecting value at column 4)"),
+        (_SUBMIT + ["--args", '{"a": 1}'], "--args", "must be a JSON list, got dict"),
+        (_SUBMIT + ["--kwargs", "[1]"], "--kwargs", "must be a JSON object, got list"),
+        (_SUBMIT + ["--kwargs", "{items: 3}"], "--kwargs", "not valid JSON (Expecting property"),
+        (_SUBMIT + ["--memory", "lots"], "--memory", "cannot parse 'lots'"),
+        (_SUBMIT + ["--priority", "high"], "--priority", "must be an integer"),
+        (_SUBMIT + ["--timeout", "5"], "--timeout", "only with --wait"),
+        (_SUBMIT + ["--wait", "--timeout", "0"], "--timeout", "must be > 0"),
+        (
+            ["submit", "--queue", "q.json", "freeride.tasks.Spin"],
+            "FACTORY",
+            "must be 'module:qualname', e.g. freeride.tasks:Spin, got 'freeride.tasks.Spin'",
+        ),
+        (_SUBMIT, "--queue", "no such file: 'q.json'"),
+        (["status", "--queue", "q.json"], "--queue", "no such file: 'q.json'"),
+        (["status", "--queue", "q.json", "--timeout", "-1"], "--timeout", "must be > 0"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(args, option, expected, tmp_path):
@@ -111,7 +139,7 @@ def test_help_shows_defaults_and_every_command():
     top = freeride("--help")
     assert top.returncode == 0
     assert "`" not in top.stdout  # plain text, not RST
-    for command in ("demo", "bench", "info"):
+    for command in ("demo", "bench", "submit", "status", "info"):
         assert f"freeride {command}" in top.stdout
     demo = " ".join(freeride("demo", "--help").stdout.split())  # help text is wrapped
     assert "(default: 4)" in demo and "(default: 1f1b)" in demo and "(default: auto)" in demo
@@ -193,3 +221,169 @@ def test_demo_records_only_the_harvesting_steps(tmp_path):
         losses = [e for e in mine if e["cat"] == "compute" and e["name"].startswith("loss")]
         assert bool(losses) == (rank == 1), losses[:3]  # stage 1 is the last
     assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _write(path, text, mode):
+    path.write_text(text)
+    os.chmod(path, mode)
+    return str(path)
+
+
+_QUEUE_FILE = json.dumps({"address": "localhost:1", "secret": "ab" * 32})
+
+
+@pytest.mark.parametrize("command", ["submit", "status"])
+def test_secret_file_problems_are_argument_errors(command, tmp_path):
+    """A --queue file that is missing, not a queue's, or open to other users stops the
+    command before it connects (the secret in it lets the holder run code as the job)."""
+    cases = [
+        (str(tmp_path / "missing.json"), "no such file"),
+        (_write(tmp_path / "group.json", _QUEUE_FILE, 0o640), "has mode 0640"),
+        (_write(tmp_path / "others.json", _QUEUE_FILE, 0o604), "has mode 0604"),
+        (_write(tmp_path / "gw.json", _QUEUE_FILE, 0o620), "has mode 0620"),
+        (_write(tmp_path / "text.json", "address=x", 0o600), "cannot be read as the queue's JSON"),
+        (_write(tmp_path / "nosecret.json", '{"address": "x:1"}', 0o600), "lacks 'address' and"),
+    ]
+    for path, expected in cases:
+        args = ["--queue", path] + (["freeride.tasks:Spin"] if command == "submit" else [])
+        proc = freeride(command, *args, cwd=tmp_path)
+        assert proc.returncode == 2, proc
+        assert "Traceback" not in proc.stderr
+        line = error_line(proc)
+        assert line.startswith(f"freeride {command}: error: argument --queue: "), line
+        assert expected in line, line
+        assert not proc.stdout
+    args = ["--queue", str(tmp_path / "group.json")] + (["x:y"] if command == "submit" else [])
+    line = error_line(freeride(command, *args))
+    assert "refusing it" in line and "chmod 600" in line, line
+
+
+# A 1-rank gloo job with a job queue that writes its secret file, until `stop` appears.
+_JOB = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch.distributed as dist
+    import freeride as fr
+
+    folder = sys.argv[1]
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=0, world_size=1)
+    with fr.Harvester("cpu", workers=1) as h:
+        q = fr.JobQueue(h, secret_file=os.path.join(folder, "queue.json"))
+        while not os.path.exists(os.path.join(folder, "stop")):
+            time.sleep(0.02)
+        stats = q.stats()
+        q.close()
+    dist.destroy_process_group()
+    print("stats", stats["dropped"], stats["malformed"], len(stats["lost_ranks"]), flush=True)
+    """
+)
+
+
+def test_submit_and_status_against_a_running_job(tmp_path):
+    """`freeride submit` and `freeride status` from outside a running job, through the
+    secret file it wrote: a task that finishes, one that fails, one still running, a
+    wait that times out, and a wrong secret refused."""
+    pytest.importorskip("torch")
+    queue = tmp_path / "queue.json"
+    job = subprocess.Popen(
+        [sys.executable, "-c", _JOB, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not queue.exists():
+            assert job.poll() is None, job.communicate()
+            assert time.monotonic() < deadline, "the job wrote no secret file"
+            time.sleep(0.05)
+        assert queue.stat().st_mode & 0o777 == 0o600
+        q = ["--queue", str(queue)]
+
+        done = freeride(
+            "submit",
+            *q,
+            "freeride.tasks:ItemCounter",
+            "--kwargs",
+            '{"items": 50}',
+            "--name",
+            "count",
+            "--wait",
+            "--timeout",
+            "60",
+        )
+        assert done.returncode == 0, done
+        task_id, state, result = done.stdout.splitlines()[:3]
+        assert state == "done (rank 0, 50/50 items)", done.stdout
+        assert result.startswith("result: ItemCounts(counts=array([[1, 1,"), done.stdout
+
+        failed = freeride("submit", *q, "nosuch.module:Task", "--wait", "--timeout", "60")
+        assert failed.returncode == 1, failed
+        assert failed.stdout.splitlines()[1].startswith("failed: "), failed.stdout
+        assert "ModuleNotFoundError" in failed.stdout
+
+        endless = '{"items": 1000000000, "ns_per_item": 1000}'
+        running = freeride(
+            "submit",
+            *q,
+            "freeride.tasks:Spin",
+            "--kwargs",
+            endless,
+            "--name",
+            "endless",
+            "--priority",
+            "-3",
+        )
+        assert running.returncode == 0, running
+        [running_id] = running.stdout.split()
+        late = freeride(
+            "submit", *q, "freeride.tasks:Spin", "--kwargs", endless, "--wait", "--timeout", "0.5"
+        )
+        assert late.returncode == 124, late
+        assert late.stdout.splitlines()[1].endswith("after 0.5 s (the task stays in the queue)")
+
+        listed = freeride("status", *q, "--json")
+        assert listed.returncode == 0, listed
+        tasks = {t["id"]: t for t in json.loads(listed.stdout)}
+        assert tasks[task_id]["state"] == "done" and tasks[task_id]["label"] == "count"
+        assert tasks[task_id]["items_done"] == tasks[task_id]["items_total"] == 50
+        assert tasks[failed.stdout.split()[0]]["state"] == "failed"
+        assert tasks[running_id]["state"] in ("queued", "running", "paused")
+        assert tasks[running_id]["priority"] == -3 and tasks[running_id]["label"] == "endless"
+        for t in tasks.values():
+            assert set(t) >= {
+                "id",
+                "label",
+                "state",
+                "rank",
+                "items_done",
+                "items_total",
+                "priority",
+                "origin",
+            }
+        table = freeride("status", *q)
+        assert table.returncode == 0, table
+        header, *rows = table.stdout.splitlines()
+        assert header.split() == ["id", "label", "state", "rank", "items", "priority", "origin"]
+        assert len(rows) == len(tasks)
+        assert any(row.split()[:3] == [task_id, "count", "done"] for row in rows), table.stdout
+
+        wrong = json.loads(queue.read_text())
+        wrong["secret"] = "0" * 64
+        wrong_file = _write(tmp_path / "wrong.json", json.dumps(wrong), 0o600)
+        for command in (["status"], ["submit", "freeride.tasks:Spin"]):
+            refused = freeride(command[0], "--queue", wrong_file, *command[1:])
+            assert refused.returncode == 2, refused
+            assert "Traceback" not in refused.stderr
+            assert error_line(refused).startswith(f"freeride {command[0]}: refused: "), refused
+            assert not refused.stdout
+    finally:
+        (tmp_path / "stop").touch()
+        try:
+            out, err = job.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            out, err = job.communicate()
+    assert job.returncode == 0, err[-3000:]
+    # Nothing reached the job unverified: the wrong secret was turned away before sending.
+    assert out.split() == ["stats", "0", "0", "0"], out

@@ -1,8 +1,10 @@
 """The freeride command.
 
-freeride demo   train a small multi-process pipeline with a side task in its bubbles
-freeride bench  measure pause latency, item overhead or training overhead
-freeride info   print what this build and machine offer (CUDA, devices, versions)
+freeride demo    train a small multi-process pipeline with a side task in its bubbles
+freeride bench   measure pause latency, item overhead, training overhead or a soak run
+freeride submit  submit a side task to a running job's queue (from outside the job)
+freeride status  list the tasks a running job's queue knows
+freeride info    print what this build and machine offer (CUDA, devices, versions)
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from . import backend_info
 from .simulate import SCHEDULES
@@ -33,6 +37,196 @@ def _int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def _float_in(lo: float, hi: float) -> Callable[[str], float]:
+    """An argparse type: a number in (lo, hi] (hi may be infinite)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        if not lo < value <= hi:  # also refuses nan
+            bounds = f"> {lo:g}" if hi == float("inf") else f"> {lo:g} and <= {hi:g}"
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {text}")
+        return value
+
+    return parse
+
+
+def _json_of(kind: type, what: str) -> Callable[[str], Any]:
+    """An argparse type: JSON text of a `what` (a list or an object)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise argparse.ArgumentTypeError(
+                f"not valid JSON ({exc.msg} at column {exc.colno}): {text!r}"
+            ) from None
+        if not isinstance(value, kind):
+            raise argparse.ArgumentTypeError(
+                f"must be a JSON {what}, got {type(value).__name__}: {text!r}"
+            )
+        return value
+
+    return parse
+
+
+_FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def _factory(text: str) -> str:
+    """An argparse type: a "package.module:qualified.name" reference (resolved on the rank
+    that builds the task, so it is not imported here)."""
+    if not _FACTORY.match(text):
+        raise argparse.ArgumentTypeError(
+            f"must be 'module:qualname', e.g. freeride.tasks:Spin, got {text!r}"
+        )
+    return text
+
+
+def _memory(text: str) -> str:
+    """An argparse type: a memory size such as 2GiB (kept as written for the TaskSpec)."""
+    from ._units import parse_memory
+
+    try:
+        parse_memory(text, "memory")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("memory: ")) from None
+    return text
+
+
+def _queue_file(parser: argparse.ArgumentParser, path: str) -> None:
+    """Refuses, as an argparse error, a --queue file that is missing, not a queue's
+    secret file, or open to other users (its secret lets the holder run code as the
+    job). The rules are the job client's own (fr.job.client.read_secret_file)."""
+    from .job.client import read_secret_file
+
+    try:
+        read_secret_file(path)
+    except FileNotFoundError:
+        parser.error(f"argument --queue: no such file: {path!r}")
+    except PermissionError as exc:  # group or others may read or write it
+        parser.error(f"argument --queue: refusing it: {exc}")
+    except ValueError as exc:
+        parser.error(f"argument --queue: {exc}")
+
+
+def _refused(command: str, exc: Exception) -> int:
+    text = str(exc)
+    print(
+        f"freeride {command}: {text if text.startswith('refused') else f'refused: {text}'}",
+        file=sys.stderr,
+    )
+    return 2
+
+
+def _connect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
+    """A JobClient of the queue in --queue, or an exit: 2 if the queue refused the
+    secret, 1 if it could not be reached."""
+    from . import JobQueue, QueueAuthError
+
+    _queue_file(parser, args.queue)
+    try:
+        return JobQueue.connect(secret_file=args.queue, timeout=args.connect_timeout)
+    except QueueAuthError as exc:  # a wrong secret: nothing was sent
+        raise SystemExit(_refused(args.command, exc)) from None
+    except (OSError, RuntimeError, ValueError) as exc:  # ConnectionError: nobody answers
+        print(f"freeride {args.command}: cannot reach the queue: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def submit(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from . import FreerideError, RankLostError, TaskCancelledError, TaskFailedError, TaskSpec
+
+    if args.timeout is not None and not args.wait:
+        parser.error("argument --timeout: only with --wait")
+    try:
+        spec = TaskSpec(
+            args.factory,
+            args=tuple(args.args),
+            kwargs=args.kwargs,
+            memory=args.memory,
+            result=args.result,
+            name=args.name,
+        )
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
+    with _connect(args, parser) as client:
+        try:
+            handle = client.submit(spec, priority=args.priority)
+        except (FreerideError, RuntimeError) as exc:  # the queue closed or cannot be reached
+            print(f"freeride submit: {exc}", file=sys.stderr)
+            return 1
+        print(handle.id, flush=True)
+        if not args.wait:
+            return 0
+        try:
+            value = handle.result(timeout=args.timeout)
+        except TimeoutError:
+            print(
+                f"{handle.state} after {args.timeout:g} s (the task stays in the queue)",
+                flush=True,
+            )
+            return 124
+        except TaskCancelledError as exc:
+            print(f"cancelled: {exc}", flush=True)
+            return 1
+        except TaskFailedError as exc:
+            print(f"failed: {exc}", flush=True)
+            return 1
+        except RankLostError as exc:  # the rank running it (or the queue's leader) died
+            print(f"lost: {exc}", flush=True)
+            return 1
+        total = handle.items_total
+        items = f", {handle.items_done:,}/{total:,} items" if total else ""
+        print(f"done (rank {handle.rank}{items})")
+        print(f"result: {value!r}")
+    return 0
+
+
+def _job_order(task_id: str) -> tuple:
+    """Task ids in submission order, not text order: the ranks' ("<rank>:<n>"), then the
+    clients' ("c<client>:<n>"), then anything else."""
+    head, _, tail = str(task_id).partition(":")
+    client = head.startswith("c")
+    number = head[1:] if client else head
+    if number.isdigit() and tail.isdigit():
+        return (int(client), int(number), int(tail))
+    return (2, 0, 0, str(task_id))
+
+
+def status_table(tasks: list[dict[str, Any]]) -> str:
+    """JobClient.status()'s tasks as an aligned text table, in submission order."""
+    if not tasks:
+        return "no tasks"
+    cols = ("id", "label", "state", "rank", "items", "priority", "origin")
+    rows = []
+    for t in sorted(tasks, key=lambda t: _job_order(t.get("id", ""))):
+        done, total = t.get("items_done"), t.get("items_total")
+        items = "-" if done is None else f"{done:,}" + (f"/{total:,}" if total else "")
+        row = {c: t.get(c) for c in cols}
+        row["items"] = items
+        rows.append(["-" if row[c] is None else str(row[c]) for c in cols])
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+    left = {"id", "label"}
+    fmt = [(str.ljust if c in left else str.rjust) for c in cols]
+    lines = ["  ".join(f(c, w) for f, c, w in zip(fmt, cols, widths)).rstrip()]
+    lines += ["  ".join(f(v, w) for f, v, w in zip(fmt, r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    with _connect(args, parser) as client:
+        try:
+            tasks = client.status(timeout=args.timeout)
+        except TimeoutError as exc:
+            print(f"freeride status: no answer from the queue: {exc}", file=sys.stderr)
+            return 1
+    print(json.dumps(tasks, indent=2) if args.json else status_table(tasks))
+    return 0
 
 
 def demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -67,6 +261,13 @@ def _check_writable_file(parser: argparse.ArgumentParser, option: str, path: str
 
 
 def bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import importlib
+
+    modes = getattr(
+        importlib.import_module(f".bench.{args.name}", __package__), "MODES", ("cpu", "gpu")
+    )
+    if args.mode == "gpu" and "gpu" not in modes:
+        parser.error(f"argument --mode: {args.name} runs on the host backend only: use cpu")
     if args.mode == "gpu":
         info = backend_info()
         if not info["cuda"]:
@@ -76,11 +277,14 @@ def bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             )
     if args.plot is not None and args.name != "preempt":
         parser.error(f"argument --plot: only preempt draws a plot, not {args.name}")
+    if args.minutes is not None and args.name != "soak":
+        parser.error(f"argument --minutes: only soak runs for a set time, not {args.name}")
     _check_writable_file(parser, "--out", args.out)
     _check_writable_file(parser, "--plot", args.plot)
     from .bench import run
 
-    run(args.name, mode=args.mode, out=args.out, quick=args.quick, plot=args.plot)
+    options = {"minutes": args.minutes} if args.minutes is not None else None
+    run(args.name, mode=args.mode, out=args.out, quick=args.quick, plot=args.plot, options=options)
     return 0
 
 
@@ -90,7 +294,7 @@ def info(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line: sub-commands demo, bench and info."""
+    """The command line: sub-commands demo, bench, submit, status and info."""
     from .demo import DEVICES, MAX_ITEM_US, MAX_STAGES, TASKS, DemoConfig
 
     parser = argparse.ArgumentParser(
@@ -98,7 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,bench,info}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{demo,bench,submit,status,info}"
+    )
     p = sub.add_parser(
         "demo",
         help="a real multi-process pipeline with a side task in its bubbles",
@@ -153,16 +359,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "bench",
-        help="run a benchmark: preempt, items, pipeline or ranks",
+        help="run a benchmark: preempt, items, pipeline, ranks or soak",
         description="Run one benchmark, print its table and optionally write it as JSON.",
         formatter_class=_HELP,
     )
     p.add_argument(
         "name",
-        choices=["preempt", "items", "pipeline", "ranks"],
+        choices=["preempt", "items", "pipeline", "ranks", "soak"],
         help="preempt: pause latency; items: item overhead; pipeline: training overhead "
         "and harvest efficiency (one-process stage emulator); ranks: training overhead of "
-        "a real multi-process gloo pipeline on the host backend",
+        "a real multi-process gloo pipeline on the host backend; soak: a job queue fed and "
+        "cancelled for --minutes on a 2-rank gloo pipeline (no item lost or repeated; "
+        "memory, threads and file descriptors over time)",
     )
     p.add_argument(
         "--mode",
@@ -174,7 +382,106 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="write the result as JSON here")
     p.add_argument("--quick", action="store_true", help="small sizes (the CI smoke test)")
     p.add_argument("--plot", default=None, help="preempt only: write a PNG of latency vs item")
+    p.add_argument(
+        "--minutes",
+        type=_float_in(0, 24 * 60),
+        default=None,
+        help="soak only: how long to train and feed the queue (a fraction works: 0.1 is 6 "
+        "s); None: 10, or 0.1 with --quick",
+    )
     p.set_defaults(func=bench, parser=p)
+
+    queue_help = (
+        "the secret file the job's fr.JobQueue(..., secret_file=FILE) wrote: JSON with the "
+        "queue's address and secret, mode 0600 (refused if others may read it)"
+    )
+    p = sub.add_parser(
+        "submit",
+        help="submit a side task to a running job's queue",
+        description="Build fr.TaskSpec(FACTORY, args, kwargs, ...) and submit it to the "
+        "job queue named by --queue, from a process outside the job; prints the task's id. "
+        "With --wait, also waits and prints its final state and the repr of its result; "
+        "the exit code is 0 if it finished, 1 if it failed, was cancelled or its rank was "
+        "lost, 124 if --timeout passed first (the task stays queued), 2 for a bad argument "
+        "or a secret the queue refused.",
+        formatter_class=_HELP,
+    )
+    p.add_argument("--queue", required=True, metavar="FILE", help=queue_help)
+    p.add_argument(
+        "factory",
+        metavar="FACTORY",
+        type=_factory,
+        help="'module:qualname' of a task class or function, importable on every rank "
+        "(e.g. freeride.tasks:Spin)",
+    )
+    p.add_argument(
+        "--args",
+        type=_json_of(list, "list"),
+        default=[],
+        help="FACTORY's positional arguments as a JSON list",
+    )
+    p.add_argument(
+        "--kwargs",
+        type=_json_of(dict, "object"),
+        default={},
+        help="FACTORY's keyword arguments as a JSON object, e.g. '{\"items\": 1000}'",
+    )
+    p.add_argument(
+        "--priority", type=_int_in(-(2**31), 2**31 - 1), default=0, help="placed first if higher"
+    )
+    p.add_argument("--name", default=None, help="the task's label; None: FACTORY")
+    p.add_argument(
+        "--memory",
+        type=_memory,
+        default=None,
+        help="device memory the task will hold, e.g. 2GiB: only ranks with that much free "
+        "budget run it",
+    )
+    p.add_argument(
+        "--result",
+        default="return",
+        metavar="return|discard|PATH",
+        help="return: the result comes back (--wait prints its repr); discard; or a path on "
+        "the running rank (may hold {id} and {rank}) where it is saved with torch.save",
+    )
+    p.add_argument("--wait", action="store_true", help="wait for the task and print its end")
+    p.add_argument(
+        "--timeout",
+        type=_float_in(0, float("inf")),
+        default=None,
+        help="with --wait: seconds to wait at most; None: until the task is final",
+    )
+    p.add_argument(
+        "--connect-timeout",
+        type=_float_in(0, float("inf")),
+        default=10.0,
+        help="seconds to reach the queue",
+    )
+    p.set_defaults(func=submit, parser=p)
+
+    p = sub.add_parser(
+        "status",
+        help="list the tasks a running job's queue knows",
+        description="Print one line per task the job queue named by --queue knows: id, "
+        "label, state, rank, items done/total, priority and origin (the submitting rank, "
+        "or the client).",
+        formatter_class=_HELP,
+    )
+    p.add_argument("--queue", required=True, metavar="FILE", help=queue_help)
+    p.add_argument("--json", action="store_true", help="print JobClient.status() as JSON")
+    p.add_argument(
+        "--timeout",
+        type=_float_in(0, float("inf")),
+        default=5.0,
+        help="seconds to wait for the queue's answer",
+    )
+    p.add_argument(
+        "--connect-timeout",
+        type=_float_in(0, float("inf")),
+        default=10.0,
+        help="seconds to reach the queue",
+    )
+    p.set_defaults(func=status, parser=p)
 
     p = sub.add_parser(
         "info",

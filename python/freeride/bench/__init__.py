@@ -25,7 +25,7 @@ __device__ __forceinline__ unsigned long long now() {
 }
 """
 
-BENCHMARKS = ("preempt", "items", "pipeline", "ranks")
+BENCHMARKS = ("preempt", "items", "pipeline", "ranks", "soak")
 
 
 def _commit() -> str:
@@ -54,10 +54,12 @@ def run(
     out: str | None = None,
     quick: bool = False,
     plot: str | None = None,
+    options: dict[str, Any] | None = None,
 ) -> dict:
     """Runs benchmark `name` on the GPU (mode "gpu"), the host backend ("cpu") or
     whichever is present ("auto"); returns and optionally writes the result (JSON at
-    `out`, a PNG at `plot` where the benchmark draws one)."""
+    `out`, a PNG at `plot` where the benchmark draws one). `options`: keyword arguments
+    of the benchmark's own measure() (soak: minutes)."""
     if name not in BENCHMARKS:
         raise ValueError(f"benchmark must be one of {BENCHMARKS}, got {name!r}")
     module = __import__(f"{__name__}.{name}", fromlist=["measure"])
@@ -70,7 +72,15 @@ def run(
         raise ValueError(f"benchmark {name!r} runs in mode {' or '.join(modes)} only")
     if mode == "gpu" and not backend_info()["cuda"]:
         raise RuntimeError(f"no usable GPU: {backend_info()['reason']}")
-    measure: Callable[[str, bool], dict] = module.measure
+    measure: Callable[..., dict] = module.measure
+    options = dict(options or {})
+    if options:
+        import inspect
+
+        accepted = set(inspect.signature(measure).parameters) - {"mode", "quick"}
+        unknown = sorted(set(options) - accepted)
+        if unknown:
+            raise ValueError(f"benchmark {name!r} takes no option {', '.join(unknown)}")
     result: dict[str, Any] = {
         "benchmark": name,
         "mode": mode,
@@ -80,7 +90,7 @@ def run(
         "freeride": __version__,
         "quick": quick,
     }
-    result.update(measure(mode, quick))
+    result.update(measure(mode, quick, **options))
     print(format_table(result))
     if out:
         with open(out, "w") as f:
