@@ -2,6 +2,8 @@
 other int is refused before anything reaches CUDA (a wrong raw handle would crash the
 driver rather than raise), so these run without a GPU."""
 
+import sys
+
 import pytest
 
 import freeride as fr
@@ -64,3 +66,58 @@ def test_special_handles_and_stream_objects_work_on_the_host(host):
         assert not host.gate.is_open
         host.gate.open(stream=stream)
         assert host.submit(fr.tasks.Spin(2, 1000), stream=stream).wait(timeout=30)
+
+
+class _FakeCupy:
+    """What _streams reads of CuPy: the current stream of the current device."""
+
+    def __init__(self, ptr: int) -> None:
+        outer = self
+        self.devices: list[int] = []
+
+        class Device:
+            def __init__(self, index: int) -> None:
+                self.index = index
+
+            def __enter__(self):
+                outer.devices.append(self.index)
+
+            def __exit__(self, *exc):
+                return False
+
+        class Stream:
+            def __init__(self) -> None:
+                self.ptr = ptr
+
+        class Cuda:
+            pass
+
+        Cuda.Device = Device
+        Cuda.get_current_stream = staticmethod(Stream)
+        self.cuda = Cuda
+
+
+class _FakeTorch:
+    class cuda:
+        @staticmethod
+        def is_available() -> bool:
+            return True
+
+        @staticmethod
+        def current_stream(device: int) -> FakeTorchStream:
+            return FakeTorchStream(0)
+
+
+def test_submit_also_follows_cupys_current_stream(monkeypatch):
+    """Inputs a CuPy kernel writes on CuPy's (non-default) current stream while torch's
+    current stream is the default: the task waits for both."""
+    from freeride import _streams
+
+    cupy = _FakeCupy(0x7F00_0000_C0FE)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setitem(sys.modules, "torch", _FakeTorch)
+    assert _streams.current_streams(1) == [0, 0x7F00_0000_C0FE]
+    assert cupy.devices == [1]  # asked on the harvester's device
+    same = _FakeCupy(0)
+    monkeypatch.setitem(sys.modules, "cupy", same)
+    assert _streams.current_streams(0) == [0]  # one stream, followed once

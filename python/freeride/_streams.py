@@ -75,5 +75,23 @@ def current_stream(device: int) -> int:
         return int(torch.cuda.current_stream(device).cuda_stream)
     cupy = sys.modules.get("cupy")
     if cupy is not None:
-        return int(cupy.cuda.get_current_stream().ptr)
+        return _cupy_current_stream(cupy, device)
     return 0  # the legacy default stream
+
+
+def current_streams(device: int) -> list[int]:
+    """Every stream a caller's inputs may still be written on: torch's current stream
+    and, where CuPy is loaded and its current stream on `device` is another, CuPy's (a
+    CuPy producer on a non-default stream while torch's current stream is the default)."""
+    handles = [current_stream(device)]
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        handle = _cupy_current_stream(cupy, device)
+        if handle not in handles:
+            handles.append(handle)
+    return handles
+
+
+def _cupy_current_stream(cupy: Any, device: int) -> int:
+    with cupy.cuda.Device(device):
+        return int(cupy.cuda.get_current_stream().ptr)

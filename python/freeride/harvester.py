@@ -14,7 +14,7 @@ from typing import Any
 
 from . import _C, _shutdown
 from ._device import resolve_device
-from ._streams import current_stream, stream_handle
+from ._streams import current_streams, stream_handle
 from ._units import parse_memory
 from .errors import HarvesterClosedError
 from .gate import Gate
@@ -332,12 +332,13 @@ class Harvester:
 
     def _streams_to_follow(self, stream: Any) -> list[int]:
         """Stream handles a new task's first launch waits for: the current stream (where
-        its buffers were allocated and uploaded) and the caller's `stream`."""
+        its buffers were allocated and uploaded; CuPy's too, where CuPy is loaded and its
+        current stream is another) and the caller's `stream`."""
         if self._kind != "cuda":
             if stream is not None:
                 stream_handle(stream, self._kind, self._device_index)  # validates it
             return []
-        handles = [current_stream(self._device_index)]
+        handles = current_streams(self._device_index)
         if stream is not None:
             if isinstance(stream, str):
                 raise TypeError(
