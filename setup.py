@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
@@ -65,7 +65,7 @@ class CMakeBuild(build_ext):
 
 setup(
     package_dir={"": "python"},
-    packages=["freeride", "freeride.tasks", "freeride.bench"],
+    packages=find_packages("python"),
     ext_modules=[CMakeExtension("freeride._C")],
     cmdclass={"build_ext": CMakeBuild},
     zip_safe=False,

@@ -331,9 +331,19 @@ void Executor::close() {
   lock.lock();
   // A launch held by a closed gate (cuda: a stream wait) must be let through to see its
   // stop flag; keep nudging until the loop has left it.
+  // A nudge that fails (a sticky CUDA error) is not retried, and whatever fails, the
+  // executor thread is joined and every record made final before the error is raised:
+  // a joinable std::thread destroyed later would std::terminate the process.
+  std::exception_ptr error;
   while (!loop_exited_) {
     lock.unlock();
-    backend_->unblock();
+    if (!error) {
+      try {
+        backend_->unblock();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
     lock.lock();
     done_cv_.wait_for(lock, std::chrono::milliseconds(1), [&] { return loop_exited_; });
   }
@@ -347,10 +357,15 @@ void Executor::close() {
     }
   }
   lock.unlock();
-  backend_->shutdown();
+  try {
+    backend_->shutdown();
+  } catch (...) {
+    if (!error) error = std::current_exception();
+  }
   lock.lock();
   closed_ = true;
   done_cv_.notify_all();
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace freeride
