@@ -23,6 +23,7 @@ default action ends the process then, without the cleanup.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import signal
@@ -56,7 +57,14 @@ def register(obj: Any, fn: Callable[[], None]) -> None:
     must not refer to `obj`)."""
     ref = weakref.ref(obj, _dropped)
     if inspect.ismethod(fn) and fn.__self__ is obj:
-        call: Callable[[], Callable[[], None] | None] = weakref.WeakMethod(fn)
+        # The plain function and a weak reference to `obj`, bound at call time (not a
+        # WeakMethod, whose own callback fails noisily when it dies at interpreter exit).
+        func = fn.__func__
+
+        def call() -> Callable[[], None] | None:
+            target = ref()
+            return None if target is None else functools.partial(func, target)
+
     else:
 
         def call(fn: Callable[[], None] = fn) -> Callable[[], None]:

@@ -21,7 +21,7 @@ Host backend only, like `ranks`: it measures the queue's and the harvester's
 bookkeeping over time, not the device. `bench.run("soak", options={"minutes": M,
 "sizes": "tiny"})` submits tasks of a few 1 us items instead, about a hundred a second
 on two cores: the queue's own records and messages then dominate, and its caps (the
-coordinator keeps the last 10,000 final tasks) are reached within minutes.
+coordinator keeps the last 2,000 final tasks) are reached within minutes.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ WINDOW_SHARE = 0.2  # drift: max over the last 20% - max over the 20% after warm
 PLANS = (("finish", 6), ("cancel-running", 3), ("cancel-at-once", 1))
 # Task sizes: items and phases drawn uniformly from these ranges, the item time (ns) from
 # the list. "mixed" (the default): tens of milliseconds of work per task; "tiny": a few
-# items, so the queue's own messages and records dominate (10,000 tasks within minutes).
+# items, so the queue's own messages and records dominate (2,000 tasks within minutes).
 SIZES = {
     "mixed": {"items": (50, 600), "phases": (1, 3), "ns_per_item": (20_000, 50_000, 100_000)},
     "tiny": {"items": (1, 20), "phases": (1, 1), "ns_per_item": (1_000,)},

@@ -21,7 +21,7 @@ from .serving import Serving
 
 log = logging.getLogger("freeride.job")
 
-_KEEP_HISTORY = 10_000
+_KEEP_HISTORY = 2_000
 
 
 class Agent(Serving):

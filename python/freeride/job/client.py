@@ -158,7 +158,7 @@ class JobClient:
         return handle
 
     def status(self, timeout: float = 5.0) -> list[dict[str, Any]]:
-        """Every task the queue knows (the last 10,000 final ones included): dicts with
+        """Every task the queue knows (the last 2,000 final ones included): dicts with
         "id", "label", "state", "rank", "items_done", "items_total", "priority" and
         "origin" (the submitter's box)."""
         request = next(self._requests)

@@ -22,8 +22,8 @@ from .serving import Serving
 log = logging.getLogger("freeride.job")
 
 _GRACE_S = 1.0  # how long placement waits for every rank's first bubble measurement
-_KEEP_FINAL = 10_000  # final tasks kept for status(); older ones are forgotten
-_KEEP_DECISIONS = 10_000
+_KEEP_FINAL = 2_000  # final tasks kept for status(); older ones are forgotten
+_KEEP_DECISIONS = 2_000
 
 
 @dataclass

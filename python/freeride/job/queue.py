@@ -233,7 +233,7 @@ class JobQueue:
         self._agent.leave()
 
     def decisions(self) -> list[Decision]:
-        """Every placement so far (the leader only, the last 10,000; empty elsewhere)."""
+        """Every placement so far (the leader only, the last 2,000; empty elsewhere)."""
         return [] if self._coordinator is None else list(self._coordinator.decisions)
 
     def record(self) -> dict[str, Any]:
@@ -355,6 +355,7 @@ class JobQueue:
             dist.destroy_process_group(self._gloo)
         except Exception:  # noqa: BLE001, S110 - the world may be gone already
             pass
+        self._gloo = None  # its threads (gloo's loops) go with the last reference
 
     def __enter__(self) -> JobQueue:  # noqa: PYI034 - typing.Self needs Python 3.11
         return self
