@@ -101,8 +101,8 @@ def _memory(text: str) -> str:
 def _queue_file(parser: argparse.ArgumentParser, path: str) -> None:
     """Refuses, as an argparse error, a --queue file that is missing, not a queue's
     secret file, or open to other users (its secret lets the holder run code as the
-    job). The rules are the job client's own (fr.job.client.read_secret_file)."""
-    from .job.client import read_secret_file
+    job). The rules are the job client's own (freeride.job.files.read_secret_file)."""
+    from .job.files import read_secret_file
 
     try:
         read_secret_file(path)
@@ -391,9 +391,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=bench, parser=p)
 
-    queue_help = (
-        "the secret file the job's fr.JobQueue(..., secret_file=FILE) wrote: JSON with the "
-        "queue's address and secret, mode 0600 (refused if others may read it)"
+    # What submit and status share: the queue they reach, and how long they try.
+    client = argparse.ArgumentParser(add_help=False)
+    client.add_argument(
+        "--queue",
+        required=True,
+        metavar="FILE",
+        help="the secret file the job's fr.JobQueue(..., secret_file=FILE) wrote: JSON with "
+        "the queue's address and secret, mode 0600 (refused if others may read it)",
+    )
+    client.add_argument(
+        "--connect-timeout",
+        type=_float_in(0, float("inf")),
+        default=10.0,
+        help="seconds to reach the queue",
     )
     p = sub.add_parser(
         "submit",
@@ -405,8 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
         "lost, 124 if --timeout passed first (the task stays queued), 2 for a bad argument "
         "or a secret the queue refused.",
         formatter_class=_HELP,
+        parents=[client],
     )
-    p.add_argument("--queue", required=True, metavar="FILE", help=queue_help)
     p.add_argument(
         "factory",
         metavar="FACTORY",
@@ -451,12 +462,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="with --wait: seconds to wait at most; None: until the task is final",
     )
-    p.add_argument(
-        "--connect-timeout",
-        type=_float_in(0, float("inf")),
-        default=10.0,
-        help="seconds to reach the queue",
-    )
     p.set_defaults(func=submit, parser=p)
 
     p = sub.add_parser(
@@ -466,20 +471,14 @@ def build_parser() -> argparse.ArgumentParser:
         "label, state, rank, items done/total, priority and origin (the submitting rank, "
         "or the client).",
         formatter_class=_HELP,
+        parents=[client],
     )
-    p.add_argument("--queue", required=True, metavar="FILE", help=queue_help)
     p.add_argument("--json", action="store_true", help="print JobClient.status() as JSON")
     p.add_argument(
         "--timeout",
         type=_float_in(0, float("inf")),
         default=5.0,
         help="seconds to wait for the queue's answer",
-    )
-    p.add_argument(
-        "--connect-timeout",
-        type=_float_in(0, float("inf")),
-        default=10.0,
-        help="seconds to reach the queue",
     )
     p.set_defaults(func=status, parser=p)
 

@@ -5,9 +5,7 @@ tasks this rank submitted."""
 from __future__ import annotations
 
 import logging
-import os
 import pickle
-import tempfile
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -15,6 +13,7 @@ from typing import Any
 from ..errors import HarvesterClosedError, TaskCancelledError
 from ..placement import TaskSpec, map_nested
 from . import messages as m
+from .files import write_atomically
 from .handle import RemoteHandle
 from .mailbox import Inbox, Outbox
 from .serving import Serving
@@ -103,23 +102,14 @@ class Agent(Serving):
         else:  # "status" and "closed" are for outside clients
             self.malformed += 1
 
-    def _update(
-        self,
-        task_id: str,
-        state: str,
-        rank: int | None,
-        done: int,
-        total: int | None,
-        error: str | None,
-        kind: str | None,
-        blob: tuple | None,
-    ) -> None:
+    def _update(self, task_id: str, *fields: Any) -> None:
         with self.lock:
             handle = self.submitted.get(task_id)
         if handle is None:
             return
-        handle._apply(self._inbox, state, rank, done, total, error, kind, blob)
-        if state in m.FINAL:
+        update = m.Update(*fields)
+        handle._apply(self._inbox, update)
+        if update.state in m.FINAL:
             with self.lock:
                 self.submitted.pop(task_id, None)
 
@@ -263,7 +253,10 @@ class Agent(Serving):
                 payload = pickle.dumps(_portable(value), protocol=pickle.HIGHEST_PROTOCOL)
             else:
                 path = spec.result.format(id=task_id.replace(":", "-"), rank=self.rank)
-                _save_atomically(_portable(value), path)
+                import torch
+
+                portable = _portable(value)
+                write_atomically(path, lambda f: torch.save(portable, f))
                 payload = pickle.dumps(path)
         except Exception as exc:  # noqa: BLE001 - a result that cannot travel fails the task
             return (f"on rank {self.rank}: the result could not be returned: {exc}", "failed", None)
@@ -293,22 +286,6 @@ class Agent(Serving):
 def _started(handle: Any) -> bool:
     """Whether any item (or step) of a local task may have run."""
     return handle.items_done > 0 or getattr(handle, "launches", 0) > 0 or handle.state == "running"
-
-
-def _save_atomically(value: Any, path: str) -> None:
-    """torch.save to a temporary file beside `path`, then a rename: an interrupted save
-    never leaves a half-written result under `path`."""
-    import torch
-
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".freeride-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(value, f)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def _portable(value: Any) -> Any:

@@ -4,10 +4,8 @@ of its ranks (the side-task manager's seat), with the queue's secret."""
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
-import stat
 import threading
 import time
 from typing import Any
@@ -17,54 +15,11 @@ from ..errors import QueueAuthError, RankLostError
 from ..placement import TaskSpec
 from . import mailbox
 from . import messages as m
+from .files import read_secret_file, secret_bytes
 from .handle import RemoteHandle
 from .serving import Serving
 
 log = logging.getLogger("freeride.job")
-
-
-def read_secret_file(path: str | os.PathLike) -> tuple[str, bytes]:
-    """(address, secret) from a file JobQueue(secret_file=...) wrote. Refuses a file
-    that others than its owner can read: the secret lets its holder run code as the job."""
-    path = os.fspath(path)
-    try:
-        mode = os.stat(path).st_mode
-        with open(path) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"secret_file {path!r} does not exist") from None
-    except (OSError, ValueError) as exc:
-        raise ValueError(
-            f"secret_file {path!r} cannot be read as the queue's JSON: {exc}"
-        ) from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise PermissionError(
-            f"secret_file {path!r} has mode {stat.S_IMODE(mode):04o}: others than its owner "
-            f"can read the job's secret; chmod 600 {path}"
-        )
-    if not (
-        isinstance(data, dict)
-        and isinstance(data.get("address"), str)
-        and isinstance(data.get("secret"), str)
-    ):
-        raise ValueError(  # noqa: TRY004 - a bad file's content, not a bad argument
-            f"secret_file {path!r} lacks 'address' and 'secret'"
-        )
-    return data["address"], _secret_bytes(data["secret"], "secret_file's secret")
-
-
-def _secret_bytes(secret: bytes | str, name: str) -> bytes:
-    if isinstance(secret, str):
-        try:
-            secret = bytes.fromhex(secret)
-        except ValueError:
-            raise ValueError(f"{name} must be {mailbox.SECRET_BYTES * 2} hex digits") from None
-    if not isinstance(secret, bytes) or len(secret) != mailbox.SECRET_BYTES:
-        raise ValueError(
-            f"{name} must be {mailbox.SECRET_BYTES} bytes (or {mailbox.SECRET_BYTES * 2} hex "
-            "digits)"
-        )
-    return secret
 
 
 def _split_address(address: str) -> tuple[str, int]:
@@ -101,7 +56,7 @@ class JobClient:
         else:
             if address is None or secret is None:
                 raise TypeError("JobQueue.connect needs address and secret, or secret_file")
-            key = _secret_bytes(secret, "secret")
+            key = secret_bytes(secret, "secret")
         host, port = _split_address(address)
         timeout = check_float(timeout, "timeout")
         self.address = address
@@ -217,12 +172,10 @@ class JobClient:
     def _handle(self, message: tuple) -> None:
         kind = message[0]
         if kind == "update":
-            task_id, state, rank, done, total, error, err_kind, blob = message[1:]
             with self._lock:
-                handle = self._handles.get(task_id)
-            if handle is None:
-                return
-            handle._apply(self._inbox, state, rank, done, total, error, err_kind, blob)
+                handle = self._handles.get(message[1])
+            if handle is not None:
+                handle._apply(self._inbox, m.Update(*message[2:]))
         elif kind == "status":
             with self._replied:
                 self._replies[message[1]] = message[2]

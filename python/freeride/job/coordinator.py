@@ -140,28 +140,16 @@ class Coordinator(Serving):
         except Exception as exc:  # noqa: BLE001 - fails the task, not the coordinator
             task = _Placed(task_id, None, None, "?", priority, reply)
             self._tasks[task_id] = task
-            self._final(
-                task,
-                "failed",
-                None,
-                0,
-                None,
-                f"the spec could not be read: {type(exc).__name__}: {exc}",
-                "failed",
-                None,
-            )
+            error = f"the spec could not be read: {type(exc).__name__}: {exc}"
+            self._final(task, m.Update("failed", None, 0, None, error, "failed"))
             return
         self._tasks[task_id] = _Placed(task_id, data, spec, label, priority, reply)
         if self._finished.is_set():
             self._final(
                 self._tasks[task_id],
-                "cancelled",
-                None,
-                0,
-                None,
-                "cancelled: the job queue closed",
-                "cancelled",
-                None,
+                m.Update(
+                    "cancelled", None, 0, None, "cancelled: the job queue closed", "cancelled"
+                ),
             )
             return
         heapq.heappush(self._pending, (-priority, next(self._seq), task_id))
@@ -194,10 +182,10 @@ class Coordinator(Serving):
                 self._out.delete_blob(*blob)  # nobody will read it
             return
         if state in m.FINAL:
-            self._final(task, state, rank, done, total, error, kind, blob)
+            self._final(task, m.Update(state, rank, done, total, error, kind, blob))
         else:
             task.state, task.done, task.total = state, done, total
-            self._notify(task, state, rank, done, total, None, None, None)
+            self._notify(task, m.Update(state, rank, done, total))
 
     def _on_handback(self, rank: int, task_ids: list[str]) -> None:
         r = self._ranks[rank]
@@ -217,7 +205,7 @@ class Coordinator(Serving):
         task.cancel = True
         if task.rank is None:
             self._final(
-                task, "cancelled", None, task.done, task.total, "cancelled", "cancelled", None
+                task, m.Update("cancelled", None, task.done, task.total, "cancelled", "cancelled")
             )
         else:
             self._send(m.agent_box(task.rank), ("cancel", task.task_id))
@@ -299,16 +287,12 @@ class Coordinator(Serving):
                 if task.state == "queued" or not lost:
                     self._requeue(task)
                 else:
-                    self._final(
-                        task,
-                        "failed",
-                        rank,
-                        task.done,
-                        task.total,
+                    error = (
                         f"rank {rank} was lost while the task ran there "
-                        f"(silent for {self._rank_timeout:g} s)",
-                        "rank_lost",
-                        None,
+                        f"(silent for {self._rank_timeout:g} s)"
+                    )
+                    self._final(
+                        task, m.Update("failed", rank, task.done, task.total, error, "rank_lost")
                     )
             if task.reply == box and task.state not in m.FINAL:
                 self._on_cancel(task.task_id)
@@ -321,11 +305,11 @@ class Coordinator(Serving):
         task.rank, task.state = None, "queued"
         if task.cancel:
             self._final(
-                task, "cancelled", None, task.done, task.total, "cancelled", "cancelled", None
+                task, m.Update("cancelled", None, task.done, task.total, "cancelled", "cancelled")
             )
             return
         heapq.heappush(self._pending, (-task.priority, next(self._seq), task.task_id))
-        self._notify(task, "queued", None, 0, None, None, None, None)
+        self._notify(task, m.Update("queued", None, 0, None))
 
     # -- placement ---------------------------------------------------------------------------
 
@@ -373,7 +357,7 @@ class Coordinator(Serving):
                 )
             )
             self._send(m.agent_box(rank), ("run", task.task_id, task.spec_bytes, task.priority))
-            self._notify(task, "queued", rank, 0, None, None, None, None)
+            self._notify(task, m.Update("queued", rank, 0, None))
         for entry in deferred:
             heapq.heappush(self._pending, entry)
 
@@ -383,15 +367,10 @@ class Coordinator(Serving):
         """Every rank is closing or lost: cancel what is left and say goodbye."""
         for task in list(self._tasks.values()):
             if task.state not in m.FINAL:
+                closed = "cancelled: the job queue closed"
                 self._final(
                     task,
-                    "cancelled",
-                    task.rank,
-                    task.done,
-                    task.total,
-                    "cancelled: the job queue closed",
-                    "cancelled",
-                    None,
+                    m.Update("cancelled", task.rank, task.done, task.total, closed, "cancelled"),
                 )
         for rank in self._closing - self._gone:
             self._out.send(m.agent_box(rank), ("bye",))
@@ -402,48 +381,27 @@ class Coordinator(Serving):
 
     # -- telling submitters ------------------------------------------------------------------
 
-    def _final(
-        self,
-        task: _Placed,
-        state: str,
-        rank: int | None,
-        done: int,
-        total: int | None,
-        error: str | None,
-        kind: str | None,
-        blob: tuple | None,
-    ) -> None:
-        task.state, task.done, task.total = state, done, total
+    def _final(self, task: _Placed, update: m.Update) -> None:
+        task.state, task.done, task.total = update.state, update.done, update.total
         if task.rank is not None:
             r = self._ranks[task.rank]
             r.outstanding.discard(task.task_id)
             r.iterative.discard(task.task_id)
-        task.spec_bytes = None  # a final task keeps only what status() shows
+        task.spec_bytes = task.spec = None  # a final task keeps only what status() shows
         self._finals.append(task.task_id)
         while len(self._finals) > _KEEP_FINAL:
             self._tasks.pop(self._finals.popleft(), None)
-        self._notify(task, state, rank, done, total, error, kind, blob)
+        self._notify(task, update)
 
-    def _notify(
-        self,
-        task: _Placed,
-        state: str,
-        rank: int | None,
-        done: int,
-        total: int | None,
-        error: str | None,
-        kind: str | None,
-        blob: tuple | None,
-    ) -> None:
+    def _notify(self, task: _Placed, update: m.Update) -> None:
         if task.reply in self._closed_boxes:
-            if blob is not None:
-                self._out.delete_blob(*blob)
+            if update.blob is not None:
+                self._out.delete_blob(*update.blob)
             return
-        self._send(
-            task.reply, ("update", task.task_id, state, rank, done, total, error, kind, blob)
-        )
+        self._send(task.reply, ("update", task.task_id, *update))
 
     def _send(self, box: str, message: tuple) -> None:
-        if box in self._closed_boxes and message[0] != "bye":
-            return
-        self._out.send(box, message)
+        """Sends unless `box` is closed (a lost or departed rank, a client that left);
+        "lost" and "bye" go through the outbox directly, closed or not."""
+        if box not in self._closed_boxes:
+            self._out.send(box, message)

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from ..errors import RankLostError, TaskCancelledError, TaskFailedError
 from ..placement import TaskSpec
-from .messages import FINAL
+from .messages import FINAL, Update
 
 
 class _Owner(Protocol):
@@ -130,19 +130,10 @@ class RemoteHandle:
             self._result = result
             self._cv.notify_all()
 
-    def _apply(
-        self,
-        inbox: Any,
-        state: str,
-        rank: int | None,
-        done: int,
-        total: int | None,
-        error: str | None,
-        kind: str | None,
-        blob: tuple | None,
-    ) -> None:
+    def _apply(self, inbox: Any, update: Update) -> None:
         """Applies an "update" message, reading its result blob (if any) from `inbox`; a
         result that is missing or does not verify fails the task."""
+        state, rank, done, total, error, kind, blob = update
         result = None
         if blob is not None:
             data = inbox.take_blob(*blob)

@@ -31,7 +31,7 @@ To a rank's agent ("fr-agent/<rank>") or a client ("fr-client/<n>"):
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 COORD = "fr-coord"
 FINAL = ("done", "failed", "cancelled")
@@ -51,6 +51,19 @@ def beat_key(rank: int) -> str:
     """A counter the rank raises every 100 ms while it lives: liveness apart from the
     message stream, so a stalled box never makes a live rank look dead."""
     return f"fr-beat/{rank}"
+
+
+class Update(NamedTuple):
+    """A task's state as its submitter hears it: the fields of an "update" message after
+    the task id."""
+
+    state: str
+    rank: int | None
+    done: int
+    total: int | None
+    error: str | None = None
+    kind: str | None = None  # one of ERROR_KINDS, with an error
+    blob: tuple | None = None  # (key, parts) of the result, with a final "done"
 
 
 class Malformed(ValueError):

@@ -21,7 +21,6 @@ item ever runs twice.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -34,7 +33,7 @@ from .. import _shutdown
 from .._checks import check_count, check_float
 from ..errors import HarvesterClosedError, RankLostError
 from ..placement import Decision, Policy, TaskSpec
-from . import mailbox
+from . import files, mailbox
 from . import messages as m
 from .agent import Agent
 from .coordinator import Coordinator
@@ -110,7 +109,7 @@ class JobQueue:
                 port = server.port
                 mailbox.publish_proof(server, secret)
                 if secret_file is not None:
-                    write_secret_file(secret_file, f"{_url_host(host)}:{port}", secret)
+                    files.write_secret_file(secret_file, f"{_url_host(host)}:{port}", secret)
             except BaseException as exc:  # noqa: BLE001 - the others must hear of it
                 error, port = exc, 0
         host, port, secret = self._share(host or "", port, secret)
@@ -422,21 +421,3 @@ class JobQueue:
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
-
-
-def write_secret_file(path: str | os.PathLike, address: str, secret: bytes) -> None:
-    """Writes {"address", "secret"} to `path`, readable by its owner only (0600), through
-    a temporary file and a rename so no reader sees it half-written."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"address": address, "secret": secret.hex()}, f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
