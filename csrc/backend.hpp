@@ -96,6 +96,13 @@ class Backend {
   // polling: woken by opens (on CUDA once a stream-ordered open has taken effect). For
   // threads that wait for bubbles beside training (iterative tasks).
   virtual bool wait_open(double timeout_s) const = 0;
+  // Sleeps until the gate reads open with a sequence number other than `seq` (an open
+  // newer than the one `seq` names has taken effect: a new bubble) or `timeout_s` passed
+  // (false). Woken by opens like wait_open(), never by closes, so it costs nothing while
+  // training computes. For waiters that already looked at the bubble `seq` and found
+  // nothing to do in it: the executor after a launch that ran no item, the iterative
+  // runner after a bubble without room for a step.
+  virtual bool wait_next_open(uint32_t seq, double timeout_s) const = 0;
   // How a launch is admitted on CUDA: "ring" (the executor thread sleeps until a watcher
   // thread, waiting for an event recorded behind the open, wakes it), "poll" (it polls
   // the gate's mirror) or

@@ -765,15 +765,15 @@ void tighten_timer_slack() {
 // Then sleeps on the bell, rung when a stream-ordered open has taken effect
 // (enqueue_ring) and on an immediate open, looking anyway every kAdmissionPoll; or, where
 // rings are off, polls every kPollSleep.
-template <typename Stopped>
+template <typename Stopped, typename IsOpen>
 bool wait_for_gate(const CudaShared& s, std::chrono::steady_clock::time_point deadline,
-                   Stopped stopped) {
+                   Stopped stopped, IsOpen is_open) {
   Doorbell& bell = *s.gate.bell;
   const auto spin_until = std::chrono::steady_clock::now() + kAdmissionSpin;
   while (true) {
     const uint64_t seen = bell.rings();  // before the checks: a ring between them counts
     if (stopped()) return false;
-    if (s.mirror() == FREERIDE_GATE_OPEN) return true;
+    if (is_open()) return true;
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return false;
     if (now < spin_until) {
@@ -1080,8 +1080,10 @@ class CudaRunner final : public PhaseRunner {
   // bell also rings on stop().
   bool wait_for_open() const {
     if (!s_->ring) tighten_timer_slack();  // this thread only ever waits for the gate
-    return wait_for_gate(*s_, std::chrono::steady_clock::time_point::max(),
-                         [&] { return stop_requested_.load(); });
+    const CudaShared& s = *s_;
+    return wait_for_gate(s, std::chrono::steady_clock::time_point::max(),
+                         [&] { return stop_requested_.load(); },
+                         [&] { return s.mirror() == FREERIDE_GATE_OPEN; });
   }
 
   void destroy_events() noexcept {
@@ -1328,8 +1330,18 @@ class CudaBackend final : public Backend {
   uint32_t gate_read() const override { return s_->mirror(); }
   uint32_t gate_seq() const override { return s_->mirror_seq(); }
   bool wait_open(double timeout_s) const override {
-    return wait_for_gate(*s_, std::chrono::steady_clock::now() + clamp_timeout(timeout_s),
-                         [] { return false; });
+    const CudaShared& s = *s_;
+    return wait_for_gate(s, std::chrono::steady_clock::now() + clamp_timeout(timeout_s),
+                         [] { return false; }, [&] { return s.mirror() == FREERIDE_GATE_OPEN; });
+  }
+  // The mirror, then the number: an open writes its number first, so an open mirror
+  // read before a number that differs from `seq` belongs to a newer open.
+  bool wait_next_open(uint32_t seq, double timeout_s) const override {
+    const CudaShared& s = *s_;
+    return wait_for_gate(s, std::chrono::steady_clock::now() + clamp_timeout(timeout_s),
+                         [] { return false; }, [&] {
+                           return s.mirror() == FREERIDE_GATE_OPEN && s.mirror_seq() != seq;
+                         });
   }
 
   // The executor thread queries and synchronises events while training may be capturing

@@ -187,6 +187,11 @@ class HostBackend final : public Backend {
   bool wait_open(double timeout_s) const override {
     return wait_for_open(bell_, timeout_s, [&] { return gate_.load() == FREERIDE_GATE_OPEN; });
   }
+  bool wait_next_open(uint32_t seq, double timeout_s) const override {
+    return wait_for_open(bell_, timeout_s, [&] {
+      return gate_.load() == FREERIDE_GATE_OPEN && seq_.load() != seq;
+    });
+  }
 
   uint64_t mark(uintptr_t /*stream*/) override { return mark_at(steady_ns()); }
   // A mark for a steady-clock time already taken (a launch's first and last item).

@@ -409,6 +409,14 @@ PYBIND11_MODULE(_C, m) {
           py::arg("timeout"), release_gil(),
           "Sleeps until the gate reads open (True) or timeout seconds passed (False).")
       .def(
+          "gate_wait_next_open",
+          [](Executor& ex, uint32_t seq, double timeout) {
+            return ex.backend().wait_next_open(seq, timeout);
+          },
+          py::arg("seq"), py::arg("timeout"), release_gil(),
+          "Sleeps until the gate reads open with a sequence number other than seq (a newer "
+          "open took effect: True) or timeout seconds passed (False). Never woken by closes.")
+      .def(
           "mark",
           [](Executor& ex, uint64_t stream) {
             return ex.backend().mark(static_cast<uintptr_t>(stream));
