@@ -65,13 +65,19 @@ namespace {
 static_assert(std::is_same_v<uint32_t, unsigned int>, "gate words are 32-bit unsigned int");
 static_assert(offsetof(fr_phase_state, next) == 0 && offsetof(fr_phase_state, done) == 8 &&
                   offsetof(fr_phase_state, stop) == 16 && offsetof(fr_phase_state, held) == 20,
-              "begin_phase zeroes [next, done] as one range in front of stop; a launch reads "
-              "back [done, stop, held] as one copy");
+              "begin_phase zeroes [next, done] as one range in front of stop; a launch that "
+              "ended without its end record reads back [done, stop, held] as one copy");
 
 constexpr size_t kGateStride = 128;           // one gate per 128-byte line: no false sharing
 constexpr size_t kGateSlabBytes = 64 * 1024;  // 512 gates per allocation
 constexpr size_t kStateStride = 128;          // fr_phase_state slots, one line each
-constexpr size_t kWordStride = 64;            // host words: [0] progress, [1] readback
+// Host words of a runner: [0, 8) progress mirror, [8, 48) the launch end record,
+// [48, 64) the fallback read-back [done, stop, held].
+constexpr size_t kWordStride = 64;
+constexpr size_t kEndOffset = 8;
+constexpr size_t kReadbackOffset = 48;
+static_assert(kEndOffset + sizeof(fr_launch_end) <= kReadbackOffset &&
+              kReadbackOffset + 16 <= kWordStride && kEndOffset % 8 == 0);
 constexpr size_t kSlotsPerSlab = 1024;
 static_assert(sizeof(fr_phase_state) <= kStateStride && sizeof(fr_phase_state) <= kWordStride);
 
@@ -661,9 +667,13 @@ struct CudaShared {
   uint32_t mirror() const { return std::atomic_ref<unsigned int>(*gate.mirror).load(); }
   uint32_t mirror_seq() const { return std::atomic_ref<unsigned int>(gate.mirror[1]).load(); }
 
-  // Marks: pooled timing events. Their ids are the executor's and Python's handles.
+  // Marks: pooled timing events. Their ids are the executor's and Python's handles. A
+  // derived mark is another mark plus an offset measured on the device (a launch's end:
+  // its start mark plus the kernel's own %globaltimer duration), so that no event has to
+  // be recorded behind a kernel that may still run.
   std::mutex marks_mu;
   std::unordered_map<uint64_t, cudaEvent_t> marks;
+  std::unordered_map<uint64_t, std::pair<uint64_t, int64_t>> derived;  // id -> (mark, ns)
   std::vector<cudaEvent_t> free_events;
   uint64_t next_mark = 1;
 
@@ -686,11 +696,27 @@ struct CudaShared {
     return id;
   }
 
-  int64_t elapsed_ns(uint64_t from, uint64_t to) {
+  uint64_t derive_mark(uint64_t base, int64_t offset_ns) {
     std::lock_guard<std::mutex> lk(marks_mu);
+    FR_ARG(marks.count(base) != 0, "unknown mark " << base);
+    const uint64_t id = next_mark++;
+    derived.emplace(id, std::make_pair(base, offset_ns));
+    return id;
+  }
+
+  // Caller holds marks_mu: the event mark under `id` and the offset from it.
+  std::pair<uint64_t, int64_t> resolve_locked(uint64_t id) const {
+    auto it = derived.find(id);
+    return it == derived.end() ? std::make_pair(id, int64_t{0}) : it->second;
+  }
+
+  int64_t elapsed_ns(uint64_t from_id, uint64_t to_id) {
+    std::lock_guard<std::mutex> lk(marks_mu);
+    const auto [from, from_ns] = resolve_locked(from_id);
+    const auto [to, to_ns] = resolve_locked(to_id);
     auto a = marks.find(from);
     auto b = marks.find(to);
-    FR_ARG(a != marks.end() && b != marks.end(), "unknown mark " << from << " or " << to);
+    FR_ARG(a != marks.end() && b != marks.end(), "unknown mark " << from_id << " or " << to_id);
     float ms = 0.f;
     const cudaError_t err = cudaEventElapsedTime(&ms, a->second, b->second);
     if (err == cudaErrorNotReady) {
@@ -698,11 +724,12 @@ struct CudaShared {
       return kPending;
     }
     if (err != cudaSuccess) throw_cuda(err, "cudaEventElapsedTime", __FILE__, __LINE__);
-    return static_cast<int64_t>(static_cast<double>(ms) * 1e6);
+    return static_cast<int64_t>(static_cast<double>(ms) * 1e6) + (to_ns - from_ns);
   }
 
   void release_mark(uint64_t id) noexcept {
     std::lock_guard<std::mutex> lk(marks_mu);
+    if (derived.erase(id) != 0) return;
     auto it = marks.find(id);
     if (it == marks.end()) return;
     free_events.push_back(it->second);
@@ -714,6 +741,7 @@ struct CudaShared {
     for (auto& [id, ev] : marks) (void)cudaEventDestroy(ev);
     for (cudaEvent_t ev : free_events) (void)cudaEventDestroy(ev);
     marks.clear();
+    derived.clear();
     free_events.clear();
     (void)cudaGetLastError();
   }
@@ -737,6 +765,38 @@ SmLimits sm_limits(int device) {
   FR_CUDA_CHECK(cudaDeviceGetAttribute(&sm.reserved_shared_per_block,
                                        cudaDevAttrReservedSharedMemoryPerBlock, device));
   return sm;
+}
+
+// Waiting for a launch's end (CudaRunner::wait_for_end): spin this long, then sleep this
+// long between looks at the end record (a relaunch after a time slice waits for that
+// look: 50 us is 2.5% of the default 2 ms slice), and ask the driver whether the stream
+// is idle (a kernel that failed, or one that left without its end record) this often.
+constexpr std::chrono::microseconds kEndSpin{20};
+constexpr std::chrono::microseconds kEndPoll{50};
+constexpr std::chrono::microseconds kStreamQueryEvery{1000};
+
+// Whether everything enqueued on `stream` has completed: a question to the driver, never
+// an operation on the stream. Throws the error of a failed kernel (cleared from the
+// thread's last error, which cudaStreamQuery also sets for "not ready").
+bool stream_idle(cudaStream_t stream) {
+  const cudaError_t err = cudaStreamQuery(stream);
+  if (err == cudaSuccess) return true;
+  if (cudaPeekAtLastError() == err) (void)cudaGetLastError();
+  if (err == cudaErrorNotReady) return false;
+  throw_cuda(err, "cudaStreamQuery (side stream)", __FILE__, __LINE__);
+}
+
+// Until `stream` is idle, asking (stream_idle). After a launch's end record, the kernel
+// is retiring: microseconds.
+void settle_stream(cudaStream_t stream) {
+  const auto started = std::chrono::steady_clock::now();
+  while (!stream_idle(stream)) {
+    if (std::chrono::steady_clock::now() - started < kEndSpin) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(kEndPoll);
+    }
+  }
 }
 
 // The longest the executor thread sleeps on the gate's bell before it looks at the mirror
@@ -899,7 +959,9 @@ class CudaRunner final : public PhaseRunner {
       state_ = reinterpret_cast<fr_phase_state*>(state_slot_.dev);
       progress_dev_ = reinterpret_cast<unsigned long long*>(word_slot_.dev);
       progress_host_ = reinterpret_cast<unsigned long long*>(word_slot_.host);
-      readback_host_ = progress_host_ + 1;
+      end_host_ = reinterpret_cast<fr_launch_end*>(word_slot_.host + kEndOffset);
+      end_dev_ = reinterpret_cast<fr_launch_end*>(word_slot_.dev + kEndOffset);
+      readback_host_ = reinterpret_cast<unsigned long long*>(word_slot_.host + kReadbackOffset);
       try {
         // A reused slot may hold a previous runner's stop flag. Cleared on the control
         // stream, where every later stop()/resume() write follows it in order; the first
@@ -1001,6 +1063,8 @@ class CudaRunner final : public PhaseRunner {
         after_->enqueue_wait(stream_);
         after_.reset();
       }
+      // Before the kernel, on a stream whose previous work has completed (see below):
+      // it takes effect at once.
       if (record) marks.start = s.mark(stream_);
       fr_item_ctx ctx{};
       ctx.gate = s.gate.dev;
@@ -1009,28 +1073,39 @@ class CudaRunner final : public PhaseRunner {
       ctx.n_items = n_items_;
       ctx.phase = phase_;
       ctx.slice_ns = s.slice_ns;
+      ctx.end = end_dev_;
+      ctx.launch = ++launch_no_;
       task_->launch_cuda(s.launch(ctx, stream_, green_));
       FR_CUDA_CHECK(cudaGetLastError());
-      if (record) marks.end = s.mark(stream_);
-      // The exact count (the progress mirror lags: kernels write it every
-      // freeride::kProgressEvery items, and stores from different blocks land in any
-      // order), and with it the stop flag and the held-back count: [done, stop, held].
-      // Behind the kernel in stream order, so it and the items' results are complete
-      // once the event below is: the kernels count `done` without a memory fence.
-      FR_CUDA_CHECK(cudaMemcpyAsync(readback_host_, done_word(), kReadbackBytes,
-                                    cudaMemcpyDeviceToHost, stream_));
-      FR_CUDA_CHECK(cudaEventRecord(event_, stream_));
     } catch (...) {
       drain_side();
       s.release_mark(marks.start);
-      s.release_mark(marks.end);
       throw;
     }
-    // Blocking-sync event: the executor thread sleeps here instead of spinning a core.
-    FR_CUDA_CHECK(cudaEventSynchronize(event_));
-    const uint64_t done = std::atomic_ref<unsigned long long>(*readback_host_).load();
-    raise_progress(done);
-    check_protocol(done);
+    // Nothing goes on the stream behind the kernel (not the count's read-back, not an
+    // event: either would hold everything queued after it on its hardware queue until
+    // the kernel ends). The kernel's last block reports the end; the host polls for it.
+    LaunchEnd end;
+    try {
+      end = wait_for_end(launch_no_);
+    } catch (...) {
+      s.release_mark(marks.start);
+      throw;
+    }
+    if (marks.start != 0) {
+      if (end.duration_ns >= 0) {
+        // The end is the start mark plus the kernel's own duration: the start mark is
+        // taken when the stream reaches the launch, its first block may start a little
+        // later (the launch's latency, or SMs still busy), so the launch is drawn that
+        // much early in the record.
+        marks.end = s.derive_mark(marks.start, end.duration_ns);
+      } else {
+        s.release_mark(marks.start);  // no end record: no times either
+        marks.start = 0;
+      }
+    }
+    raise_progress(end.done);
+    check_protocol(end.done, end.held);
     return marks;
   }
 
@@ -1086,6 +1161,75 @@ class CudaRunner final : public PhaseRunner {
                          [&] { return s.mirror() == FREERIDE_GATE_OPEN; });
   }
 
+  // What the host learns of a launch that ended. duration_ns < 0: no end record (the
+  // counts were read back instead).
+  struct LaunchEnd {
+    uint64_t done = 0;
+    uint32_t held = 0;
+    int64_t duration_ns = -1;
+  };
+
+  // Until launch `launch` has ended: its end record's number appears (written by the
+  // kernel's last block), or the stream turns out idle without it (a kernel that left
+  // the item protocol: the counts are read back then, with nothing left running for the
+  // copy to queue behind). Spins (yielding) kEndSpin, then sleeps kEndPoll between looks
+  // at the record, and asks the driver about the stream only every kStreamQueryEvery (a
+  // failed kernel shows there). Returns once the stream is idle: the next launch's
+  // operations never queue behind this kernel either.
+  LaunchEnd wait_for_end(uint64_t launch) {
+    using clock = std::chrono::steady_clock;
+    const auto started = clock::now();
+    auto next_query = started + kStreamQueryEvery;
+    while (true) {
+      if (end_published(launch)) {
+        settle_stream(stream_);
+        return read_end();
+      }
+      const auto now = clock::now();
+      if (now >= next_query) {
+        if (stream_idle(stream_)) {
+          if (end_published(launch)) return read_end();
+          return read_back();
+        }
+        next_query = now + kStreamQueryEvery;
+      }
+      if (now - started < kEndSpin) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(kEndPoll);
+      }
+    }
+  }
+
+  bool end_published(uint64_t launch) const {
+    return std::atomic_ref<unsigned long long>(end_host_->launch).load(std::memory_order_acquire) ==
+           launch;
+  }
+
+  LaunchEnd read_end() const {
+    LaunchEnd end;
+    end.done = std::atomic_ref<unsigned long long>(end_host_->done).load();
+    end.held = static_cast<uint32_t>(std::atomic_ref<unsigned long long>(end_host_->held).load());
+    const uint64_t start = std::atomic_ref<unsigned long long>(end_host_->start_ns).load();
+    const uint64_t stop = std::atomic_ref<unsigned long long>(end_host_->end_ns).load();
+    end.duration_ns = start != 0 && stop >= start ? static_cast<int64_t>(stop - start) : -1;
+    return end;
+  }
+
+  // The launch ended without its end record: [done, stop, held] copied from the phase
+  // state, on the (idle) stream, waited for on a blocking-sync event.
+  LaunchEnd read_back() {
+    FR_CUDA_CHECK(cudaMemcpyAsync(readback_host_, done_word(), 16, cudaMemcpyDeviceToHost,
+                                  stream_));
+    FR_CUDA_CHECK(cudaEventRecord(event_, stream_));
+    FR_CUDA_CHECK(cudaEventSynchronize(event_));
+    LaunchEnd end;
+    end.done = std::atomic_ref<unsigned long long>(readback_host_[0]).load();
+    end.held = std::atomic_ref<unsigned int>(reinterpret_cast<unsigned int*>(readback_host_ + 1)[1])
+                   .load();
+    return end;
+  }
+
   void destroy_events() noexcept {
     for (cudaEvent_t* ev : {&event_, &stop_written_, &bridge_}) {
       if (*ev != nullptr) (void)cudaEventDestroy(*ev);
@@ -1098,9 +1242,7 @@ class CudaRunner final : public PhaseRunner {
   // the stop flag held it back (and counted itself in `held`). A launch that ends with
   // the phase unfinished and nobody held back ran a kernel that never entered the item
   // loop (or left it early): relaunching it would only repeat that, forever.
-  void check_protocol(uint64_t done) {
-    const uint32_t held = std::atomic_ref<unsigned int>(
-        reinterpret_cast<unsigned int*>(readback_host_ + 1)[1]).load();
+  void check_protocol(uint64_t done, uint32_t held) {
     const bool held_back = held != last_held_;
     last_held_ = held;
     if (done >= n_items_ || held_back || !task_->follows_item_protocol()) return;
@@ -1127,14 +1269,13 @@ class CudaRunner final : public PhaseRunner {
   }
 
   // Best effort after a failed enqueue: run() must not return while items it enqueued
-  // may still execute.
+  // may still execute. Waits by asking, never by enqueueing.
   void drain_side() noexcept {
-    if (cudaEventRecord(event_, stream_) == cudaSuccess) {
-      (void)cudaEventSynchronize(event_);
-    } else {
-      (void)cudaStreamSynchronize(stream_);
+    try {
+      settle_stream(stream_);
+      if (stream_ != s_->side) settle_stream(s_->side);  // a gate wait there
+    } catch (...) {
     }
-    if (stream_ != s_->side) (void)cudaStreamSynchronize(s_->side);  // a gate wait there
     (void)cudaGetLastError();
   }
 
@@ -1163,9 +1304,11 @@ class CudaRunner final : public PhaseRunner {
   fr_phase_state* state_ = nullptr;               // device memory
   unsigned long long* progress_dev_ = nullptr;    // word slot [0], device view
   unsigned long long* progress_host_ = nullptr;   // word slot [0], host view
-  unsigned long long* readback_host_ = nullptr;   // word slot [1..2]: [done, stop, held]
-  static constexpr size_t kReadbackBytes = 16;
-  cudaEvent_t event_ = nullptr;
+  fr_launch_end* end_host_ = nullptr;             // word slot end record, host view
+  fr_launch_end* end_dev_ = nullptr;              // the same, device view
+  unsigned long long* readback_host_ = nullptr;   // word slot: [done, stop, held]
+  uint64_t launch_no_ = 0;                        // the last launch's number (executor thread)
+  cudaEvent_t event_ = nullptr;                   // read_back()'s
   // The stream this task's launches and their bookkeeping go to: the side stream, or the
   // green context's. bridge_: stream_wait's admission on `side`, carried over to stream_.
   cudaStream_t stream_ = nullptr;
@@ -1348,6 +1491,7 @@ class CudaBackend final : public Backend {
   // a CUDA graph; in the default (global) capture mode such calls from another thread
   // would invalidate the capture. Relaxed mode lets them be.
   void on_executor_thread() override {
+    tighten_timer_slack();  // the launch-end and admission polls sleep tens of microseconds
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) (void)cudaGetLastError();
   }

@@ -1,7 +1,8 @@
 """What the item protocol costs per item, checked without a GPU: NVRTC (tests/nvrtc.py)
 compiles kernels that use freeride::for_each_item against this checkout's
-csrc/include, and the PTX says what the loop adds to each item. No system-scope fence,
-one block barrier, the gate and stop loads issued together. How long an item takes
+csrc/include, and the PTX says what the loop adds to each item. No system-scope fence
+per item (one per launch, before the end record), one block barrier per item, the gate
+and stop loads issued together. How long an item takes
 needs a GPU: `freeride bench items` measures that."""
 
 import functools
@@ -48,12 +49,14 @@ PIECES = r"""
 #include <freeride/preempt.cuh>
 extern "C" __global__ void one_item(fr_item_ctx ctx, unsigned int* hits) {
   __shared__ unsigned long long s_item;
-  if (freeride::leader_thread()) s_item = freeride::claim_item(ctx, freeride::globaltimer_ns());
+  if (freeride::leader_thread()) s_item = freeride::claim_item(ctx, freeride::enter_launch(ctx));
   __syncthreads();
-  if (s_item == freeride::kNoItem) return;
-  atomicAdd(&hits[s_item], 1u);
-  __syncthreads();
-  if (freeride::leader_thread()) freeride::finish_item(ctx);
+  if (s_item != freeride::kNoItem) {
+    atomicAdd(&hits[s_item], 1u);
+    __syncthreads();
+    if (freeride::leader_thread()) freeride::finish_item(ctx);
+  }
+  freeride::leave_launch(ctx);
 }
 extern "C" __global__ void leader_only(fr_item_ctx ctx, unsigned int* hits) {
   static_assert(freeride::kProgressEvery == 8, "tests poll items_done in steps of 8");
@@ -103,27 +106,31 @@ def test_header_compiles(kernel, arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("kernel", sorted(SOURCES))
-def test_no_system_scope_fence_or_atomic(kernel, arch):
-    """Completion needs no fence: the host reads `done` and the results only after the
-    launch ended, behind the kernel on its stream (preempt.cuh, count_finished)."""
+def test_one_system_scope_fence_per_launch_and_no_system_atomic(kernel, arch):
+    """Items need no fence: the host learns `done` and that the results are complete from
+    the launch's end record, which the last block out writes behind one system-scope
+    fence (preempt.cuh, leave_launch). One in the whole kernel, so none per item; a fence
+    added to the claim or the count would be inlined into the loop and show here."""
     code = instructions(_ptx(SOURCES[kernel], arch), kernel)
-    assert not [i for i in code if _SYSTEM_FENCE.match(i)], "a system-scope fence per item"
+    assert sum(1 for i in code if _SYSTEM_FENCE.match(i)) == 1, "system-scope fences"
     assert not [i for i in code if _SYSTEM_ATOMIC.match(i)], "a system-scope atomic"
-    if kernel == "scale":  # nothing in its body asks for a fence: neither does the loop
-        assert not [i for i in code if _ANY_FENCE.match(i)]
+    if kernel == "scale":
+        # Nothing in its body asks for a fence: the only ones are leave_launch's, once
+        # per block (its writes, then the end record's read) and the end record's.
+        assert sum(1 for i in code if _ANY_FENCE.match(i)) == 3
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_one_block_barrier_per_item(arch):
     """The kernel is compiled with both of for_each_item's paths: the plain grid-stride
     loop (a context without phase state: one barrier after each item) and the protocol
-    loop, whose one barrier per item both ends an item and hands out the next claim. A
-    body without barriers therefore shows two in all; one with a barrier of its own
-    (inlined into both paths) four."""
+    loop, whose one barrier per item both ends an item and hands out the next claim, plus
+    one as the block leaves the launch (leave_launch). A body without barriers therefore
+    shows three in all; one with a barrier of its own (inlined into both paths) five."""
     scale = instructions(_ptx(SCALE, arch), "scale")
-    assert sum(1 for i in scale if _BARRIER.match(i)) == 2
+    assert sum(1 for i in scale if _BARRIER.match(i)) == 3
     reduce = instructions(_ptx(REDUCE, arch), "reduce")
-    assert sum(1 for i in reduce if _BARRIER.match(i)) == 4
+    assert sum(1 for i in reduce if _BARRIER.match(i)) == 5
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -134,8 +141,10 @@ def test_gate_and_stop_loads_are_issued_together(arch):
     put anything between them; ptxas keeps volatile loads in order.)"""
     code = instructions(_ptx(SCALE, arch), "scale")
     loads = [(n, m.group(1)) for n, i in enumerate(code) if (m := _VOLATILE_U32_LOAD.match(i))]
-    assert len(loads) == 2, loads  # the body has none: one claim path, two loads
-    (first, reg_a), (second, reg_b) = loads
+    # The body has none: one claim path's two loads, and leave_launch's read of `held`
+    # for the end record, once per launch, after the loop.
+    assert len(loads) == 3, loads
+    (first, reg_a), (second, reg_b) = loads[:2]
     assert second == first + 1, code[first : second + 1]
     assert reg_a != reg_b
     either = re.compile(rf"(?:{re.escape(reg_a)}|{re.escape(reg_b)})\b")

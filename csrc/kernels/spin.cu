@@ -27,14 +27,19 @@ __global__ void __launch_bounds__(kThreads) spin_kernel(fr_item_ctx ctx, unsigne
 // once admitted, runs to its end as a plain kernel would.
 __global__ void __launch_bounds__(kThreads) spin_slice_kernel(fr_item_ctx ctx, unsigned long long ns) {
   __shared__ unsigned long long s_item;
-  if (freeride::leader_thread()) s_item = atomicAdd(&ctx.state->next, 1ull);
-  __syncthreads();
-  if (s_item >= ctx.n_items) return;
-  const unsigned long long start = globaltimer_ns();
-  while (globaltimer_ns() - start < ns) {
+  if (freeride::leader_thread()) {
+    (void)freeride::enter_launch(ctx);
+    s_item = atomicAdd(&ctx.state->next, 1ull);
   }
   __syncthreads();
-  if (freeride::leader_thread()) freeride::finish_item(ctx);
+  if (s_item < ctx.n_items) {  // uniform across the block
+    const unsigned long long start = globaltimer_ns();
+    while (globaltimer_ns() - start < ns) {
+    }
+    __syncthreads();
+    if (freeride::leader_thread()) freeride::finish_item(ctx);
+  }
+  freeride::leave_launch(ctx);
 }
 
 }  // namespace

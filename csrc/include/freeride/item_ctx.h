@@ -10,14 +10,34 @@
  * phase: a paused kernel exits, and the next launch resumes at `next`. */
 typedef struct fr_phase_state {
   unsigned long long next; /* next item index to claim (may overshoot n_items) */
-  unsigned long long done; /* items finished (relaxed atomics, no fence: the host reads
-                              it, and the items' results, after the launch ended) */
+  unsigned long long done; /* items finished (relaxed atomics: the host learns the count
+                              from the launch's end record, see fr_launch_end) */
   unsigned int stop;       /* nonzero: stop claiming (cancel, preemption, shutdown) */
   unsigned int held;       /* blocks that stopped claiming because the gate was closed,
                               stop was set or their time slice ended; counts up, so the
                               host tells a launch that was paused from one whose kernel
                               skipped the item loop */
+  unsigned int exited;     /* blocks of the running launch that have left it; the last
+                              one sets it back to 0 (for_each_item's leave_launch) */
+  unsigned int pad_;
+  unsigned long long launch_start; /* %globaltimer when the launch's first block started,
+                                      0 between launches: every block's time slice counts
+                                      from there, so a block that became resident late gets
+                                      what is left of the slice, not a fresh one */
 } fr_phase_state;
+
+/* What the last block of a launch writes to host-visible memory as it leaves: the host
+ * learns that the launch ended, its exact count and its times from here, without
+ * putting anything on a stream behind a kernel that may still run (an operation queued
+ * behind a running kernel holds everything behind it on its hardware queue, and streams
+ * share those queues). `launch` is written last, after a system-scope fence. */
+typedef struct fr_launch_end {
+  unsigned long long done;     /* the phase's `done` when the launch ended */
+  unsigned long long held;     /* the phase's `held` then */
+  unsigned long long start_ns; /* %globaltimer: the first block's start */
+  unsigned long long end_ns;   /* %globaltimer: the last block's exit */
+  unsigned long long launch;   /* fr_item_ctx.launch of the launch that ended */
+} fr_launch_end;
 
 /* What every preemptible kernel receives as its first argument. */
 typedef struct fr_item_ctx {
@@ -29,8 +49,10 @@ typedef struct fr_item_ctx {
                                             item, so it lags; informational only */
   unsigned long long n_items;            /* items in this phase */
   unsigned long long phase;              /* index of this phase within the task */
-  unsigned long long slice_ns;           /* a block claims no item after running this
-                                            long (the launch's time slice); 0: no limit */
+  unsigned long long slice_ns;           /* no block claims an item once the launch has
+                                            run this long (its time slice); 0: no limit */
+  volatile fr_launch_end* end;           /* host-visible end record, or 0 (plain runs) */
+  unsigned long long launch;             /* this launch's number, written to end->launch */
 } fr_item_ctx;
 
 #endif /* FREERIDE_ITEM_CTX_H_ */

@@ -26,13 +26,22 @@
 // lets one more item start, so a block exits at most one item (plus what the other
 // threads still had left of the current one at that read) after a close.
 //
-// No memory fence: the host reads a phase's results and its exact `done` only after the
-// launch ended (a copy behind the kernel in stream order, then an event; the end of a
-// kernel makes its writes visible), and the next phase is a later launch on the same
-// stream. The progress mirror, what Executor::status reports while a launch runs, is
-// written when `done` reaches a multiple of kProgressEvery and at the phase's last item;
-// it may lag, and items_done read from it orders nothing (count_finished says what would
-// need a fence).
+// How the host learns that a launch ended: nothing is put on a stream behind the kernel
+// (an operation queued behind a running kernel, even an event or a 16-byte copy, holds
+// everything behind it on its hardware queue until the kernel ends, and streams share
+// those queues: one under CUDA_DEVICE_MAX_CONNECTIONS=1). Instead every block counts
+// itself out as it leaves (leave_launch), and the last one writes the phase's exact
+// `done`, `held` and the launch's times to the host-visible end record and then the
+// launch's number, after a system-scope fence. Each block fences its threads' writes
+// before it counts itself out, so once the host reads the number, the items' results
+// are visible to any later work on the device. Inside the loop there is no fence: the
+// progress mirror, what Executor::status reports while a launch runs, is written when
+// `done` reaches a multiple of kProgressEvery and at the phase's last item; it may lag,
+// and items_done read from it orders nothing (count_finished says what would need one).
+//
+// A launch's time slice counts from its first block's start (enter_launch): a block that
+// becomes resident only when an earlier one leaves gets what is left of the slice, so a
+// launch ends about one slice (plus an item) after it started, whatever its grid.
 #pragma once
 
 #include "item_ctx.h"
@@ -93,10 +102,45 @@ __device__ __forceinline__ unsigned long long globaltimer_ns() {
   return t;
 }
 
+// Leader only, once per block as it starts: the launch's start on %globaltimer, taken by
+// the first block to get here (every block's time slice counts from it).
+__device__ __forceinline__ unsigned long long enter_launch(const fr_item_ctx& ctx) {
+  const unsigned long long now = globaltimer_ns();
+  const unsigned long long first = atomicCAS(&ctx.state->launch_start, 0ull, now);
+  return first == 0ull ? now : first;
+}
+
+// Every thread of the block, once, as the block leaves the launch (for_each_item calls
+// it; a kernel that does not use for_each_item but claims through ctx.state must too).
+// The block's writes are fenced at device scope before its leader counts the block out;
+// the last block out publishes the end record (see the top of this file) and sets the
+// launch's counters back for the next launch of the phase.
+__device__ __forceinline__ void leave_launch(const fr_item_ctx& ctx) {
+  __threadfence();
+  __syncthreads();
+  if (!leader_thread()) return;
+  const unsigned int blocks = gridDim.x * gridDim.y * gridDim.z;
+  if (atomicAdd(&ctx.state->exited, 1u) != blocks - 1u) return;
+  __threadfence();  // every other block's counts (and results) before what is read here
+  volatile fr_phase_state* state = ctx.state;
+  const unsigned long long done = state->done;
+  const unsigned long long held = state->held;
+  const unsigned long long start = state->launch_start;
+  state->exited = 0u;
+  state->launch_start = 0ull;
+  if (ctx.end == 0) return;
+  ctx.end->done = done;
+  ctx.end->held = held;
+  ctx.end->start_ns = start;
+  ctx.end->end_ns = globaltimer_ns();
+  __threadfence_system();  // the record, then its number: the host reads it in that order
+  ctx.end->launch = ctx.launch;
+}
+
 // Leader only: claim the next item, or kNoItem when paused, out of time or the phase is
-// drained. A block held back by the gate, the stop flag or the end of its time slice
-// says so in `held` (once, as it exits). The slice bounds every launch even while the
-// gate stays open: a device-wide synchronisation (torch.cuda.synchronize, cudaFree)
+// drained. A block held back by the gate, the stop flag or the end of the launch's time
+// slice says so in `held` (once, as it exits). The slice bounds every launch even while
+// the gate stays open: a device-wide synchronisation (torch.cuda.synchronize, cudaFree)
 // then waits at most a slice, and between launches the executor may pick another task.
 __device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx,
                                                          unsigned long long started_ns) {
@@ -160,6 +204,8 @@ __device__ __forceinline__ void finish_item(const fr_item_ctx& ctx) {
 // in the SASS of the built-in kernels with CUDA 13). When the claim says kNoItem the
 // leader counts and publishes the last item before the block returns.
 //
+// Call it once per block per launch: the block leaves the launch when it returns.
+//
 // A context without phase state (ctx.state == 0) runs the kernel plain: every item, in a
 // grid-stride loop, with no gate, claims or counters. The item-overhead benchmark
 // compares the two modes of the same kernel this way.
@@ -174,7 +220,7 @@ __device__ __forceinline__ void for_each_item(const fr_item_ctx& ctx, Body&& bod
   }
   __shared__ unsigned long long s_item[2];
   const bool leader = leader_thread();
-  const unsigned long long started_ns = leader ? globaltimer_ns() : 0ull;
+  const unsigned long long started_ns = leader ? enter_launch(ctx) : 0ull;
   bool ran = false;  // the previous pass ran an item: the leader counts it after the barrier
   unsigned int slot = 0;
   while (true) {
@@ -184,6 +230,7 @@ __device__ __forceinline__ void for_each_item(const fr_item_ctx& ctx, Body&& bod
     const bool count = leader && ran;
     if (item == kNoItem) {  // uniform across the block
       if (count) finish_item(ctx);
+      leave_launch(ctx);
       return;
     }
     unsigned long long before = 0;  // `done` before the count (count_finished)
