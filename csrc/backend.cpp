@@ -4,6 +4,10 @@
 
 namespace freeride {
 
+void Backend::test_items_see_gate_closed(bool) {
+  FR_THROW(RuntimeFailure, "test_items_see_gate_closed is a host-backend test hook");
+}
+
 std::unique_ptr<Backend> make_backend(const std::string& kind, int device, int workers,
                                       const CudaOptions& options) {
   if (kind == "host") return make_host_backend(workers);

@@ -21,6 +21,10 @@ constexpr int64_t kPending = INT64_MIN;
 struct LaunchMarks {
   uint64_t start = 0;
   uint64_t end = 0;
+  // Whether the gate let the launch in (false: stopped while it waited), and the
+  // sequence number of the open it was admitted under.
+  bool admitted = false;
+  uint32_t gate_seq = 0;
 };
 
 // What a task must wait for before its first launch: the work its submitter's streams had
@@ -96,13 +100,19 @@ class Backend {
   // polling: woken by opens (on CUDA once a stream-ordered open has taken effect). For
   // threads that wait for bubbles beside training (iterative tasks).
   virtual bool wait_open(double timeout_s) const = 0;
-  // Sleeps until the gate reads open with a sequence number other than `seq` (an open
-  // newer than the one `seq` names has taken effect: a new bubble) or `timeout_s` passed
-  // (false). Woken by opens like wait_open(), never by closes, so it costs nothing while
-  // training computes. For waiters that already looked at the bubble `seq` and found
-  // nothing to do in it: the executor after a launch that ran no item, the iterative
-  // runner after a bubble without room for a step.
+  // Whether the gate reads open with a sequence number other than `seq` (an open newer
+  // than the one `seq` names has taken effect: a new bubble), after sleeping until it
+  // does, `timeout_s` passed or interrupt_waits() was called, whichever comes first.
+  // Woken by opens like wait_open(), never by closes, so it costs nothing while training
+  // computes. For waiters that already looked at the bubble `seq` and found nothing to
+  // do in it: the executor after a launch that ran no item, the iterative runner after a
+  // bubble without room for a step. (CUDA with FREERIDE_ADMISSION=poll: nothing rings,
+  // the wait lasts its timeout.)
   virtual bool wait_next_open(uint32_t seq, double timeout_s) const = 0;
+  // Ends every wait_next_open() in progress and makes wait_open() look again: the
+  // executor's submit, cancel and close, so that a wait for a new bubble does not hold
+  // up a more urgent task or a close.
+  virtual void interrupt_waits() = 0;
   // How a launch is admitted on CUDA: "ring" (the executor thread sleeps until a watcher
   // thread, waiting for an event recorded behind the open, wakes it), "poll" (it polls
   // the gate's mirror) or
@@ -125,6 +135,12 @@ class Backend {
 
   virtual std::unique_ptr<PhaseRunner> make_runner(std::shared_ptr<Task> task,
                                                    std::unique_ptr<StreamDependency> after) = 0;
+
+  // Test-only (host backend; elsewhere it throws): while `on`, items see the gate closed
+  // whatever it reads, as kernels would see a closed gate word behind an open host
+  // mirror (two gate writers racing on CUDA), so that tests can check what the executor
+  // does about launches that a stale mirror admits and that run no item.
+  virtual void test_items_see_gate_closed(bool on);
 
   // Close-time helper: lets a run() that is held waiting for the gate reach its stop
   // flag. Called repeatedly until the executor's run() returns.

@@ -636,10 +636,14 @@ struct CudaShared {
   // Immediate gate write, complete on return.
   // In the stream-ordered writes' order: the sequence number before an open and after a
   // close, so a reader of the mirror, then the number, never takes a closing bubble for a
-  // new one.
+  // new one. With stream_wait an open stores the mirror first: launches held by the
+  // stream wait (on the mirror) are let go before the device word's write goes on the
+  // control stream, which may share the held launch's hardware queue and would
+  // otherwise wait behind it for good.
   void write_gate_now(uint32_t value, uint32_t seq) {
     const bool open = value == FREERIDE_GATE_OPEN;
     if (open) std::atomic_ref<unsigned int>(gate.mirror[1]).store(seq);
+    if (open && stream_wait) std::atomic_ref<unsigned int>(*gate.mirror).store(value);
     if (!host_gate) write_now(gate.dev, value);
     std::atomic_ref<unsigned int>(*gate.mirror).store(value);
     if (!open) std::atomic_ref<unsigned int>(gate.mirror[1]).store(seq);
@@ -847,6 +851,14 @@ bool wait_for_gate(const CudaShared& s, std::chrono::steady_clock::time_point de
   }
 }
 
+// Whether CUDA_DEVICE_MAX_CONNECTIONS asks for one hardware queue per device (read as the
+// driver reads it, when the context is made: a later change has no effect, and this
+// reads the environment of now, which is what a process that sets it up front has).
+bool single_connection() {
+  const char* value = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  return value != nullptr && std::strtol(value, nullptr, 10) == 1;
+}
+
 // Whether gate opens ring the executor's bell (FREERIDE_ADMISSION "ring", the default:
 // see OpenWatcher) or it polls the mirror ("poll", for comparison in bench preempt).
 bool admission_rings() {
@@ -1018,6 +1030,8 @@ class CudaRunner final : public PhaseRunner {
     FR_CHECK(begun_, "run() before begin_phase()");
     LaunchMarks marks;
     if (!s.stream_wait && !wait_for_open()) return marks;  // stopped while the gate was closed
+    marks.admitted = true;
+    marks.gate_seq = s.mirror_seq();  // after the open mirror: the open's number, or newer
     DeviceGuard guard(s.device);
 
     struct ClearOnExit {
@@ -1045,13 +1059,18 @@ class CudaRunner final : public PhaseRunner {
     if (!s.stream_wait) {
       // Admitted by wait_for_open() above.
     } else if (s.memops) {
+      // On the gate's host mirror, not the device word: whatever is queued behind this
+      // wait (on its hardware queue, which other streams may share) is released by a
+      // host store (write_gate_now, unblock), never by an operation on some stream that
+      // could itself be queued behind the wait.
       const CUresult res = cuda_driver::api().stream_wait_value32(
-          s.side, cuda_driver::device_ptr(s.gate.dev), FREERIDE_GATE_OPEN, CU_STREAM_WAIT_VALUE_EQ);
+          s.side, cuda_driver::device_ptr(s.gate.mirror_dev), FREERIDE_GATE_OPEN,
+          CU_STREAM_WAIT_VALUE_EQ);
       if (res != CUDA_SUCCESS) {
         cuda_driver::throw_driver_error(res, "cuStreamWaitValue32", __FILE__, __LINE__);
       }
     } else {
-      kernels::launch_gate_wait(s.gate.dev, stop_word(), s.side);
+      kernels::launch_gate_wait(s.gate.mirror_dev, stop_word(), s.side);
     }
 
     try {
@@ -1357,6 +1376,13 @@ class CudaBackend final : public Backend {
                << options.reserve_mechanism << "'");
     FR_ARG(options.reserve_sms >= 0, "reserve.sms must not be negative, got " << options.reserve_sms);
 
+    // Every stream shares one hardware queue there: the pending wait would hold the
+    // training stream's own open (and everything else) behind it.
+    FR_ARG(!options.stream_wait || !single_connection(),
+           "stream_wait=True cannot be used with CUDA_DEVICE_MAX_CONNECTIONS=1 (as Megatron-LM "
+           "sets it): every stream then shares one hardware queue, and the launch held by "
+           "the stream wait would hold the training stream's gate open (and all its other "
+           "work) behind it, a deadlock. Use the default admission (stream_wait=False)");
     CudaShared& s = *s_;
     s.device = device;
     s.host_gate = options.gate_in_host_memory;
@@ -1481,10 +1507,9 @@ class CudaBackend final : public Backend {
   // read before a number that differs from `seq` belongs to a newer open.
   bool wait_next_open(uint32_t seq, double timeout_s) const override {
     const CudaShared& s = *s_;
-    return wait_for_gate(s, std::chrono::steady_clock::now() + clamp_timeout(timeout_s),
-                         [] { return false; }, [&] {
-                           return s.mirror() == FREERIDE_GATE_OPEN && s.mirror_seq() != seq;
-                         });
+    return wait_for_ring(*s.gate.bell, timeout_s, [&] {
+      return s.mirror() == FREERIDE_GATE_OPEN && s.mirror_seq() != seq;
+    });
   }
 
   // The executor thread queries and synchronises events while training may be capturing
@@ -1495,6 +1520,8 @@ class CudaBackend final : public Backend {
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) (void)cudaGetLastError();
   }
+
+  void interrupt_waits() override { s_->gate.bell->ring(); }
 
   std::string admission() const override {
     if (s_->stream_wait) return "stream-wait";
@@ -1560,20 +1587,16 @@ class CudaBackend final : public Backend {
   }
 
   // A run() held by the stream wait on a closed gate only gets to its (already set)
-  // stop flag once the gate opens. Opening it is harmless at close: this harvester
-  // launches nothing more, and the released kernel exits before claiming an item.
-  // Without stream_wait nothing is ever held on the GPU: the stop flag ends the poll.
+  // stop flag once the wait is let go. The wait is on the mirror, so a host store does
+  // it, with no operation on any stream (one could queue behind the held launch). The
+  // released kernel reads the device gate, still closed, and exits at once (or its stop
+  // flag stops it); this harvester launches nothing more. Without stream_wait nothing is
+  // ever held on the GPU: the stop flag ends the poll.
   void unblock() override {
     CudaShared& s = *s_;
     if (!s.stream_wait) return;
-    if (s.host_gate) {
-      std::atomic_ref<unsigned int>(*s.gate.mirror).store(FREERIDE_GATE_OPEN);
-      return;
-    }
-    std::shared_lock<std::shared_mutex> lk(s.life);
-    if (s.shut_down) return;
-    DeviceGuard guard(s.device);
-    s.write_gate_now(FREERIDE_GATE_OPEN, s.mirror_seq());
+    std::atomic_ref<unsigned int>(*s.gate.mirror).store(FREERIDE_GATE_OPEN);
+    s.gate.bell->ring();
   }
 
   uintptr_t side_stream() const override { return reinterpret_cast<uintptr_t>(s_->side); }

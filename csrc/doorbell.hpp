@@ -51,6 +51,19 @@ inline std::chrono::steady_clock::duration clamp_timeout(double timeout_s) {
       std::chrono::duration<double>(s));
 }
 
+// is_ready() after sleeping on `bell` until it holds, the bell rings once or `timeout_s`
+// passed: a ring that does not make it hold ends the wait too (the ringer wants the
+// waiter to look at something else).
+template <typename IsReady>
+bool wait_for_ring(Doorbell& bell, double timeout_s, IsReady is_ready) {
+  const uint64_t seen = bell.rings();  // before the check: a ring in between counts
+  if (is_ready()) return true;
+  bell.wait_for(seen, std::chrono::duration_cast<std::chrono::microseconds>(
+                          clamp_timeout(timeout_s)) +
+                          std::chrono::microseconds(1));
+  return is_ready();
+}
+
 // Sleeps on `bell` until is_open() holds (true) or `timeout_s` passed (false). The bell
 // must ring on every change that can make is_open() true.
 template <typename IsOpen>

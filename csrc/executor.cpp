@@ -1,5 +1,6 @@
 #include "executor.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 
@@ -16,6 +17,17 @@ namespace {
 // its inputs are complete: 1 ms is well inside a bubble, and costs an otherwise idle
 // thread a thousand event queries a second, only while such a task waits.
 constexpr std::chrono::milliseconds kDependencyPoll{1};
+
+// After a launch that the gate let in but that ran no item, the next one waits for a
+// newer open than the one it was admitted under, for at most this long at first, twice
+// as long after each further such launch, up to kBackoffMaxS. On CUDA the executor admits
+// on the gate's host mirror while kernels read the gate word, and an immediate (host)
+// gate write racing a stream-ordered one can leave the mirror open over a closed gate
+// until the next write: without the wait the executor would relaunch full grids every
+// few tens of microseconds all through compute. A real new bubble (a newer open) ends
+// the wait at once, as do submit, cancel and close.
+constexpr double kBackoffMinS = 100e-6;
+constexpr double kBackoffMaxS = 10e-3;
 
 }  // namespace
 
@@ -81,6 +93,7 @@ uint64_t Executor::submit_after(std::shared_ptr<Task> task, int priority,
   // preempted task keeps its counters and resumes later.
   if (active_ != nullptr && priority > active_->priority) active_->runner->stop();
   work_cv_.notify_all();
+  backend_->interrupt_waits();  // a loop backing off (kBackoffMinS) looks at the queue again
   return r.id;
 }
 
@@ -136,6 +149,7 @@ bool Executor::cancel(uint64_t id, bool wait) {
     if (wait) wait_locked(lock, -1.0, [&] { return is_final(r.state); });
   } else {
     finish_locked(r, TaskState::Cancelled, ErrorKind::Cancelled, "cancelled");
+    backend_->interrupt_waits();
   }
   return true;
 }
@@ -168,6 +182,16 @@ std::vector<LaunchRecord> Executor::take_launch_log() {
   std::vector<LaunchRecord> out(launch_log_.begin(), launch_log_.end());
   launch_log_.clear();
   return out;
+}
+
+uint64_t Executor::launches() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return launches_;
+}
+
+uint64_t Executor::idle_launches() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return idle_launches_;
 }
 
 bool Executor::closed() const {
@@ -239,6 +263,7 @@ void Executor::finish_locked(Record& r, TaskState state, ErrorKind kind, std::st
 void Executor::loop() {
   name_this_thread("freeride-exec");
   backend_->on_executor_thread();
+  double backoff_s = kBackoffMinS;
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     Record* r = nullptr;
@@ -295,6 +320,10 @@ void Executor::loop() {
       }
     }
 
+    const bool idle_launch = marks.admitted && error.empty() && !r->cancel_requested &&
+                             runner->done() == done_before;
+    ++launches_;
+    if (idle_launch) ++idle_launches_;
     if (!error.empty()) {
       finish_locked(*r, TaskState::Failed, ErrorKind::Failed, r->task->name() + ": " + error);
     } else if (r->cancel_requested) {
@@ -309,6 +338,16 @@ void Executor::loop() {
       if (!is_final(r->state)) r->state = TaskState::Paused;
     }
     done_cv_.notify_all();
+    if (!idle_launch || is_final(r->state)) {
+      backoff_s = kBackoffMinS;
+      continue;
+    }
+    // See kBackoffMinS. Outside the lock: submit, cancel and close interrupt the wait.
+    const uint32_t admitted_under = marks.gate_seq;
+    lock.unlock();
+    backend_->wait_next_open(admitted_under, backoff_s);
+    backoff_s = std::min(2 * backoff_s, kBackoffMaxS);
+    lock.lock();
   }
   loop_exited_ = true;
   done_cv_.notify_all();
@@ -328,6 +367,7 @@ void Executor::close() {
   lock.unlock();
   leave_idle_priority(thread_);
   backend_->begin_shutdown();
+  backend_->interrupt_waits();
   lock.lock();
   // A launch held by a closed gate (cuda: a stream wait) must be let through to see its
   // stop flag; keep nudging until the loop has left it.

@@ -93,6 +93,10 @@ class Executor {
   std::vector<LaunchRecord> take_launch_log();
   static constexpr size_t kMaxLaunchLog = 1 << 20;
 
+  // Launches so far, and those among them that the gate let in but that ran no item.
+  uint64_t launches() const;
+  uint64_t idle_launches() const;
+
  private:
   struct Record {
     uint64_t id = 0;
@@ -149,6 +153,8 @@ class Executor {
   Record* active_ = nullptr;
   uint64_t next_id_ = 1;
   bool recording_ = false;
+  uint64_t launches_ = 0;
+  uint64_t idle_launches_ = 0;
   std::deque<LaunchRecord> launch_log_;
   std::vector<uint64_t> finished_;
   bool closing_ = false;

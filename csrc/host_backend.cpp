@@ -103,7 +103,10 @@ class HostRunner final : public PhaseRunner {
       // close was stored, so a launch's first mark lies inside the bubble it ran in (its
       // last may lie after the close, by the rest of an item).
       const int64_t start = steady_ns();
-      if (gate.load() != FREERIDE_GATE_OPEN || seq.load() != launch_seq_ || stop_.load()) break;
+      if (gate.load() != FREERIDE_GATE_OPEN || seq.load() != launch_seq_ || stop_.load() ||
+          backend_items_see_closed()) {
+        break;
+      }
       const uint64_t item = next_.fetch_add(1);
       if (item >= n_items_) break;
       try {
@@ -135,6 +138,8 @@ class HostRunner final : public PhaseRunner {
   bool stop_requested() const { return stop_.load(); }
 
  private:
+  bool backend_items_see_closed() const;
+
   HostBackend& backend_;
   std::shared_ptr<Task> task_;
   uint64_t phase_ = 0;
@@ -188,7 +193,7 @@ class HostBackend final : public Backend {
     return wait_for_open(bell_, timeout_s, [&] { return gate_.load() == FREERIDE_GATE_OPEN; });
   }
   bool wait_next_open(uint32_t seq, double timeout_s) const override {
-    return wait_for_open(bell_, timeout_s, [&] {
+    return wait_for_ring(bell_, timeout_s, [&] {
       return gate_.load() == FREERIDE_GATE_OPEN && seq_.load() != seq;
     });
   }
@@ -236,6 +241,9 @@ class HostBackend final : public Backend {
   }
 
   void unblock() override { wake_waiters(); }
+  void interrupt_waits() override { wake_waiters(); }
+  void test_items_see_gate_closed(bool on) override { items_see_closed_.store(on); }
+  bool items_see_closed() const { return items_see_closed_.load(std::memory_order_relaxed); }
   // Measured on 2 cores (4-rank gloo 1F1B): a normal-priority executor thread, woken at
   // every gate open and again when the workers leave after a close, preempted training
   // threads often enough to triple the time spent in the hooks.
@@ -332,7 +340,10 @@ class HostBackend final : public Backend {
   uint64_t generation_ = 0;
   int running_ = 0;
   std::atomic<bool> closed_{false};  // written under mutex_, read lock-free by waiters
+  std::atomic<bool> items_see_closed_{false};  // test_items_see_gate_closed
 };
+
+bool HostRunner::backend_items_see_closed() const { return backend_.items_see_closed(); }
 
 // A launch's marks are its first item's start and its last item's end, taken by the
 // workers: not when this thread gets around to it. The workers run SCHED_IDLE, so after a
@@ -343,6 +354,8 @@ LaunchMarks HostRunner::run(bool record) {
   LaunchMarks marks;
   uint32_t seq = 0;
   if (!backend_.wait_for_gate(*this, seq)) return marks;
+  marks.admitted = true;
+  marks.gate_seq = seq;
   begin_launch(seq);
   executing_.store(true);
   backend_.launch(*this);

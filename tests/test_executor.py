@@ -241,3 +241,42 @@ def test_a_launch_waiting_since_before_recording_is_recorded():
         report = h.report()
     assert handle.items_done > 0
     assert sum(report.items_per_task.values()) == handle.items_done
+
+
+def test_launches_that_run_no_item_back_off_until_a_new_open(host):
+    """Issue 20 item 4's race, on the host backend: items see the gate closed while the
+    executor's admission reads it open (on CUDA: a stale open mirror over a closed gate
+    word, left by an immediate write racing a stream-ordered one). Each launch then runs
+    no item; without the backoff the executor relaunched at once, thousands of times a
+    second (the negative control below counts what the same half second gives when every
+    launch gets a fresh open). With it, launches wait for a newer open, at most
+    100 us, 200 us, ... up to 10 ms: a few dozen in half a second. A real new open
+    still lets the next launch in at once, and nothing runs twice."""
+    ex = host._ex
+    task = host.submit(fr.tasks.ItemCounter(64))
+    assert task.wait(timeout=30)
+    ex._test_items_see_gate_closed(True)
+    try:
+        counter = host.submit(fr.tasks.ItemCounter(64))
+        wait_until(lambda: ex.idle_launches >= 1, timeout=10)
+        before = ex.launches
+        time.sleep(0.5)
+        stale = ex.launches - before
+        assert counter.items_done == 0
+        # Negative control: every launch under a newer open is let in at once. 200 opens
+        # (immediate writes) in the same time give about as many launches.
+        before = ex.launches
+        for _ in range(200):
+            host.gate.close(stream="host")
+            host.gate.open(stream="host")
+            time.sleep(0.0025)
+        fresh = ex.launches - before
+    finally:
+        ex._test_items_see_gate_closed(False)
+    assert stale <= 80, f"{stale} launches in 0.5 s with a stale open gate"
+    assert fresh >= 4 * stale, (fresh, stale)
+    host.gate.close(stream="host")
+    host.gate.open(stream="host")
+    assert counter.wait(timeout=30)
+    assert (counter.result().counts == 1).all()
+

@@ -24,8 +24,9 @@ __global__ void gate_wait_kernel(const volatile unsigned int* gate,
                                  const volatile unsigned int* stop) {
   while (*gate != FREERIDE_GATE_OPEN && *stop == 0u) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-    // Back off so the poll does not compete with training for memory bandwidth.
-    __nanosleep(100);
+    // Back off: the word is the gate's host mirror (see CudaRunner::run), so every read
+    // crosses the bus; a microsecond is well inside the admission delay.
+    __nanosleep(1000);
 #endif
   }
 }
