@@ -277,6 +277,12 @@ struct CudaShared {
   int green_sms = 0;
   std::string reserve_mechanism = "occupancy-cap";
   std::string reserve_fallback;
+  // A green context is used from one thread at a time: the executor's launches and a
+  // plain run's (run_plain, from a benchmark's thread) take turns on its stream.
+  mutable std::mutex green_mu;
+  std::unique_lock<std::mutex> green_turn(bool green) const {
+    return green ? std::unique_lock<std::mutex>(green_mu) : std::unique_lock<std::mutex>();
+  }
 
   // Shared by every operation, exclusive for shutdown(): shutdown cannot pull streams
   // out from under a call in progress. Readers never wait for each other.
@@ -406,7 +412,7 @@ struct CudaShared {
     res = a.green_ctx_create(&ctx, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM);
     if (res != CUDA_SUCCESS) return failed("cuGreenCtxCreate", res);
     CUstream stream = nullptr;
-    // Lowest priority, like `side`: side work yields to every stream of the primary context.
+    // Lowest priority, like `side` (see there for what that does and does not buy).
     res = a.green_ctx_stream_create(&stream, ctx, CU_STREAM_NON_BLOCKING, least_priority);
     if (res != CUDA_SUCCESS) {
       (void)a.green_ctx_destroy(ctx);
@@ -507,6 +513,36 @@ struct CudaShared {
     reserve_fallback = "the green context's stream refused the runtime API: " + refused;
   }
 
+  // Loads every built-in kernel into the green context now, on the thread that makes the
+  // harvester, before any side work runs: with CUDA's lazy loading a kernel is loaded
+  // into a context at its first launch there, which synchronises that context, on the
+  // executor thread in the middle of side work. cudaFuncGetAttributes loads a kernel
+  // into the current context, so the green context is made current around it. Where the
+  // driver lacks the calls, the first launches load lazily, as before.
+  void preload_in_green_context() {
+    const cuda_driver::Api& a = cuda_driver::api();
+    if (a.ctx_from_green_ctx == nullptr || a.ctx_get_current == nullptr ||
+        a.ctx_set_current == nullptr) {
+      return;
+    }
+    CUcontext green_ctx = nullptr;
+    CUcontext previous = nullptr;
+    if (a.ctx_from_green_ctx(&green_ctx, green) != CUDA_SUCCESS ||
+        a.ctx_get_current(&previous) != CUDA_SUCCESS ||
+        a.ctx_set_current(green_ctx) != CUDA_SUCCESS) {
+      return;
+    }
+    std::exception_ptr error;
+    try {
+      kernels::preload_all();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    (void)a.ctx_set_current(previous);
+    (void)cudaGetLastError();
+    if (error) std::rethrow_exception(error);
+  }
+
   // Caller holds pool_mu (or is the destructor).
   void free_pools() noexcept {
     if (pools_freed) return;
@@ -516,10 +552,15 @@ struct CudaShared {
   }
 
   // In the green context the SMs left out are the room: grids are sized for the
-  // context's SMs at full occupancy, with no per-SM cap.
+  // context's SMs at full occupancy, with no per-SM cap. A task that runs beside it on
+  // the primary context (RawKernel) keeps the per-SM cap and is sized for the green
+  // context's SMs too: the block scheduler spreads a grid over every SM, so its blocks
+  // also land on the SMs left out, and fewer of them leave those SMs emptier (with the
+  // cap, room for `reserve` is left on every SM whatever).
   CudaLaunch launch(const fr_item_ctx& ctx, void* stream, bool in_green_context) const {
     if (in_green_context) return CudaLaunch{ctx, stream, green_sms, device, sm, SmReserve{0}};
-    return CudaLaunch{ctx, stream, sm_count, device, sm, reserve};
+    const int sms = green_side != nullptr ? green_sms : sm_count;
+    return CudaLaunch{ctx, stream, sms, device, sm, reserve};
   }
 
   // Stream-ordered write of a 32-bit word on `stream`, by `how` (never kBatch: see
@@ -1012,7 +1053,10 @@ class CudaRunner final : public PhaseRunner {
     DeviceGuard guard(s.device);
     // Only [next, done]: `stop` belongs to stop()/resume(). On the side stream, so it is
     // ordered after this task's previous launch and before its next one.
-    FR_CUDA_CHECK(cudaMemsetAsync(state_, 0, offsetof(fr_phase_state, stop), stream_));
+    {
+      const auto turn = s.green_turn(green_);
+      FR_CUDA_CHECK(cudaMemsetAsync(state_, 0, offsetof(fr_phase_state, stop), stream_));
+    }
     {
       std::lock_guard<std::mutex> plk(progress_mu_);
       std::atomic_ref<unsigned long long>(*progress_host_).store(0);
@@ -1040,6 +1084,7 @@ class CudaRunner final : public PhaseRunner {
     };
     executing_.store(true);
     ClearOnExit clear{executing_};
+    auto turn = s.green_turn(green_);  // until the launch is enqueued
 
     {
       // The latest stop-word write on the control stream lands before anything of this
@@ -1094,13 +1139,18 @@ class CudaRunner final : public PhaseRunner {
       ctx.slice_ns = s.slice_ns;
       ctx.end = end_dev_;
       ctx.launch = ++launch_no_;
+      // An error a previous task's failure left as this thread's last error (a handled
+      // one: a sticky error fails every call anyway) must not be taken for this launch's.
+      (void)cudaGetLastError();
       task_->launch_cuda(s.launch(ctx, stream_, green_));
       FR_CUDA_CHECK(cudaGetLastError());
     } catch (...) {
+      if (turn.owns_lock()) turn.unlock();
       drain_side();
       s.release_mark(marks.start);
       throw;
     }
+    if (turn.owns_lock()) turn.unlock();
     // Nothing goes on the stream behind the kernel (not the count's read-back, not an
     // event: either would hold everything queued after it on its hardware queue until
     // the kernel ends). The kernel's last block reports the end; the host polls for it.
@@ -1201,15 +1251,18 @@ class CudaRunner final : public PhaseRunner {
     auto next_query = started + kStreamQueryEvery;
     while (true) {
       if (end_published(launch)) {
+        const auto turn = s_->green_turn(green_);
         settle_stream(stream_);
         return read_end();
       }
       const auto now = clock::now();
       if (now >= next_query) {
+        auto turn = s_->green_turn(green_);
         if (stream_idle(stream_)) {
           if (end_published(launch)) return read_end();
           return read_back();
         }
+        if (turn.owns_lock()) turn.unlock();
         next_query = now + kStreamQueryEvery;
       }
       if (now - started < kEndSpin) {
@@ -1291,6 +1344,7 @@ class CudaRunner final : public PhaseRunner {
   // may still execute. Waits by asking, never by enqueueing.
   void drain_side() noexcept {
     try {
+      const auto turn = s_->green_turn(green_);
       settle_stream(stream_);
       if (stream_ != s_->side) settle_stream(s_->side);  // a gate wait there
     } catch (...) {
@@ -1409,8 +1463,13 @@ class CudaBackend final : public Backend {
     int least = 0;
     int greatest = 0;
     FR_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    // Side work yields to everything, the control stream (immediate writes, reads)
-    // overtakes everything.
+    // Stream priority only orders which waiting blocks the scheduler starts first when an
+    // SM frees up: it never preempts a running block, and the least priority is the
+    // default's (0), so a training stream made without a priority (torch's current stream)
+    // is no more urgent than side work. What keeps side work out of training's way is the
+    // gate, the reserve and the time slice. The control stream (immediate writes, reads)
+    // gets the most urgent priority, so its few blocks-free operations are not held behind
+    // waiting kernels of other streams.
     FR_CUDA_CHECK(cudaStreamCreateWithPriority(&s.side, cudaStreamNonBlocking, least));
     FR_CUDA_CHECK(cudaStreamCreateWithPriority(&s.control, cudaStreamNonBlocking, greatest));
     // Rings serve stream_wait too: iterative tasks wait for the gate on the host.
@@ -1424,6 +1483,7 @@ class CudaBackend final : public Backend {
     }
     if (s.green_side != nullptr) {
       kernels::preload_gate_kernels();  // a lazy load would synchronise the context mid-trial
+      s.preload_in_green_context();
       s.try_green_stream();
     }
     cuda_driver::record_reserve_mechanism(device, {s.reserve_mechanism, s.reserve_fallback});
@@ -1545,6 +1605,8 @@ class CudaBackend final : public Backend {
     const bool green = stream == kImmediate && s.in_green(task);
     void* where = stream == kImmediate ? static_cast<void*>(s.stream_for(task))
                                        : reinterpret_cast<void*>(stream);
+    const auto turn = s.green_turn(green);  // the executor may be launching there
+    (void)cudaGetLastError();  // as in CudaRunner::run: only this run's errors count
     for (uint64_t phase = 0; phase < task.num_phases(); ++phase) {
       fr_item_ctx ctx{};  // no gate, no state: for_each_item runs every item, unchecked
       ctx.n_items = task.num_items(phase);

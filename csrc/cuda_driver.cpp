@@ -74,6 +74,10 @@ const Api& api() {
       resolve("cuGreenCtxDestroy", 12040, &a.green_ctx_destroy, &a.green_error);
       resolve("cuGreenCtxStreamCreate", 12050, &a.green_ctx_stream_create, &a.green_error);
       resolve("cuStreamDestroy", 4000, &a.stream_destroy, &a.green_error);
+      std::string optional;  // the green context works without these (no preload)
+      resolve("cuCtxFromGreenCtx", 12040, &a.ctx_from_green_ctx, &optional);
+      resolve("cuCtxGetCurrent", 4000, &a.ctx_get_current, &optional);
+      resolve("cuCtxSetCurrent", 4000, &a.ctx_set_current, &optional);
     } catch (...) {
       // Only std::string growth can throw here; keep whatever resolved.
     }

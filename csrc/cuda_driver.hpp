@@ -36,6 +36,10 @@ struct Api {
   PFN_cuGreenCtxDestroy_v12040 green_ctx_destroy = nullptr;
   PFN_cuGreenCtxStreamCreate_v12050 green_ctx_stream_create = nullptr;
   PFN_cuStreamDestroy_v4000 stream_destroy = nullptr;
+  // Preloading the built-in kernels into a green context (optional: null where missing).
+  PFN_cuCtxFromGreenCtx_v12040 ctx_from_green_ctx = nullptr;
+  PFN_cuCtxGetCurrent_v4000 ctx_get_current = nullptr;
+  PFN_cuCtxSetCurrent_v4000 ctx_set_current = nullptr;
   std::string error;         // why a gate or context entry point is missing
   std::string kernel_error;  // why a user-kernel entry point is missing
   std::string batch_error;   // why cuStreamBatchMemOp is missing

@@ -28,7 +28,11 @@ class Reserve:
     training's kernels always find those SMs free, however large their blocks. Cost: the
     SMs left out are lost to side work altogether (on an H100, 12 of 132, 9%, by default).
     RawKernel tasks stay on the primary context under the occupancy cap below (launching
-    CuPy-loaded functions into a green context's stream is not documented). Where the
+    CuPy-loaded functions into a green context's stream is not documented), with their
+    grids also limited to the green context's SM count; the block scheduler may still
+    place some of their blocks on the SMs left out, so a large kernel of training's can
+    find those SMs partly taken (each keeps room for ``blocks`` blocks of the reserve's
+    shape). Where the
     driver has no green contexts, the split fails or the green context's stream refuses
     one of the runtime calls side launches make (tried once when the harvester starts),
     the harvester falls back to the occupancy cap and ``Harvester.reserve_fallback`` says
@@ -59,7 +63,14 @@ class Reserve:
             "occupancy-cap".
         sms: "green-context" only: SMs to leave out of the green context, at least; the
             driver partitions in steps (8 SMs on Hopper), so more may be left out. None:
-            8 rounded up to the driver's step. Each SM left out holds one NCCL block.
+            8 rounded up to the driver's step (12 of an H100's 132: the context takes
+            120). Each SM left out holds one NCCL block, and NCCL launches one block per
+            channel: a pipeline's send/recv kernels whose channels outnumber the SMs left
+            out (``NCCL_DEBUG=INFO`` prints the channel counts; ``NCCL_MAX_P2P_NCHANNELS``
+            sets them) wait with their remaining blocks for side blocks to leave: at most
+            one item after the gate closes, at most one ``time_slice`` while it stays open
+            (with ``time_slice=None``, until it closes). Raise ``sms`` to the channel
+            count to have none wait.
     """
 
     blocks: int = 1
