@@ -6,7 +6,9 @@
 #   build     pip install -e . for sm_90 (its log goes in the archive)
 #   quick     the checks that matter most, at most QUICK_BUDGET s (180): the GPU basics
 #             (exactly-once under gate flips, stream-ordered close, no item inside
-#             compute, device syncs, exit), memory lifetime and input stream order,
+#             compute, device syncs, exit), nothing queued behind side work (training's
+#             copy and close beside a long side task, 1 and 8 hardware queues), memory
+#             lifetime and input stream order,
 #             stream-ordered gate writes, the reserve's no-deadlock and admission tests,
 #             the step stream's order, the RawKernel example, and compute-sanitizer's
 #             memcheck over the example
@@ -88,6 +90,7 @@ fi
 if step quick; then
   deadline=$((SECONDS + ${QUICK_BUDGET:-180}))
   pytest_file $deadline 45 tests/test_gpu.py -m gpu
+  pytest_file $deadline 60 tests/test_hardware_queues.py -m gpu
   pytest_file $deadline 30 tests/test_lifetime.py -m gpu
   pytest_file $deadline 30 tests/test_gate_write.py -m gpu
   pytest_file $deadline 50 tests/test_reserve.py -m gpu -k "deadlock or admission or probe"

@@ -1,6 +1,7 @@
 import time
 
 import pytest
+from gpu_worker import run_worker
 
 import freeride as fr
 from conftest import wait_until
@@ -120,17 +121,23 @@ def test_admission_is_reported(monkeypatch):
         ({"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, "ring"),  # nothing blocking in any stream
         ({"FREERIDE_ADMISSION": "poll"}, "poll"),
     ],
+    ids=["default", "one-connection", "poll"],
 )
-def test_cuda_admission_follows_the_environment(monkeypatch, env, expected):
-    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
-    monkeypatch.delenv("FREERIDE_ADMISSION", raising=False)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    with fr.Harvester("cuda:0") as h:
-        assert h.admission == expected
-        task = fr.tasks.ItemCounter(20_000, ns_per_item=2_000)
-        h.gate.close(stream="host")
-        t = h.submit(task)
-        h.gate.open(stream=0)  # stream-ordered on the default stream: admitted either way
-        assert t.wait(timeout=60)
-        assert (t.result().counts == 1).all()
+def test_cuda_admission_follows_the_environment(env, expected):
+    """Each case in a fresh process whose environment is set before CUDA initialises
+    (CUDA_DEVICE_MAX_CONNECTIONS is read when the context is made: set later, it has no
+    effect). Negative control for the one-connection case: in that process, a training
+    `.cpu()` waits behind an event queued after a long kernel on another stream, which
+    shows the single hardware queue is really in effect while the harvester admits work
+    opened in stream order on the default stream."""
+    result = run_worker("admission_env", {}, env, timeout=120)
+    assert result["admission"] == expected
+    assert result["finished"], "the task opened in stream order was not admitted within 60 s"
+    assert result["exactly_once"]
+    if "CUDA_DEVICE_MAX_CONNECTIONS" in env:
+        control = result["control"]
+        assert control["copy_ms"] > 50, (
+            f"negative control: the training .cpu() took {control['copy_ms']:.3f} ms behind "
+            f"a {control['hold_ms']:.0f} ms kernel and an event: CUDA_DEVICE_MAX_CONNECTIONS=1 "
+            "did not take effect in the child"
+        )

@@ -2,11 +2,13 @@
 admissions, the fallback without stream memory operations, and the built-ins against
 torch. The protocol tests of the other files also run on cuda (their `harvester` fixture)."""
 
-import os
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
+from gpu_worker import finishes_within, run_worker
 
 import freeride as fr
 from conftest import wait_until
@@ -25,8 +27,13 @@ torch = pytest.importorskip("torch")
     ],
     ids=["device-gate", "host-gate", "stream-wait", "host-gate-stream-wait"],
 )
-def cuda_harvester(request):
-    with fr.Harvester("cuda:0", **request.param) as h:
+def cuda_options(request):
+    return request.param
+
+
+@pytest.fixture
+def cuda_harvester(cuda_options):
+    with fr.Harvester("cuda:0", **cuda_options) as h:
         yield h
 
 
@@ -36,23 +43,43 @@ def test_backend_info_reports_the_gpu():
     assert info["devices"][0]["sm_count"] > 0
 
 
-def test_exactly_once_with_gate_flips(cuda_harvester):
-    h = cuda_harvester
+def test_exactly_once_with_gate_flips(cuda_options):
+    """Every item once under 200 host-side flips. Without a time slice a launch ends only
+    when its phase completes or a close stops it, so launches beyond the quiet run's
+    count are the flips that paused one. Negative control: the same task without flips
+    (and no slice) runs in one launch per phase, which the flipped run must clearly
+    exceed; with the default 2 ms slice both would be relaunched every slice anyway."""
     # Sized to the device: each phase takes milliseconds however many SMs there are, so
     # the flips below (one per 0.5 ms) land inside phases.
     sms = fr.backend_info()["devices"][0]["sm_count"]
-    task = fr.tasks.ItemCounter(sms * 32 * 25, phases=4, ns_per_item=50_000)
-    t = h.submit(task)
-    for _ in range(200):
-        h.gate.close(stream="host")
-        time.sleep(0.0002)
-        h.gate.open(stream="host")
-        time.sleep(0.0003)
-    assert t.wait(timeout=120)
-    result = t.result()
+    phases = 4
+
+    def task():
+        return fr.tasks.ItemCounter(sms * 32 * 25, phases=phases, ns_per_item=50_000)
+
+    with fr.Harvester("cuda:0", time_slice=None, **cuda_options) as h:
+        quiet = h.submit(task())
+        assert quiet.wait(timeout=120)
+        assert (quiet.result().counts == 1).all()
+        t = h.submit(task())
+        for _ in range(200):
+            h.gate.close(stream="host")
+            time.sleep(0.0002)
+            h.gate.open(stream="host")
+            time.sleep(0.0003)
+        assert t.wait(timeout=120)
+        result = t.result()
     assert (result.counts == 1).all()
     assert result.violations == 0
-    assert t.launches > 4, "no launch was paused by a flip: the work was too short"
+    print(f"launches: {quiet.launches} without flips, {t.launches} with 200 flips")
+    assert quiet.launches <= phases + 1, (
+        f"{quiet.launches} launches for {phases} phases without flips or slices: the "
+        "control does not isolate the flips"
+    )
+    assert t.launches > quiet.launches + 4, (
+        f"{t.launches} launches with flips against {quiet.launches} without: hardly a "
+        "launch was paused by a flip (the work was too short)"
+    )
 
 
 def test_stream_ordered_close_takes_effect_on_the_gpu(cuda_harvester):
@@ -63,13 +90,13 @@ def test_stream_ordered_close_takes_effect_on_the_gpu(cuda_harvester):
         h.gate.close()
     # The host got past close() long before the GPU reaches it.
     assert h.gate.is_open
-    stream.synchronize()
+    finishes_within(30, stream.synchronize, "the stream behind a stream-ordered close")
     assert not h.gate.is_open
     with torch.cuda.stream(stream):
         torch.cuda._sleep(50_000_000)
         h.gate.open()
     assert not h.gate.is_open
-    stream.synchronize()
+    finishes_within(30, stream.synchronize, "the stream behind a stream-ordered open")
     assert h.gate.is_open
 
 
@@ -82,7 +109,8 @@ def test_no_item_runs_inside_compute(cuda_harvester):
     with torch.cuda.stream(stream):
         h.gate.close()
         torch.cuda._sleep(100_000_000)
-        stream.synchronize()  # by now the close has long taken effect
+    # By the end the close has long taken effect.
+    finishes_within(30, stream.synchronize, "the training stream's close and compute")
     time.sleep(0.01)
     frozen = t.items_done
     time.sleep(0.05)
@@ -114,14 +142,15 @@ def test_device_mismatch_is_refused(cuda_harvester):
 
 
 def test_device_sync_while_gate_closed_does_not_hang():
-    """A pending launch must never make torch.cuda.synchronize() wait for the gate."""
+    """A pending launch must never make torch.cuda.synchronize() wait for the gate (each
+    synchronisation has a deadline: a hang fails the test instead of the run)."""
     with fr.Harvester("cuda:0") as h:
         t = h.submit(fr.tasks.Spin(10**9, 10_000))
         wait_until(lambda: t.items_done > 0)
         h.gate.close()
-        torch.cuda.synchronize()
+        finishes_within(10, torch.cuda.synchronize, "torch.cuda.synchronize() (gate closing)")
         time.sleep(0.01)
-        torch.cuda.synchronize()
+        finishes_within(10, torch.cuda.synchronize, "torch.cuda.synchronize() (gate closed)")
         h.gate.open()
         t.cancel()
         assert t.wait(timeout=30)
@@ -133,22 +162,55 @@ def test_close_with_gate_closed_returns(cuda_harvester):
     wait_until(lambda: t.items_done > 0)
     h.gate.close(stream="host")
     start = time.monotonic()
-    h.close()
+    finishes_within(10, h.close, "Harvester.close() with the gate closed")
     assert time.monotonic() - start < 10
     assert t.state == "cancelled"
 
 
-def test_fallback_without_stream_memops(monkeypatch):
+MEMOPS = ("batch", "memop")  # the gate write mechanisms that are stream memory operations
+
+
+@pytest.mark.parametrize("wanted", ["", "batch", "memop"])
+def test_fallback_without_stream_memops(monkeypatch, wanted):
+    """FREERIDE_NO_STREAM_MEMOPS=1: whatever mechanism is asked for, the harvester writes
+    the gate without stream memory operations, and stream-ordered flips keep every item
+    once and a stream-ordered close still stops side work. Negative control: the same
+    request without the variable gets a stream memory operation where the driver has
+    them, so the mechanism check can fail."""
+    monkeypatch.delenv("FREERIDE_NO_STREAM_MEMOPS", raising=False)
+    monkeypatch.setenv("FREERIDE_GATE_WRITE", wanted)
+    with fr.Harvester("cuda:0") as h:
+        normal = h._ex.gate_write_mechanism
+    driver_has_memops = fr.backend_info()["devices"][0]["stream_mem_ops"]
+    if driver_has_memops:
+        assert normal in MEMOPS, f"asked for {wanted or 'the default'}, got {normal}"
     monkeypatch.setenv("FREERIDE_NO_STREAM_MEMOPS", "1")
     with fr.Harvester("cuda:0") as h:
+        used = h._ex.gate_write_mechanism
+        print(f"asked for {wanted or 'the default'}: {normal}; without memops: {used}")
+        assert used in ("copy", "kernel"), f"FREERIDE_NO_STREAM_MEMOPS=1, yet the gate uses {used}"
+        stream = torch.cuda.Stream()
         task = fr.tasks.ItemCounter(5_000, phases=3, ns_per_item=2_000)
         t = h.submit(task)
-        for _ in range(50):
-            h.gate.close(stream="host")
-            h.gate.open(stream="host")
+        with torch.cuda.stream(stream):
+            for _ in range(50):
+                h.gate.close()
+                torch.cuda._sleep(20_000)
+                h.gate.open()
         assert t.wait(timeout=120)
         assert (t.result().counts == 1).all()
-    assert os.environ["FREERIDE_NO_STREAM_MEMOPS"] == "1"
+        # A stream-ordered close written by the fallback stops a running task.
+        long = h.submit(fr.tasks.Spin(10**9, 10_000))
+        wait_until(lambda: long.items_done > 0)
+        h.gate.close(stream=stream)
+        finishes_within(30, stream.synchronize, "the fallback's stream-ordered close")
+        assert not h.gate.is_open
+        time.sleep(0.05)  # items of 10 us: every block has left
+        frozen = long.items_done
+        time.sleep(0.05)
+        assert long.items_done == frozen, "side work ran on after the fallback's close"
+        long.cancel()
+        assert long.wait(timeout=30)
 
 
 def test_image_tasks_match_the_host_backend(cuda_harvester):
@@ -162,50 +224,110 @@ def test_image_tasks_match_the_host_backend(cuda_harvester):
     torch.testing.assert_close(resized.cpu(), resize_ref, atol=1e-5, rtol=0)
 
 
+# Fresh processes for the admission measurements: no other test's threads or streams,
+# and 32 hardware queues, so that no two streams of the measurement share one.
+ADMISSION_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": 32}
+
+
 def test_admission_sleeps_while_the_gate_is_closed():
     """While the gate is closed the executor thread sleeps on a bell, rung by the
-    device's watcher thread once the stream-ordered open has taken effect, instead of
-    polling the mirror (which cost 0.21 CPU-seconds per second: 200 yields, then a poll
-    every 20 us)."""
-    with fr.Harvester("cuda:0") as h:
-        h.gate.close(stream="host")
-        t = h.submit(fr.tasks.Spin(10**9, 10_000))
-        time.sleep(0.1)  # the executor thread reaches its wait for the gate
-        cpu, wall = time.process_time(), time.monotonic()
-        time.sleep(1.0)
-        used = (time.process_time() - cpu) / (time.monotonic() - wall)
-        assert t.items_done == 0
-        assert used < 0.05, f"{used:.3f} CPU-seconds per second with the gate closed"
-        stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            torch.cuda._sleep(10_000_000)
-            h.gate.open()  # stream-ordered: the ring comes once the GPU gets there
-        wait_until(lambda: t.items_done > 0)
-        t.cancel()
-        assert t.wait(timeout=30)
+    device's watcher thread once a stream-ordered open has taken effect, looking at the
+    gate's mirror only every 1 ms meanwhile, instead of polling it (FREERIDE_ADMISSION=poll
+    sleeps 20 us between looks). Two properties, each with a negative control:
+
+    - it sleeps: the executor thread wakes about once per 1 ms look (counted from
+      /proc) and the process uses under 5% of a CPU. Negative control: under
+      FREERIDE_ADMISSION=poll the same count is many times higher.
+    - the ring admits: the delay from the open taking effect (the host sees the mirror
+      open) to the side task's first item is well under what the 1 ms look alone gives
+      (uniform over 0..1 ms, median about 0.5 ms), which admits even if the watcher
+      never rings. Negative control: with the watcher held up by an open still ahead of
+      the GPU on another stream (it waits for its events in order), the training opens
+      get no timely ring and the median delay is that of the 1 ms look."""
+    result = run_worker("admission", {"trials": 30}, ADMISSION_ENV, timeout=120)
+    ring, poll = result["ring_cost"], result["poll_cost"]
+    assert (ring["admission"], poll["admission"]) == ("ring", "poll")
+    assert ring["items_while_closed"] == 0 and poll["items_while_closed"] == 0
+    assert result["ring_cancelled"] and result["poll_cancelled"]
+    # It sleeps.
+    assert ring["cpu_per_s"] < 0.05, (
+        f"{ring['cpu_per_s']:.3f} CPU-seconds per second with the gate closed"
+    )
+    assert ring["wakeups_per_s"] < 2500, (
+        f"the executor thread woke {ring['wakeups_per_s']:.0f} times per second with the gate "
+        "closed (its 1 ms look alone is 1000)"
+    )
+    assert poll["wakeups_per_s"] > 5000, (
+        f"negative control: polling woke the executor thread only {poll['wakeups_per_s']:.0f} "
+        "times per second: the count cannot tell sleeping from polling"
+    )
+    # The ring admits.
+    rung, held = result["ring"], result["watcher_held"]
+    assert rung["stuck"] == 0 and held["stuck"] == 0, "an open never took effect"
+    assert held["blocker_still_ahead"], (
+        "the blocking open took effect before the trials ended: the control proves nothing"
+    )
+    assert rung["median_us"] < 300, (
+        f"median admission delay {rung['median_us']} us after a stream-ordered open: no better "
+        f"than the 1 ms look (delays {rung['delays_us']})"
+    )
+    assert held["median_us"] > 300, (
+        f"negative control: without a timely ring the median admission delay was still "
+        f"{held['median_us']} us (delays {held['delays_us']}): the measurement cannot tell "
+        "a ring from the 1 ms look"
+    )
 
 
-def test_process_exits_while_an_open_is_still_ahead_of_the_gpu(tmp_path):
+_EXIT_EARLY = """
+import sys, torch, freeride as fr
+h = fr.Harvester('cuda:0')
+s = torch.cuda.Stream()
+with torch.cuda.stream(s):
+    h.gate.close()
+    torch.cuda._sleep(4_000_000_000)  # ~2 s of GPU time at 2 GHz
+    h.gate.open()
+print('exiting', flush=True)
+if sys.argv[1] == 'wait':
+    s.synchronize()
+sys.exit(0)
+"""
+
+
+def _time_exit(how: str) -> tuple[float, subprocess.CompletedProcess]:
+    """Seconds from the child's 'exiting' line to its end (fails after 60 s)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _EXIT_EARLY, how],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = finishes_within(60, proc.stdout.readline, "the child's start")
+        said = time.monotonic()
+        assert line.strip() == "exiting", line + proc.stderr.read()
+        proc.wait(timeout=60)
+        waited = time.monotonic() - said
+    except BaseException:
+        proc.kill()
+        raise
+    out, err = proc.communicate()
+    return waited, subprocess.CompletedProcess(proc.args, proc.returncode, line + out, err)
+
+
+def test_process_exits_while_an_open_is_still_ahead_of_the_gpu():
     """The watcher thread waits for an event recorded behind an open the GPU has not
-    reached yet; the interpreter must still exit at once and cleanly."""
-    import subprocess
-    import sys
-
-    script = tmp_path / "exit_early.py"
-    script.write_text(
-        "import sys, torch, freeride as fr\n"
-        "h = fr.Harvester('cuda:0')\n"
-        "s = torch.cuda.Stream()\n"
-        "with torch.cuda.stream(s):\n"
-        "    h.gate.close()\n"
-        "    torch.cuda._sleep(10_000_000_000)  # seconds of GPU time\n"
-        "    h.gate.open()\n"
-        "print('exiting', flush=True)\n"
-        "sys.exit(0)\n"
-    )
-    done = subprocess.run(
-        [sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=120
-    )
-    assert "exiting" in done.stdout, done.stderr
+    reached yet (seconds of GPU time away); the interpreter must still exit at once and
+    cleanly. Negative control: the same script waiting for that stream before it exits
+    takes the GPU's seconds, so the timing tells exiting at once from waiting."""
+    waited, done = _time_exit("now")
+    control, _ = _time_exit("wait")
+    print(f"exit {waited:.3f} s after 'exiting'; waiting for the GPU first: {control:.3f} s")
     assert done.returncode == 0, done.stderr
     assert "terminate called" not in done.stderr
+    assert control > 1.0, (
+        f"negative control: waiting for ~2 s of GPU time took only {control:.3f} s"
+    )
+    assert waited < min(1.0, control / 2), (
+        f"the process took {waited:.3f} s to exit with an open still ahead of the GPU "
+        f"(waiting for the GPU takes {control:.3f} s): it waited for the GPU"
+    )

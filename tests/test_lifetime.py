@@ -7,6 +7,7 @@ import time
 import weakref
 
 import pytest
+from gpu_worker import finishes_within
 
 import freeride as fr
 from conftest import os_threads, wait_until
@@ -269,7 +270,7 @@ def test_close_with_a_task_waiting_on_a_busy_stream_returns():
     with torch.cuda.stream(busy):
         torch.cuda._sleep(LONG_SLEEP_CYCLES)
     waiting = h.submit(_saxpy(), stream=busy)
-    h.close()
+    finishes_within(30, h.close, "Harvester.close() with a task waiting on a busy stream")
     assert not busy.query(), "close() waited for the stream the task depends on"
     assert waiting.state == "cancelled"
     busy.synchronize()

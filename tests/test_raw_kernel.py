@@ -244,6 +244,24 @@ def gpu():
         yield h, torch
 
 
+@pytest.fixture
+def gpu_no_slice():
+    """A harvester without a time slice: a launch ends only when its phase completes or
+    the gate closes, so launches beyond one per phase count the pauses."""
+    pytest.importorskip("cupy", reason="RawKernel needs CuPy (pip install 'freeride[cupy]')")
+    torch = pytest.importorskip("torch")
+    with fr.Harvester("cuda:0", memory_budget="1GiB", time_slice=None) as h:
+        yield h, torch
+
+
+def _count_buffers(torch, items, phases):
+    # The kernel takes unsigned pointers: views give the tensors the dtypes it names.
+    counts = torch.zeros(items * phases, dtype=torch.int32, device="cuda").view(torch.uint32)
+    done = torch.zeros(phases, dtype=torch.int64, device="cuda").view(torch.uint64)
+    violations = torch.zeros(1, dtype=torch.int32, device="cuda").view(torch.uint32)
+    return counts, done, violations
+
+
 @pytest.mark.gpu
 def test_gpu_scale_matches_torch(gpu):
     h, torch = gpu
@@ -258,15 +276,22 @@ def test_gpu_scale_matches_torch(gpu):
 
 
 @pytest.mark.gpu
-def test_gpu_exactly_once_across_phases_under_gate_flips(gpu):
+def test_gpu_exactly_once_across_phases_under_gate_flips(gpu_no_slice):
+    """Every item once across phases under flips from another thread. No time slice, so
+    launches beyond the phases are flips that paused one. Negative control: the same
+    kernel without flips runs in one launch per phase."""
     import threading
 
-    h, torch = gpu
+    h, torch = gpu_no_slice
     items, phases = 20_000, 3  # 100 us items: each phase spans several gate flips
-    # The kernel takes unsigned pointers: views give the tensors the dtypes it names.
-    counts = torch.zeros(items * phases, dtype=torch.int32, device="cuda").view(torch.uint32)
-    done = torch.zeros(phases, dtype=torch.int64, device="cuda").view(torch.uint64)
-    violations = torch.zeros(1, dtype=torch.int32, device="cuda").view(torch.uint32)
+    quiet_buffers = _count_buffers(torch, items, phases)
+    quiet = h.submit(
+        fr.tasks.RawKernel(COUNT, "count", items, (*quiet_buffers, 100_000), phases=phases)
+    )
+    quiet.result(timeout=120)
+    assert torch.all(quiet_buffers[0].view(torch.int32) == 1)
+    assert quiet.launches <= phases + 1, f"{quiet.launches} launches without flips or slices"
+    counts, done, violations = _count_buffers(torch, items, phases)
     stop = threading.Event()
 
     def flip():
@@ -288,7 +313,8 @@ def test_gpu_exactly_once_across_phases_under_gate_flips(gpu):
         stop.set()
         flipper.join()
     handle.result()
-    assert handle.launches > phases  # it was preempted and resumed
+    print(f"launches: {quiet.launches} without flips, {handle.launches} with")
+    assert handle.launches > quiet.launches, "no launch was paused by a flip"
     assert torch.all(counts.view(torch.int32) == 1)
     assert int(violations.view(torch.int32)[0]) == 0
 
@@ -399,17 +425,21 @@ def test_gpu_kernel_that_skips_the_item_loop_fails_instead_of_looping(gpu):
 
 
 @pytest.mark.gpu
-def test_gpu_paused_launches_of_a_correct_kernel_are_not_taken_for_a_broken_one(gpu):
-    """Launches cut short by the gate end with the phase unfinished too; they must go on."""
-    h, torch = gpu
+def test_gpu_paused_launches_of_a_correct_kernel_are_not_taken_for_a_broken_one(gpu_no_slice):
+    """Launches cut short by the gate end with the phase unfinished too; they must go on.
+    No time slice, so only the gate cuts the phase. Negative control: without flips the
+    phase runs in one launch, which the flipped run must clearly exceed."""
+    h, torch = gpu_no_slice
     # Sized to the device: 3200 items of 50 us per SM, on at most 8 blocks of 256 threads
-    # per SM, take at least 20 ms of open gate, so the 20 flips below (one per 3 ms) and the
-    # 2 ms slices cut the phase many times on any GPU.
+    # per SM, take at least 20 ms of open gate, so the 20 flips below (one per 3 ms) cut
+    # the phase many times on any GPU.
     items = fr.backend_info()["devices"][0]["sm_count"] * 8 * 400
-    counts = torch.zeros(items, dtype=torch.int32, device="cuda").view(torch.uint32)
-    done = torch.zeros(1, dtype=torch.int64, device="cuda").view(torch.uint64)
-    violations = torch.zeros(1, dtype=torch.int32, device="cuda").view(torch.uint32)
     h.gate.open()
+    quiet_buffers = _count_buffers(torch, items, 1)
+    quiet = h.submit(fr.tasks.RawKernel(COUNT, "count", items, (*quiet_buffers, 50_000)))
+    quiet.result(timeout=120)
+    assert quiet.launches <= 2, f"{quiet.launches} launches without flips or slices"
+    counts, done, violations = _count_buffers(torch, items, 1)
     handle = h.submit(fr.tasks.RawKernel(COUNT, "count", items, (counts, done, violations, 50_000)))
     for _ in range(20):
         time.sleep(0.002)
@@ -417,7 +447,11 @@ def test_gpu_paused_launches_of_a_correct_kernel_are_not_taken_for_a_broken_one(
         time.sleep(0.001)
         h.gate.open(stream="host")
     handle.result(timeout=120)
-    assert handle.launches > 4, f"{handle.launches} launches: the phase was hardly cut"
+    print(f"launches: {quiet.launches} without flips, {handle.launches} with 20 flips")
+    assert handle.launches > quiet.launches + 3, (
+        f"{handle.launches} launches with flips against {quiet.launches} without: the phase "
+        "was hardly cut"
+    )
     assert torch.all(counts.view(torch.int32) == 1)
 
 

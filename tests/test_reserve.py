@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from gpu_worker import finishes_within, run_worker
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -195,7 +196,8 @@ def test_without_a_reserve_the_count_is_the_occupancy_calculators(sm, use):
 def test_item_ctx_layout_matches_the_signature_check():
     from freeride.tasks._signature import CTX_BYTES
 
-    assert CTX_BYTES == _C.ITEM_CTX_BYTES == 48  # 3 pointers and 3 64-bit words
+    # gate, state, progress and end record; n_items, phase, slice_ns and launch number.
+    assert CTX_BYTES == _C.ITEM_CTX_BYTES == 64
 
 
 @pytest.mark.parametrize(
@@ -716,27 +718,43 @@ def test_receive_wait_on_training_stream_cannot_deadlock_with_side_work(name, re
     assert running, f"{name} finished before the receive did: the test proves nothing"
 
 
+# Operations that synchronise the whole device: torch.cuda.synchronize()
+# (cudaDeviceSynchronize), and empty_cache() with a large freed segment to give back
+# (cudaFree). A fresh allocation is not one of them: torch's allocator may serve it
+# without any CUDA call, and cudaMalloc need not wait for running kernels.
+DEVICE_WIDE_OPS = ["synchronize", "empty_cache"]
+
+
 def _device_wide_sync(op, torch):
-    """Seconds one `op` blocked: torch.cuda.synchronize(), empty_cache() with a freed
-    segment to give back (cudaFree), or a fresh 64 MiB allocation (cudaMalloc)."""
-    size = 64 << 20
+    """Seconds one `op` blocked (its deadline: 30 s)."""
     if op == "empty_cache":
-        segment = torch.empty(size, dtype=torch.uint8, device="cuda:0")
+        segment = torch.empty(256 << 20, dtype=torch.uint8, device="cuda:0")
         del segment  # cached by torch's allocator until empty_cache() frees it
-    elif op == "malloc":
-        torch.cuda.empty_cache()  # nothing cached: the allocation calls cudaMalloc
+    call = torch.cuda.synchronize if op == "synchronize" else torch.cuda.empty_cache
     begin = time.monotonic()
-    if op == "synchronize":
-        torch.cuda.synchronize()
-    elif op == "empty_cache":
-        torch.cuda.empty_cache()
-    else:
-        torch.empty(size, dtype=torch.uint8, device="cuda:0")
+    finishes_within(30, call, f"{op} with side work running")
     return time.monotonic() - begin
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", ["synchronize", "empty_cache", "malloc"])
+@pytest.mark.parametrize("op", DEVICE_WIDE_OPS)
+def test_device_wide_ops_wait_for_every_stream(op):
+    """Negative control for the test below: each op waits for a ~50 ms kernel on another
+    (non-blocking) stream, so it really is device-wide and would wait for a side launch
+    that never ends. (A 64 MiB allocation, once in that list, did not wait at all.)"""
+    torch = pytest.importorskip("torch")
+    _device_wide_sync(op, torch)  # one-time costs first
+    other = torch.cuda.Stream()
+    with torch.cuda.stream(other):
+        torch.cuda._sleep(100_000_000)  # ~50 ms of GPU time at 2 GHz
+    waited = _device_wide_sync(op, torch)
+    assert other.query()
+    print(f"{op} waited {waited * 1000:.1f} ms for ~50 ms of kernel on another stream")
+    assert waited > 0.02, f"{op} returned after {waited * 1000:.1f} ms: it is not device-wide"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", DEVICE_WIDE_OPS)
 @pytest.mark.parametrize("time_slice", [0.002, 0.02])
 def test_device_wide_sync_with_gate_open_waits_about_a_slice(time_slice, op):
     torch = pytest.importorskip("torch")
@@ -761,53 +779,134 @@ def test_device_wide_sync_with_gate_open_waits_about_a_slice(time_slice, op):
 
 @pytest.mark.gpu
 def test_training_gets_priority_over_side_work_only_on_a_priority_stream():
-    torch = pytest.importorskip("torch")
-    with fr.Harvester("cuda:0") as h:
-        side = torch.cuda.ExternalStream(h.side_stream)
-        # CUDA's least priority is 0, which is also torch's default: the default stream
-        # is no more urgent than side work...
-        assert side.priority == 0
-        assert torch.cuda.default_stream().priority == side.priority
-        # ...a stream made with a negative priority is.
-        train = torch.cuda.Stream(priority=-1)
-        assert train.priority < side.priority
+    """Scheduling, not numbers: while a grid of many waves of short blocks runs on the
+    harvester's side stream (CUDA's least priority, 0), a one-block kernel launched on a
+    training stream of priority -1 starts as side blocks retire, long before the side grid
+    ends. Negative control: on a training stream of priority 0 (torch's default, no more
+    urgent than side work) the same kernel starts only in the side grid's last wave. Run
+    in a fresh process with 32 hardware queues, so the two streams share none."""
+    _torch_cupy()
+    result = run_worker(
+        "priority", {"block_ns": 20_000, "waves": 5_000}, {"CUDA_DEVICE_MAX_CONNECTIONS": 32}
+    )
+    assert result["side_priority"] == 0
+    urgent, equal = result["runs"]
+    assert urgent["priority"] < result["side_priority"] == equal["priority"]
+    assert urgent["gap_ms"] > 20, (
+        f"the priority -1 kernel started {urgent['gap_ms']:.3f} ms before the side grid "
+        f"ended ({urgent['side_done_after_ms']:.1f} ms long): it waited for side work"
+    )
+    assert equal["gap_ms"] < 1, (
+        f"negative control: at the side stream's priority the kernel still started "
+        f"{equal['gap_ms']:.3f} ms before the side grid ended: the measurement cannot show "
+        "priority"
+    )
+
+
+# A RawKernel whose items each stamp their start (%globaltimer) and spin `ns`.
+_BUMP = r"""
+#include <freeride/preempt.cuh>
+extern "C" __global__ void bump(fr_item_ctx ctx, float* y, unsigned long long* starts,
+                                unsigned long long ns) {
+  freeride::for_each_item(ctx, [&](unsigned long long item) {
+    if (threadIdx.x == 0) {
+      unsigned long long t0, t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+      starts[item] = t0;
+      do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      } while (t - t0 < ns);
+      y[item] += 1.0f;
+    }
+  });
+}"""
+RAW_ITEMS = 1 << 16
+
+
+def _bump(torch):
+    y = torch.zeros(RAW_ITEMS, device="cuda:0")
+    starts = torch.zeros(RAW_ITEMS, dtype=torch.int64, device="cuda:0")
+    task = fr.tasks.RawKernel(
+        _BUMP, "bump", items=RAW_ITEMS, args=(y, starts.view(torch.uint64), 100_000)
+    )
+    return task, y, starts
+
+
+def _raw_items_beside(counters, starts) -> int:
+    """RawKernel items that started while some item of `counters` was running (both
+    clocks are %globaltimer)."""
+    intervals = np.concatenate([c.task.snapshot().times.reshape(-1, 2) for c in counters])
+    intervals = intervals[intervals[:, 0] > 0]
+    begins, ends = np.sort(intervals[:, 0]), np.sort(intervals[:, 1])
+    t = starts.cpu().numpy().astype(np.uint64)
+    t = t[t > 0]
+    running = np.searchsorted(begins, t, "right") - np.searchsorted(ends, t, "left")
+    return int((running > 0).sum())
+
+
+def _counter():
+    return fr.tasks.ItemCounter(100_000, 3, ns_per_item=100_000, record_times=True)
+
+
+def _check_counters(counters):
+    for handle in counters:
+        snap = handle.task.snapshot()
+        assert snap.violations == 0
+        assert (snap.counts == 1).all(), "an item ran twice or never"
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("stream_wait", [False, True])
 def test_green_context_side_work_runs_exactly_once(stream_wait):
-    """Built-in kernels in the green context and a RawKernel beside it on the primary
-    context's side stream, under gate flips: every item of every phase runs once."""
+    """Built-in kernels in the green context and a RawKernel running at the same time on
+    the primary context's side stream, under gate flips: every item of every phase runs
+    once. An executor runs one launch at a time, so the RawKernel comes from a second
+    harvester on the device; the items' %globaltimer stamps show that RawKernel items
+    ran while built-in items did. Negative control: both tasks in one harvester run one
+    after the other, and the same count is 0."""
     torch, _ = _torch_cupy()
     with _harvester(GREEN, stream_wait=stream_wait) as h:
-        counters = [h.submit(fr.tasks.ItemCounter(3000, 3, 2000)) for _ in range(2)]
-        y = torch.zeros(1 << 20, device="cuda:0")
-        raw = h.submit(
-            fr.tasks.RawKernel(
-                r"""
-#include <freeride/preempt.cuh>
-extern "C" __global__ void bump(fr_item_ctx ctx, float* y) {
-  freeride::for_each_item(ctx, [&](unsigned long long item) {
-    if (threadIdx.x == 0) y[item] += 1.0f;
-  });
-}""",
-                "bump",
-                items=1 << 20,
-                args=(y,),
-            )
-        )
-        for _ in range(20):
-            h.gate.close(stream="host")
-            time.sleep(0.002)
-            h.gate.open(stream="host")
-            time.sleep(0.003)
+        # The control: one harvester, one task at a time.
+        alone = h.submit(_counter())
+        task, y, starts = _bump(torch)
+        after = h.submit(task)
         assert h.wait_all(timeout=120)
-        for handle in counters:
-            snap = handle.task.snapshot()
-            assert snap.violations == 0
-            assert (snap.counts == 1).all(), "an item ran twice or never"
-        raw.result()
-        assert int((y == 1.0).sum()) == 1 << 20
+        _check_counters([alone])
+        after.result()
+        assert int((y == 1.0).sum()) == RAW_ITEMS
+        sequential = _raw_items_beside([alone], starts)
+
+        # RawKernel tasks run on the primary context's side stream under the occupancy
+        # cap whatever the harvester's reserve.
+        with fr.Harvester("cuda:0", reserve=CAP) as beside:
+            task, y, starts = _bump(torch)
+            raw = beside.submit(task)
+            counters = [h.submit(_counter()) for _ in range(2)]
+            for _ in range(20):
+                for g in (h, beside):
+                    g.gate.close(stream="host")
+                time.sleep(0.002)
+                for g in (h, beside):
+                    g.gate.open(stream="host")
+                time.sleep(0.003)
+            assert h.wait_all(timeout=120)
+            assert beside.wait_all(timeout=120)
+            _check_counters(counters)
+            raw.result()
+            assert int((y == 1.0).sum()) == RAW_ITEMS
+            concurrent = _raw_items_beside(counters, starts)
+    print(
+        f"RawKernel items started beside built-in items: {concurrent} of {RAW_ITEMS} "
+        f"(one harvester: {sequential})"
+    )
+    assert sequential == 0, (
+        f"negative control: {sequential} RawKernel items ran beside a built-in of the same "
+        "harvester, which runs one launch at a time: the count is wrong"
+    )
+    assert concurrent > 100, (
+        f"only {concurrent} RawKernel items started while a built-in ran: the test did not "
+        "run them side by side"
+    )
 
 
 @pytest.mark.gpu
@@ -822,6 +921,16 @@ def test_backend_info_reports_the_green_context():
         inside, total = (int(w) for w in mechanism.split("(")[1].split()[::2][:2])
         assert total == dev["sm_count"]
         assert total - inside >= 8
-    with fr.Harvester("cuda:0") as h:
+    with fr.Harvester("cuda:0", reserve=CAP) as h:
         assert h.reserve_mechanism == "occupancy-cap"
         assert fr.backend_info()["devices"][0]["reserve_mechanism"] == "occupancy-cap"
+    # The default reserve is the green context (the occupancy cap only where the driver
+    # has none, with the reason).
+    with fr.Harvester("cuda:0") as h:
+        if fr.backend_info()["devices"][0]["green_contexts"]:
+            assert h.reserve_mechanism.startswith("green-context ("), h.reserve_fallback
+            assert h.reserve_fallback is None
+        else:
+            assert h.reserve_mechanism == "occupancy-cap"
+            assert h.reserve_fallback
+        assert fr.backend_info()["devices"][0]["reserve_mechanism"] == h.reserve_mechanism

@@ -1,0 +1,437 @@
+"""GPU measurements that need a fresh process, and the helpers GPU tests use around them.
+
+Some properties depend on how the CUDA context was made: `CUDA_DEVICE_MAX_CONNECTIONS`
+(how many hardware queues the streams share) is read once, when the context is created,
+so setting it in a test process whose context already exists changes nothing. Each
+measurement here runs as `python tests/gpu_worker.py MODE JSON-ARGS` in a child whose
+environment the parent sets before anything imports torch, and prints one line
+`RESULT {json}` with its figures (the test asserts on them and prints them, so a run's log
+has the numbers).
+
+Nothing here imports torch, CuPy or freeride at module level: the tests import
+`run_worker` and `finishes_within` from this file, and the child imports them only after
+its environment is in place.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+RESULT = "RESULT "
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# -- helpers for the tests -------------------------------------------------------------------
+
+
+def run_worker(mode: str, args: dict | None = None, env: dict | None = None, timeout=120.0):
+    """Runs MODE in a fresh Python process with `env` added to this environment (and
+    CUDA_DEVICE_MAX_CONNECTIONS, FREERIDE_ADMISSION and FREERIDE_GATE_WRITE removed unless
+    given), and returns its RESULT dict. Fails the calling test, with the child's output,
+    if the child does not finish within `timeout` seconds or exits without a result."""
+    import pytest
+
+    child_env = dict(os.environ)
+    for key in ("CUDA_DEVICE_MAX_CONNECTIONS", "FREERIDE_ADMISSION", "FREERIDE_GATE_WRITE"):
+        child_env.pop(key, None)
+    child_env.update({k: str(v) for k, v in (env or {}).items()})
+    child_env["PYTHONFAULTHANDLER"] = "1"
+    cmd = [sys.executable, os.path.join(HERE, "gpu_worker.py"), mode, json.dumps(args or {})]
+    try:
+        proc = subprocess.run(
+            cmd, env=child_env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired as e:
+        out = _text(e.stdout) + _text(e.stderr)
+        pytest.fail(f"gpu_worker {mode} {env} did not finish within {timeout} s:\n{out[-4000:]}")
+    out = proc.stdout + proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
+    if proc.returncode != 0 or not lines:
+        pytest.fail(f"gpu_worker {mode} {env} exited with {proc.returncode}:\n{out[-4000:]}")
+    result = json.loads(lines[-1][len(RESULT) :])
+    print(f"gpu_worker {mode} env={env} args={args}: {json.dumps(result)}")
+    return result
+
+
+def _text(data) -> str:
+    if data is None:
+        return ""
+    return data.decode(errors="replace") if isinstance(data, bytes) else data
+
+
+def finishes_within(seconds: float, fn, what: str):
+    """Runs fn() in a daemon thread and returns its result; fails the test with `what` if
+    it has not returned after `seconds` (a test that could otherwise only hang). The
+    stuck thread is left behind: the test has failed, and its process should not be
+    trusted for further GPU tests."""
+    import pytest
+
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 (re-raised in the test's thread)
+            box["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True, name=f"deadline: {what}")
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        pytest.fail(f"{what} did not return within {seconds} s (hung)")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not reached within {timeout} s")
+        time.sleep(0.001)
+
+
+# -- the measurements (run in the child) -----------------------------------------------------
+
+# ~1 ms of GPU time at the ~2 GHz an H100 runs at (torch.cuda._sleep counts clock cycles).
+CYCLES_PER_MS = 2_000_000
+
+
+def _queued_behind_a_long_kernel(torch, hold_ms: float) -> dict:
+    """The negative control of the hardware-queue tests, without freeride: a long kernel
+    on a lowest-priority stream, followed on that stream by stream-ordered operations (an
+    event record, a device-to-device copy and a device-to-host copy into pinned memory);
+    then, on the training (current) stream, the same small `.cpu()` copy and a small
+    kernel with a synchronisation. Where the streams share one hardware queue
+    (CUDA_DEVICE_MAX_CONNECTIONS=1), the training stream's operations wait behind them
+    until the long kernel ends."""
+    side = torch.cuda.Stream(priority=0)  # CUDA's least priority
+    x = torch.ones(16, device="cuda")
+    src, dst = torch.ones(16, device="cuda"), torch.empty(16, device="cuda")
+    pinned = torch.empty(16, pin_memory=True)
+    x.cpu()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(int(hold_ms * CYCLES_PER_MS))
+        torch.cuda.Event().record(side)
+        dst.copy_(src)
+        pinned.copy_(src, non_blocking=True)
+    time.sleep(0.01)  # the long kernel runs
+    begin = time.perf_counter()
+    x.cpu()
+    copy_s = time.perf_counter() - begin
+    begin = time.perf_counter()
+    x.add_(1.0)
+    torch.cuda.current_stream().synchronize()
+    kernel_s = time.perf_counter() - begin
+    still_running = not side.query()
+    side.synchronize()
+    return {
+        "hold_ms": hold_ms,
+        "copy_ms": copy_s * 1e3,
+        "kernel_ms": kernel_s * 1e3,
+        "side_running_after": still_running,
+    }
+
+
+def mode_hardware_queues(args: dict) -> dict:
+    """Issue 20 item 1: with a long Spin running (items of `item_ns`), a small `.cpu()` copy
+    on the training stream, then a gate close on it followed by a synchronisation of that
+    stream, each timed on the host, `reps` times; for time_slice=None and the default
+    slice. Then the negative control above."""
+    import torch
+
+    import freeride as fr
+
+    item_ns, reps = int(args.get("item_ns", 100_000)), int(args.get("reps", 10))
+    torch.cuda.init()
+    x = torch.ones(16, device="cuda")
+    x.cpu()
+    out: dict = {"connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}
+    for label, kwargs in (("none", {"time_slice": None}), ("default", {})):
+        with fr.Harvester("cuda:0", **kwargs) as h:
+            train = torch.cuda.current_stream()
+            h.gate.close()  # one-time costs of stream-ordered writes, before side work
+            h.gate.open()
+            train.synchronize()
+            t = h.submit(fr.tasks.Spin(items=2**40, ns_per_item=item_ns))
+            wait_for(lambda t=t: t.items_done > 0, 60, "the Spin task started")
+            time.sleep(0.05)  # every block of the grid is up
+            copies, closes, stalls = [], [], 0
+            gc.disable()
+            try:
+                for _ in range(reps):
+                    begin = time.perf_counter()
+                    x.cpu()
+                    copies.append(time.perf_counter() - begin)
+                    begin = time.perf_counter()
+                    h.gate.close()
+                    train.synchronize()
+                    closes.append(time.perf_counter() - begin)
+                    h.gate.open()
+                    before = t.items_done
+                    try:
+                        wait_for(lambda t=t, b=before: t.items_done > b, 10, "side work resumed")
+                    except AssertionError:
+                        stalls += 1
+                    time.sleep(0.01)  # a launch well under way
+            finally:
+                gc.enable()
+            running = not t.done()
+            launches = t.launches
+            t.cancel()
+            t.wait(30)
+            out[label] = {
+                "copy_ms": [round(s * 1e3, 4) for s in copies],
+                "close_ms": [round(s * 1e3, 4) for s in closes],
+                "running": running,
+                "resume_stalls": stalls,
+                "launches": launches,
+                "reserve_mechanism": h.reserve_mechanism,
+                "admission": h.admission,
+                "time_slice": h.time_slice,
+            }
+    out["item_ms"] = item_ns / 1e6
+    out["control"] = _queued_behind_a_long_kernel(torch, hold_ms=300.0)
+    return out
+
+
+def mode_queue_control(args: dict) -> dict:
+    """Only the negative control (no freeride), with `hold_ms` of GPU time."""
+    import torch
+
+    torch.cuda.init()
+    return _queued_behind_a_long_kernel(torch, float(args.get("hold_ms", 300.0)))
+
+
+def _exec_wakeups() -> int:
+    """Context switches of the executor threads ("freeride-exec") so far."""
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() != "freeride-exec":
+                    continue
+            with open(f"/proc/self/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                        total += int(line.split()[1])
+        except OSError:
+            continue
+    return total
+
+
+def _admission_delays(torch, h, t, trials: int, blocker=None) -> dict:
+    """`trials` times: close the gate from the host, let the launch end and the executor
+    thread settle in its wait, then open the gate in stream order on a training stream
+    (behind ~1 ms of GPU time, so the host is already watching). The host notes when the
+    gate's mirror reads open and when the side task's first item after it is counted: the
+    admission delay. `blocker`, a stream whose own open is still ahead of the GPU (its
+    ring is first in the watcher's queue), makes the ring of every training open come only
+    after it: admission then rests on the executor's look at the mirror every 1 ms."""
+    train = torch.cuda.Stream(priority=-1)
+    delays, stuck = [], 0
+    for _ in range(trials):
+        h.gate.close(stream="host")
+        time.sleep(0.02)
+        before = t.items_done
+        with torch.cuda.stream(train):
+            torch.cuda._sleep(CYCLES_PER_MS)
+            h.gate.open()
+        deadline = time.perf_counter() + 2.0
+        while not h.gate.is_open:
+            if time.perf_counter() > deadline:
+                break
+        opened = time.perf_counter()
+        if opened > deadline:
+            stuck += 1
+            train.synchronize()
+            continue
+        while t.items_done == before:
+            if time.perf_counter() > deadline:
+                break
+        delays.append(time.perf_counter() - opened)
+    train.synchronize()
+    h.gate.close(stream="host")
+    out = {
+        "delays_us": [round(d * 1e6, 1) for d in delays],
+        "median_us": round(statistics.median(delays) * 1e6, 1) if delays else None,
+        "stuck": stuck,
+    }
+    if blocker is not None:
+        out["blocker_still_ahead"] = not blocker.query()
+    return out
+
+
+def _closed_gate_cost(fr, h) -> dict:
+    """With a task waiting for the closed gate: CPU time of the whole process and
+    wake-ups of the executor thread, per second, over one second."""
+    h.gate.close(stream="host")
+    t = h.submit(fr.tasks.Spin(items=2**40, ns_per_item=1_000))
+    time.sleep(0.2)  # the executor thread reaches its wait for the gate
+    wake0, cpu0, wall0 = _exec_wakeups(), time.process_time(), time.monotonic()
+    time.sleep(1.0)
+    wall = time.monotonic() - wall0
+    return t, {
+        "admission": h.admission,
+        "cpu_per_s": (time.process_time() - cpu0) / wall,
+        "wakeups_per_s": (_exec_wakeups() - wake0) / wall,
+        "items_while_closed": t.items_done,
+    }
+
+
+def mode_admission(args: dict) -> dict:
+    """The closed gate's cost (above) under ring admission, then the admission delay of
+    stream-ordered opens, and the same with the watcher held up by an open still ahead of
+    the GPU on another stream (the negative control of the delay). Then the closed gate's
+    cost with FREERIDE_ADMISSION=poll (read when a harvester is made), the negative
+    control of the cost."""
+    import torch
+
+    import freeride as fr
+
+    trials = int(args.get("trials", 30))
+    torch.cuda.init()
+    torch.ones(1, device="cuda").cpu()
+    out: dict = {}
+    with fr.Harvester("cuda:0") as h:
+        t, out["ring_cost"] = _closed_gate_cost(fr, h)
+        out["ring"] = _admission_delays(torch, h, t, trials)
+        blocker = torch.cuda.Stream()
+        with torch.cuda.stream(blocker):
+            # Outlasts the trials (~25 ms each) by far; checked after them.
+            torch.cuda._sleep(int((trials * 40 + 1000) * CYCLES_PER_MS))
+            h.gate.open()
+        out["watcher_held"] = _admission_delays(torch, h, t, trials, blocker)
+        blocker.synchronize()
+        h.gate.open(stream="host")
+        t.cancel()
+        out["ring_cancelled"] = t.wait(30)
+    os.environ["FREERIDE_ADMISSION"] = "poll"
+    with fr.Harvester("cuda:0") as h:
+        t, out["poll_cost"] = _closed_gate_cost(fr, h)
+        h.gate.open(stream="host")
+        t.cancel()
+        out["poll_cancelled"] = t.wait(30)
+    return out
+
+
+def mode_admission_env(args: dict) -> dict:
+    """test_gate's admission check in a process whose environment was set before CUDA
+    initialised: the admission the harvester reports, and a task submitted with the gate
+    closed that a stream-ordered open on the default stream admits. Where
+    CUDA_DEVICE_MAX_CONNECTIONS is set, the negative control first shows the setting took
+    effect (or not)."""
+    import torch
+
+    import freeride as fr
+
+    torch.cuda.init()
+    out: dict = {"connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}
+    if out["connections"] is not None:
+        out["control"] = _queued_behind_a_long_kernel(torch, hold_ms=300.0)
+    with fr.Harvester("cuda:0") as h:
+        out["admission"] = h.admission
+        task = fr.tasks.ItemCounter(20_000, ns_per_item=2_000)
+        h.gate.close(stream="host")
+        t = h.submit(task)
+        h.gate.open(stream=0)
+        out["finished"] = t.wait(timeout=60)
+        out["exactly_once"] = bool(out["finished"] and (t.result().counts == 1).all())
+    return out
+
+
+_PRIORITY_SRC = r"""
+extern "C" __global__ void hold(unsigned long long ns, unsigned long long* last_end) {
+  if (threadIdx.x == 0) {
+    const unsigned long long t0 = now();
+    while (now() - t0 < ns) {}
+    atomicMax(last_end, now());
+  }
+}
+extern "C" __global__ void stamp(unsigned long long* at) { *at = now(); }
+"""
+
+
+def mode_priority(args: dict) -> dict:
+    """A plain grid of many waves of short blocks on the harvester's side stream, then,
+    while it runs, a one-block kernel on a training stream of priority `priorities[i]`:
+    how long before the side grid's end the training kernel started. The block scheduler
+    hands a more urgent stream's blocks out as side blocks retire; at equal priority it
+    hands out the earlier grid's blocks first, so the training kernel starts only in the
+    side grid's last wave."""
+    import cupy as cp
+    import torch
+
+    import freeride as fr
+    from freeride.bench import DEVICE_CLOCK_SRC
+
+    block_ns, waves = int(args.get("block_ns", 20_000)), int(args.get("waves", 5_000))
+    torch.cuda.init()
+    module = cp.RawModule(code=DEVICE_CLOCK_SRC + _PRIORITY_SRC)
+    hold, stamp = module.get_function("hold"), module.get_function("stamp")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    blocks = sms * 16 * waves  # 16 blocks of 128 threads fill an SM's 2048 threads
+    last_end, at = cp.zeros(1, dtype=cp.uint64), cp.zeros(1, dtype=cp.uint64)
+    out: dict = {"runs": []}
+    with fr.Harvester("cuda:0") as h:
+        side_torch = torch.cuda.ExternalStream(h.side_stream)
+        out["side_priority"] = side_torch.priority
+        side = cp.cuda.ExternalStream(h.side_stream)
+        # torch's priorities: 0 is CUDA's least (the side stream's); -1 is more urgent.
+        for priority in args.get("priorities", [-1, 0]):
+            train_torch = torch.cuda.Stream(priority=priority)
+            train = cp.cuda.ExternalStream(train_torch.cuda_stream)
+            # Loaded and warmed up before the measurement.
+            hold((1,), (128,), (cp.uint64(0), last_end), stream=side)
+            stamp((1,), (1,), (at,), stream=train)
+            cp.cuda.Device().synchronize()
+            last_end.fill(0)
+            at.fill(0)
+            cp.cuda.Device().synchronize()
+            begin = time.perf_counter()
+            hold((blocks,), (128,), (cp.uint64(block_ns), last_end), stream=side)
+            time.sleep(0.01)  # the side grid is running, with most of its waves to go
+            stamp((1,), (1,), (at,), stream=train)
+            train.synchronize()
+            stamped_s = time.perf_counter() - begin
+            side.synchronize()
+            total_s = time.perf_counter() - begin
+            gap_ns = int(last_end.get()[0]) - int(at.get()[0])
+            out["runs"].append(
+                {
+                    "priority": train_torch.priority,
+                    "gap_ms": gap_ns / 1e6,
+                    "train_done_after_ms": stamped_s * 1e3,
+                    "side_done_after_ms": total_s * 1e3,
+                }
+            )
+    return out
+
+
+MODES = {
+    "hardware_queues": mode_hardware_queues,
+    "queue_control": mode_queue_control,
+    "admission": mode_admission,
+    "admission_env": mode_admission_env,
+    "priority": mode_priority,
+}
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    args = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+    result = MODES[mode](args)
+    print(RESULT + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
