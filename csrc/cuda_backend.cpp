@@ -812,12 +812,16 @@ SmLimits sm_limits(int device) {
   return sm;
 }
 
-// Waiting for a launch's end (CudaRunner::wait_for_end): spin this long, then sleep this
-// long between looks at the end record (a relaunch after a time slice waits for that
-// look: 50 us is 2.5% of the default 2 ms slice), and ask the driver whether the stream
-// is idle (a kernel that failed, or one that left without its end record) this often.
+// Waiting for a launch's end (CudaRunner::wait_for_end): spin this long, then sleep
+// kEndPoll between looks at the end record where the end is near (the gate's mirror
+// closed, a stop, the phase's items all claimed, the time slice about to end: a relaunch
+// waits for that look, and 50 us is 2.5% of the default 2 ms slice), kEndPollFar where
+// nothing says so (a launch that runs on in an open gate: fewer wake-ups beside
+// training), and ask the driver whether the stream is idle (a kernel that failed, or one
+// that left without its end record) every kStreamQueryEvery.
 constexpr std::chrono::microseconds kEndSpin{20};
 constexpr std::chrono::microseconds kEndPoll{50};
+constexpr std::chrono::microseconds kEndPollFar{250};
 constexpr std::chrono::microseconds kStreamQueryEvery{1000};
 
 // Whether everything enqueued on `stream` has completed: a question to the driver, never
@@ -1249,6 +1253,14 @@ class CudaRunner final : public PhaseRunner {
     using clock = std::chrono::steady_clock;
     const auto started = clock::now();
     auto next_query = started + kStreamQueryEvery;
+    const uint64_t slice_ns = s_->slice_ns;
+    const auto slice_end = slice_ns == 0 ? clock::time_point::max()
+                                         : started + std::chrono::nanoseconds(slice_ns);
+    auto end_is_near = [&](clock::time_point now) {
+      return s_->mirror() != FREERIDE_GATE_OPEN || stop_requested_.load() ||
+             std::atomic_ref<unsigned long long>(*progress_host_).load() >= n_items_ ||
+             now + kEndPollFar + kEndPoll >= slice_end;
+    };
     while (true) {
       if (end_published(launch)) {
         const auto turn = s_->green_turn(green_);
@@ -1268,7 +1280,7 @@ class CudaRunner final : public PhaseRunner {
       if (now - started < kEndSpin) {
         std::this_thread::yield();
       } else {
-        std::this_thread::sleep_for(kEndPoll);
+        std::this_thread::sleep_for(end_is_near(now) ? kEndPoll : kEndPollFar);
       }
     }
   }
