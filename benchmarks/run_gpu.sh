@@ -89,19 +89,20 @@ fi
 
 if step quick; then
   deadline=$((SECONDS + ${QUICK_BUDGET:-180}))
-  pytest_file $deadline 45 tests/test_gpu.py -m gpu
+  # Stream order and nothing behind side work first, then memory safety, then the rest.
   pytest_file $deadline 60 tests/test_hardware_queues.py -m gpu
-  pytest_file $deadline 30 tests/test_lifetime.py -m gpu
-  pytest_file $deadline 30 tests/test_gate_write.py -m gpu
-  pytest_file $deadline 50 tests/test_reserve.py -m gpu -k "deadlock or admission or probe"
-  pytest_file $deadline 20 tests/test_iterative.py -m gpu -k stream
-  budgeted $deadline example 30 $py -X faulthandler examples/raw_kernel.py
   if command -v compute-sanitizer >/dev/null; then
     budgeted $deadline memcheck_example 60 compute-sanitizer --tool memcheck \
       --error-exitcode 99 $py examples/raw_kernel.py
   else
     note "memcheck_example                             NOT RUN (no compute-sanitizer)"
   fi
+  pytest_file $deadline 70 tests/test_gpu.py -m gpu
+  pytest_file $deadline 30 tests/test_lifetime.py -m gpu
+  pytest_file $deadline 30 tests/test_gate_write.py -m gpu
+  pytest_file $deadline 50 tests/test_reserve.py -m gpu -k "deadlock or admission or probe"
+  pytest_file $deadline 20 tests/test_iterative.py -m gpu -k stream
+  budgeted $deadline example 30 $py -X faulthandler examples/raw_kernel.py
 fi
 
 if step tests; then
