@@ -522,3 +522,56 @@ def test_gpu_faulting_kernel_fails_its_task_and_poisons_only_its_process():
     assert "state failed" in proc.stdout, out[-3000:]
     assert "illegal" in proc.stdout.lower(), out[-3000:]
     assert "context unusable" in proc.stdout, out[-3000:]
+
+
+_PRODUCE = r"""
+extern "C" __global__ void produce(float* x, unsigned long long n, unsigned long long ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+  for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += gridDim.x * blockDim.x) {
+    x[i] = 1.0f;
+  }
+}
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("current", [True, False], ids=["current-stream", "other-stream"])
+def test_submit_follows_cupys_current_stream_on_a_gpu(gpu, current):
+    """Issue 20 item 3: CuPy inputs produced on CuPy's current stream (not torch's) are
+    complete before the side task reads them. A producer kernel spins 50 ms, then writes
+    x = 1; Saxpy (y += 2 x) submitted right after must see every 1. Negative control
+    (other-stream): the same producer on a CuPy stream that is not current when
+    submit() is called, which freeride cannot know about: Saxpy then runs during the
+    producer's 50 ms spin and reads zeros, so y is not all 2 (proving the check can
+    fail)."""
+    cupy = pytest.importorskip("cupy")
+    h, _ = gpu
+    n = 1 << 20
+    x = cupy.zeros(n, dtype=cupy.float32)
+    y = cupy.zeros(n, dtype=cupy.float32)
+    cupy.cuda.runtime.deviceSynchronize()
+    produce = cupy.RawKernel(_PRODUCE, "produce")
+    producer = cupy.cuda.Stream(non_blocking=True)
+    with producer:
+        produce((64,), (256,), (x, cupy.uint64(n), cupy.uint64(50_000_000)))
+    if current:
+        with producer:
+            task = h.submit(fr.tasks.Saxpy(2.0, x, y))
+    else:
+        task = h.submit(fr.tasks.Saxpy(2.0, x, y))
+    assert task.wait(timeout=30)
+    producer.synchronize()
+    low = float(y.min())
+    if current:
+        assert low == 2.0, (
+            f"Saxpy read inputs before the producer on CuPy's stream wrote them: {low}"
+        )
+    else:
+        assert low == 0.0, (
+            f"negative control: Saxpy should have overtaken the producer, y.min()={low}"
+        )
