@@ -1421,6 +1421,14 @@ class CudaRunner final : public PhaseRunner {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const CudaOptions& options) : s_(std::make_shared<CudaShared>()) {
+    // First, before the device is looked at. Every stream shares one hardware queue
+    // there: the pending wait would hold the training stream's own open (and everything
+    // else) behind it.
+    FR_ARG(!options.stream_wait || !single_connection(),
+           "stream_wait=True cannot be used with CUDA_DEVICE_MAX_CONNECTIONS=1 (as Megatron-LM "
+           "sets it): every stream then shares one hardware queue, and the launch held by "
+           "the stream wait would hold the training stream's gate open (and all its other "
+           "work) behind it, a deadlock. Use the default admission (stream_wait=False)");
     int count = 0;
     const cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess) {
@@ -1442,13 +1450,6 @@ class CudaBackend final : public Backend {
                << options.reserve_mechanism << "'");
     FR_ARG(options.reserve_sms >= 0, "reserve.sms must not be negative, got " << options.reserve_sms);
 
-    // Every stream shares one hardware queue there: the pending wait would hold the
-    // training stream's own open (and everything else) behind it.
-    FR_ARG(!options.stream_wait || !single_connection(),
-           "stream_wait=True cannot be used with CUDA_DEVICE_MAX_CONNECTIONS=1 (as Megatron-LM "
-           "sets it): every stream then shares one hardware queue, and the launch held by "
-           "the stream wait would hold the training stream's gate open (and all its other "
-           "work) behind it, a deadlock. Use the default admission (stream_wait=False)");
     CudaShared& s = *s_;
     s.device = device;
     s.host_gate = options.gate_in_host_memory;

@@ -280,3 +280,25 @@ def test_launches_that_run_no_item_back_off_until_a_new_open(host):
     assert counter.wait(timeout=30)
     assert (counter.result().counts == 1).all()
 
+
+def _cuda_executor(stream_wait):
+    return _C.Executor("cuda", 0, 1, False, stream_wait, 0, (0, 0, 0, 0), 0)
+
+
+@pytest.mark.skipif(not _C.CUDA_BUILT, reason="this build has no CUDA backend")
+@pytest.mark.parametrize("connections", ["1", "8"])
+def test_stream_wait_is_refused_under_one_hardware_queue(monkeypatch, connections):
+    """Issue 20 item 2: under CUDA_DEVICE_MAX_CONNECTIONS=1 the launch held by the stream
+    wait would hold the training stream's own gate open behind it, so the mode is refused
+    before anything touches a device (checked here without one). Negative control: with 8
+    connections the same call gets past that check (and, without a GPU, fails later on the
+    device, for another reason)."""
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", connections)
+    with pytest.raises((ValueError, RuntimeError)) as refused:
+        ex = _cuda_executor(stream_wait=True)
+        ex.close()  # a GPU machine with 8 connections builds it: nothing to refuse
+        pytest.skip("a GPU is present: nothing below the refusal to check here")
+    mentions = "CUDA_DEVICE_MAX_CONNECTIONS=1" in str(refused.value)
+    assert mentions == (connections == "1"), str(refused.value)
+    if connections == "1":
+        assert refused.type is ValueError
