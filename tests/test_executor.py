@@ -302,3 +302,39 @@ def test_stream_wait_is_refused_under_one_hardware_queue(monkeypatch, connection
     assert mentions == (connections == "1"), str(refused.value)
     if connections == "1":
         assert refused.type is ValueError
+
+
+def test_wait_next_open_sleeps_until_a_newer_open(host):
+    """Backend::wait_next_open, which the executor's backoff and the iterative runner use:
+    False while the gate stays on the open it was given (and through a close), True once
+    a newer open has taken effect, and a submit ends the wait early (returning False)."""
+    ex = host._ex
+    host.gate.open(stream="host")
+    seq = ex.gate_seq()
+    t0 = time.monotonic()
+    assert ex.gate_wait_next_open(seq, 0.05) is False
+    assert time.monotonic() - t0 >= 0.04
+    host.gate.close(stream="host")
+    assert ex.gate_wait_next_open(seq, 0.02) is False  # a close is no new open
+
+    def reopen():
+        time.sleep(0.05)
+        host.gate.open(stream="host")
+
+    opener = threading.Thread(target=reopen)
+    opener.start()
+    t0 = time.monotonic()
+    assert ex.gate_wait_next_open(seq, 10.0) is True
+    assert time.monotonic() - t0 < 5.0
+    opener.join()
+    # Interrupted: a submit rings, the wait returns without a newer open.
+    seq = ex.gate_seq()
+    done = []
+    waiter = threading.Thread(target=lambda: done.append(ex.gate_wait_next_open(seq, 10.0)))
+    waiter.start()
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    host.submit(fr.tasks.ItemCounter(4)).wait(timeout=30)
+    waiter.join(timeout=5.0)
+    assert not waiter.is_alive() and done == [False]
+    assert time.monotonic() - t0 < 5.0
