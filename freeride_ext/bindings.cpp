@@ -11,6 +11,7 @@
 
 #include "backend.hpp"
 #include "builtin_tasks.hpp"
+#include "capture_mode.hpp"
 #include "check.hpp"
 #include "doorbell.hpp"
 #include "executor.hpp"
@@ -198,6 +199,20 @@ PYBIND11_MODULE(_C, m) {
       py::arg("device"), release_gil(),
       "Handle of the device's stream for iterative tasks' steps: least priority, "
       "non-blocking, made once per process and never destroyed.");
+  // Both are called beside training (the recorder asks before each recorded gate write
+  // on the training thread) and never block: the GIL stays held.
+  m.def(
+      "_stream_is_capturing",
+      [](uint64_t stream, int device) {
+        return freeride::stream_is_capturing(static_cast<uintptr_t>(stream), device);
+      },
+      py::arg("stream"), py::arg("device"),
+      "True while the stream handle (0, 1, 2: the device's default streams) is being "
+      "captured into a CUDA graph. RuntimeError in builds without CUDA.");
+  m.def("_relax_capture_mode", &freeride::relax_capture_mode,
+        "Puts the calling thread into relaxed CUDA graph capture mode, so its syncs and "
+        "event queries do not invalidate another thread's capture. False where it could "
+        "not (no CUDA in this build, no driver).");
 
   py::class_<Task, std::shared_ptr<Task>>(m, "Task")
       .def_property_readonly("name", &Task::name)
@@ -395,12 +410,23 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("memory_budget", &Executor::memory_budget)
       .def_property_readonly("memory_used",
                              py::cpp_function(&Executor::memory_used, release_gil()))
+      // The training thread writes the gate around every compute action: dropping and
+      // retaking the GIL there costs a wake-up of whichever thread grabs it meanwhile, and
+      // a stream-ordered write only enqueues (a launch queue that is full blocks, as torch's
+      // own launches do with the GIL held). An immediate write is different: on CUDA it
+      // waits for a stream, so it lets other Python threads run meanwhile.
       .def(
           "gate_write",
           [](Executor& ex, uint32_t value, uint64_t stream, uint32_t seq) {
-            ex.backend().gate_write(value, static_cast<uintptr_t>(stream), seq);
+            const auto handle = static_cast<uintptr_t>(stream);
+            if (handle == freeride::kImmediate) {
+              py::gil_scoped_release release;
+              ex.backend().gate_write(value, handle, seq);
+            } else {
+              ex.backend().gate_write(value, handle, seq);
+            }
           },
-          py::arg("value"), py::arg("stream"), py::arg("seq"), release_gil())
+          py::arg("value"), py::arg("stream"), py::arg("seq"))
       .def("gate_read", [](Executor& ex) { return ex.backend().gate_read(); })
       .def("gate_seq", [](Executor& ex) { return ex.backend().gate_seq(); })
       .def(
@@ -416,12 +442,14 @@ PYBIND11_MODULE(_C, m) {
           py::arg("seq"), py::arg("timeout"), release_gil(),
           "Sleeps until the gate reads open with a sequence number other than seq (a newer "
           "open took effect: True) or timeout seconds passed (False). Never woken by closes.")
+      // Recorded beside gate writes on the training thread; an event record (host: a
+      // clock read) never waits, so the GIL stays held, as for gate_write.
       .def(
           "mark",
           [](Executor& ex, uint64_t stream) {
             return ex.backend().mark(static_cast<uintptr_t>(stream));
           },
-          py::arg("stream"), release_gil())
+          py::arg("stream"))
       .def(
           "elapsed_ns",
           [](Executor& ex, uint64_t from, uint64_t to) -> py::object {

@@ -292,8 +292,117 @@ def test_iterative_task_runs_in_a_manual_bubble_after_recorded_iterations(host):
     handle = host.submit(task)
     time.sleep(0.05)
     assert handle.items_done == 0  # the gate is closed between iterations
+    opened = time.monotonic_ns()  # before the open: a step may start as soon as it is made
     with host.bubble():
-        opened = time.monotonic_ns()
         assert handle.wait(timeout=10), f"still {handle.state} inside a manual bubble"
     assert handle.result() == 3
     assert min(task.starts) >= opened
+
+
+class _Counting:
+    """The runner's executor, counting calls by name (on the runner's thread, where it
+    sits on the wait path) and the runner thread's CPU time spent between them."""
+
+    def __init__(self, ex):
+        self._real = ex
+        self.calls: dict[str, int] = {}
+        self.cpu_first: float | None = None
+        self.cpu_last: float | None = None
+
+    def __getattr__(self, name):
+        attr = getattr(self._real, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            if name == "gate_wait_next_open":
+                now = time.thread_time()  # the calling (runner) thread's CPU time
+                if self.cpu_first is None:
+                    self.cpu_first = now
+                self.cpu_last = now
+            return attr(*args, **kwargs)
+
+        return counted
+
+    def reset(self):
+        self.calls.clear()
+
+
+def _runner_with_no_room(h):
+    """A queued Stepper whose runner finds no room in any bubble, with its executor
+    counted. The gate is closed on return."""
+    h.gate.close()
+    handle = h.submit(Stepper(step_s=0.001))
+    runner = h._iterative
+    judged = []
+
+    def no_room(handle, seq, elapsed_ns):
+        judged.append(seq)
+        return False
+
+    runner._fits = no_room
+    counting = _Counting(runner._ex)
+    runner._ex = counting
+    return handle, runner, counting, judged
+
+
+def test_an_open_bubble_without_room_is_not_polled(host):
+    """Property: while the gate stays open on a bubble a step does not fit, the runner
+    judges that bubble once and then sleeps in the extension until a newer open, waking
+    only every few ms to look for cancel/close: no 50 us polling beside training."""
+    handle, _, counting, judged = _runner_with_no_room(host)
+    host.gate.open()
+    wait_until(lambda: judged)
+    counting.reset()
+    cpu_before = counting.cpu_last
+    time.sleep(0.5)
+    calls = dict(counting.calls)
+    assert len(judged) == 1, f"one bubble judged {len(judged)} times"
+    assert handle.items_done == 0
+    # One wait per _WAIT_S (2 ms) at most, nothing else; polling made thousands of calls.
+    waits = calls.get("gate_wait_next_open", 0)
+    assert 0 < waits <= 0.5 / fr.iterative._WAIT_S * 1.5 + 10, calls
+    assert calls.get("gate_read", 0) <= 1 and calls.get("gate_seq", 0) <= 1, calls
+    # The runner thread's own CPU time over those 0.5 s: sleeping, not spinning.
+    cpu = counting.cpu_last - (cpu_before if cpu_before is not None else counting.cpu_first)
+    assert cpu < 0.1, f"runner thread used {cpu:.3f} s of CPU in 0.5 s"
+    handle.cancel(wait=False)
+
+
+def test_a_newer_open_is_judged_again(host):
+    """Property: a bubble without room does not shut the task out: the next open (a new
+    sequence number) is judged afresh, promptly."""
+    handle, runner, _, judged = _runner_with_no_room(host)
+    host.gate.open()
+    wait_until(lambda: len(judged) == 1)
+    runner._fits = lambda *args: True  # the next bubble has room
+    host.gate.close()
+    host.gate.open()
+    start = time.monotonic()
+    wait_until(lambda: handle.items_done > 0, timeout=2)
+    assert time.monotonic() - start < 0.5
+    handle.cancel()
+
+
+def test_cancel_and_close_are_prompt_while_waiting_in_a_bubble_without_room():
+    """Property: the sleep through a bubble without room is bounded, so cancel() and
+    close() still return within milliseconds (a wait that only a new open ends would
+    hang them for as long as the gate stays open)."""
+    with fr.Harvester("cpu", workers=1) as h:
+        handle, _, _, judged = _runner_with_no_room(h)
+        h.gate.open()
+        wait_until(lambda: judged)
+        time.sleep(0.02)  # inside the wait
+        start = time.monotonic()
+        assert handle.cancel()
+        assert time.monotonic() - start < 0.2
+        assert handle.state == "cancelled"
+        other, _, _, judged = _runner_with_no_room(h)
+        h.gate.open()
+        wait_until(lambda: judged)
+        time.sleep(0.02)
+        start = time.monotonic()
+        h.close()
+        assert time.monotonic() - start < 0.5
+        assert other.state == "cancelled"

@@ -121,3 +121,42 @@ def test_submit_also_follows_cupys_current_stream(monkeypatch):
     same = _FakeCupy(0)
     monkeypatch.setitem(sys.modules, "cupy", same)
     assert _streams.current_streams(0) == [0]  # one stream, followed once
+
+
+def test_refuse_capturing_names_the_stream(monkeypatch):
+    from freeride import _streams
+
+    capturing = {0x7F00_0000_0001, 0}
+    monkeypatch.setattr(_streams, "stream_is_capturing", lambda h, d: h in capturing)
+    _streams.refuse_capturing([0x7F00_0000_0002], 0)  # not capturing: nothing raised
+    with pytest.raises(_streams.StreamCaptureError, match=r"stream 0x7f0000000001 on cuda:1"):
+        _streams.refuse_capturing([0x7F00_0000_0002, 0x7F00_0000_0001], 1)
+    with pytest.raises(RuntimeError, match=r"the default stream \(0\).*before .* or after"):
+        _streams.refuse_capturing([0], 0)
+    assert issubclass(_streams.StreamCaptureError, fr.FreerideError)
+
+
+def test_submit_during_capture_is_refused_before_anything_is_queued(host, monkeypatch):
+    """The cuda path of submit() with the capture query faked (no GPU here): item and
+    iterative tasks alike are refused, and nothing is queued or started."""
+    from freeride import _streams, harvester
+
+    captured = 0x7F00_0000_0001
+    monkeypatch.setattr(host, "_kind", "cuda")
+    monkeypatch.setattr(harvester, "current_streams", lambda device: [captured])
+    monkeypatch.setattr(_streams, "stream_is_capturing", lambda h, d: h == captured)
+    with pytest.raises(_streams.StreamCaptureError, match="submit\\(\\) during graph capture"):
+        host.submit(fr.tasks.Spin(4, 1000))
+    with pytest.raises(_streams.StreamCaptureError, match="stream 0x7f0000000001"):
+        host.submit(fr.IterativeTask())
+    assert host.tasks() == [] and host._iterative is None
+
+
+def test_submit_on_the_host_never_asks_about_capture(host, monkeypatch):
+    from freeride import _streams
+
+    def fail(*args):
+        raise AssertionError("capture query on the host backend")
+
+    monkeypatch.setattr(_streams, "stream_is_capturing", fail)
+    assert host.submit(fr.tasks.Spin(4, 1000)).wait(timeout=30)

@@ -1,4 +1,5 @@
-"""Turning the ``stream`` argument of gate writes into a CUDA stream handle."""
+"""Turning the ``stream`` argument of gate writes into a CUDA stream handle, and what a
+handle's state allows (a stream being captured into a CUDA graph)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import sys
 from typing import Any
 
 from . import _C
+from .errors import FreerideError
 
 # The only stream handles that mean the same in every process: the default stream (0),
 # cudaStreamLegacy (1) and cudaStreamPerThread (2). Any other int is a pointer nothing can
@@ -95,3 +97,39 @@ def current_streams(device: int) -> list[int]:
 def _cupy_current_stream(cupy: Any, device: int) -> int:
     with cupy.cuda.Device(device):
         return int(cupy.cuda.get_current_stream().ptr)
+
+
+class StreamCaptureError(FreerideError, RuntimeError):
+    """submit() was called while a stream the new task must follow is being captured into
+    a CUDA graph: the task's side stream would have to wait on that stream and so be
+    pulled into the user's graph. Submit before or after the capture."""
+
+
+_SPECIAL_NAMES = {
+    0: "the default stream (0)",
+    1: "cudaStreamLegacy (1)",
+    2: "cudaStreamPerThread (2)",
+}
+
+
+def stream_is_capturing(handle: int, device: int) -> bool:
+    """True while the CUDA stream `handle` of `device` is being captured into a graph
+    (the legacy default stream also while another blocking stream captures). CUDA only."""
+    return bool(_C._stream_is_capturing(handle, device))
+
+
+def refuse_capturing(handles: list[int], device: int) -> None:
+    """Raises StreamCaptureError if any of the CUDA stream `handles` is being captured.
+
+    A task follows its submitter's streams by recording an event on each and making the
+    side stream wait for it: on a capturing stream that record becomes a node of the
+    user's graph and the side stream joins the capture, so side work would be replayed
+    with the graph, and the capture would end unjoined (an error at its end)."""
+    for handle in handles:
+        if stream_is_capturing(handle, device):
+            name = _SPECIAL_NAMES.get(handle, f"stream {handle:#x}")
+            raise StreamCaptureError(
+                f"{name} on cuda:{device} is being captured into a CUDA graph: submit() "
+                "during graph capture is not supported (the side stream would become part "
+                "of the graph). Submit the task before the capture begins or after it ends."
+            )

@@ -14,7 +14,7 @@ from typing import Any
 
 from . import _C, _shutdown
 from ._device import resolve_device
-from ._streams import current_streams, stream_handle
+from ._streams import current_streams, refuse_capturing, stream_handle
 from ._units import parse_memory
 from .errors import HarvesterClosedError
 from .gate import Gate
@@ -300,7 +300,10 @@ class Harvester:
         side work reads them. Until then a kernel task stays queued and other tasks run.
         The harvester holds the task and its buffers until it is final, whether or not
         the handle is kept; once ``wait()`` returns True its results are complete for
-        any later work on any stream."""
+        any later work on any stream.
+
+        Not during CUDA graph capture: if one of those streams is being captured, submit()
+        raises StreamCaptureError (a RuntimeError) and leaves the capture as it was."""
         self._check_open()
         iterative = isinstance(task, IterativeTask)
         if not iterative and not isinstance(task, Task):
@@ -310,6 +313,10 @@ class Harvester:
             )
         priority = check_count(priority, "priority", -(2**31), 2**31 - 1)
         after = self._streams_to_follow(stream)
+        if self._kind == "cuda":
+            # Before anything touches a stream or allocates: following a capturing stream
+            # would pull the side stream into the user's graph.
+            refuse_capturing(after, self._device_index)
         if iterative:
             with self._lock:
                 self._check_open()

@@ -41,8 +41,9 @@ _RECENT_STEPS = 3
 # A task whose estimate fits no bubble is measured again at the start of the longest
 # bubble once every this many such bubbles, instead of waiting forever.
 _REMEASURE_EVERY = 8
-_POLL_S = 50e-6  # while the gate is open but the bubble has no room for a step
-_CLOSED_WAIT_S = 2e-3  # longest sleep on a closed gate between checks for cancel/close
+# Longest sleep in the extension (GIL released) while waiting for a bubble, between
+# checks for cancel, close and a more urgent task: what bounds how late they are noticed.
+_WAIT_S = 2e-3
 # How long close() waits for a running step before abandoning it.
 CLOSE_TIMEOUT_S = 5.0
 
@@ -191,6 +192,10 @@ class IterativeRunner:
         self._seq = itertools.count()
         self._closing = False
         self._reserved = 0
+        # The bubble (gate sequence number) this thread last looked at, and when it first
+        # saw it open: a second step in the same bubble has only what is left of it.
+        self._bubble_seq: int | None = None
+        self._bubble_seen_ns = 0
         # Set here when torch is already loaded, else by the runner's thread before the
         # first setup(); only that thread writes it afterwards.
         self._stream: Any = None
@@ -346,6 +351,11 @@ class IterativeRunner:
         return None
 
     def _main(self) -> None:
+        if self._kind == "cuda":
+            # Steps allocate, sync the step stream and query events while training may be
+            # capturing a CUDA graph on its own thread; in the default (global) capture
+            # mode any of those calls from this thread would invalidate that capture.
+            _C._relax_capture_mode()
         while True:
             with self._lock:
                 while not self._closing and self._pick() is None:
@@ -423,30 +433,38 @@ class IterativeRunner:
 
     def _wait_for_fit(self, handle: IterativeHandle) -> int | None:
         """Waits for a bubble with room for one step; its sequence number, or
-        None when the task should stop waiting (cancel, close, preemption)."""
-        seen_seq, seen_at = None, 0.0
-        polls = 0
+        None when the task should stop waiting (cancel, close, preemption).
+
+        Each bubble is judged once: within a bubble the answer only gets worse (less of
+        it is left, and the prediction it is judged against is learnt from finished
+        iterations, not from this one), so a bubble without room is slept through in the
+        extension until a newer open, not polled. Every sleep is at most _WAIT_S, so
+        cancel(), close() and a more urgent task are noticed within that."""
+        no_room: int | None = None  # the open bubble found without room for a step
         while not handle._cancel and not self._closing:
-            if self._ex.gate_read() == _C.GATE_OPEN:
-                seq = self._ex.gate_seq()
-                if seq != seen_seq:
-                    seen_seq, seen_at = seq, time.monotonic_ns()
-                    if self._recorder.recording:
-                        # A new bubble: learn from the iterations the device has finished.
-                        self._recorder.flush(block=False)
-                if self._fits(handle, seq, time.monotonic_ns() - seen_at):
-                    # A more urgent task submitted meanwhile gets this bubble instead.
-                    return None if self._preempted(handle) else seq
-            else:
-                # Closed: sleep in the extension (GIL released, woken by the open) rather
-                # than poll beside the training thread; an open is looked at at once.
-                if not self._ex.gate_wait_open(_CLOSED_WAIT_S) and self._preempted(handle):
+            if no_room is not None:
+                # Never woken by the closes in between: nothing runs here during compute.
+                if self._ex.gate_wait_next_open(no_room, _WAIT_S):
+                    no_room = None
+                elif self._preempted(handle):
                     return None
                 continue
-            polls += 1
-            if polls % 64 == 0 and self._preempted(handle):
-                return None
-            time.sleep(_POLL_S)
+            if self._ex.gate_read() != _C.GATE_OPEN:
+                # Closed: sleep in the extension (GIL released, woken by the open) rather
+                # than poll beside the training thread; an open is looked at at once.
+                if not self._ex.gate_wait_open(_WAIT_S) and self._preempted(handle):
+                    return None
+                continue
+            seq = self._ex.gate_seq()
+            if seq != self._bubble_seq:
+                self._bubble_seq, self._bubble_seen_ns = seq, time.monotonic_ns()
+                if self._recorder.recording:
+                    # A new bubble: learn from the iterations the device has finished.
+                    self._recorder.flush(block=False)
+            if self._fits(handle, seq, time.monotonic_ns() - self._bubble_seen_ns):
+                # A more urgent task submitted meanwhile gets this bubble instead.
+                return None if self._preempted(handle) else seq
+            no_room = seq
         return None
 
     def _fits(self, handle: IterativeHandle, seq: int, elapsed_ns: int) -> bool:

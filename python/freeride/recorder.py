@@ -1,5 +1,12 @@
 """The bubble record: gate writes of the training loop, timestamped in the training
-stream's own timeline, turned into compute intervals and bubbles per iteration."""
+stream's own timeline, turned into compute intervals and bubbles per iteration.
+
+CUDA graphs: a gate write on a stream being captured is captured with the graph, as
+intended (every replay then writes the gate), but no timestamp is taken there: an event
+recorded inside a capture is a graph node, never a point of the stream's timeline, and
+timing it fails. An iteration with such a write ran nothing when it was recorded (a
+capture only builds the graph), so it is left out of the record; replays run no hooks
+and are not recorded either."""
 
 from __future__ import annotations
 
@@ -12,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _C
-from ._streams import stream_handle
+from ._streams import stream_handle, stream_is_capturing
 from .report_model import Bubble, Compute, Iteration, SideLaunch
 
 _SEQ_MASK = 2**32 - 1
@@ -26,8 +33,9 @@ class _Pending:
     """An iteration whose marks the GPU may not have reached yet."""
 
     index: int
-    origin: int  # mark id of the iteration's start
-    # (kind, label, mark, free_memory): kind "open" or "close"
+    origin: int  # mark id of the iteration's start (0: none, see _write)
+    # (kind, label, mark, free_memory): kind "open" or "close"; mark 0 where the write was
+    # captured into a CUDA graph
     events: list[tuple[str, str, int, int | None]] = field(default_factory=list)
     hook_ns: int = 0  # the training thread's time in freeride's hooks (add_hook_ns)
 
@@ -53,6 +61,12 @@ class Recorder:
         self._anchor: tuple[int, int] | None = None  # (mark, ns since recording start)
         self._next_index = 0
         self._slot = 0
+        # Free device memory is sampled at one bubble per iteration, the slots in turn:
+        # cudaMemGetInfo costs tens of microseconds of the training thread, too much for
+        # every open. The slot sampled in the current iteration, and how many bubbles the
+        # last one had.
+        self._memory_slot = 0
+        self._slots_last = 1
         self._seq_slot: dict[int, int] = {}  # gate sequence number -> bubble slot
         self._slot_ns: dict[int, deque[int]] = {}  # slot -> recent durations
         self._task_names: dict[int, str] = {}
@@ -81,6 +95,8 @@ class Recorder:
         if opening:
             self._remember_slot(self._seq, MANUAL_BUBBLE if slot is None else slot)
         handle = stream_handle(stream, self._kind, self._device)
+        if mark and self._capturing(handle):
+            mark = False  # the write itself is captured, a timestamp cannot be (module doc)
         mark_id = self._ex.mark(handle) if mark and opening else 0
         self._ex.gate_write(value, handle, self._seq)
         if mark and not opening:
@@ -88,8 +104,17 @@ class Recorder:
         self._open = opening
         return self._seq, mark_id
 
-    def _free_memory(self) -> int | None:
-        if self._kind != "cuda":
+    def _capturing(self, handle: int) -> bool:
+        return (
+            self._kind == "cuda"
+            and handle != _C.IMMEDIATE
+            and stream_is_capturing(handle, self._device)
+        )
+
+    def _free_memory(self, slot: int, mark: int) -> int | None:
+        """Free device memory now if `slot` is the one sampled this iteration (and the
+        open has a timestamp: an iteration without one is left out), else None."""
+        if self._kind != "cuda" or slot != self._memory_slot or not mark:
             return None
         torch = sys.modules.get("torch")
         if torch is None:
@@ -104,11 +129,12 @@ class Recorder:
             self.recording = True
             self._ex.set_recording(True)
         self._slot = 0
+        self._memory_slot = self._next_index % self._slots_last
         _, mark = self._write(_C.GATE_OPEN, stream, mark=True, slot=0)
         self._current = _Pending(self._next_index, mark)
         self._hook_target = self._current
         self._next_index += 1
-        self._current.events.append(("open", "", self._current.origin, self._free_memory()))
+        self._current.events.append(("open", "", mark, self._free_memory(0, mark)))
 
     def end_iteration(self, stream: Any = None) -> None:
         """Closes the gate at the end of an iteration."""
@@ -117,6 +143,7 @@ class Recorder:
             return
         _, mark = self._write(_C.GATE_CLOSED, stream, mark=True)
         current.events.append(("close", "", mark, None))
+        self._slots_last = self._slot + 1
         self._current = None
         self._depth = 0
         self._saved_open.clear()
@@ -155,7 +182,7 @@ class Recorder:
             _C.GATE_OPEN, stream, mark=recording, slot=self._slot if recording else None
         )
         if recording:
-            self._current.events.append(("open", "", mark, self._free_memory()))
+            self._current.events.append(("open", "", mark, self._free_memory(self._slot, mark)))
 
     def add_hook_ns(self, ns: int) -> None:
         """Adds time the training thread spent in a hook (gate writes, recording, the
@@ -239,6 +266,14 @@ class Recorder:
     def _resolve_iterations(self) -> bool:
         while self._pending:
             pend = self._pending[0]
+            if any(mark == 0 for _, _, mark, _ in pend.events):
+                # Recorded while its stream was captured (module doc): nothing to time.
+                # The anchor stays the last timed iteration's, so later ones line up.
+                for _, _, mark, _ in pend.events:
+                    if mark:
+                        self._ex.release_mark(mark)
+                self._pending.popleft()
+                continue
             if self._anchor is None:
                 origin_ns = 0
                 if self._kind == "host":

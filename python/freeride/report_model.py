@@ -29,7 +29,9 @@ class Bubble:
     slot: int  # k: the k-th bubble of the iteration, counted from 0
     start_ns: int
     end_ns: int
-    free_memory: int | None = None  # bytes free on the device when the bubble began
+    # Bytes free on the device when the bubble began: read at one bubble per iteration,
+    # the slots in turn (None on the others, and on the host backend).
+    free_memory: int | None = None
     # Side work that ran inside this bubble: task id -> (items, nanoseconds), items
     # pro-rated by how much of each launch overlaps the bubble.
     side: dict[int, tuple[float, int]] = field(default_factory=dict)

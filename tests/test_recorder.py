@@ -1,0 +1,177 @@
+"""The recorder on a GPU's terms, without a GPU: a fake executor stands in for the CUDA
+backend (marks are ids with times, a mark 0 is unknown to it, as to the real one), and
+the capture query and free-memory query are faked."""
+
+import sys
+import types
+
+import pytest
+
+from freeride import _C, recorder
+from freeride.recorder import Recorder
+from freeride.report import Report
+
+
+class FakeCudaExecutor:
+    """Marks, gate writes and timings as the CUDA backend answers them."""
+
+    def __init__(self):
+        self.now = 0
+        self.times: dict[int, int] = {}
+        self.next_mark = 1
+        self.writes: list[tuple[int, int]] = []
+        self.released: list[int] = []
+
+    def set_recording(self, on):
+        pass
+
+    def mark(self, stream):
+        self.now += 1000
+        mark = self.next_mark
+        self.next_mark += 1
+        self.times[mark] = self.now
+        return mark
+
+    def gate_write(self, value, stream, seq):
+        self.writes.append((value, stream))
+
+    def elapsed_ns(self, a, b):
+        if a not in self.times or b not in self.times:
+            raise ValueError(f"unknown mark {a} or {b}")  # as the CUDA backend does
+        return self.times[b] - self.times[a]
+
+    def release_mark(self, mark):
+        self.released.append(mark)
+        self.times.pop(mark, None)
+
+    def take_launch_log(self):
+        return []
+
+
+def iteration(rec, bubbles=3):
+    """One recorded iteration with `bubbles` bubbles (slots), on the default stream."""
+    rec.begin_iteration(0)
+    for _ in range(bubbles - 1):
+        rec.compute_begin("F", 0)
+        rec.compute_end(0)
+    rec.end_iteration(0)
+
+
+def fake_torch(monkeypatch, mem_get_info):
+    """torch as the recorder sees it: only torch.cuda.mem_get_info."""
+    torch = types.SimpleNamespace(cuda=types.SimpleNamespace(mem_get_info=mem_get_info))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+
+
+@pytest.fixture
+def capture(monkeypatch):
+    """state["on"] says whether the (fake) stream is being captured; torch is faked too
+    (the real one, if a test loaded it, has no device to ask for free memory here)."""
+    state = {"on": False, "asked": 0}
+    fake_torch(monkeypatch, lambda device: (1, 2))
+
+    def capturing(handle, device):
+        state["asked"] += 1
+        return state["on"]
+
+    monkeypatch.setattr(recorder, "stream_is_capturing", capturing)
+    return state
+
+
+def test_iterations_recorded_inside_a_capture_are_left_out(capture):
+    """Property: a write inside a capture still writes the gate (it is captured into the
+    graph) but takes no timestamp, and the iteration is left out of the record, so
+    report() later neither fails on the captured marks nor waits for them."""
+    ex = FakeCudaExecutor()
+    rec = Recorder(ex, "cuda", 0)
+    iteration(rec)
+    capture["on"] = True
+    marks_before = ex.next_mark
+    iteration(rec)
+    assert ex.next_mark == marks_before, "a mark was taken on a capturing stream"
+    capture["on"] = False
+    iteration(rec)
+    assert len(ex.writes) == 3 * 6  # every open and close written, captured or not
+    rec.flush(block=True, timeout=5)
+    its = rec.iterations()
+    assert [it.index for it in its] == [0, 2]
+    assert all(len(it.bubbles) == 3 and len(it.compute) == 2 for it in its)
+    assert its[1].start_ns > its[0].end_ns  # timed against the last timed iteration
+    assert capture["asked"] > 0
+    Report(device="cuda:0", backend="cuda", iterations=its)  # builds from what was kept
+
+
+def test_a_capture_that_begins_mid_iteration_leaves_that_iteration_out(capture):
+    ex = FakeCudaExecutor()
+    rec = Recorder(ex, "cuda", 0)
+    iteration(rec)
+    rec.begin_iteration(0)
+    rec.compute_begin("F", 0)
+    taken = ex.next_mark - 1  # marks of this iteration so far, before the capture
+    capture["on"] = True
+    rec.compute_end(0)
+    rec.end_iteration(0)
+    capture["on"] = False
+    iteration(rec)
+    rec.flush(block=True, timeout=5)
+    assert [it.index for it in rec.iterations()] == [0, 2]
+    # The left-out iteration's own marks are given back, not leaked.
+    assert {taken - 1, taken} <= set(ex.released)
+
+
+def test_the_host_backend_never_asks_about_capture(capture):
+    ex = FakeCudaExecutor()
+    rec = Recorder(ex, "host", -1)
+    ex.elapsed_ns = lambda a, b: 0 if a == 0 else FakeCudaExecutor.elapsed_ns(ex, a, b)
+    iteration(rec)
+    rec.flush(block=True, timeout=5)
+    assert capture["asked"] == 0 and len(rec.iterations()) == 1
+
+
+def test_free_memory_is_sampled_once_per_iteration_over_the_slots_in_turn(capture, monkeypatch):
+    """Property: cudaMemGetInfo runs once per recorded iteration (not at every open), at
+    one bubble's start, the slots taking turns, so every slot's mean free memory is
+    still reported from values taken at that slot's start; the other bubbles have None."""
+    asked = []
+
+    def mem_get_info(device):
+        asked.append(device)
+        return (1000 * len(asked), 10**6)
+
+    fake_torch(monkeypatch, mem_get_info)
+    ex = FakeCudaExecutor()
+    rec = Recorder(ex, "cuda", 3)
+    for _ in range(7):
+        iteration(rec, bubbles=3)
+    assert asked == [3] * 7
+    rec.flush(block=True, timeout=5)
+    its = rec.iterations()
+    sampled = [[b.slot for b in it.bubbles if b.free_memory is not None] for it in its]
+    # The first iteration knows no bubble count yet: slot 0; then iteration i samples
+    # slot i mod 3.
+    assert sampled == [[0], [1], [2], [0], [1], [2], [0]]
+    per_slot = Report(device="cuda:0", backend="cuda", iterations=its).per_slot
+    assert all(s["mean_free_memory"] is not None for s in per_slot)
+
+
+def test_no_free_memory_is_sampled_inside_a_capture(capture, monkeypatch):
+    asked = []
+    fake_torch(monkeypatch, lambda d: asked.append(d) or (1, 2))
+    rec = Recorder(FakeCudaExecutor(), "cuda", 0)
+    capture["on"] = True
+    iteration(rec)
+    assert asked == []
+
+
+def test_gate_write_and_mark_bindings_reach_the_backend_on_both_paths(host):
+    """The bindings keep the GIL for stream-ordered writes and marks and release it only
+    for immediate writes; both paths must still reach the backend."""
+    ex = host._ex
+    ex.gate_write(_C.GATE_CLOSED, 0, 7)
+    assert ex.gate_read() == _C.GATE_CLOSED and ex.gate_seq() == 7
+    ex.gate_write(_C.GATE_OPEN, _C.IMMEDIATE, 8)
+    assert ex.gate_read() == _C.GATE_OPEN and ex.gate_seq() == 8
+    a, b = ex.mark(0), ex.mark(_C.IMMEDIATE)
+    assert ex.elapsed_ns(a, b) >= 0
+    ex.release_mark(a)
+    ex.release_mark(b)
