@@ -176,7 +176,7 @@ struct CudaOptions {
   // The gate word in mapped pinned host memory instead of device memory.
   bool gate_in_host_memory = false;
   // Admit launches with cuStreamWaitValue32 on the side stream rather than by polling
-  // the gate's host mirror (see cuda_backend.cpp for why polling is the default).
+  // the gate's host mirror (see csrc/cuda/backend.cpp for why host admission is the default).
   bool stream_wait = false;
   // What side blocks leave free on every SM for the kernels training launches in bubbles.
   SmReserve reserve;

@@ -51,7 +51,7 @@ class RawKernelTask final : public Task {
   // Stays on the primary context's side stream under the occupancy cap even with a
   // green-context reserve. Its CUfunctions were loaded by CuPy into the primary context,
   // and while the runtime-API launches of the built-in kernels into a green-context
-  // stream are documented (see cuda_backend.cpp) and measured, a cuLaunchKernel of a
+  // stream are documented (see csrc/cuda/green_context.cpp) and measured, a cuLaunchKernel of a
   // module function loaded in the primary context into a stream of a green context is
   // not documented either way; until a GPU run shows it works, RawKernel is not moved.
   bool runs_in_green_context() const override { return false; }

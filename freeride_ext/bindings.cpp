@@ -407,6 +407,17 @@ PYBIND11_MODULE(_C, m) {
       .def("close", &Executor::close, release_gil())
       // Each takes the executor's lock, which its thread may hold while admitting a task.
       .def_property_readonly("closed", py::cpp_function(&Executor::closed, release_gil()))
+      .def_property_readonly("launches", py::cpp_function(&Executor::launches, release_gil()),
+                             "Side launches so far.")
+      .def_property_readonly("idle_launches",
+                             py::cpp_function(&Executor::idle_launches, release_gil()),
+                             "Launches the gate let in that ran no item.")
+      .def(
+          "_test_items_see_gate_closed",
+          [](Executor& ex, bool on) { ex.backend().test_items_see_gate_closed(on); },
+          py::arg("on"),
+          "Test-only, host backend: items see the gate closed while admission sees it "
+          "open (the CUDA race of a stale open mirror over a closed gate).")
       .def_property_readonly("memory_budget", &Executor::memory_budget)
       .def_property_readonly("memory_used",
                              py::cpp_function(&Executor::memory_used, release_gil()))

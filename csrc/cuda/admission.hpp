@@ -1,0 +1,64 @@
+// How the CUDA backend waits for the gate to open: on the bell its watcher rings, looking
+// at the host mirror; and the environment settings that choose how.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "cuda/shared.hpp"
+
+namespace freeride::cuda {
+
+// The longest the executor thread sleeps on the gate's bell before it looks at the mirror
+// anyway: the admission delay where no ring comes (an open enqueued while its stream was
+// being captured into a graph, or one whose ring could not be enqueued).
+constexpr std::chrono::microseconds kAdmissionPoll{1000};
+// How long a wait for the gate spins on the mirror before it sleeps.
+constexpr std::chrono::microseconds kAdmissionSpin{20};
+// Without rings (FREERIDE_ADMISSION=poll): the sleep between looks at the mirror.
+constexpr std::chrono::microseconds kPollSleep{20};
+
+// Sleeps between looks at the mirror would overshoot by the default 50 us timer slack:
+// this thread's slack becomes 1 us (once per thread).
+void tighten_timer_slack();
+
+// Until the gate's host mirror reads open (true), or stopped() holds or `deadline` passes
+// (false). Spins (yielding) for kAdmissionSpin first: gaps between compute actions are
+// often that short, and a ring takes the watcher thread's wake-up and then this one's.
+// Then sleeps on the bell, rung when a stream-ordered open has taken effect
+// (enqueue_ring) and on an immediate open, looking anyway every kAdmissionPoll; or, where
+// rings are off, polls every kPollSleep.
+template <typename Stopped, typename IsOpen>
+bool wait_for_gate(const CudaShared& s, std::chrono::steady_clock::time_point deadline,
+                   Stopped stopped, IsOpen is_open) {
+  Doorbell& bell = *s.gate.bell;
+  const auto spin_until = std::chrono::steady_clock::now() + kAdmissionSpin;
+  while (true) {
+    const uint64_t seen = bell.rings();  // before the checks: a ring between them counts
+    if (stopped()) return false;
+    if (is_open()) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return false;
+    if (now < spin_until) {
+      std::this_thread::yield();
+    } else if (s.ring) {
+      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
+      bell.wait_for(seen, std::min(kAdmissionPoll, left + std::chrono::microseconds(1)));
+    } else {
+      std::this_thread::sleep_for(kPollSleep);
+    }
+  }
+}
+
+// Whether CUDA_DEVICE_MAX_CONNECTIONS asks for one hardware queue per device (read as the
+// driver reads it, when the context is made: a later change has no effect, and this
+// reads the environment of now, which is what a process that sets it up front has).
+bool single_connection();
+
+// Whether gate opens ring the executor's bell (FREERIDE_ADMISSION "ring", the default:
+// see OpenWatcher) or it polls the mirror ("poll", for comparison in bench preempt).
+// Throws InvalidArgument for another value.
+bool admission_rings();
+
+}  // namespace freeride::cuda

@@ -1,0 +1,176 @@
+// CudaShared's green context: building it, trying its stream with the runtime calls side
+// launches make, and loading the built-in kernels into it.
+#include <exception>
+#include <string>
+
+#include "cuda/shared.hpp"
+
+namespace freeride::cuda {
+
+void CudaShared::try_green_context(int reserved_wanted, int least_priority) {
+  const cuda_driver::Api& a = cuda_driver::api();
+  if (!a.has_green_contexts()) {
+    reserve_fallback = "the driver offers no green contexts (CUDA 12.5 or later needed): " +
+                       a.green_error;
+    return;
+  }
+  auto failed = [&](const char* call, int res) {
+    reserve_fallback = std::string(call) + " failed: " + cuda_driver::error_name(res);
+  };
+  CUdevice dev = 0;
+  int res = a.device_get(&dev, device);
+  if (res != CUDA_SUCCESS) return failed("cuDeviceGet", res);
+  CUdevResource all{};
+  res = a.device_get_dev_resource(dev, &all, CU_DEV_RESOURCE_TYPE_SM);
+  if (res != CUDA_SUCCESS) return failed("cuDeviceGetDevResource", res);
+  // Drivers before CUDA 13 leave the partition rules zero: plan_green_context applies
+  // their documented guideline then.
+  int major = 0;
+  int minor = 0;
+  FR_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  FR_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  const int total = static_cast<int>(all.sm.smCount);
+  const GreenContextStep plan = plan_green_context(
+      total, reserved_wanted, static_cast<int>(all.sm.minSmPartitionSize),
+      static_cast<int>(all.sm.smCoscheduledAlignment), major * 10 + minor, device);
+  FR_ARG(plan.action != GreenContextStep::Action::kRefuse, plan.message);
+  if (plan.action != GreenContextStep::Action::kAsk) {
+    reserve_fallback = plan.message;
+    return;
+  }
+  CUdevResource group{};
+  CUdevResource rest{};
+  unsigned int groups = 1;
+  res = a.sm_resource_split_by_count(&group, &groups, &all, &rest, 0,
+                                     static_cast<unsigned int>(plan.sms));
+  if (res != CUDA_SUCCESS) return failed("cuDevSmResourceSplitByCount", res);
+  const GreenContextStep split =
+      check_green_split(plan, total, groups, static_cast<int>(group.sm.smCount));
+  if (split.action != GreenContextStep::Action::kUse) {
+    reserve_fallback = split.message;
+    return;
+  }
+  const int got = split.sms;
+  CUdevResourceDesc desc = nullptr;
+  res = a.resource_generate_desc(&desc, &group, 1);
+  if (res != CUDA_SUCCESS) return failed("cuDevResourceGenerateDesc", res);
+  CUgreenCtx ctx = nullptr;
+  res = a.green_ctx_create(&ctx, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM);
+  if (res != CUDA_SUCCESS) return failed("cuGreenCtxCreate", res);
+  CUstream stream = nullptr;
+  // Lowest priority, like `side` (see there for what that does and does not buy).
+  res = a.green_ctx_stream_create(&stream, ctx, CU_STREAM_NON_BLOCKING, least_priority);
+  if (res != CUDA_SUCCESS) {
+    (void)a.green_ctx_destroy(ctx);
+    return failed("cuGreenCtxStreamCreate", res);
+  }
+  green = ctx;
+  green_side = reinterpret_cast<cudaStream_t>(stream);
+  green_sms = got;
+  reserve_mechanism = (detail::Msg() << "green-context (" << got << " of " << total << " SMs)")
+                          .str();
+}
+
+void CudaShared::try_green_stream() {
+  std::string refused;
+  // [0]: the end of the trial; [1] on the side stream, [2] on the green one: a timed
+  // pair across the two contexts, as the recorder resolves a launch's marks against an
+  // anchor on the training stream.
+  cudaEvent_t ev[3] = {nullptr, nullptr, nullptr};
+  SlotPool::Slot slot;
+  {
+    std::lock_guard<std::mutex> lk(pool_mu);
+    slot = states.acquire();
+  }
+  auto try_call = [&](cudaError_t err, const char* call) {
+    if (err == cudaSuccess || !refused.empty()) return refused.empty();
+    (void)cudaGetLastError();
+    refused = std::string(call) + " failed: " + cudaGetErrorName(err);
+    return false;
+  };
+  constexpr unsigned int kProbe = 0x600dfeedu;
+  auto* word = reinterpret_cast<unsigned int*>(slot.dev);
+  auto* seen = reinterpret_cast<volatile unsigned int*>(staging.host);
+  *seen = 0u;
+  bool ok = try_call(cudaEventCreateWithFlags(&ev[0], cudaEventDisableTiming),
+                     "cudaEventCreateWithFlags") &&
+            try_call(cudaEventCreateWithFlags(&ev[1], cudaEventDefault),
+                     "cudaEventCreateWithFlags") &&
+            try_call(cudaEventCreateWithFlags(&ev[2], cudaEventDefault),
+                     "cudaEventCreateWithFlags") &&
+            try_call(cudaEventRecord(ev[1], side), "cudaEventRecord on the side stream") &&
+            try_call(cudaStreamWaitEvent(green_side, ev[1], 0), "cudaStreamWaitEvent") &&
+            try_call(cudaMemsetAsync(word, 0, sizeof(fr_phase_state), green_side),
+                     "cudaMemsetAsync");
+  if (ok) {
+    try {
+      kernels::launch_gate_write(word, kProbe, green_side);
+    } catch (const std::exception& e) {
+      (void)cudaGetLastError();
+      refused = std::string("a built-in kernel launch failed: ") + e.what();
+      ok = false;
+    }
+  }
+  ok = ok &&
+       try_call(cudaEventRecord(ev[2], green_side), "cudaEventRecord") &&
+       try_call(cudaMemcpyAsync(staging.host, word, sizeof(unsigned int),
+                                cudaMemcpyDeviceToHost, green_side),
+                "cudaMemcpyAsync") &&
+       try_call(cudaEventRecord(ev[0], green_side), "cudaEventRecord");
+  // Whatever was enqueued finishes before the slot goes back. A failure to wait for it
+  // is the context's own (a synchronisation the green stream refused is retried
+  // device-wide): that throws.
+  cudaError_t waited = ok ? cudaEventSynchronize(ev[0]) : cudaStreamSynchronize(green_side);
+  if (!ok && waited != cudaSuccess) {
+    (void)cudaGetLastError();
+    waited = cudaDeviceSynchronize();
+  }
+  if (ok && waited == cudaSuccess) {
+    float ms = 0.f;
+    ok = try_call(cudaEventElapsedTime(&ms, ev[1], ev[2]), "cudaEventElapsedTime");
+  }
+  for (cudaEvent_t e : ev) {
+    if (e != nullptr) (void)cudaEventDestroy(e);
+  }
+  {
+    std::lock_guard<std::mutex> lk(pool_mu);
+    states.release(slot);
+  }
+  FR_CUDA_CHECK(waited);
+  if (ok && *seen != kProbe) {
+    refused = "a kernel on it wrote nothing";
+    ok = false;
+  }
+  if (ok) return;
+  destroy_green();
+  (void)cudaGetLastError();
+  green_sms = 0;
+  reserve_mechanism = "occupancy-cap";
+  reserve_fallback = "the green context's stream refused the runtime API: " + refused;
+}
+
+void CudaShared::preload_in_green_context() {
+  const cuda_driver::Api& a = cuda_driver::api();
+  if (a.ctx_from_green_ctx == nullptr || a.ctx_get_current == nullptr ||
+      a.ctx_set_current == nullptr) {
+    return;
+  }
+  CUcontext green_ctx = nullptr;
+  CUcontext previous = nullptr;
+  if (a.ctx_from_green_ctx(&green_ctx, green) != CUDA_SUCCESS ||
+      a.ctx_get_current(&previous) != CUDA_SUCCESS ||
+      a.ctx_set_current(green_ctx) != CUDA_SUCCESS) {
+    return;
+  }
+  std::exception_ptr error;
+  try {
+    kernels::preload_all();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  (void)a.ctx_set_current(previous);
+  (void)cudaGetLastError();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace freeride::cuda

@@ -1,0 +1,151 @@
+// Device and pinned memory of the CUDA backend: the process-lifetime gate slots, the
+// pinned gate constants, and the pools of phase-state and host-word slots its runners
+// take. Layout constants of those slots are here too: the runner and the kernels
+// (freeride/item_ctx.h) agree on them.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "check.hpp"
+#include "doorbell.hpp"
+#include "freeride/item_ctx.h"
+
+namespace freeride::cuda {
+
+static_assert(std::is_same_v<uint32_t, unsigned int>, "gate words are 32-bit unsigned int");
+static_assert(offsetof(fr_phase_state, next) == 0 && offsetof(fr_phase_state, done) == 8 &&
+                  offsetof(fr_phase_state, stop) == 16 && offsetof(fr_phase_state, held) == 20,
+              "begin_phase zeroes [next, done] as one range in front of stop; a launch that "
+              "ended without its end record reads back [done, stop, held] as one copy");
+
+constexpr size_t kGateStride = 128;           // one gate per 128-byte line: no false sharing
+constexpr size_t kGateSlabBytes = 64 * 1024;  // 512 gates per allocation
+constexpr size_t kStateStride = 128;          // fr_phase_state slots, one line each
+// Host words of a runner: [0, 8) progress mirror, [8, 48) the launch end record,
+// [48, 64) the fallback read-back [done, stop, held].
+constexpr size_t kWordStride = 64;
+constexpr size_t kEndOffset = 8;
+constexpr size_t kReadbackOffset = 48;
+static_assert(kEndOffset + sizeof(fr_launch_end) <= kReadbackOffset &&
+              kReadbackOffset + 16 <= kWordStride && kEndOffset % 8 == 0);
+constexpr size_t kSlotsPerSlab = 1024;
+static_assert(sizeof(fr_phase_state) <= kStateStride && sizeof(fr_phase_state) <= kWordStride);
+
+[[noreturn]] inline void throw_cuda(cudaError_t err, const char* call, const char* file, int line) {
+  detail::Msg os;
+  os << "CUDA error " << cudaGetErrorName(err) << " in " << call << ": "
+     << cudaGetErrorString(err) << detail::where(file, line);
+  throw RuntimeFailure(os.str());
+}
+
+
+// Mapped pinned host memory and its device view; throws (freeing nothing left behind).
+void alloc_mapped(size_t bytes, char** host, char** dev);
+
+// ---------------------------------------------------------------------------------------
+// Gates: a per-device, process-lifetime pool. Never freed and never reused: a training
+// stream may still hold stream-ordered writes to a gate after its harvester closed, and
+// they must neither land in freed memory nor flip a later harvester's gate.
+
+struct GateSlot {
+  unsigned int* dev = nullptr;         // the word kernels read, as the device sees it
+  unsigned int* mirror = nullptr;      // host view of the host-visible copy; for a
+                                       // host-memory gate, the gate itself
+  unsigned int* mirror_dev = nullptr;  // device view of that copy (== dev for a host gate)
+  // Rung once an open has taken effect (the backend's OpenWatcher), and by stops: the
+  // executor thread sleeps on it while the gate is closed. As long-lived as the gate,
+  // because the watcher may ring it for an open that a training stream reaches after the
+  // harvester closed.
+  Doorbell* bell = nullptr;
+};
+
+// A gate on `device` (in mapped pinned host memory with `host_memory`), never freed.
+GateSlot acquire_gate(int device, bool host_memory);
+
+// Process-lifetime pinned constants {CLOSED, OPEN}: the source of stream-ordered gate
+// writes by copy on the fallback path. Never freed, for the same reason as the gates.
+const unsigned int* gate_constants();
+
+// ---------------------------------------------------------------------------------------
+// Backend-owned slot pools: one allocation per kSlotsPerSlab slots, reused via a free
+// list. The caller serialises access (CudaShared::pool_mu).
+
+class SlotPool {
+ public:
+  struct Slot {
+    char* dev = nullptr;   // device address
+    char* host = nullptr;  // host address (mapped host pools only)
+  };
+
+  SlotPool(bool host_memory, size_t stride) : host_memory_(host_memory), stride_(stride) {}
+  SlotPool(const SlotPool&) = delete;
+  SlotPool& operator=(const SlotPool&) = delete;
+  ~SlotPool() { free_all(); }
+
+  Slot acquire() {
+    if (free_.empty()) grow();
+    Slot slot = free_.back();
+    free_.pop_back();
+    // A reused host slot may hold the previous runner's progress.
+    if (slot.host != nullptr) std::memset(slot.host, 0, stride_);
+    return slot;
+  }
+
+  // Cannot reallocate: every slot came from free_, whose capacity covers all of them.
+  void release(Slot slot) noexcept { free_.push_back(slot); }
+
+  void free_all() noexcept {
+    for (void* base : slabs_) {
+      if (host_memory_) {
+        (void)cudaFreeHost(base);
+      } else {
+        (void)cudaFree(base);
+      }
+    }
+    slabs_.clear();
+    free_.clear();
+    // Errors here (e.g. at process exit) must not surface as a later launch's error.
+    (void)cudaGetLastError();
+  }
+
+ private:
+  void grow() {
+    slabs_.reserve(slabs_.size() + 1);
+    free_.reserve((slabs_.size() + 1) * kSlotsPerSlab);
+    const size_t bytes = kSlotsPerSlab * stride_;
+    Slot base;
+    if (host_memory_) {
+      char* host = nullptr;
+      char* dev = nullptr;
+      alloc_mapped(bytes, &host, &dev);
+      slabs_.push_back(host);
+      base.host = static_cast<char*>(host);
+      base.dev = static_cast<char*>(dev);
+    } else {
+      void* dev = nullptr;
+      FR_CUDA_CHECK(cudaMalloc(&dev, bytes));
+      slabs_.push_back(dev);
+      base.dev = static_cast<char*>(dev);
+    }
+    // Reversed, so that slots are handed out in address order.
+    for (size_t i = kSlotsPerSlab; i-- > 0;) {
+      Slot s;
+      s.dev = base.dev + i * stride_;
+      if (base.host != nullptr) s.host = base.host + i * stride_;
+      free_.push_back(s);
+    }
+  }
+
+  bool host_memory_;
+  size_t stride_;
+  std::vector<void*> slabs_;
+  std::vector<Slot> free_;
+};
+
+}  // namespace freeride::cuda

@@ -1,0 +1,419 @@
+// The state the CUDA backend and its runners share: streams, the gate and how it is
+// written, the pools, the green context, the marks. Its green-context methods are in
+// green_context.cpp.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "backend.hpp"
+#include "check.hpp"
+#include "cuda/memory.hpp"
+#include "cuda_driver.hpp"
+#include "device_guard.hpp"
+#include "doorbell.hpp"
+#include "launchers.hpp"
+#include "open_watcher.hpp"
+#include "sm_room.hpp"
+#include "task.hpp"
+
+namespace freeride::cuda {
+
+// ---------------------------------------------------------------------------------------
+// State shared by the backend and its runners. Runners may outlive shutdown() (the
+// executor drops them later), so their memory is released only once both the backend is
+// shut down and the last runner is gone.
+
+struct CudaShared {
+  int device = -1;
+  bool host_gate = false;
+  bool stream_wait = false;  // admit launches with cuStreamWaitValue32 instead of polling
+  bool memops = false;  // stream memory operations usable on this device
+  std::string memops_reason;
+  // How gate writes on a stream are made, and the flags of a batch's unfenced writes.
+  cuda_driver::GateWrite gate_write = cuda_driver::GateWrite::kCopy;
+  unsigned int batch_flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  int sm_count = 0;
+  SmLimits sm;
+  SmReserve reserve;
+  uint64_t slice_ns = 0;
+  cudaStream_t side = nullptr;
+  cudaStream_t control = nullptr;
+  GateSlot gate;
+  // How a closed gate is waited for: by the bell, which `watcher` rings once a
+  // stream-ordered open has taken effect (enqueue_ring), or by polling the mirror
+  // (FREERIDE_ADMISSION=poll). Null where polling, and after shutdown.
+  std::unique_ptr<OpenWatcher> watcher;
+  bool ring = true;
+  // Green-context reserve: the context and the lowest-priority stream in it that tasks
+  // which may (Task::runs_in_green_context) run on instead of `side`. Null otherwise.
+  CUgreenCtx green = nullptr;
+  cudaStream_t green_side = nullptr;
+  int green_sms = 0;
+  std::string reserve_mechanism = "occupancy-cap";
+  std::string reserve_fallback;
+  // A green context is used from one thread at a time: the executor's launches and a
+  // plain run's (run_plain, from a benchmark's thread) take turns on its stream.
+  mutable std::mutex green_mu;
+  std::unique_lock<std::mutex> green_turn(bool green) const {
+    return green ? std::unique_lock<std::mutex>(green_mu) : std::unique_lock<std::mutex>();
+  }
+
+  // Shared by every operation, exclusive for shutdown(): shutdown cannot pull streams
+  // out from under a call in progress. Readers never wait for each other.
+  std::shared_mutex life;
+  bool shut_down = false;  // written under `life` held exclusively
+
+  std::mutex pool_mu;  // guards the pools, `runners`, `orphaned`
+  SlotPool states{false, kStateStride};
+  SlotPool words{true, kWordStride};
+  int runners = 0;
+  bool orphaned = false;  // shut down: free the pools when the last runner goes
+  bool pools_freed = false;
+
+  std::mutex staging_mu;       // guards `staging`
+  SlotPool::Slot staging;      // pinned bounce word for immediate reads and copies
+  SlotPool::Slot zeros;        // pinned zeros (never written) to clear a phase state
+
+  CudaShared() = default;
+  CudaShared(const CudaShared&) = delete;
+  CudaShared& operator=(const CudaShared&) = delete;
+
+  ~CudaShared() {
+    // A backend whose constructor refused its arguments (an unknown gate write or reserve
+    // mechanism, a device that does not exist) made nothing, and has no device yet:
+    // cudaSetDevice(-1) would leave cudaErrorInvalidDevice as the thread's last error,
+    // for the next launch checked on it (run_plain, a kernel gate write) to report.
+    if (device < 0) return;
+    try {
+      DeviceGuard guard(device);
+      destroy_streams();
+      free_pools();
+    } catch (...) {
+      // Destructors never throw; at process exit the runtime may already be gone.
+      (void)cudaGetLastError();
+    }
+  }
+
+  void destroy_streams() noexcept {
+    if (side != nullptr) (void)cudaStreamDestroy(side);
+    if (control != nullptr) (void)cudaStreamDestroy(control);
+    side = nullptr;
+    control = nullptr;
+    destroy_green();
+    (void)cudaGetLastError();
+  }
+
+  // The stream first: cuGreenCtxDestroy leaves a green context's streams behind, leaked.
+  void destroy_green() noexcept {
+    const cuda_driver::Api& a = cuda_driver::api();
+    if (green_side != nullptr) (void)a.stream_destroy(reinterpret_cast<CUstream>(green_side));
+    if (green != nullptr) (void)a.green_ctx_destroy(green);
+    green_side = nullptr;
+    green = nullptr;
+  }
+
+  // Where a task's launches and their bookkeeping go.
+  bool in_green(const Task& task) const {
+    return green_side != nullptr && task.runs_in_green_context();
+  }
+  cudaStream_t stream_for(const Task& task) const { return in_green(task) ? green_side : side; }
+
+  // Builds the green context for Reserve(mechanism="green-context"), or records in
+  // reserve_fallback why not (the occupancy cap then applies to every task). Throws only
+  // for a reserve_sms that no partition of this device can leave out.
+  //
+  // Runtime-API launches into its stream: the driver API's own stream (cuGreenCtxStreamCreate)
+  // is handed to <<<>>> launches and cudaMemsetAsync/cudaMemcpyAsync/cudaEventRecord as a
+  // cudaStream_t. Documented: the CUDA Programming Guide, "Green Contexts" (4.6): using
+  // them needs "no GPU code (kernel) changes, just small host-side changes (e.g., green
+  // context creation and stream creation for this green context)"; cuda.h (13.0),
+  // cuStreamGetCtx: a green-context stream's context is the one cuCtxFromGreenCtx
+  // returns, "a normal primary context but with the resources of the specified green
+  // context", and cuStreamGetCtx_v2 names the device's primary context for it, which is
+  // where the runtime loaded the built-in kernels; PyTorch's torch.cuda.green_contexts
+  // documents runtime-launched operations on such a stream as running on the green
+  // context's resources, synchronised with other streams by events. Measured: a standalone
+  // probe program on an H100 (not freeride) launched nvcc-compiled kernels with <<<>>> on
+  // such a stream (120 of 132 SMs) and a 32 x 512-thread probe started within 8.5 us.
+  void try_green_context(int reserved_wanted, int least_priority);
+
+  // Runs, once on the green context's stream, every kind of runtime-API call a task's
+  // launches put there (run, begin_phase, mark, drain_side): an event of the primary
+  // context recorded on it and waited for by it, a memset, a built-in kernel, a copy, and
+  // the elapsed time from an event on the primary context's side stream to one on it.
+  // Only the kernel launch is measured to work on such a stream (the probe program
+  // above); cuEventRecord documents that event and stream "must be from the same
+  // context", and a green context's stream belongs to the context cuCtxFromGreenCtx
+  // returns. Where any call is refused, the green context goes and the occupancy cap
+  // applies with the reason in reserve_fallback, instead of every launch of every task
+  // failing later. Needs `staging`; throws only where the context itself failed.
+  void try_green_stream();
+
+  // Loads every built-in kernel into the green context now, on the thread that makes the
+  // harvester, before any side work runs: with CUDA's lazy loading a kernel is loaded
+  // into a context at its first launch there, which synchronises that context, on the
+  // executor thread in the middle of side work. cudaFuncGetAttributes loads a kernel
+  // into the current context, so the green context is made current around it. Where the
+  // driver lacks the calls, the first launches load lazily, as before.
+  void preload_in_green_context();
+
+  // Caller holds pool_mu (or is the destructor).
+  void free_pools() noexcept {
+    if (pools_freed) return;
+    pools_freed = true;
+    states.free_all();
+    words.free_all();
+  }
+
+  // In the green context the SMs left out are the room: grids are sized for the
+  // context's SMs at full occupancy, with no per-SM cap. A task that runs beside it on
+  // the primary context (RawKernel) keeps the per-SM cap and is sized for the green
+  // context's SMs too: the block scheduler spreads a grid over every SM, so its blocks
+  // also land on the SMs left out, and fewer of them leave those SMs emptier (with the
+  // cap, room for `reserve` is left on every SM whatever).
+  CudaLaunch launch(const fr_item_ctx& ctx, void* stream, bool in_green_context) const {
+    if (in_green_context) return CudaLaunch{ctx, stream, green_sms, device, sm, SmReserve{0}};
+    const int sms = green_side != nullptr ? green_sms : sm_count;
+    return CudaLaunch{ctx, stream, sms, device, sm, reserve};
+  }
+
+  // Stream-ordered write of a 32-bit word on `stream`, by `how` (never kBatch: see
+  // enqueue_gate_write).
+  void enqueue_write(unsigned int* word, uint32_t value, cudaStream_t stream,
+                     cuda_driver::GateWrite how) const {
+    if (how == cuda_driver::GateWrite::kMemop) {
+      const CUresult res = cuda_driver::api().stream_write_value32(
+          stream, cuda_driver::device_ptr(word), value, CU_STREAM_WRITE_VALUE_DEFAULT);
+      if (res != CUDA_SUCCESS) {
+        cuda_driver::throw_driver_error(res, "cuStreamWriteValue32", __FILE__, __LINE__);
+      }
+      return;
+    }
+    // Copy from pinned constants. A copy needs no SM, while a write kernel could not start
+    // until a full-occupancy side kernel drains, which would turn the pause latency into
+    // the rest of the phase. cudaMemcpyDefault: the word may be device memory or mapped
+    // host memory (a mirror or a host gate). Sequence numbers have no constant to copy
+    // from: they take the kernel.
+    if (how == cuda_driver::GateWrite::kCopy &&
+        (value == FREERIDE_GATE_OPEN || value == FREERIDE_GATE_CLOSED)) {
+      const cudaError_t err = cudaMemcpyAsync(word, gate_constants() + value, sizeof(unsigned int),
+                                              cudaMemcpyDefault, stream);
+      if (err != cudaSuccess) throw_cuda(err, "cudaMemcpyAsync (gate write)", __FILE__, __LINE__);
+      return;
+    }
+    kernels::launch_gate_write(word, value, stream);
+  }
+
+  // Immediate write of a device-memory word: through the high-priority control stream,
+  // complete (visible to the device) on return.
+  void write_now(unsigned int* word, uint32_t value) {
+    if (memops) {
+      enqueue_write(word, value, control, cuda_driver::GateWrite::kMemop);
+      FR_CUDA_CHECK(cudaStreamSynchronize(control));
+      return;
+    }
+    // Fallback: a copy rather than the write kernel, for the SM reason above.
+    std::lock_guard<std::mutex> lk(staging_mu);
+    auto* src = reinterpret_cast<unsigned int*>(staging.host);
+    *src = value;
+    FR_CUDA_CHECK(cudaMemcpyAsync(word, src, sizeof(unsigned int), cudaMemcpyHostToDevice, control));
+    FR_CUDA_CHECK(cudaStreamSynchronize(control));
+  }
+
+  // Stream-ordered gate write: the word kernels read, then its host mirror, so that a
+  // mirror reading open implies the gate is open. The sequence word (beside the mirror)
+  // goes before an open and after a close: a close is never held behind it, and an open
+  // is seen with its own sequence number.
+  void enqueue_gate_write(uint32_t value, cudaStream_t stream, uint32_t seq) const {
+    if (gate_write == cuda_driver::GateWrite::kBatch) {
+      const CUresult res = enqueue_gate_batch(value, stream, seq, batch_flags);
+      if (res != CUDA_SUCCESS) {
+        cuda_driver::throw_driver_error(res, "cuStreamBatchMemOp (gate write)", __FILE__, __LINE__);
+      }
+      return;
+    }
+    if (value == FREERIDE_GATE_OPEN) enqueue_write(gate.mirror_dev + 1, seq, stream, gate_write);
+    enqueue_write(gate.dev, value, stream, gate_write);
+    if (!host_gate) enqueue_write(gate.mirror_dev, value, stream, gate_write);
+    if (value != FREERIDE_GATE_OPEN) enqueue_write(gate.mirror_dev + 1, seq, stream, gate_write);
+  }
+
+  // The same writes, in the same order, as one batch: one operation for the stream to
+  // execute instead of three. Every write of a batch is fenced by default (all of the
+  // stream's earlier writes visible first), and each fence is a wait on the training
+  // stream; `relaxed_flags` drops it where the order argued above does not need it. The
+  // gate word keeps its fence: it is ordered after the preceding kernel's work (and, on
+  // an open, after the sequence word). So does the mirror of an open, which must not be
+  // seen open before the gate is. The mirror of a close may land early (the host then
+  // admits nothing a little sooner). The sequence word of a close keeps its fence too:
+  // the iterative runner reads the mirror, then the number, and a number seen before the
+  // closed mirror would make a closing bubble look like a new one.
+  CUresult enqueue_gate_batch(uint32_t value, cudaStream_t stream, uint32_t seq,
+                              unsigned int relaxed_flags) const {
+    CUstreamBatchMemOpParams ops[3];
+    unsigned int count = 0;
+    auto add = [&](unsigned int* word, uint32_t v, unsigned int flags) {
+      CUstreamBatchMemOpParams& op = ops[count++];
+      std::memset(&op, 0, sizeof(op));
+      op.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+      op.writeValue.address = cuda_driver::device_ptr(word);
+      op.writeValue.value = v;
+      op.writeValue.flags = flags;
+    };
+    const bool open = value == FREERIDE_GATE_OPEN;
+    if (open) add(gate.mirror_dev + 1, seq, relaxed_flags);
+    add(gate.dev, value, CU_STREAM_WRITE_VALUE_DEFAULT);
+    if (!host_gate) add(gate.mirror_dev, value, open ? CU_STREAM_WRITE_VALUE_DEFAULT : relaxed_flags);
+    if (!open) add(gate.mirror_dev + 1, seq, CU_STREAM_WRITE_VALUE_DEFAULT);
+    return cuda_driver::api().stream_batch_mem_op(stream, count, ops, 0);
+  }
+
+  // Whether the driver takes the batch of an open, tried on the control stream with the
+  // gate's current words (the constructor's state: nothing else writes them yet). The
+  // driver documents CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER as unsupported by the v2
+  // memory operations that cuStreamBatchMemOp resolves to: where it refuses the flag,
+  // the batch keeps every fence.
+  bool try_batch() {
+    if (cuda_driver::api().stream_batch_mem_op == nullptr) return false;
+    const uint32_t seq = mirror_seq();
+    for (unsigned int flags : {static_cast<unsigned int>(CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER),
+                               static_cast<unsigned int>(CU_STREAM_WRITE_VALUE_DEFAULT)}) {
+      const CUresult res = enqueue_gate_batch(FREERIDE_GATE_OPEN, control, seq, flags);
+      FR_CUDA_CHECK(cudaStreamSynchronize(control));
+      if (res == CUDA_SUCCESS) {
+        batch_flags = flags;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Immediate gate write, complete on return.
+  // In the stream-ordered writes' order: the sequence number before an open and after a
+  // close, so a reader of the mirror, then the number, never takes a closing bubble for a
+  // new one. With stream_wait an open stores the mirror first: launches held by the
+  // stream wait (on the mirror) are let go before the device word's write goes on the
+  // control stream, which may share the held launch's hardware queue and would
+  // otherwise wait behind it for good.
+  void write_gate_now(uint32_t value, uint32_t seq) {
+    const bool open = value == FREERIDE_GATE_OPEN;
+    if (open) std::atomic_ref<unsigned int>(gate.mirror[1]).store(seq);
+    if (open && stream_wait) std::atomic_ref<unsigned int>(*gate.mirror).store(value);
+    if (!host_gate) write_now(gate.dev, value);
+    std::atomic_ref<unsigned int>(*gate.mirror).store(value);
+    if (!open) std::atomic_ref<unsigned int>(gate.mirror[1]).store(seq);
+    if (open) gate.bell->ring();
+  }
+
+  // Has gate.bell rung once `stream` reaches this point (just after an open's writes, so
+  // the mirror reads open by then): one event record on the training stream. Caller
+  // holds `life` shared (shutdown drops the watcher under it held exclusively: no ring
+  // after), with the device current. Never throws: the open
+  // itself is enqueued, and where no ring comes the executor thread still looks at the
+  // mirror every kAdmissionPoll. Skipped on a stream being captured into a graph, where
+  // waiting for an event recorded in the capture would invalidate it.
+  void enqueue_ring(cudaStream_t stream) noexcept {
+    if (watcher == nullptr) return;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
+        capture != cudaStreamCaptureStatusNone) {
+      (void)cudaGetLastError();
+      return;
+    }
+    (void)watcher->ring_after(stream, gate.bell);
+  }
+
+  uint32_t mirror() const { return std::atomic_ref<unsigned int>(*gate.mirror).load(); }
+  uint32_t mirror_seq() const { return std::atomic_ref<unsigned int>(gate.mirror[1]).load(); }
+
+  // Marks: pooled timing events. Their ids are the executor's and Python's handles. A
+  // derived mark is another mark plus an offset measured on the device (a launch's end:
+  // its start mark plus the kernel's own %globaltimer duration), so that no event has to
+  // be recorded behind a kernel that may still run.
+  std::mutex marks_mu;
+  std::unordered_map<uint64_t, cudaEvent_t> marks;
+  std::unordered_map<uint64_t, std::pair<uint64_t, int64_t>> derived;  // id -> (mark, ns)
+  std::vector<cudaEvent_t> free_events;
+  uint64_t next_mark = 1;
+
+  uint64_t mark(cudaStream_t stream) {
+    std::lock_guard<std::mutex> lk(marks_mu);
+    cudaEvent_t ev = nullptr;
+    if (free_events.empty()) {
+      FR_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDefault));
+    } else {
+      ev = free_events.back();
+      free_events.pop_back();
+    }
+    const cudaError_t err = cudaEventRecord(ev, stream);
+    if (err != cudaSuccess) {
+      free_events.push_back(ev);
+      throw_cuda(err, "cudaEventRecord (mark)", __FILE__, __LINE__);
+    }
+    const uint64_t id = next_mark++;
+    marks.emplace(id, ev);
+    return id;
+  }
+
+  uint64_t derive_mark(uint64_t base, int64_t offset_ns) {
+    std::lock_guard<std::mutex> lk(marks_mu);
+    FR_ARG(marks.count(base) != 0, "unknown mark " << base);
+    const uint64_t id = next_mark++;
+    derived.emplace(id, std::make_pair(base, offset_ns));
+    return id;
+  }
+
+  // Caller holds marks_mu: the event mark under `id` and the offset from it.
+  std::pair<uint64_t, int64_t> resolve_locked(uint64_t id) const {
+    auto it = derived.find(id);
+    return it == derived.end() ? std::make_pair(id, int64_t{0}) : it->second;
+  }
+
+  int64_t elapsed_ns(uint64_t from_id, uint64_t to_id) {
+    std::lock_guard<std::mutex> lk(marks_mu);
+    const auto [from, from_ns] = resolve_locked(from_id);
+    const auto [to, to_ns] = resolve_locked(to_id);
+    auto a = marks.find(from);
+    auto b = marks.find(to);
+    FR_ARG(a != marks.end() && b != marks.end(), "unknown mark " << from_id << " or " << to_id);
+    float ms = 0.f;
+    const cudaError_t err = cudaEventElapsedTime(&ms, a->second, b->second);
+    if (err == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // not sticky, but must not surface as a launch's error
+      return kPending;
+    }
+    if (err != cudaSuccess) throw_cuda(err, "cudaEventElapsedTime", __FILE__, __LINE__);
+    return static_cast<int64_t>(static_cast<double>(ms) * 1e6) + (to_ns - from_ns);
+  }
+
+  void release_mark(uint64_t id) noexcept {
+    std::lock_guard<std::mutex> lk(marks_mu);
+    if (derived.erase(id) != 0) return;
+    auto it = marks.find(id);
+    if (it == marks.end()) return;
+    free_events.push_back(it->second);
+    marks.erase(it);
+  }
+
+  void destroy_events() noexcept {
+    std::lock_guard<std::mutex> lk(marks_mu);
+    for (auto& [id, ev] : marks) (void)cudaEventDestroy(ev);
+    for (cudaEvent_t ev : free_events) (void)cudaEventDestroy(ev);
+    marks.clear();
+    derived.clear();
+    free_events.clear();
+    (void)cudaGetLastError();
+  }
+};
+
+}  // namespace freeride::cuda
