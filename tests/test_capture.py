@@ -12,8 +12,7 @@ import pytest
 
 import freeride as fr
 from conftest import HAS_GPU
-from freeride import _C
-from freeride._streams import StreamCaptureError
+from freeride import _C, StreamCaptureError
 
 
 def _in_thread(fn):

@@ -21,6 +21,7 @@ from .errors import (
     MemoryBudgetError,
     QueueAuthError,
     RankLostError,
+    StreamCaptureError,
     TaskCancelledError,
     TaskFailedError,
 )
@@ -97,6 +98,7 @@ __all__ = [
     "RemoteHandle",
     "Report",
     "Reserve",
+    "StreamCaptureError",
     "TaskCancelledError",
     "TaskFailedError",
     "TaskHandle",

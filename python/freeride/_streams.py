@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from . import _C
-from .errors import FreerideError
+from .errors import StreamCaptureError
 
 # The only stream handles that mean the same in every process: the default stream (0),
 # cudaStreamLegacy (1) and cudaStreamPerThread (2). Any other int is a pointer nothing can
@@ -97,12 +97,6 @@ def current_streams(device: int) -> list[int]:
 def _cupy_current_stream(cupy: Any, device: int) -> int:
     with cupy.cuda.Device(device):
         return int(cupy.cuda.get_current_stream().ptr)
-
-
-class StreamCaptureError(FreerideError, RuntimeError):
-    """submit() was called while a stream the new task must follow is being captured into
-    a CUDA graph: the task's side stream would have to wait on that stream and so be
-    pulled into the user's graph. Submit before or after the capture."""
 
 
 _SPECIAL_NAMES = {

@@ -47,3 +47,9 @@ class RankLostError(FreerideError):
 class QueueAuthError(FreerideError, PermissionError):
     """The secret given to ``fr.JobQueue.connect`` is not the job queue's: nothing was
     sent."""
+
+
+class StreamCaptureError(FreerideError, RuntimeError):
+    """submit() was called while a stream the new task must follow is being captured into
+    a CUDA graph: the task's side stream would have to wait on that stream and so be
+    pulled into the user's graph. Submit before or after the capture."""

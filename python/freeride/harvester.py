@@ -118,8 +118,11 @@ class Harvester:
             executor thread sees the gate open. Not even an empty launch then reaches the
             GPU during compute, but a device-wide synchronisation (torch.cuda.synchronize,
             cudaFree, empty_cache) issued while the gate is closed and before its open
-            waits forever, and with CUDA_DEVICE_MAX_CONNECTIONS=1 the pending wait blocks
-            the training stream. Off by default.
+            waits forever, and everything queued behind the held launch on its hardware
+            queue waits with it. Refused (ValueError) under CUDA_DEVICE_MAX_CONNECTIONS=1,
+            where that queue is every stream's, the training stream's open included; with
+            more connections safe only where training's streams do not share the side
+            stream's queue. Off by default.
         reserve: CUDA only: what side kernels leave free for the kernels training
             launches while side work runs (see freeride.Reserve for the cost). The
             default leaves whole SMs out of side work through a green context (12 of 132
