@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from . import _C, simulate, tasks
+from . import integrations as integrations
 from .distributed import gather_reports, placement_table, stage_table
 from .errors import (
     CudaUnavailableError,

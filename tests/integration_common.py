@@ -1,0 +1,83 @@
+"""What the engine-integration workers share: the CPU stand-ins the engines need, and the
+side-work summary each rank reports (items, where they started, the bubble record)."""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from collections.abc import Callable
+
+import freeride as fr
+
+
+def cpu_patches() -> None:
+    """megatron-core on CPU (in a rank process only): torch.cuda.current_device() names the
+    CPU, and torch.zeros(..., device="cuda") (the schedules' token counter) lands there."""
+    import torch
+
+    torch.cuda.current_device = lambda: torch.device("cpu")
+    zeros = torch.zeros
+
+    def cpu_zeros(*args, **kwargs):
+        if str(kwargs.get("device", "")).startswith("cuda"):
+            kwargs["device"] = "cpu"
+        return zeros(*args, **kwargs)
+
+    torch.zeros = cpu_zeros
+
+
+def side_summary(h: fr.Harvester, task, handle, report) -> dict:
+    """Cancels the side task and summarizes what it did against the bubble record."""
+    handle.cancel()
+    snap = task.snapshot()
+    origin = h._recorder.clock_origin_ns
+    spans = [
+        (origin + c.start_ns, origin + c.end_ns) for it in report.iterations for c in it.compute
+    ]
+    ran = snap.times.reshape(-1, 2)
+    ran = ran[ran[:, 0] > 0]
+    started_inside = 0
+    for start, _ in ran.tolist():
+        if any(c0 <= start < c1 for c0, c1 in spans):
+            started_inside += 1
+    return {
+        "items_done": handle.items_done,
+        "max_count": int(snap.counts.max()),
+        "items_timed": len(ran),
+        "items_started_in_compute": started_inside,
+        "side_launch_items": sum(report.items_per_task.values()),
+        "iterations": len(report.iterations),
+        "partition_errors": [
+            it.duration_ns
+            - sum(b.duration_ns for b in it.bubbles)
+            - sum(c.end_ns - c.start_ns for c in it.compute)
+            for it in report.iterations
+        ],
+        "labels": [[c.label for c in it.compute] for it in report.iterations],
+    }
+
+
+def side_task() -> fr.tasks.ItemCounter:
+    return fr.tasks.ItemCounter(10**6, ns_per_item=20_000, record_times=True)
+
+
+def run_and_report(rank: int, outdir: str, body: Callable[[dict], None]) -> None:
+    """Runs body(result) and writes rank<N>.json with "ok" (and "error" if it raised)."""
+    import torch.distributed as dist
+
+    result: dict = {"rank": rank, "ok": False}
+    try:
+        body(result)
+        result["ok"] = True
+    except Exception:  # noqa: BLE001 - reported to the parent test through the JSON
+        result["error"] = traceback.format_exc()
+    finally:
+        with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+            json.dump(result, f)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def globals_of(module, names) -> dict:
+    return {n: vars(module)[n] for n in names}
