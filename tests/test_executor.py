@@ -264,7 +264,7 @@ def test_launches_that_run_no_item_back_off_until_a_new_open(host):
         stale = ex.launches - before
         assert counter.items_done == 0
         # Negative control: every launch under a newer open is let in at once. 200 opens
-        # (immediate writes) in the same time give about as many launches.
+        # (immediate writes) in the same time give nearly as many launches.
         before = ex.launches
         for _ in range(200):
             host.gate.close(stream="host")
@@ -274,7 +274,8 @@ def test_launches_that_run_no_item_back_off_until_a_new_open(host):
     finally:
         ex._test_items_see_gate_closed(False)
     assert stale <= 80, f"{stale} launches in 0.5 s with a stale open gate"
-    assert fresh >= 4 * stale, (fresh, stale)
+    # Most of the 200 opens let a launch in; the stale gate let in a quarter as many.
+    assert fresh >= 100 and fresh >= 2 * stale, (fresh, stale)
     host.gate.close(stream="host")
     host.gate.open(stream="host")
     assert counter.wait(timeout=30)
