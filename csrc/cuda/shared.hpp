@@ -305,8 +305,26 @@ struct CudaShared {
   // stream wait (on the mirror) are let go before the device word's write goes on the
   // control stream, which may share the held launch's hardware queue and would
   // otherwise wait behind it for good.
+  //
+  // Where stream-ordered writes are batches, an immediate one is the same batch on the
+  // control stream: the gate, its mirror and the number are then written by the GPU, in
+  // the same order, by either writer, so an immediate write racing a stream-ordered one
+  // can interleave with it only within the few hundred nanoseconds a batch takes, not
+  // across a host round trip (a device write, a synchronise, then a host store), which
+  // could leave the mirror closed over an open gate (a bubble lost) or open over a closed
+  // one (launches that run no item: the executor backs off, see executor.cpp).
   void write_gate_now(uint32_t value, uint32_t seq) {
     const bool open = value == FREERIDE_GATE_OPEN;
+    if (!host_gate && !stream_wait && gate_write == cuda_driver::GateWrite::kBatch) {
+      const CUresult res = enqueue_gate_batch(value, control, seq, batch_flags);
+      if (res != CUDA_SUCCESS) {
+        cuda_driver::throw_driver_error(res, "cuStreamBatchMemOp (immediate gate write)",
+                                        __FILE__, __LINE__);
+      }
+      FR_CUDA_CHECK(cudaStreamSynchronize(control));
+      if (open) gate.bell->ring();
+      return;
+    }
     if (open) std::atomic_ref<unsigned int>(gate.mirror[1]).store(seq);
     if (open && stream_wait) std::atomic_ref<unsigned int>(*gate.mirror).store(value);
     if (!host_gate) write_now(gate.dev, value);
