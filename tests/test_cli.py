@@ -12,7 +12,8 @@ import time
 import pytest
 
 import freeride as fr
-from freeride.demo import DemoConfig, Progress, describe_work
+from freeride._stats import paired_overhead
+from freeride.demo import DemoConfig, Progress, describe_work, harvesting_text
 
 HAS_GPU = bool(fr.backend_info()["cuda"])
 
@@ -179,6 +180,41 @@ def test_summary_without_a_side_task_says_so():
     assert describe_work(DemoConfig(task="spin", item_us=20), 1234) == "1,234 Spin items of 20 us"
 
 
+def test_harvesting_line_gives_the_interval_and_says_when_it_holds_zero():
+    """Issue 21 item 4: a paired median of -16% from a noisy 2-core run read as a bug;
+    the line gives the bootstrap interval (as `bench ranks` does) and says when the run
+    cannot tell the cost from none."""
+    # Noise: pairs that go both ways, a median below 0 and an interval that holds 0.
+    noisy = paired_overhead([0.9, 1.2, 0.8, 1.1, 0.85, 1.05], [1.0] * 6)
+    assert noisy.low <= 0 <= noisy.high and noisy.median < 0
+    line = harvesting_text(0.0697, noisy)
+    assert line.startswith("69.7 ms (-")
+    assert "median over 6 step pairs, 95% interval " in line
+    assert line.endswith(": within noise on this machine)")
+    # A clear cost: every pair slower by 4 to 6%; the interval excludes 0.
+    clear = paired_overhead([1.04, 1.05, 1.06, 1.05, 1.04, 1.06], [1.0] * 6)
+    assert 0 < clear.low <= clear.median <= clear.high
+    line = harvesting_text(0.105, clear)
+    assert line == (
+        f"105.0 ms ({clear.median:+.1%}, median over 6 step pairs, 95% interval "
+        f"{clear.low:+.1%} to {clear.high:+.1%})"
+    )
+    assert "noise" not in line
+    # One pair has no interval; the longer list is cut to the shorter.
+    one = paired_overhead([1.1, 1.2], [1.0])
+    assert one.pairs == 1
+    assert harvesting_text(0.011, one) == (
+        "11.0 ms (+10.0%, median over 1 step pair; too few for an interval)"
+    )
+
+
+def test_bench_ranks_and_the_demo_share_one_paired_overhead():
+    from freeride import demo
+    from freeride.bench import ranks
+
+    assert ranks.paired_overhead is demo.paired_overhead is paired_overhead
+
+
 def test_demo_placement_sends_tasks_to_the_ranks(tmp_path):
     """--placement: tasks submitted once, on rank 0, run on the ranks the queue chose, and
     the table shows each rank's bubble time beside the tasks it ran."""
@@ -213,6 +249,8 @@ def test_demo_records_only_the_harvesting_steps(tmp_path):
     ] == [f"step {i}/4" for i in range(1, 5)]
     assert "Spin, 20 us items" in proc.stdout
     assert "2 harvesting steps per rank, warm-up excluded" in proc.stdout
+    harvesting = next(line for line in proc.stdout.splitlines() if "iteration, harvesting" in line)
+    assert "median over 2 step pairs, 95% interval" in harvesting, harvesting
     trace = json.loads((out / "trace.json").read_text())
     spans = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
     for rank in (0, 1):

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from ._stats import PairedOverhead, paired_overhead
 from .simulate import SCHEDULES, stage_ids
 
 TASKS = ("spin", "saxpy", "none")
@@ -351,6 +352,18 @@ def _median(values: list[float]) -> float:
     return ordered[len(ordered) // 2] if ordered else float("nan")
 
 
+def harvesting_text(with_side: float, paired: PairedOverhead) -> str:
+    """The summary's harvesting line: the median harvesting step (`with_side`, seconds)
+    and the paired cost with its bootstrap 95% interval, which says when the run cannot
+    tell that cost from none (on a machine with few cores, the steps vary by more than
+    harvesting costs)."""
+    text = f"{with_side * 1000:.1f} ms ({paired.median:+.1%}, median over {paired.pairs} step pair{'s' * (paired.pairs != 1)}"
+    if paired.pairs < 2:
+        return text + "; too few for an interval)"
+    text += f", 95% interval {paired.low:+.1%} to {paired.high:+.1%}"
+    return text + (": within noise on this machine)" if paired.within_noise else ")")
+
+
 def _print_summary(fr: Any, cfg: DemoConfig, reports: list[Any], times_all: list[Any]) -> None:
     trace = os.path.join(cfg.outdir, "trace.json")
     png = os.path.join(cfg.outdir, "timeline.png")
@@ -365,8 +378,7 @@ def _print_summary(fr: Any, cfg: DemoConfig, reports: list[Any], times_all: list
     without = max(_median(t["without"]) for t in times_all)
     # A step's time is its slowest rank's; each harvesting step is compared with the step
     # without side work right after it, which cancels the machine's slow drifts.
-    job_with, job_without = job_step_times(times_all)
-    paired = _median([w / wo - 1.0 for w, wo in zip(job_with, job_without)])
+    paired = paired_overhead(*job_step_times(times_all))
     bubble = sum(r.bubble_ns for r in reports)
     total = sum(r.total_ns for r in reports)
     harvested = sum(r.harvested_ns for r in reports)
@@ -391,10 +403,7 @@ def _print_summary(fr: Any, cfg: DemoConfig, reports: list[Any], times_all: list
         ("harvested time", f"{harvested / 1e9:.3f} s ({harvested / bubble:.0%} of bubble time)"),
         ("side work done", describe_work(cfg, items)),
         ("iteration, no side work", f"{without * 1000:.1f} ms (median)"),
-        (
-            "iteration, harvesting",
-            f"{with_side * 1000:.1f} ms ({paired:+.1%}, median over paired steps)",
-        ),
+        ("iteration, harvesting", harvesting_text(with_side, paired)),
         ("trace", trace),
         ("timeline", png),
     ]

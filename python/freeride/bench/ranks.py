@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from .._stats import paired_overhead
+
 MODES = ("cpu",)
 
 
@@ -27,20 +29,6 @@ def _settings(quick: bool) -> list[tuple[int, str]]:
     if quick:
         return [(2, "spin")]
     return [(2, "none"), (2, "spin"), (4, "none"), (4, "spin")]
-
-
-def _paired_overhead(
-    with_side: np.ndarray, without: np.ndarray, rng: np.random.Generator, rounds: int = 2000
-) -> tuple[float, float, float]:
-    """The median over step pairs (a harvesting step and the step without side work right
-    after it) of with / without - 1, and a bootstrap 95% interval of that median. Pairs
-    of neighbouring steps cancel the machine's slow drifts, which on a shared virtual
-    machine are larger than the effect measured."""
-    ratios = with_side / without - 1.0
-    resampled = rng.choice(ratios, size=(rounds, ratios.size))
-    medians = np.median(resampled, axis=1)
-    low, high = np.percentile(medians, [2.5, 97.5])
-    return float(np.median(ratios)), float(low), float(high)
 
 
 def measure(mode: str, quick: bool) -> dict[str, Any]:
@@ -60,8 +48,7 @@ def measure(mode: str, quick: bool) -> dict[str, Any]:
                 result = json.load(f)
         reports = [Report.from_dict(d) for d in result["reports"]]
         with_side, without = (np.asarray(t) for t in job_step_times(result["times"]))
-        pairs = min(with_side.size, without.size)
-        overhead, low, high = _paired_overhead(with_side[:pairs], without[:pairs], rng)
+        paired = paired_overhead(with_side, without, rng)
         estimate = float(np.mean([r.estimated_overhead for r in reports]))
         iterations = sum(len(r.iterations) for r in reports)
         rows.append(
@@ -71,9 +58,9 @@ def measure(mode: str, quick: bool) -> dict[str, Any]:
                 "steps": f"{with_side.size}+{without.size}",
                 "no_side_ms": float(np.median(without) * 1e3),
                 "harvesting_ms": float(np.median(with_side) * 1e3),
-                "overhead_pct": 100 * overhead,
-                "ci95_low_pct": 100 * low,
-                "ci95_high_pct": 100 * high,
+                "overhead_pct": 100 * paired.median,
+                "ci95_low_pct": 100 * paired.low,
+                "ci95_high_pct": 100 * paired.high,
                 "estimated_pct": 100 * estimate,
                 "hooks_us_per_iter": sum(r.hook_ns for r in reports) / max(1, iterations) / 1e3,
                 "harvested_pct": 100
