@@ -13,6 +13,10 @@ The kernels are in examples/kernels.cu. Writing one takes three steps:
    it may run on any block and at any time, and it runs exactly once.
 3. Submit ``fr.tasks.RawKernel(source, name, items, args)``. For iterative algorithms,
    give ``phases``: phases run one after another, and the kernel reads ``ctx.phase``.
+   In ``args``, tensors go to pointers, a Python float to a ``float`` (or ``double``)
+   and a Python int to an integer of the parameter's size; a numpy scalar
+   (``np.float32(3)``) says its type exactly. The driver tells RawKernel each
+   parameter's size, not its type: write ``3.0``, not ``3``, for a ``float``.
 """
 
 from __future__ import annotations

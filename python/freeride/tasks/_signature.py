@@ -1,17 +1,35 @@
-"""Kernel signatures read from CUDA source, and arguments checked and packed against them.
+"""A RawKernel's arguments checked against the compiled kernel's signature, as the CUDA
+driver reports it, and packed into the words the core launches with. (Until issue 21
+this module read signatures from the CUDA source with regular expressions; the driver
+knows them better.)
 
-CuPy passes whatever it is given to a kernel: a Python int to a `float` parameter, or a
-float64 tensor to a `float*`, compiles and runs and gives wrong output. RawKernel reads
-each kernel's parameter list from its source instead and refuses arguments that do not
-match, before anything is compiled or launched. Where the driver can say (CUDA 12.4+),
-the compiled kernel's parameter sizes are checked against this reading too.
+The driver knows each compiled kernel's parameters: cuFuncGetParamInfo (CUDA 12.4+)
+gives every parameter's size, read here through ``_C.function_info``. The sizes check
+the count of arguments and each one's size; what each argument is comes from the
+argument itself:
+
+- an array (torch tensor, ``__cuda_array_interface__`` object) or ``None`` is a pointer,
+  8 bytes;
+- a numpy scalar (``np.float32(2.5)``, ``np.uint64(n)``, ``np.bool_(True)``, a bfloat16
+  scalar of ml_dtypes...) is its dtype's bytes, which must be the parameter's size;
+- a Python ``bool`` is a 1-byte ``bool``;
+- a Python ``int`` is an integer of the parameter's size (1, 2, 4 or 8 bytes) and must
+  fit it, signed or unsigned: in [-2**(8s-1), 2**(8s) - 1];
+- a Python ``float`` is a ``float`` for a 4-byte parameter, a ``double`` for an 8-byte
+  one (for a 2-byte ``__half`` or ``__nv_bfloat16``, pass a numpy scalar).
+
+Sizes are all the driver knows, not types: an int passed where the kernel takes a float
+of the same size, a float where it takes an integer, an integer where it takes a
+pointer, or an array of the wrong dtype, is not caught. Where the driver predates
+cuFuncGetParamInfo, nothing is checked against the kernel: arrays, None, numpy scalars
+and bools go as above (with a warning), and plain Python ints and floats, whose size
+only the parameter could say, are refused.
 """
 
 from __future__ import annotations
 
-import operator
-import re
-from dataclasses import dataclass
+import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -21,182 +39,17 @@ from .._arrays import as_array
 
 # sizeof(fr_item_ctx), the first parameter of every preemptible kernel.
 CTX_BYTES: int = _C.ITEM_CTX_BYTES
-
-_QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict", "struct"}
-_INT_WORDS = {"signed", "unsigned", "short", "long", "int", "char"}
-_NAMED = {
-    "bool": "bool",
-    "float": "float32",
-    "double": "float64",
-    "half": "float16",
-    "__half": "float16",
-    "__nv_bfloat16": "bfloat16",
-    "nv_bfloat16": "bfloat16",
-    "size_t": "uint64",
-    "ptrdiff_t": "int64",
-    "int8_t": "int8",
-    "int16_t": "int16",
-    "int32_t": "int32",
-    "int64_t": "int64",
-    "uint8_t": "uint8",
-    "uint16_t": "uint16",
-    "uint32_t": "uint32",
-    "uint64_t": "uint64",
-}
-_SIZES = {
-    "bool": 1,
-    "int8": 1,
-    "uint8": 1,
-    "int16": 2,
-    "uint16": 2,
-    "float16": 2,
-    "bfloat16": 2,
-    "int32": 4,
-    "uint32": 4,
-    "float32": 4,
-    "int64": 8,
-    "uint64": 8,
-    "float64": 8,
-}
+# The core launches with one 8-byte little-endian word per parameter after the context;
+# a parameter of size s reads the word's first s bytes.
+WORD_BYTES = 8
+POINTER_BYTES = 8
+DRIVER_NEEDED = "a CUDA 12.4 or later driver (R550+), which has cuFuncGetParamInfo"
+_INT_SIZES = (1, 2, 4, 8)
+_FLOAT_DTYPES = {4: np.float32, 8: np.float64}
 
 
-@dataclass(frozen=True)
-class Param:
-    """One kernel parameter after the fr_item_ctx.
-
-    `dtype` is the numpy name of a scalar parameter's type or of a pointer's element
-    type; None where the source names a type RawKernel does not know (a struct, a
-    typedef): a pointer to it takes an array of any dtype, a scalar of it is refused.
-    """
-
-    name: str
-    ctype: str
-    pointer: bool
-    const: bool
-    dtype: str | None
-
-    @property
-    def size(self) -> int | None:
-        """Bytes the parameter occupies, None where unknown."""
-        if self.pointer:
-            return 8
-        return _SIZES.get(self.dtype) if self.dtype else None
-
-    def describe(self) -> str:
-        return f"{self.ctype} {self.name}".strip()
-
-
-def _strip_comments(source: str) -> str:
-    source = re.sub(r"/\*.*?\*/", " ", source, flags=re.DOTALL)
-    return re.sub(r"//[^\n]*", " ", source)
-
-
-def _integer_dtype(words: list[str]) -> str | None:
-    """The numpy dtype of a C integer type spelled with signed/unsigned/short/long/int/char,
-    as on the device (LP64: long is 64-bit; plain char is signed)."""
-    unsigned = "unsigned" in words
-    longs = words.count("long")
-    if "char" in words:
-        bits = 8
-    elif "short" in words:
-        bits = 16
-    elif longs:
-        bits = 64
-    else:
-        bits = 32
-    return f"{'u' if unsigned else ''}int{bits}"
-
-
-def _scalar_dtype(words: list[str]) -> str | None:
-    if not words:
-        return None
-    if all(w in _INT_WORDS for w in words):
-        return _integer_dtype(words)
-    if len(words) == 1:
-        return _NAMED.get(words[0].split("::")[-1])
-    return None
-
-
-def _split_params(text: str) -> list[str]:
-    """Splits a parameter list at commas outside <>, () and []."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch in "<([":
-            depth += 1
-        elif ch in ">)]":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [p.strip() for p in parts if p.strip()]
-
-
-def _parse_param(text: str, kernel: str, index: int) -> Param:
-    if "=" in text:
-        text = text.split("=", 1)[0]
-    tokens = re.findall(r"[A-Za-z_]\w*(?:::[A-Za-z_]\w*)*|\*|&|\[|\]", text)
-    if "&" in tokens:
-        raise ValueError(
-            f"parameter {index} of kernel {kernel!r} ({text.strip()}) is a reference; "
-            "kernels take pointers or values"
-        )
-    pointer = tokens.count("*") + tokens.count("[") > 0
-    if tokens.count("*") + tokens.count("[") > 1:
-        raise ValueError(
-            f"parameter {index} of kernel {kernel!r} ({text.strip()}) is a pointer to a "
-            "pointer, which RawKernel cannot check"
-        )
-    first_star = min((tokens.index(t) for t in ("*", "[") if t in tokens), default=len(tokens))
-    const = "const" in tokens[:first_star]  # a const pointee, not a const pointer
-    words = [t for t in tokens if t not in ("*", "[", "]")]
-    words = [w for w in words if w not in _QUALIFIERS]
-    name = ""
-    if len(words) >= 2 and words[-1] not in _INT_WORDS and words[-1] not in _NAMED:
-        name = words.pop()
-    if not words:
-        raise ValueError(f"cannot read the type of parameter {index} of kernel {kernel!r}")
-    ctype = " ".join(words) + ("*" if pointer else "")
-    if const:
-        ctype = "const " + ctype
-    dtype = None if words == ["void"] else _scalar_dtype(words)
-    return Param(name or f"arg{index}", ctype, pointer, const, dtype)
-
-
-def parse_kernel(source: str, kernel: str) -> list[Param]:
-    """The parameters of __global__ function `kernel` after its leading fr_item_ctx.
-    Raises ValueError where the source has no such kernel or its first parameter is not
-    a fr_item_ctx taken by value."""
-    code = _strip_comments(source)
-    pattern = re.compile(r"\b__global__\b[^;{}]*?\b" + re.escape(kernel) + r"\s*\(")
-    match = pattern.search(code)
-    if match is None:
-        raise ValueError(f"no __global__ function named {kernel!r} in the source")
-    depth, i = 1, match.end()
-    while i < len(code) and depth:
-        depth += {"(": 1, ")": -1}.get(code[i], 0)
-        i += 1
-    if depth:
-        raise ValueError(f"unbalanced parentheses in the parameter list of kernel {kernel!r}")
-    params = _split_params(code[match.end() : i - 1])
-    if params == ["void"]:
-        params = []
-    first = params[0] if params else ""
-    first_words = [w for w in re.findall(r"[A-Za-z_]\w*|\*|&", first) if w not in _QUALIFIERS]
-    if (
-        not first_words
-        or first_words[0] != "fr_item_ctx"
-        or "*" in first_words
-        or "&" in first_words
-    ):
-        raise ValueError(
-            f"the first parameter of kernel {kernel!r} must be `fr_item_ctx ctx` (by value), "
-            f"got {first or 'none'!r}"
-        )
-    return [_parse_param(p, kernel, i) for i, p in enumerate(params[1:], start=1)]
-
-
-def _is_array(value: Any) -> bool:
+def is_array(value: Any) -> bool:
+    """Whether `value` goes to the kernel as a pointer to its data."""
     return (
         isinstance(value, np.ndarray)
         or hasattr(value, "__cuda_array_interface__")
@@ -204,94 +57,172 @@ def _is_array(value: Any) -> bool:
     )
 
 
-def scalar_word(value: Any, param: Param, kernel: str) -> int:
-    """The 8-byte little-endian word that holds `value` as the parameter's type; the
-    driver reads the parameter's size from its start."""
-    where = f"argument {param.name!r} of kernel {kernel!r} ({param.describe()})"
-    if param.dtype is None:
+def _is_numpy_scalar(value: Any) -> bool:
+    return (
+        isinstance(value, np.generic)
+        and value.dtype.kind in "biufcV"
+        and value.dtype.fields is None
+    )
+
+
+def _a(word: object) -> str:
+    """`word` with its indefinite article: "a 4-byte", "an 8-byte", "an int32"."""
+    text = str(word)
+    return f"{'an' if text[:1] in 'aeiou8' else 'a'} {text}"
+
+
+def _sized(size: int | None) -> str:
+    return _a(f"{size}-byte")
+
+
+def _where(index: int, kernel: str) -> str:
+    return f"args[{index}] of kernel {kernel!r}"
+
+
+def check_kinds(args: Sequence[Any], kernel: str) -> None:
+    """What can be checked without the compiled kernel: every argument is something
+    RawKernel can pass (an array, None, a numpy scalar, a bool, an int or a float)."""
+    for i, value in enumerate(args):
+        if value is None or is_array(value) or _is_numpy_scalar(value):
+            continue
+        if isinstance(value, (bool, int, float)):
+            continue
         raise TypeError(
-            f"{where}: RawKernel cannot check values of type {param.ctype!r}; pass it through "
-            "a pointer to an array, or use a built-in scalar type"
+            f"{_where(i, kernel)} must be an array on the harvester's device, None (a null "
+            f"pointer), a number or a numpy scalar, got {type(value).__name__}"
         )
-    if _is_array(value):
-        raise TypeError(f"{where} is a scalar, got an array ({type(value).__name__})")
-    dtype = np.dtype(param.dtype) if param.dtype != "bfloat16" else None
-    if param.dtype == "bool":
-        if not isinstance(value, (bool, np.bool_)):
-            raise TypeError(f"{where} must be a bool, got {type(value).__name__}")
-        return int(bool(value))
+
+
+def check_sizes(sizes: Sequence[int], kernel: str) -> list[int]:
+    """`sizes`: every parameter of the compiled kernel, as the driver gives them. Checks
+    the first is a fr_item_ctx by value and every other fits a launch word; returns the
+    sizes after the context."""
+    sizes = [int(s) for s in sizes]
+    if not sizes or sizes[0] != CTX_BYTES:
+        first = f"{sizes[0]} bytes" if sizes else "no parameter"
+        raise TypeError(
+            f"the first parameter of kernel {kernel!r} must be `fr_item_ctx ctx` (by value, "
+            f"{CTX_BYTES} bytes), but the compiled kernel's is {first}"
+        )
+    for i, size in enumerate(sizes[1:]):
+        if not 0 < size <= WORD_BYTES:
+            raise TypeError(
+                f"parameter {i + 1} of kernel {kernel!r} (for args[{i}]) is {size} bytes in "
+                f"the compiled kernel; RawKernel passes pointers and scalars of at most "
+                f"{WORD_BYTES} bytes: pass a struct through a pointer to an array"
+            )
+    return sizes[1:]
+
+
+def check_args(sizes: Sequence[int] | None, args: Sequence[Any], kernel: str) -> None:
+    """Checks the count of `args` and each one against its parameter's size (`sizes`:
+    those after the fr_item_ctx, from the driver; None where the driver cannot say, and
+    then only the arguments that carry their size are taken)."""
+    check_kinds(args, kernel)
+    if sizes is not None and len(args) != len(sizes):
+        raise TypeError(
+            f"kernel {kernel!r} takes {len(sizes)} argument(s) after fr_item_ctx (of "
+            f"{list(sizes)} bytes, from the driver), got {len(args)}"
+        )
+    for i, value in enumerate(args):
+        size = None if sizes is None else sizes[i]
+        if value is not None and not is_array(value):
+            scalar_word(value, size, _where(i, kernel))
+        elif size is not None and size != POINTER_BYTES:
+            scalar_word(value, size, _where(i, kernel))  # raises: a pointer for a scalar
+
+
+def warn_unchecked(kernel: str) -> None:
+    warnings.warn(
+        f"this CUDA driver cannot report kernel parameters (that needs {DRIVER_NEEDED}): "
+        f"the count and sizes of kernel {kernel!r}'s arguments are not checked, and plain "
+        "Python numbers are refused (pass numpy scalars such as np.float32(x))",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def scalar_word(value: Any, size: int | None, where: str) -> int:
+    """The little-endian word holding scalar `value` as a parameter of `size` bytes
+    (None: the driver cannot say, and only values that carry their size are taken)."""
+    if value is None or is_array(value):
+        got = "None (a null pointer)" if value is None else f"an array ({type(value).__name__})"
+        raise TypeError(
+            f"{where} is {_sized(size)} parameter in the compiled kernel, got {got}, which "
+            f"passes {_sized(POINTER_BYTES)} pointer"
+        )
     if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{where} must be a number, got a bool")
-    if dtype is not None and dtype.kind in "iu":
-        if isinstance(value, (float, np.floating)):
-            raise TypeError(f"{where} is an integer, got a float ({value!r})")
-        try:
-            value = operator.index(value)
-        except TypeError:
-            raise TypeError(f"{where} must be an integer, got {type(value).__name__}") from None
-        info = np.iinfo(dtype)
-        if not info.min <= value <= info.max:
-            raise ValueError(f"{where} must be in [{info.min}, {info.max}], got {value}")
-        return int.from_bytes(np.array(value, dtype=dtype).tobytes(), "little")
-    if not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{where} must be a real number, got {type(value).__name__}")
-    value = float(value)
-    if param.dtype == "bfloat16":
-        bits = int(np.array(value, dtype=np.float32).view(np.uint32))
-        return (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # round to nearest even
-    finfo = np.finfo(dtype)
-    if np.isfinite(value) and abs(value) > float(finfo.max):
-        raise ValueError(f"{where} is out of range for {param.dtype}: {value}")
+        if size not in (None, 1):
+            raise TypeError(
+                f"{where} is {_sized(size)} parameter in the compiled kernel, got a bool "
+                "(1 byte); pass an int for an integer parameter"
+            )
+        return int(bool(value))
+    if _is_numpy_scalar(value):
+        nbytes = value.dtype.itemsize
+        if size is not None and nbytes != size:
+            raise TypeError(
+                f"{where} is {_sized(size)} parameter in the compiled kernel, got "
+                f"{_a(value.dtype.name)} scalar ({nbytes} bytes)"
+            )
+        if nbytes > WORD_BYTES:
+            raise TypeError(
+                f"{where}: {_a(value.dtype.name)} scalar is more than {WORD_BYTES} bytes"
+            )
+        return int.from_bytes(value.tobytes(), "little")
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"{where} must be a number or a numpy scalar, got {type(value).__name__}")
+    if size is None:
+        raise TypeError(
+            f"{where} is a Python {type(value).__name__}, whose size only the kernel's "
+            f"parameter could say, and this driver cannot report it (that needs "
+            f"{DRIVER_NEEDED}); pass a numpy scalar of the parameter's type, such as "
+            f"np.float32({value!r}) or np.uint64({value!r})"
+        )
+    if isinstance(value, int):
+        if size not in _INT_SIZES:
+            raise TypeError(f"{where} is {_sized(size)} parameter; an int goes as 1, 2, 4 or 8")
+        low, high = -(2 ** (8 * size - 1)), 2 ** (8 * size) - 1
+        if not low <= value <= high:
+            raise ValueError(
+                f"{where} is {_sized(size)} integer parameter: must be in [{low}, {high}], "
+                f"got {value}"
+            )
+        return value & (2 ** (8 * size) - 1)
+    dtype = _FLOAT_DTYPES.get(size)
+    if dtype is None:
+        hint = " (np.float16 for __half, a bfloat16 scalar for __nv_bfloat16)" if size == 2 else ""
+        raise TypeError(
+            f"{where} is {_sized(size)} parameter, got a Python float, which goes as a "
+            f"4-byte float or an 8-byte double; pass a numpy scalar of the parameter's "
+            f"type{hint}"
+        )
+    if np.isfinite(value) and abs(value) > float(np.finfo(dtype).max):
+        raise ValueError(f"{where} is out of range for {_sized(size)} float: {value}")
     return int.from_bytes(np.array(value, dtype=dtype).tobytes(), "little")
 
 
-def check_scalars(params: list[Param], args: tuple, kernel: str) -> None:
-    """What can be checked without a device: the count, and every scalar argument."""
-    if len(args) != len(params):
-        listed = ", ".join(p.describe() for p in params) or "nothing"
-        raise TypeError(
-            f"kernel {kernel!r} takes {len(params)} argument(s) after fr_item_ctx ({listed}), "
-            f"got {len(args)}"
-        )
-    for param, value in zip(params, args):
-        if param.pointer:
-            if value is not None and not _is_array(value):
-                raise TypeError(
-                    f"argument {param.name!r} of kernel {kernel!r} ({param.describe()}) must be "
-                    f"an array on the harvester's device or None, got {type(value).__name__}"
-                )
-        else:
-            scalar_word(value, param, kernel)
-
-
 def pack(
-    params: list[Param], args: tuple, kernel: str, kind: str, device: int
+    sizes: Sequence[int] | None, args: Sequence[Any], kernel: str, kind: str, device: int
 ) -> tuple[list[int], list[Any], int]:
-    """Checks every argument against its parameter on the harvester's device; returns the
-    words to launch with, the arrays to keep alive, and the bytes of distinct arrays."""
-    check_scalars(params, args, kernel)
+    """Checks every argument against its parameter's size (`sizes`: those after the
+    fr_item_ctx, from the driver; None where the driver cannot say) on the harvester's
+    device; returns the words to launch with, the arrays to keep alive, and the bytes of
+    the distinct arrays."""
+    check_args(sizes, args, kernel)
     words: list[int] = []
     keep: list[Any] = []
     seen: dict[int, int] = {}
-    for param, value in zip(params, args):
-        if not param.pointer:
-            words.append(scalar_word(value, param, kernel))
+    for i, value in enumerate(args):
+        size = None if sizes is None else sizes[i]
+        where = _where(i, kernel)
+        if value is not None and not is_array(value):
+            words.append(scalar_word(value, size, where))
             continue
         if value is None:
             words.append(0)
             continue
-        dtypes = None
-        if param.dtype is not None:
-            # A bool array is bytes: accept it for unsigned char / uint8_t too.
-            dtypes = ("uint8", "bool") if param.dtype == "uint8" else (param.dtype,)
-        ref = as_array(
-            value,
-            f"argument {param.name!r} of kernel {kernel!r} ({param.describe()})",
-            kind,
-            device,
-            dtypes=dtypes,
-            writable=not param.const,
-        )
+        ref = as_array(value, where, kind, device, dtypes=None)
         words.append(ref.ptr)
         keep.append(ref)
         seen[ref.ptr] = max(seen.get(ref.ptr, 0), ref.nbytes)

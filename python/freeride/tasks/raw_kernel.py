@@ -9,7 +9,7 @@ from .. import _C
 from ..errors import CudaUnavailableError
 from . import _kernel_cache
 from ._base import Built, Task, check_count, describe
-from ._signature import CTX_BYTES, Param, check_scalars, pack, parse_kernel
+from ._signature import check_args, check_kinds, check_sizes, pack, warn_unchecked
 
 # Dynamic shared memory above this needs the function's limit raised first.
 _DEFAULT_SHARED_LIMIT = 48 * 1024
@@ -22,19 +22,39 @@ class RawKernel(Task):
 
     Every kernel takes ``fr_item_ctx ctx`` first and calls ``freeride::for_each_item``
     (``#include <freeride/preempt.cuh>``; the include path is added for you), then the
-    arguments in `args`, which are checked against the parameter list in `source`:
-    pointers take arrays (torch tensors or CuPy arrays on the harvester's device, of the
-    pointer's element type; ``None`` for a null pointer), scalars take Python or numpy
-    numbers that fit the parameter's type. Kernels must be ``extern "C"``.
+    arguments in `args`. Kernels must be ``extern "C"``.
 
     One phase: ``RawKernel(src, "scale", items=n_blocks, args=(x, 2.0, n))``.
+
+    Arguments are checked against the compiled kernel's parameters as the CUDA driver
+    reports them (cuFuncGetParamInfo, CUDA 12.4+): their count and each one's size, at
+    ``compile()`` or ``submit()``. The driver gives sizes, not types, so what an argument
+    is comes from the argument:
+
+    - an array (a torch tensor or CuPy array on the harvester's device) is a pointer to
+      its data, ``None`` a null pointer: the parameter must be 8 bytes;
+    - a numpy scalar is its dtype (``np.float32(2.5)``, ``np.int32(3)``,
+      ``np.uint64(n)``, ``np.float16(1)``): its size must be the parameter's;
+    - a Python ``bool`` is a 1-byte ``bool``;
+    - a Python ``int`` is an integer of the parameter's size (1, 2, 4 or 8 bytes) and
+      must fit it, signed or unsigned;
+    - a Python ``float`` is a ``float`` for a 4-byte parameter, a ``double`` for an
+      8-byte one; a 2-byte ``__half`` or ``__nv_bfloat16`` takes a numpy scalar.
+
+    So a Python ``2`` given to a ``float`` parameter arrives as the integer 2's bits,
+    and a float64 tensor given to a ``float*`` is read as float32: write ``2.0`` (or
+    ``np.float32(2)``) and pass arrays of the kernel's element types. Where the driver
+    predates cuFuncGetParamInfo (before CUDA 12.4), nothing can be checked against the
+    kernel: a RuntimeWarning says so, arrays, ``None``, numpy scalars and bools are
+    passed as above, and plain Python ints and floats are refused with a TypeError
+    (their size is the parameter's, which that driver cannot tell).
 
     Several phases, for iterative algorithms: `name` lists kernels and `phases` says how
     many phases to run; phase p runs ``name[p % len(name)]`` over
     ``items[p % len(items)]`` items (`items` is one count or one per name), and phases
     run strictly in order: every item of a phase finishes before the next phase starts.
     A kernel reads its phase index from ``ctx.phase`` (to pick ping-pong buffers, say).
-    Every kernel named takes the same `args`.
+    Every kernel named takes the same `args`, so their parameter sizes must agree.
 
     `block` is the threads per block; `shared_mem` the dynamic shared memory per block
     in bytes; `grid` the blocks per launch (default, and at most: as many as fit on the
@@ -89,33 +109,37 @@ class RawKernel(Task):
         self.args = tuple(args)
         self.source = source
         self.names = names
-        self.params: list[Param] = parse_kernel(source, names[0])
-        for other in names[1:]:
-            theirs = parse_kernel(source, other)
-            if [p.ctype for p in theirs] != [p.ctype for p in self.params]:
-                raise ValueError(
-                    f"kernels {names[0]!r} and {other!r} must take the same parameters, since "
-                    f"they share args; got ({self._listed(self.params)}) and "
-                    f"({self._listed(theirs)})"
-                )
-        check_scalars(self.params, self.args, names[0])
-
-    @staticmethod
-    def _listed(params: list[Param]) -> str:
-        return ", ".join(p.describe() for p in params)
+        check_kinds(self.args, names[0])
 
     def compile(self, device: int = 0) -> dict[str, int]:
         """Compiles the source for CUDA device `device` now (or finds it in the cache)
-        and checks every kernel against this task's launch settings; returns the
-        CUfunction handles by name. ``submit()`` does this too."""
+        and checks every kernel against this task's launch settings and arguments;
+        returns the CUfunction handles by name. ``submit()`` does this too."""
+        return self._compile(device)[0]
+
+    def _compile(self, device: int) -> tuple[dict[str, int], list[int] | None]:
+        """The handles by name, and the parameter sizes after the fr_item_ctx that every
+        kernel shares (None where the driver cannot say)."""
         compiled = _kernel_cache.compile_module(self.source, self.names, self.options, device)
         cupy = _kernel_cache.require_cupy()
+        sizes: dict[str, list[int] | None] = {}
         with cupy.cuda.Device(device):  # driver queries act on the device's context
             for name, function in compiled.functions.items():
-                self._check_function(name, function, device)
-        return dict(compiled.functions)
+                sizes[name] = self._check_function(name, function, device)
+        first = sizes[self.names[0]]
+        for other in self.names[1:]:
+            if sizes[other] != first:
+                raise TypeError(
+                    f"kernels {self.names[0]!r} and {other!r} must take the same parameters, "
+                    f"since they share args; the driver gives parameter sizes {first} and "
+                    f"{sizes[other]} bytes after fr_item_ctx"
+                )
+        if first is None:
+            warn_unchecked(self.names[0])
+        check_args(first, self.args, self.names[0])
+        return dict(compiled.functions), first
 
-    def _check_function(self, name: str, function: int, device: int) -> None:
+    def _check_function(self, name: str, function: int, device: int) -> list[int] | None:
         info = _C.function_info(function)
         if self.block > info["max_threads_per_block"]:
             raise ValueError(
@@ -124,13 +148,8 @@ class RawKernel(Task):
                 "__launch_bounds__ or registers)"
             )
         sizes = info["param_sizes"]
-        expected = [CTX_BYTES] + [p.size for p in self.params]
-        if sizes is not None and sizes != expected:
-            raise TypeError(
-                f"kernel {name!r} as compiled takes parameters of sizes {sizes} bytes, but its "
-                f"source reads as (fr_item_ctx, {self._listed(self.params)}), sizes {expected}; "
-                "is a macro or typedef hiding its real signature?"
-            )
+        if sizes is not None:
+            sizes = check_sizes(sizes, name)
         if self.shared_mem > _DEFAULT_SHARED_LIMIT:
             limit = _shared_optin(device)
             if self.shared_mem + info["static_shared_bytes"] > limit:
@@ -140,6 +159,7 @@ class RawKernel(Task):
                     "per block"
                 )
             _C.set_max_dynamic_shared(function, self.shared_mem)
+        return sizes
 
     def _build(self, harvester: Any) -> Built:
         kind, device = harvester._kind, harvester._device_index
@@ -148,8 +168,8 @@ class RawKernel(Task):
                 "fr.tasks.RawKernel runs CUDA kernels; this harvester uses the host backend. "
                 "Submit it to a Harvester on a GPU (device='cuda:N')."
             )
-        words, keep, memory = pack(self.params, self.args, self.names[0], kind, device)
-        functions = self.compile(device)
+        functions, sizes = self._compile(device)
+        words, keep, memory = pack(sizes, self.args, self.names[0], kind, device)
         # The core runs phase p with kernel p % len(kernels): one entry per name, each
         # with its item count (one count for all names repeats it).
         kernels = [
