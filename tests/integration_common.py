@@ -58,6 +58,22 @@ def side_summary(h: fr.Harvester, task, handle, report) -> dict:
     }
 
 
+def all_progressed(handle) -> bool:
+    """Whether the side task has run items on every rank (collective, default group)."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1 if handle.items_done > 0 else 0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+# Extra harvested steps allowed after the compared ones, until side work has progressed on
+# every rank: the side workers run at SCHED_IDLE, so on a loaded CI machine the few short
+# bubbles of the compared steps can pass without a core for them.
+MAX_EXTRA_STEPS = 400
+
+
 def side_task() -> fr.tasks.ItemCounter:
     return fr.tasks.ItemCounter(10**6, ns_per_item=20_000, record_times=True)
 

@@ -5,7 +5,14 @@ test reads the JSON each rank writes. The CPU stand-ins stay in these rank proce
 
 from __future__ import annotations
 
-from integration_common import cpu_patches, run_and_report, side_summary, side_task
+from integration_common import (
+    MAX_EXTRA_STEPS,
+    all_progressed,
+    cpu_patches,
+    run_and_report,
+    side_summary,
+    side_task,
+)
 
 import freeride as fr
 
@@ -80,9 +87,10 @@ def _forward_step(data_iterator, model):
     return out, loss_func
 
 
-def train(ms, config, rank, world, vp, steps, probe=None, fetch=None):
+def train(ms, config, rank, world, vp, steps, probe=None, fetch=None, more=None):
     """`steps` training steps (schedule + SGD step) on fresh, seeded stages; returns each
-    step's losses (last stage) and the final weights."""
+    step's losses (last stage) and the weights after them. With `more`, goes on training
+    while more() says so (up to MAX_EXTRA_STEPS more)."""
     import torch
 
     chunks = vp or 1
@@ -93,8 +101,15 @@ def train(ms, config, rank, world, vp, steps, probe=None, fetch=None):
     g = torch.Generator().manual_seed(7)
     config.timers = probe
     losses = []
+    weights = None
     try:
-        for _ in range(steps):
+        for step in range(steps + MAX_EXTRA_STEPS):
+            if step == steps:
+                weights = [p.detach().clone() for p in params]
+                if more is None or not more():
+                    break
+            elif step > steps and not more():
+                break
             batches = [
                 (torch.randn(1, MB, D, generator=g), torch.randn(1, MB, D, generator=g))
                 for _ in range(N_MICRO)
@@ -111,10 +126,11 @@ def train(ms, config, rank, world, vp, steps, probe=None, fetch=None):
                 micro_batch_size=MB,
             )
             opt.step()
-            losses.append([float(d["loss"]) for d in out])
+            if step < steps:
+                losses.append([float(d["loss"]) for d in out])
     finally:
         config.timers = None
-    return losses, [p.detach().clone() for p in params]
+    return losses, weights
 
 
 def _body(rank: int, world: int, vp: int | None, steps: int, outdir: str, res: dict) -> None:
@@ -153,7 +169,8 @@ def _body(rank: int, world: int, vp: int | None, steps: int, outdir: str, res: d
         att = fr.integrations.megatron.attach(h)
         res["gate_closed_after_attach"] = not h.gate.is_open
         probe = GateProbe(h)
-        losses, weights = train(ms, config, rank, world, vp, steps, probe)
+        more = (lambda: not all_progressed(handle)) if world > 1 else None
+        losses, weights = train(ms, config, rank, world, vp, steps, probe, more=more)
         report = h.report()
         res.update(side_summary(h, task, handle, report))
         res["identical"] = losses == base_losses and all(

@@ -1,10 +1,17 @@
 """fr.integrations.megatron against megatron-core's own schedules, 1F1B and interleaved on
 two gloo ranks (CPU), and the non-pipelined schedule on one."""
 
+import importlib.util
+
 import pytest
 
 pytest.importorskip("torch")
-pytest.importorskip("megatron.core", reason="megatron-core is not installed (the test extra)")
+# Found, not imported: the engine is imported only in the rank processes.
+if (
+    importlib.util.find_spec("megatron") is None
+    or importlib.util.find_spec("megatron.core") is None
+):
+    pytest.skip("megatron-core is not installed (the test extra)", allow_module_level=True)
 
 import megatron_worker
 
@@ -21,8 +28,9 @@ def check_common(results, steps):
     for res in results:
         assert res["identical"], "harvesting changed losses or weights"
         assert res["gate_closed_after_attach"]
-        assert res["iterations"] == steps
-        assert res["partition_errors"] == [0] * steps
+        # the compared steps, and any more it took for side work to run on every rank
+        assert res["iterations"] >= steps
+        assert set(res["partition_errors"]) == {0}
         # Every forward-compute and backward-compute region megatron times ran with the
         # gate closed, inside a compute action freeride recorded.
         assert res["compute_regions"] > 0
