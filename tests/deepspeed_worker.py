@@ -130,8 +130,7 @@ def _body(rank: int, world: int, steps: int, outdir: str, res: dict) -> None:
             hook.remove()
         res["forwards_seen"] = len(seen)
         res["forwards_gate_open"] = sum(seen)
-        report = h.report()
-        res.update(side_summary(h, task, handle, report))
+        res.update(side_summary(h, task, handle))
         res["identical"] = losses == base_losses and all(
             torch.equal(a, b) for a, b in zip(weights, base_weights)
         )

@@ -27,9 +27,12 @@ def cpu_patches() -> None:
     torch.zeros = cpu_zeros
 
 
-def side_summary(h: fr.Harvester, task, handle, report) -> dict:
-    """Cancels the side task and summarizes what it did against the bubble record."""
+def side_summary(h: fr.Harvester, task, handle) -> dict:
+    """Cancels the side task and summarizes what it did against the bubble record, taken
+    after the cancel (which returns once no item runs: every launch has ended and is in
+    the record)."""
     handle.cancel()
+    report = h.report()
     snap = task.snapshot()
     origin = h._recorder.clock_origin_ns
     spans = [

@@ -171,8 +171,7 @@ def _body(rank: int, world: int, vp: int | None, steps: int, outdir: str, res: d
         probe = GateProbe(h)
         more = (lambda: not all_progressed(handle)) if world > 1 else None
         losses, weights = train(ms, config, rank, world, vp, steps, probe, more=more)
-        report = h.report()
-        res.update(side_summary(h, task, handle, report))
+        res.update(side_summary(h, task, handle))
         res["identical"] = losses == base_losses and all(
             torch.equal(a, b) for a, b in zip(weights, base_weights)
         )
@@ -222,6 +221,13 @@ def _body(rank: int, world: int, vp: int | None, steps: int, outdir: str, res: d
                     res["stale_refused"] = None
                 except fr.integrations.IntegrationError as exc:
                     res["stale_refused"] = str(exc)
+            closed = fr.Harvester("cpu", workers=1)
+            closed.close()
+            try:
+                fr.integrations.megatron.attach(closed)
+                res["closed_refused"] = False
+            except fr.HarvesterClosedError:  # refused before touching att2
+                res["closed_refused"] = fr.integrations.megatron.current() is att2
             att2.detach()
             att2.detach()  # idempotent
         res["detach_restores"] = _same(vars(ms), module_before)

@@ -39,6 +39,7 @@ def check_common(results, steps):
         assert sum(lab.startswith("F") for lab in labels) == res["forward_regions"]
         assert sum(lab == "B" for lab in labels) == res["backward_regions"]
         assert res["replaced"] and res["replaced_same"]
+        assert res["closed_refused"]
         assert res["detach_restores"]
         assert res["closed_passthrough"] and res["closed_restores"]
         assert res["max_count"] <= 1
