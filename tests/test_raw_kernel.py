@@ -709,3 +709,20 @@ def test_submit_follows_cupys_current_stream_on_a_gpu(gpu, current):
         assert low == 0.0, (
             f"negative control: Saxpy should have overtaken the producer, y.min()={low}"
         )
+
+
+def test_compile_options_name_the_headers_contents(tmp_path):
+    """CuPy caches compiled modules on disk by source and options only: the options carry
+    a digest of preempt.cuh and item_ctx.h, so a header change (a new item protocol)
+    compiles afresh instead of loading a module built against the old one."""
+    folder = tmp_path / "include"
+    (folder / "freeride").mkdir(parents=True)
+    for name in ("preempt.cuh", "item_ctx.h"):
+        (folder / "freeride" / name).write_bytes(
+            (pathlib.Path(fr.include_dir()) / "freeride" / name).read_bytes()
+        )
+    same = _kernel_cache._headers_define(str(folder))
+    assert same == _kernel_cache._headers_define(fr.include_dir())
+    (folder / "freeride" / "item_ctx.h").write_text("/* another protocol */\n")
+    _kernel_cache._headers_define.cache_clear()
+    assert _kernel_cache._headers_define(str(folder)) != same

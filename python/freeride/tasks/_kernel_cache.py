@@ -8,6 +8,9 @@ so a second process skips NVRTC as well.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import pathlib
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,6 +53,18 @@ _cache: dict[tuple, Compiled] = {}
 _info = CacheInfo()
 
 
+@functools.cache
+def _headers_define(folder: str) -> str:
+    """A -D option naming the contents of freeride's headers. CuPy's on-disk cache keys a
+    module by its source and options, not by what the source includes: without this, a
+    kernel compiled against an older preempt.cuh (another fr_item_ctx, another item
+    protocol) would be loaded from the cache after an upgrade."""
+    digest = hashlib.sha256()
+    for name in ("preempt.cuh", "item_ctx.h"):
+        digest.update(pathlib.Path(folder, "freeride", name).read_bytes())
+    return f"-DFREERIDE_HEADERS=0x{digest.hexdigest()[:16]}"
+
+
 def compile_module(
     source: str, names: Sequence[str], options: Sequence[str], device: int
 ) -> Compiled:
@@ -63,7 +78,7 @@ def compile_module(
             _info.hits += 1
             return hit
     cupy = require_cupy()
-    opts = (f"-I{include_dir()}", *options)
+    opts = (f"-I{include_dir()}", _headers_define(include_dir()), *options)
     with cupy.cuda.Device(device):
         module = cupy.RawModule(code=source, options=opts)
         try:
