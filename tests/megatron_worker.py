@@ -32,6 +32,10 @@ class GateProbe:
     def __call__(self, name: str, log_level: int | None = None) -> _Timer:
         return _Timer(self, name)
 
+    def finalize_model_grads(self, *args, **kwargs) -> None:
+        """A config.finalize_model_grads_func stand-in (megatron's would all-reduce)."""
+        _Timer(self, "finalize-grads")._event("call")
+
 
 class _Timer:
     def __init__(self, probe: GateProbe, name: str) -> None:
@@ -100,6 +104,7 @@ def train(ms, config, rank, world, vp, steps, probe=None, fetch=None, more=None)
     opt = torch.optim.SGD(params, lr=0.05)
     g = torch.Generator().manual_seed(7)
     config.timers = probe
+    config.finalize_model_grads_func = probe.finalize_model_grads if probe else None
     losses = []
     weights = None
     try:
@@ -129,7 +134,10 @@ def train(ms, config, rank, world, vp, steps, probe=None, fetch=None, more=None)
             if step < steps:
                 losses.append([float(d["loss"]) for d in out])
     finally:
-        config.timers = None
+        res_finalize = config.finalize_model_grads_func
+        config.timers = config.finalize_model_grads_func = None
+    if probe is not None:
+        probe.finalize_restored = res_finalize == probe.finalize_model_grads
     return losses, weights
 
 
@@ -182,6 +190,10 @@ def _body(rank: int, world: int, vp: int | None, steps: int, outdir: str, res: d
         res["compute_regions_gate_open"] = sum(1 for e in compute if e[2])
         res["p2p_regions"] = len(p2p)
         res["p2p_regions_gate_closed"] = sum(1 for e in p2p if not e[2])
+        finalize = [e for e in probe.events if e[0] == "finalize-grads"]
+        res["finalize_calls"] = len(finalize)
+        res["finalize_gate_open"] = sum(1 for e in finalize if e[2])
+        res["finalize_restored"] = probe.finalize_restored
         res["forward_regions"] = sum(
             1 for e in compute if e[0] == "forward-compute" and e[1] == "start"
         )

@@ -38,6 +38,12 @@ def check_common(results, steps):
         labels = [lab for it in res["labels"] for lab in it]
         assert sum(lab.startswith("F") for lab in labels) == res["forward_regions"]
         assert sum(lab == "B" for lab in labels) == res["backward_regions"]
+        # config.finalize_model_grads_func: a compute action once per training schedule,
+        # and the config's own function again after each
+        assert res["finalize_calls"] == res["iterations"]
+        assert res["finalize_gate_open"] == 0
+        assert res["finalize_restored"]
+        assert all(it[-1] == "finalize_grads" for it in res["labels"])
         assert res["replaced"] and res["replaced_same"]
         assert res["closed_refused"]
         assert res["detach_restores"]
