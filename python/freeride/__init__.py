@@ -32,7 +32,7 @@ from .harvester import Harvester
 from .iterative import IterativeHandle, IterativeTask
 from .job import JobClient, JobQueue, RemoteHandle
 from .placement import Load, TaskSpec
-from .report import Report, merge_chrome_traces
+from .report import Report, merge_chrome_traces, merge_with_profiler_trace
 from .reserve import Reserve
 
 __version__ = "0.1.0"
@@ -109,6 +109,7 @@ __all__ = [
     "gather_reports",
     "include_dir",
     "merge_chrome_traces",
+    "merge_with_profiler_trace",
     "placement_table",
     "simulate",
     "stage_table",

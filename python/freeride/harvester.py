@@ -479,6 +479,7 @@ class Harvester:
             launches=launches,
             tasks=tasks,
             settings={"memory_budget": self.memory_budget},
+            clock_origin_unix_ns=self._recorder.clock_origin_unix_ns,
         )
 
     def tasks(self) -> list[TaskHandle]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from . import _C
 from ._streams import stream_handle, stream_is_capturing
+from .profiling import BubbleRanges, unix_offset_ns
 from .report_model import Bubble, Compute, Iteration, SideLaunch
 
 _SEQ_MASK = 2**32 - 1
@@ -75,6 +76,9 @@ class Recorder:
         self._shared = threading.Lock()
         self._resolving = threading.Lock()  # one flush at a time (training or runner thread)
         self.clock_origin_ns: int | None = None  # host backend: steady-clock ns of time 0
+        self.clock_origin_unix_ns: int | None = None  # the same as Unix time (profiling.py)
+        # Profiler ranges of the open bubble (profiling.py); training thread only.
+        self._ranges = BubbleRanges(kind == "cuda")
         self.recording = False
         # Called after every recorded iteration (the harvester lets go of final tasks).
         self.on_iteration_end: Callable[[], None] | None = None
@@ -135,12 +139,14 @@ class Recorder:
         self._hook_target = self._current
         self._next_index += 1
         self._current.events.append(("open", "", mark, self._free_memory(0, mark)))
+        self._ranges.open(0)
 
     def end_iteration(self, stream: Any = None) -> None:
         """Closes the gate at the end of an iteration."""
         current = self._current
         if current is None:
             return
+        self._ranges.close()
         _, mark = self._write(_C.GATE_CLOSED, stream, mark=True)
         current.events.append(("close", "", mark, None))
         self._slots_last = self._slot + 1
@@ -161,6 +167,7 @@ class Recorder:
         if self._depth > 1:
             return
         self._saved_open.append(self._open)
+        self._ranges.close()
         recording = self._current is not None
         _, mark = self._write(_C.GATE_CLOSED, stream, mark=recording)
         if recording:
@@ -183,6 +190,7 @@ class Recorder:
         )
         if recording:
             self._current.events.append(("open", "", mark, self._free_memory(self._slot, mark)))
+            self._ranges.open(self._slot)
 
     def add_hook_ns(self, ns: int) -> None:
         """Adds time the training thread spent in a hook (gate writes, recording, the
@@ -278,6 +286,8 @@ class Recorder:
                 origin_ns = 0
                 if self._kind == "host":
                     self.clock_origin_ns = self._elapsed(0, pend.origin)
+                    if self.clock_origin_ns is not None:
+                        self.clock_origin_unix_ns = self.clock_origin_ns + unix_offset_ns()
             else:
                 delta = self._elapsed(self._anchor[0], pend.origin)
                 if delta is None:

@@ -5,7 +5,8 @@ side launches, the tasks' totals) and derives every number from it, so a report 
 from another rank (`to_dict` / `from_dict`, or pickled by
 ``torch.distributed.gather_object``) answers the same questions as a local one. It renders
 as a text table (`summary`), a Chrome/Perfetto trace (`to_chrome_trace`,
-`merge_chrome_traces`) and a PNG timeline (`plot`).
+`merge_chrome_traces`; `merge_with_profiler_trace` adds it to a torch.profiler trace)
+and a PNG timeline (`plot`).
 
 All times are integer nanoseconds on the recording's own timeline (see `report_model`).
 """
@@ -24,7 +25,7 @@ from typing import Any
 
 from .report_model import Bubble, Compute, Iteration, SideLaunch, TaskSummary
 
-__all__ = ["Report", "merge_chrome_traces"]
+__all__ = ["Report", "merge_chrome_traces", "merge_with_profiler_trace"]
 
 _FORMAT = "freeride.report/1"
 _FINAL_STATES = ("done", "failed", "cancelled")
@@ -149,6 +150,10 @@ class Report:
     # Set by gather_reports(..., queue=q): the job queue's record on this rank (the
     # tasks placed here and, on the coordinator's rank, every placement decision).
     placement: dict[str, Any] = field(default_factory=dict)
+    # Host backend: the Unix time in ns of the record's time 0, the clock of
+    # torch.profiler's traces (profiling.py); None on a GPU, whose record is on the
+    # device's own timeline.
+    clock_origin_unix_ns: int | None = None
 
     # ----------------------------------------------------------------- interval views
 
@@ -505,6 +510,7 @@ class Report:
                 for t in self.tasks
             ],
             "placement": _jsonable(self.placement),
+            "clock_origin_unix_ns": self.clock_origin_unix_ns,
             "totals": self.totals(),
         }
 
@@ -529,11 +535,17 @@ class Report:
             tasks=[_build(TaskSummary, t) for t in d.get("tasks", [])],
             settings=dict(d.get("settings") or {}),
             placement=dict(d.get("placement") or {}),
+            clock_origin_unix_ns=d.get("clock_origin_unix_ns"),
         )
 
     # ----------------------------------------------------------------- chrome trace
 
-    def _trace_events(self, pid: int, process_name: str) -> list[dict[str, Any]]:
+    def _trace_events(self, pid: int, process_name: str, shift_ns: int = 0) -> list[dict[str, Any]]:
+        """The report's trace events, `shift_ns` added to every time."""
+
+        def span(name: str, cat: str, start_ns: int, end_ns: int, *rest: Any) -> dict[str, Any]:
+            return _span(name, cat, start_ns + shift_ns, end_ns + shift_ns, *rest)
+
         names = self.task_names
         events: list[dict[str, Any]] = [
             _meta("process_name", pid, 0, {"name": process_name}),
@@ -551,7 +563,7 @@ class Report:
         for it in self.iterations:
             it_bubble = sum(b.duration_ns for b in it.bubbles)
             events.append(
-                _span(
+                span(
                     f"iteration {it.index}",
                     "iteration",
                     it.start_ns,
@@ -567,7 +579,7 @@ class Report:
             )
             for c in it.compute:
                 events.append(
-                    _span(
+                    span(
                         c.label,
                         "compute",
                         c.start_ns,
@@ -579,7 +591,7 @@ class Report:
                 )
             for b in it.bubbles:
                 events.append(
-                    _span(
+                    span(
                         f"bubble {b.slot}",
                         "bubble",
                         b.start_ns,
@@ -602,7 +614,7 @@ class Report:
                 )
         for x in self.launches:
             events.append(
-                _span(
+                span(
                     f"phase {x.phase}",
                     "side",
                     x.start_ns,
@@ -883,6 +895,19 @@ def _write_json(path: str | os.PathLike[str], obj: Any) -> None:
         f.write(text)
 
 
+def _rank_pids(reports: Sequence[Report], used: set[Any], base: int = 0) -> list[int]:
+    """A pid per report: base + its rank, or base + its position in `reports` for a
+    report without a rank; the next free pid when that is taken."""
+    pids = []
+    for i, rep in enumerate(reports):
+        pid = base + (rep.rank if rep.rank is not None else i)
+        while pid in used:
+            pid += 1
+        used.add(pid)
+        pids.append(pid)
+    return pids
+
+
 def merge_chrome_traces(reports: Sequence[Report], path: str | os.PathLike[str]) -> None:
     """Write one Chrome trace holding several ranks' reports, one process per rank
     (pid = rank, named "rank N"); a report without a rank takes its position in
@@ -893,12 +918,7 @@ def merge_chrome_traces(reports: Sequence[Report], path: str | os.PathLike[str])
     """
     events: list[dict[str, Any]] = []
     ranks: list[dict[str, Any]] = []
-    used: set[int] = set()
-    for i, rep in enumerate(reports):
-        pid = rep.rank if rep.rank is not None else i
-        while pid in used:
-            pid += 1
-        used.add(pid)
+    for rep, pid in zip(reports, _rank_pids(reports, set())):
         name = f"rank {rep.rank}" if rep.rank is not None else f"rank ? ({rep.device})"
         events += rep._trace_events(pid, name)
         ranks.append({"pid": pid, **rep._trace_metadata()})
@@ -907,4 +927,55 @@ def merge_chrome_traces(reports: Sequence[Report], path: str | os.PathLike[str])
         "displayTimeUnit": "ms",
         "metadata": {"freeride": _FORMAT, "ranks": ranks},
     }
+    _write_json(path, trace)
+
+
+# Where freeride's processes go in a merged torch.profiler trace: far from real pids
+# (and from the device indices kineto uses as pids of GPU tracks).
+_PROFILER_PID_BASE = 1 << 30
+
+
+def merge_with_profiler_trace(
+    reports: Report | Sequence[Report],
+    profiler_trace: str | os.PathLike[str],
+    path: str | os.PathLike[str],
+    clock_origin_unix_ns: int | None = None,
+) -> None:
+    """Write the Chrome trace torch.profiler exported (`profiler_trace`, from
+    ``prof.export_chrome_trace``) with each report's tracks added on the profiler's
+    clock: a process "freeride rank N" (or "freeride <device>") per report, holding the
+    tracks "iterations", "training compute", "bubbles" and one "side: <task>" per task,
+    beside the profiler's own processes. Side launches run on freeride's threads, so
+    this is where they meet the profiler's timeline; the live "freeride: bubble <k>"
+    ranges (profiling.py) are already in the profiler's trace.
+
+    The clock: torch.profiler's "ts" is microseconds after the trace's top-level
+    "baseTimeNanoseconds", and their sum is Unix time. A report of the host backend
+    knows the Unix time of its time 0 (`Report.clock_origin_unix_ns`). A GPU report's
+    times are on the device's timeline, with no fixed relation to the host's clock:
+    pass `clock_origin_unix_ns` for reports without one (for instance the start of a
+    profiler "freeride: bubble" range minus the report's start of that bubble, which
+    is off by the time between enqueueing the gate write and the device reaching it),
+    else they are refused with ValueError.
+    """
+    reps = [reports] if isinstance(reports, Report) else list(reports)
+    with open(profiler_trace, encoding="utf-8") as f:
+        trace = json.load(f)
+    base_ns = int(trace.get("baseTimeNanoseconds", 0))
+    events = trace.setdefault("traceEvents", [])
+    used = {e.get("pid") for e in events}
+    ranks: list[dict[str, Any]] = []
+    for rep, pid in zip(reps, _rank_pids(reps, used, _PROFILER_PID_BASE)):
+        origin = rep.clock_origin_unix_ns
+        if origin is None:
+            origin = clock_origin_unix_ns
+        if origin is None:
+            raise ValueError(
+                f"the report of {rep.device} has no host clock origin (a GPU record is on "
+                "the device's timeline): pass clock_origin_unix_ns"
+            )
+        name = f"freeride rank {rep.rank}" if rep.rank is not None else f"freeride {rep.device}"
+        events += rep._trace_events(pid, name, shift_ns=origin - base_ns)
+        ranks.append({"pid": pid, "clock_origin_unix_ns": origin, **rep._trace_metadata()})
+    trace["freeride"] = {"format": _FORMAT, "ranks": ranks}
     _write_json(path, trace)
