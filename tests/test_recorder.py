@@ -175,3 +175,31 @@ def test_gate_write_and_mark_bindings_reach_the_backend_on_both_paths(host):
     assert ex.elapsed_ns(a, b) >= 0
     ex.release_mark(a)
     ex.release_mark(b)
+
+
+def test_gpu_record_gets_a_wall_clock_origin(capture, monkeypatch):
+    """merge_with_profiler_trace needs the record's time 0 on the wall clock. On a GPU the
+    marks are CUDA events: a probe mark on the idle control stream, taken when the first
+    iteration resolves, ties them to time.time_ns(). Here the fake GPU is 5 ms past the
+    iteration's start when the probe is taken."""
+    ex = FakeCudaExecutor()
+    rec = Recorder(ex, "cuda", 0)
+    iteration(rec)
+    ex.now += 5_000_000  # the GPU time between the iteration's last mark and now
+    monkeypatch.setattr(recorder.time, "time_ns", lambda: 10**18)
+    origin = 1  # the iteration's first mark
+    origin_at = ex.times[origin]
+    probes = []
+    mark = ex.mark
+
+    def probe(stream):
+        probes.append((stream, mark(stream)))
+        return probes[-1][1]
+
+    monkeypatch.setattr(ex, "mark", probe)
+    rec.flush(block=True, timeout=1.0)
+    [(stream, probe_mark)] = probes
+    assert stream == _C.IMMEDIATE  # the control stream, idle: reached at once
+    probe_at = ex.now  # the fake clock as the probe mark set it
+    assert rec.clock_origin_unix_ns == 10**18 - (probe_at - origin_at)
+    assert probe_mark in ex.released  # the probe mark went back

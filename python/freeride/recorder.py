@@ -271,6 +271,24 @@ class Recorder:
     def _elapsed(self, a: int, b: int) -> int | None:
         return self._ex.elapsed_ns(a, b)
 
+    def _gpu_mark_unix_ns(self, origin: int) -> int | None:
+        """Unix time of the GPU mark `origin` (one the GPU has passed), for
+        merge_with_profiler_trace: a probe mark taken now on the idle control stream
+        (IMMEDIATE) is reached within microseconds, so the wall clock now, less the GPU time
+        from `origin` to the probe, places `origin` on the wall clock to within that delay.
+        None if the probe is not reached within a second (a device busy beyond reason)."""
+        wall = time.time_ns()
+        probe = self._ex.mark(_C.IMMEDIATE)
+        try:
+            deadline = time.monotonic() + 1.0
+            while (since := self._elapsed(origin, probe)) is None:
+                if time.monotonic() > deadline:
+                    return None
+                time.sleep(20e-6)
+            return wall - since
+        finally:
+            self._ex.release_mark(probe)
+
     def _resolve_iterations(self) -> bool:
         while self._pending:
             pend = self._pending[0]
@@ -288,6 +306,8 @@ class Recorder:
                     self.clock_origin_ns = self._elapsed(0, pend.origin)
                     if self.clock_origin_ns is not None:
                         self.clock_origin_unix_ns = self.clock_origin_ns + unix_offset_ns()
+                else:
+                    self.clock_origin_unix_ns = self._gpu_mark_unix_ns(pend.origin)
             else:
                 delta = self._elapsed(self._anchor[0], pend.origin)
                 if delta is None:

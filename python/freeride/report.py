@@ -951,12 +951,10 @@ def merge_with_profiler_trace(
 
     The clock: torch.profiler's "ts" is microseconds after the trace's top-level
     "baseTimeNanoseconds", and their sum is Unix time. A report of the host backend
-    knows the Unix time of its time 0 (`Report.clock_origin_unix_ns`). A GPU report's
-    times are on the device's timeline, with no fixed relation to the host's clock:
-    pass `clock_origin_unix_ns` for reports without one (for instance the start of a
-    profiler "freeride: bubble" range minus the report's start of that bubble, which
-    is off by the time between enqueueing the gate write and the device reaching it),
-    else they are refused with ValueError.
+    knows the Unix time of its time 0 (`Report.clock_origin_unix_ns`); a GPU report's
+    comes from a probe event on an idle stream (recorder.py, _gpu_mark_unix_ns). Pass
+    `clock_origin_unix_ns` for reports without one (one made by hand, or whose probe
+    was not reached), else they are refused with ValueError.
     """
     reps = [reports] if isinstance(reports, Report) else list(reports)
     with open(profiler_trace, encoding="utf-8") as f:
