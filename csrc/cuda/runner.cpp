@@ -1,6 +1,7 @@
 #include "cuda/runner.hpp"
 
 #include <cuda_runtime_api.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
 #include <atomic>
@@ -22,6 +23,18 @@
 
 namespace freeride::cuda {
 namespace {
+
+// An NVTX range on the calling thread for as long as it lives: each side launch, from its
+// enqueueing to the host's seeing its end, on the executor thread, so that Nsight Systems
+// shows side work beside the bubbles (python/freeride/profiling.py pushes those). NVTX is
+// header-only and costs a pointer test per call unless a tool (nsys) injects itself.
+class NvtxRange {
+ public:
+  explicit NvtxRange(const char* message) { nvtxRangePushA(message); }
+  ~NvtxRange() { nvtxRangePop(); }
+  NvtxRange(const NvtxRange&) = delete;
+  NvtxRange& operator=(const NvtxRange&) = delete;
+};
 
 // Waiting for a launch's end (CudaRunner::wait_for_end): spin this long, then sleep
 // kEndPoll between looks at the end record where the end is near (the gate's mirror
@@ -136,6 +149,7 @@ class CudaRunner final : public PhaseRunner {
     CudaShared& s = *s_;
     green_ = s.in_green(*task_);
     stream_ = s.stream_for(*task_);
+    nvtx_name_ = "freeride: side launch (" + task_->name() + ")";
     FR_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventBlockingSync | cudaEventDisableTiming));
     try {
       FR_CUDA_CHECK(cudaEventCreateWithFlags(&stop_written_, cudaEventDisableTiming));
@@ -300,6 +314,7 @@ class CudaRunner final : public PhaseRunner {
       throw;
     }
     if (turn.owns_lock()) turn.unlock();
+    const NvtxRange range(nvtx_name_.c_str());
     // Nothing goes on the stream behind the kernel (not the count's read-back, not an
     // event: either would hold everything queued after it on its hardware queue until
     // the kernel ends). The kernel's last block reports the end; the host polls for it.
@@ -538,6 +553,7 @@ class CudaRunner final : public PhaseRunner {
   fr_launch_end* end_dev_ = nullptr;              // the same, device view
   unsigned long long* readback_host_ = nullptr;   // word slot: [done, stop, held]
   uint64_t launch_no_ = 0;                        // the last launch's number (executor thread)
+  std::string nvtx_name_;                         // NvtxRange's message
   cudaEvent_t event_ = nullptr;                   // read_back()'s
   // The stream this task's launches and their bookkeeping go to: the side stream, or the
   // green context's. bridge_: stream_wait's admission on `side`, carried over to stream_.
