@@ -130,7 +130,7 @@ class Attachment:
 def close_gate(harvester: Any) -> None:
     """Closes the gate now, as Harvester.attach() does: side work runs only inside the
     engine's iterations."""
-    harvester._recorder.close_gate()
+    harvester.gate.close()
 
 
 def code_names(fn: Any) -> set[str]:
