@@ -174,6 +174,10 @@ PYBIND11_MODULE(_C, m) {
 
   m.attr("GATE_OPEN") = FREERIDE_GATE_OPEN;
   m.attr("GATE_CLOSED") = FREERIDE_GATE_CLOSED;
+  // Executor.status()'s error kinds (freeride::ErrorKind), for the handles to tell apart.
+  m.attr("ERROR_FAILED") = static_cast<int>(freeride::ErrorKind::Failed);
+  m.attr("ERROR_MEMORY_BUDGET") = static_cast<int>(freeride::ErrorKind::MemoryBudget);
+  m.attr("ERROR_CANCELLED") = static_cast<int>(freeride::ErrorKind::Cancelled);
   m.attr("IMMEDIATE") = py::int_(static_cast<uint64_t>(freeride::kImmediate));
 #ifdef FREERIDE_WITH_CUDA
   m.attr("CUDA_BUILT") = true;

@@ -378,8 +378,9 @@ def test_merge_chrome_traces(tmp_path):
         assert sum(1 for e in events if e["ph"] == "X" and e["pid"] == pid) == 2 + 4 + 6 + 7
     assert [r["pid"] for r in trace["metadata"]["ranks"]] == [0, 1]
 
-    # The static method is the same writer; rankless reports get distinct pids.
-    Report.merge_chrome_traces([make_report(rank=None), make_report(rank=0)], path)
+    # The deprecated static method is the same writer; rankless reports get distinct pids.
+    with pytest.warns(DeprecationWarning, match="fr.merge_chrome_traces"):
+        Report.merge_chrome_traces([make_report(rank=None), make_report(rank=0)], path)
     assert {e["pid"] for e in _load(path)["traceEvents"]} == {0, 1}
 
 

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import _C
 from .errors import MemoryBudgetError, TaskCancelledError, TaskFailedError
 
-# Must match freeride::ErrorKind in csrc/executor.hpp.
-_ERR_FAILED, _ERR_BUDGET, _ERR_CANCELLED = 1, 2, 3
+
+class _Status(NamedTuple):
+    """Executor.status(id), field by field."""
+
+    state: str
+    items_done: int
+    items_total: int
+    phase: int
+    launches: int
+    error_kind: int  # _C.ERROR_* (freeride::ErrorKind), 0 for none
+    error: str
 
 
 class TaskHandle:
@@ -21,13 +30,13 @@ class TaskHandle:
         self._id = task_id
         self.task = task
         self._built = built  # keeps the task's buffers alive while the core uses them
-        self._final_status: tuple | None = None
+        self._final_status: _Status | None = None
 
-    def _status(self) -> tuple:
+    def _status(self) -> _Status:
         if self._final_status is not None:
             return self._final_status
-        status = self._ex.status(self._id)
-        if status[0] in ("done", "failed", "cancelled"):
+        status = _Status._make(self._ex.status(self._id))
+        if status.state in ("done", "failed", "cancelled"):
             self._final_status = status
         return status
 
@@ -39,28 +48,28 @@ class TaskHandle:
     @property
     def state(self) -> str:
         """One of 'queued', 'running', 'paused', 'done', 'failed', 'cancelled'."""
-        return self._status()[0]
+        return self._status().state
 
     @property
     def items_done(self) -> int:
         """Items finished so far over all phases; read without stopping the GPU."""
-        return self._status()[1]
+        return self._status().items_done
 
     @property
     def items_total(self) -> int:
         """Items of all phases together."""
-        return self._status()[2]
+        return self._status().items_total
 
     @property
     def progress(self) -> float:
         """items_done / items_total, from 0.0 to 1.0."""
         status = self._status()
-        return status[1] / status[2] if status[2] else 1.0
+        return status.items_done / status.items_total if status.items_total else 1.0
 
     @property
     def phase(self) -> int:
         """Index of the phase running now (the last one once done)."""
-        return self._status()[3]
+        return self._status().phase
 
     @property
     def overruns(self) -> int:
@@ -71,7 +80,7 @@ class TaskHandle:
     def launches(self) -> int:
         """Preemptible launches so far: one more after every pause (on a GPU, also after
         every time slice)."""
-        return self._status()[4]
+        return self._status().launches
 
     def done(self) -> bool:
         """True once the task is final (done, failed or cancelled)."""
@@ -89,14 +98,14 @@ class TaskHandle:
         (TaskFailedError, MemoryBudgetError) or raises TaskCancelledError."""
         if not self.wait(timeout):
             raise TimeoutError(f"task {self._id} did not finish within {timeout} s")
-        state, _, _, _, _, kind, message = self._status()
-        if state == "done":
+        status = self._status()
+        if status.state == "done":
             return self._built.result()
-        if kind == _ERR_BUDGET:
-            raise MemoryBudgetError(message)
-        if state == "cancelled":
-            raise TaskCancelledError(f"task {self._id} ({self.task!r}) was {message}")
-        raise TaskFailedError(message)
+        if status.error_kind == _C.ERROR_MEMORY_BUDGET:
+            raise MemoryBudgetError(status.error)
+        if status.state == "cancelled":
+            raise TaskCancelledError(f"task {self._id} ({self.task!r}) was {status.error}")
+        raise TaskFailedError(status.error)
 
     def cancel(self, wait: bool = True) -> bool:
         """Starts no further item of the task; items already claimed finish (none is lost
@@ -107,7 +116,7 @@ class TaskHandle:
         return self._ex.cancel(self._id, bool(wait))
 
     def __repr__(self) -> str:
-        state, done, total = self._status()[:3]
+        state, done, total = self._status()[:3]  # a NamedTuple slices as a tuple
         return (
             f"TaskHandle(id={self._id}, task={self.task!r}, state={state!r}, items={done}/{total})"
         )

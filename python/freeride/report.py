@@ -18,6 +18,7 @@ import json
 import math
 import os
 import textwrap
+import warnings
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
@@ -93,10 +94,6 @@ def _fmt_bytes(n: float | None) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n:.0f} B"
-
-
-def _fmt_items(x: float) -> str:
-    return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.1f}"
 
 
 def _pct(num: float, den: float) -> float:
@@ -661,7 +658,13 @@ class Report:
 
     @staticmethod
     def merge_chrome_traces(reports: Sequence[Report], path: str | os.PathLike[str]) -> None:
-        """Same as the module-level `merge_chrome_traces`."""
+        """Deprecated (one release): ``fr.merge_chrome_traces``, the one writer of merged
+        traces."""
+        warnings.warn(
+            "Report.merge_chrome_traces is deprecated; use fr.merge_chrome_traces",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         merge_chrome_traces(reports, path)
 
     # ----------------------------------------------------------------- plot

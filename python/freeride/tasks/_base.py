@@ -10,8 +10,6 @@ import numpy as np
 
 from .._checks import check_count, check_float  # noqa: F401 - re-exported to the tasks
 
-_U64 = 2**64 - 1
-
 
 class Built:
     """A task bound to one harvester: the core task, its result reader, and references
