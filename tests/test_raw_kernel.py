@@ -226,30 +226,30 @@ def test_submit_packs_the_words_for_the_core(fake_driver):
     core task is made (it only launches on a GPU) and charged the arrays' bytes."""
     fake_driver["scale"] = [CTX_BYTES, 8, 4, 8]
     x = DeviceArray(0xDEAD0000, 1000)
-    harvester = types.SimpleNamespace(_kind="cuda", _device_index=0)
+    harvester = ("cuda", 0)
     k = fr.tasks.RawKernel(SCALE, "scale", 4, (x, 2.0, 1000))
-    built = k._build(harvester)
+    built = k._build(*harvester)
     assert built.core.memory_bytes == 4000
     assert built.result() == (x, 2.0, 1000)
     with pytest.raises(
         TypeError, match=r"args\[1\] of kernel 'scale' is a 4-byte parameter.*an 8-byte pointer"
     ):
-        fr.tasks.RawKernel(SCALE, "scale", 4, (x, x, 1000))._build(harvester)
+        fr.tasks.RawKernel(SCALE, "scale", 4, (x, x, 1000))._build(*harvester)
 
 
 def test_a_driver_without_param_info_warns_and_takes_only_sized_arguments(fake_driver):
     """The documented fallback where the driver predates cuFuncGetParamInfo."""
     fake_driver["scale"] = None
-    harvester = types.SimpleNamespace(_kind="cuda", _device_index=0)
+    harvester = ("cuda", 0)
     x = DeviceArray(0xDEAD0000, 10)
     sized = fr.tasks.RawKernel(SCALE, "scale", 4, (x, np.float32(2), np.uint64(10)))
     with pytest.warns(RuntimeWarning, match="CUDA 12.4 .* not checked"):
-        assert sized._build(harvester).core.memory_bytes == 40
+        assert sized._build(*harvester).core.memory_bytes == 40
     plain = fr.tasks.RawKernel(SCALE, "scale", 4, (x, 2.0, 10))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         with pytest.raises(TypeError, match=r"args\[1\] of kernel 'scale' is a Python float"):
-            plain._build(harvester)
+            plain._build(*harvester)
 
 
 def test_phases_cycle_through_names(fake_cupy):

@@ -328,7 +328,7 @@ class Harvester:
                 handle = self._parts.iterative.submit(task, priority, after)
                 self._handles.add(handle)
             return handle
-        built = task._build(self)
+        built = task._build(self._kind, self._device_index)
         self._reap()
         with self._lock:
             self._check_open()

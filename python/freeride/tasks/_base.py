@@ -29,8 +29,9 @@ class Built:
 class Task:
     """Base class of the side tasks built from preemptible items."""
 
-    def _build(self, harvester: Any) -> Built:
-        """Validates the task against the harvester's device and creates the core task."""
+    def _build(self, kind: str, device: int) -> Built:
+        """Validates the task against a harvester's backend `kind` ("host" or "cuda") and
+        `device` (the CUDA ordinal; -1 on the host) and creates the core task."""
         raise NotImplementedError
 
 

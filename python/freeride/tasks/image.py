@@ -33,8 +33,9 @@ class _ImageTask(Task):
         self.images = images
         self.shape = _shape_of(images)
 
-    def _prepare(self, harvester: Any, out_hw: tuple[int, int]) -> tuple[Any, Any, int, Any]:
-        kind, device = harvester._kind, harvester._device_index
+    def _prepare(
+        self, kind: str, device: int, out_hw: tuple[int, int]
+    ) -> tuple[Any, Any, int, Any]:
         src = as_array(self.images, "images", kind, device, dtypes=_DTYPES)
         out_shape = self.shape[:-2] + out_hw
         out, out_ptr = zeros(out_shape, src.dtype, kind, device)
@@ -74,10 +75,9 @@ class GaussianBlur(_ImageTask):
                 f"sigma * truncate gives a radius of {self.radius} pixels; at most 10000"
             )
 
-    def _build(self, harvester: Any) -> Built:
+    def _build(self, kind: str, device: int) -> Built:
         h, w = self.shape[-2:]
-        src, (out, out_ptr), dtype, kind = self._prepare(harvester, (h, w))
-        device = harvester._device_index
+        src, (out, out_ptr), dtype, _ = self._prepare(kind, device, (h, w))
         x = np.arange(-self.radius, self.radius + 1, dtype=np.float64)
         taps = np.exp(-0.5 * (x / self.sigma) ** 2)
         weights, weights_ptr = upload((taps / taps.sum()).astype(np.float32), kind, device)
@@ -118,9 +118,9 @@ class Resize(_ImageTask):
         if math.prod(self.size) * self.planes > 2**40:
             raise ValueError(f"size {self.size} gives an output of more than 2**40 pixels")
 
-    def _build(self, harvester: Any) -> Built:
+    def _build(self, kind: str, device: int) -> Built:
         h, w = self.shape[-2:]
-        src, (out, out_ptr), dtype, _ = self._prepare(harvester, self.size)
+        src, (out, out_ptr), dtype, _ = self._prepare(kind, device, self.size)
         core = _C.resize_task(
             self.planes, h, w, *self.size, dtype, src.ptr, out_ptr, _ROWS_PER_ITEM
         )

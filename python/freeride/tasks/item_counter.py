@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -56,8 +55,7 @@ class ItemCounter(Task):
         self.record_times = bool(record_times)
         self._last = None
 
-    def _build(self, harvester: Any) -> Built:
-        kind, device = harvester._kind, harvester._device_index
+    def _build(self, kind: str, device: int) -> Built:
         counts, counts_ptr = zeros((self.phases, self.items), "uint32", kind, device)
         phase_done, phase_done_ptr = zeros((self.phases,), "uint64", kind, device)
         violations, violations_ptr = zeros((1,), "uint64", kind, device)

@@ -89,8 +89,7 @@ class PageRank(Task):
     def n(self) -> int:
         return self.indptr.size - 1
 
-    def _build(self, harvester: Any) -> Built:
-        kind, device = harvester._kind, harvester._device_index
+    def _build(self, kind: str, device: int) -> Built:
         n, ptr, idx = self.n, self.indptr, self.indices
         # Pull needs in-links: the CSC of the same graph, built once on the host.
         src = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))

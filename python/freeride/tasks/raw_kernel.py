@@ -161,8 +161,7 @@ class RawKernel(Task):
             _C.set_max_dynamic_shared(function, self.shared_mem)
         return sizes
 
-    def _build(self, harvester: Any) -> Built:
-        kind, device = harvester._kind, harvester._device_index
+    def _build(self, kind: str, device: int) -> Built:
         if kind != "cuda":
             raise CudaUnavailableError(
                 "fr.tasks.RawKernel runs CUDA kernels; this harvester uses the host backend. "

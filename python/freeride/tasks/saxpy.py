@@ -25,8 +25,7 @@ class Saxpy(Task):
         self.y = y
         self.chunk = None if chunk is None else check_count(chunk, "chunk")
 
-    def _build(self, harvester: Any) -> Built:
-        kind, device = harvester._kind, harvester._device_index
+    def _build(self, kind: str, device: int) -> Built:
         x = as_array(self.x, "x", kind, device)
         y = as_array(self.y, "y", kind, device, writable=True)
         if x.dtype != y.dtype:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from .. import _C
 from ._base import Built, Task, check_count, describe
 
@@ -33,7 +31,7 @@ class Spin(Task):
         if self.items * self.phases > 2**63 - 1:
             raise ValueError("items * phases must fit in 63 bits")
 
-    def _build(self, harvester: Any) -> Built:
+    def _build(self, kind: str, device: int) -> Built:
         return Built(_C.spin_task(self.items, self.phases, self.ns_per_item, self.slice_blocks))
 
     def __repr__(self) -> str:
