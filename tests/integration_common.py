@@ -3,10 +3,7 @@ side-work summary each rank reports (items, where they started, the bubble recor
 
 from __future__ import annotations
 
-import json
-import os
-import traceback
-from collections.abc import Callable
+from rank_result import run_and_report  # noqa: F401 - the workers take it from here
 
 import freeride as fr
 
@@ -79,23 +76,6 @@ MAX_EXTRA_STEPS = 400
 
 def side_task() -> fr.tasks.ItemCounter:
     return fr.tasks.ItemCounter(10**6, ns_per_item=20_000, record_times=True)
-
-
-def run_and_report(rank: int, outdir: str, body: Callable[[dict], None]) -> None:
-    """Runs body(result) and writes rank<N>.json with "ok" (and "error" if it raised)."""
-    import torch.distributed as dist
-
-    result: dict = {"rank": rank, "ok": False}
-    try:
-        body(result)
-        result["ok"] = True
-    except Exception:  # noqa: BLE001 - reported to the parent test through the JSON
-        result["error"] = traceback.format_exc()
-    finally:
-        with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
-            json.dump(result, f)
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def globals_of(module, names) -> dict:

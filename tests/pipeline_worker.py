@@ -4,12 +4,11 @@ can see; the parent test reads the JSON each rank writes."""
 
 from __future__ import annotations
 
-import json
 import os
-import traceback
 
 import torch
 import torch.distributed as dist
+from rank_result import run_and_report
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, schedules
 
@@ -88,106 +87,106 @@ def _train(rank, world, name, n_micro, steps, harvester=None, side=None, out=Non
     return losses_all, grads, weights
 
 
+def _rank_body(
+    rank: int, world: int, name: str, n_micro: int, steps: int, outdir: str, side: str, result: dict
+) -> None:
+    dist.init_process_group(
+        "gloo", init_method=f"file://{outdir}/store", rank=rank, world_size=world
+    )
+    torch.set_num_threads(1)
+    base_losses, base_grads, base_weights = _train(rank, world, name, n_micro, steps)
+    with fr.Harvester("cpu", workers=1) as h:
+        extra: dict = {}
+        if side == "items":
+            task = fr.tasks.ItemCounter(10**6, ns_per_item=20_000, record_times=True)
+        else:
+            task = FailingStep()
+        handle = h.submit(task)
+        losses, grads, weights = _train(rank, world, name, n_micro, steps, h, side, extra)
+        report = extra["report"]
+        result["identical"] = (
+            losses == base_losses
+            and all(torch.equal(a, b) for a, b in zip(grads, base_grads))
+            and all(torch.equal(a, b) for a, b in zip(weights, base_weights))
+        )
+        result["detach_restores"] = extra["detach_restores"]
+        result["iterations"] = len(report.iterations)
+        result["partition_errors"] = [
+            it.duration_ns
+            - sum(b.duration_ns for b in it.bubbles)
+            - sum(c.end_ns - c.start_ns for c in it.compute)
+            for it in report.iterations
+        ]
+        result["order"] = [
+            c.label for c in report.iterations[0].compute if not c.label.startswith("loss")
+        ]
+        result["compute_labels"] = sorted(
+            {c.label.split()[0] for it in report.iterations for c in it.compute}
+        )
+        # Stages whose loss was recorded as a compute action (only the last stage's).
+        result["loss_stages"] = sorted(
+            {
+                int(c.label.split()[1][1:])
+                for it in report.iterations
+                for c in it.compute
+                if c.label.startswith("loss")
+            }
+        )
+        result["bubble_fraction"] = report.bubble_fraction
+        if side == "items":
+            handle.cancel()
+            snap = task.snapshot()
+            result["items_done"] = handle.items_done
+            result["max_count"] = int(snap.counts.max())
+            origin = h._recorder.clock_origin_ns
+            spans = [
+                (origin + c.start_ns, origin + c.end_ns)
+                for it in report.iterations
+                for c in it.compute
+            ]
+            ran = snap.times.reshape(-1, 2)
+            ran = ran[ran[:, 0] > 0]
+            # A close does not wait for the items in flight: an item may straddle a
+            # compute action's start (the pause latency), but one that starts inside
+            # compute passed the gate after the close, unless its worker lost its
+            # core between the gate check and the item's first clock read.
+            started_inside = straddling = 0
+            for start, end in ran.tolist():
+                for c0, c1 in spans:
+                    if c0 <= start < c1:
+                        started_inside += 1
+                        break
+                    if start < c0 < end:
+                        straddling += 1
+                        break
+            result["items_started_in_compute"] = started_inside
+            result["items_straddling_compute"] = straddling
+            result["items_timed"] = len(ran)
+            result["side_launch_items"] = sum(report.items_per_task.values())
+        else:
+            handle.wait(30)
+            result["side_state"] = handle.state
+            result["side_error"] = repr(handle._error)
+        if rank == 0:
+            report.to_chrome_trace(os.path.join(outdir, "trace.json"))
+            try:
+                report.plot(os.path.join(outdir, "timeline.png"))
+            except ImportError:
+                pass
+        gathered = fr.gather_reports(report)
+        if rank == 0:
+            result["gathered_ranks"] = [r.rank for r in gathered]
+            result["table"] = fr.stage_table(gathered)
+
+
 def run_rank(
     rank: int, world: int, name: str, n_micro: int, steps: int, outdir: str, side: str
 ) -> None:
-    result: dict = {"rank": rank, "ok": False}
-    try:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{outdir}/store", rank=rank, world_size=world
-        )
-        torch.set_num_threads(1)
-        base_losses, base_grads, base_weights = _train(rank, world, name, n_micro, steps)
-        with fr.Harvester("cpu", workers=1) as h:
-            extra: dict = {}
-            if side == "items":
-                task = fr.tasks.ItemCounter(10**6, ns_per_item=20_000, record_times=True)
-            else:
-                task = FailingStep()
-            handle = h.submit(task)
-            losses, grads, weights = _train(rank, world, name, n_micro, steps, h, side, extra)
-            report = extra["report"]
-            result["identical"] = (
-                losses == base_losses
-                and all(torch.equal(a, b) for a, b in zip(grads, base_grads))
-                and all(torch.equal(a, b) for a, b in zip(weights, base_weights))
-            )
-            result["detach_restores"] = extra["detach_restores"]
-            result["iterations"] = len(report.iterations)
-            result["partition_errors"] = [
-                it.duration_ns
-                - sum(b.duration_ns for b in it.bubbles)
-                - sum(c.end_ns - c.start_ns for c in it.compute)
-                for it in report.iterations
-            ]
-            result["order"] = [
-                c.label for c in report.iterations[0].compute if not c.label.startswith("loss")
-            ]
-            result["compute_labels"] = sorted(
-                {c.label.split()[0] for it in report.iterations for c in it.compute}
-            )
-            # Stages whose loss was recorded as a compute action (only the last stage's).
-            result["loss_stages"] = sorted(
-                {
-                    int(c.label.split()[1][1:])
-                    for it in report.iterations
-                    for c in it.compute
-                    if c.label.startswith("loss")
-                }
-            )
-            result["bubble_fraction"] = report.bubble_fraction
-            if side == "items":
-                handle.cancel()
-                snap = task.snapshot()
-                result["items_done"] = handle.items_done
-                result["max_count"] = int(snap.counts.max())
-                origin = h._recorder.clock_origin_ns
-                spans = [
-                    (origin + c.start_ns, origin + c.end_ns)
-                    for it in report.iterations
-                    for c in it.compute
-                ]
-                ran = snap.times.reshape(-1, 2)
-                ran = ran[ran[:, 0] > 0]
-                # A close does not wait for the items in flight: an item may straddle a
-                # compute action's start (the pause latency), but one that starts inside
-                # compute passed the gate after the close, unless its worker lost its
-                # core between the gate check and the item's first clock read.
-                started_inside = straddling = 0
-                for start, end in ran.tolist():
-                    for c0, c1 in spans:
-                        if c0 <= start < c1:
-                            started_inside += 1
-                            break
-                        if start < c0 < end:
-                            straddling += 1
-                            break
-                result["items_started_in_compute"] = started_inside
-                result["items_straddling_compute"] = straddling
-                result["items_timed"] = len(ran)
-                result["side_launch_items"] = sum(report.items_per_task.values())
-            else:
-                handle.wait(30)
-                result["side_state"] = handle.state
-                result["side_error"] = repr(handle._error)
-            if rank == 0:
-                report.to_chrome_trace(os.path.join(outdir, "trace.json"))
-                try:
-                    report.plot(os.path.join(outdir, "timeline.png"))
-                except ImportError:
-                    pass
-            gathered = fr.gather_reports(report)
-            if rank == 0:
-                result["gathered_ranks"] = [r.rank for r in gathered]
-                result["table"] = fr.stage_table(gathered)
-        result["ok"] = True
-    except Exception:  # noqa: BLE001 - reported to the parent test through the JSON
-        result["error"] = traceback.format_exc()
-    finally:
-        with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
-            json.dump(result, f)
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    run_and_report(
+        rank,
+        outdir,
+        lambda result: _rank_body(rank, world, name, n_micro, steps, outdir, side, result),
+    )
 
 
 class FailingStep(fr.IterativeTask):

@@ -7,14 +7,12 @@ see to rank<N>.json."""
 
 from __future__ import annotations
 
-import json
-import os
 import time
-import traceback
 
 import torch
 import torch.distributed as dist
 from pipeline_worker import _loss, train_steps
+from rank_result import run_and_report
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, schedules
 
@@ -83,105 +81,99 @@ def _spin(items: int, ns: int) -> TaskSpec:
     return TaskSpec(fr.tasks.Spin, kwargs={"items": items, "ns_per_item": ns})
 
 
-def run_rank(rank: int, world: int, outdir: str) -> None:
-    result: dict = {"rank": rank, "ok": False}
-    try:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{outdir}/store", rank=rank, world_size=world
-        )
-        torch.set_num_threads(1)
-        base_losses, base_weights = _train(rank, world, WARMUP + STEPS)
-        with fr.Harvester("cpu", workers=1) as h:
-            queue = fr.JobQueue(h)
-            handles: list = []
-            state: dict = {}
+def _rank_body(rank: int, world: int, outdir: str, result: dict) -> None:
+    dist.init_process_group(
+        "gloo", init_method=f"file://{outdir}/store", rank=rank, world_size=world
+    )
+    torch.set_num_threads(1)
+    base_losses, base_weights = _train(rank, world, WARMUP + STEPS)
+    with fr.Harvester("cpu", workers=1) as h:
+        queue = fr.JobQueue(h)
+        handles: list = []
+        state: dict = {}
 
-            def on_step(step: int) -> None:
-                if step == WARMUP - 1 and rank == SUBMITTER:
-                    # Bubbles are measured by now: place a long task (cancelled below)
-                    # and short ones.
-                    state["long"] = queue.submit(_spin(10**9, 50_000), priority=1)
-                    handles.extend(queue.submit(_spin(2000, 50_000)) for _ in range(TASKS))
-                    state["iterative"] = queue.submit(TaskSpec(CountSteps, step_ms=1.0), priority=2)
-                if rank == SUBMITTER and "long" in state and "cancel_at" not in state:
-                    long = state["long"]
-                    if long.items_done > 0 and not long.done():
-                        state["cancel_at"] = step
-                        state["long_rank"] = long.rank
-                        state["long_cancelled"] = long.cancel(wait=True, timeout=30)
-                        state["long_items"] = long.items_done
-                if step >= LEAVE_AT and rank == LEAVER and "hosted_at_leave" not in result:
-                    hosted = queue.hosted()
-                    if "queued" in hosted.values():
-                        result["hosted_at_leave"] = hosted
-                        queue.leave()
-
-            losses, weights = _train(rank, world, WARMUP + STEPS, on_step, h)
-            result["identical"] = losses == base_losses and all(
-                torch.equal(a, b) for a, b in zip(weights, base_weights)
-            )
-            bubble = h._recorder.bubble_stats()[0]
-            result["bubble_ms"] = bubble / 1e6
-            # Training is over: let the rest of the side work finish with the gate open.
-            h.gate.open(stream="host")
-            if rank == SUBMITTER:
-                deadline = time.monotonic() + 120
-                for handle in handles:
-                    handle.wait(max(0.0, deadline - time.monotonic()))
+        def on_step(step: int) -> None:
+            if step == WARMUP - 1 and rank == SUBMITTER:
+                # Bubbles are measured by now: place a long task (cancelled below)
+                # and short ones.
+                state["long"] = queue.submit(_spin(10**9, 50_000), priority=1)
+                handles.extend(queue.submit(_spin(2000, 50_000)) for _ in range(TASKS))
+                state["iterative"] = queue.submit(TaskSpec(CountSteps, step_ms=1.0), priority=2)
+            if rank == SUBMITTER and "long" in state and "cancel_at" not in state:
                 long = state["long"]
-                if "cancel_at" not in state:
-                    long.cancel(wait=True, timeout=30)
-                result["tasks"] = [
-                    {"id": t.id, "state": t.state, "rank": t.rank, "items": t.items_done}
-                    for t in handles
-                ]
-                it = state["iterative"]
-                result["iterative"] = {
-                    "id": it.id,
-                    "rank": it.rank,
-                    "result": it.result(timeout=max(0.0, deadline - time.monotonic())),
-                }
-                result["long"] = {
-                    "state": long.state,
-                    "rank": state.get("long_rank", long.rank),
-                    "cancelled": state.get("long_cancelled"),
-                    "items_at_cancel": state.get("long_items"),
-                    "items_after": long.items_done,
-                }
-                try:
-                    long.result(timeout=0)
-                except fr.TaskCancelledError as exc:
-                    result["long_error"] = str(exc)
-            dist.barrier()
-            reports = fr.gather_reports(h.report(), queue=queue)
-            if rank == 0:
-                result["table"] = fr.placement_table(reports)
-                result["hosted_by_rank"] = {
-                    r.rank: sorted(r.placement.get("hosted", {})) for r in reports
-                }
-                result["report_decisions"] = len(reports[0].placement.get("decisions", []))
-                result["named_tasks"] = sorted(
-                    name for r in reports for name in r.task_names.values() if "[job task" in name
-                )
-                result["decisions"] = [
-                    {
-                        "task": d.task,
-                        "label": d.label,
-                        "rank": d.rank,
-                        "reason": d.reason,
-                        "bubble_ms": d.bubble_ms,
-                    }
-                    for d in queue.decisions()
-                ]
-            queue.close()
-            result["threads_after_close"] = sorted(
-                t.name for t in __import__("threading").enumerate() if "jobqueue" in t.name
+                if long.items_done > 0 and not long.done():
+                    state["cancel_at"] = step
+                    state["long_rank"] = long.rank
+                    state["long_cancelled"] = long.cancel(wait=True, timeout=30)
+                    state["long_items"] = long.items_done
+            if step >= LEAVE_AT and rank == LEAVER and "hosted_at_leave" not in result:
+                hosted = queue.hosted()
+                if "queued" in hosted.values():
+                    result["hosted_at_leave"] = hosted
+                    queue.leave()
+
+        losses, weights = _train(rank, world, WARMUP + STEPS, on_step, h)
+        result["identical"] = losses == base_losses and all(
+            torch.equal(a, b) for a, b in zip(weights, base_weights)
+        )
+        bubble = h._recorder.bubble_stats()[0]
+        result["bubble_ms"] = bubble / 1e6
+        # Training is over: let the rest of the side work finish with the gate open.
+        h.gate.open(stream="host")
+        if rank == SUBMITTER:
+            deadline = time.monotonic() + 120
+            for handle in handles:
+                handle.wait(max(0.0, deadline - time.monotonic()))
+            long = state["long"]
+            if "cancel_at" not in state:
+                long.cancel(wait=True, timeout=30)
+            result["tasks"] = [
+                {"id": t.id, "state": t.state, "rank": t.rank, "items": t.items_done}
+                for t in handles
+            ]
+            it = state["iterative"]
+            result["iterative"] = {
+                "id": it.id,
+                "rank": it.rank,
+                "result": it.result(timeout=max(0.0, deadline - time.monotonic())),
+            }
+            result["long"] = {
+                "state": long.state,
+                "rank": state.get("long_rank", long.rank),
+                "cancelled": state.get("long_cancelled"),
+                "items_at_cancel": state.get("long_items"),
+                "items_after": long.items_done,
+            }
+            try:
+                long.result(timeout=0)
+            except fr.TaskCancelledError as exc:
+                result["long_error"] = str(exc)
+        dist.barrier()
+        reports = fr.gather_reports(h.report(), queue=queue)
+        if rank == 0:
+            result["table"] = fr.placement_table(reports)
+            result["hosted_by_rank"] = {
+                r.rank: sorted(r.placement.get("hosted", {})) for r in reports
+            }
+            result["report_decisions"] = len(reports[0].placement.get("decisions", []))
+            result["named_tasks"] = sorted(
+                name for r in reports for name in r.task_names.values() if "[job task" in name
             )
-        result["ok"] = True
-    except Exception:  # noqa: BLE001 - reported to the parent test
-        result["error"] = traceback.format_exc()
-    finally:
-        with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
-            json.dump(result, f)
-        if dist.is_initialized():
-            dist.destroy_process_group()
+            result["decisions"] = [
+                {
+                    "task": d.task,
+                    "label": d.label,
+                    "rank": d.rank,
+                    "reason": d.reason,
+                    "bubble_ms": d.bubble_ms,
+                }
+                for d in queue.decisions()
+            ]
+        queue.close()
+        result["threads_after_close"] = sorted(
+            t.name for t in __import__("threading").enumerate() if "jobqueue" in t.name
+        )
+
+
+def run_rank(rank: int, world: int, outdir: str) -> None:
+    run_and_report(rank, outdir, lambda result: _rank_body(rank, world, outdir, result))
