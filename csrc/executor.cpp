@@ -338,11 +338,17 @@ void Executor::loop() {
       if (!is_final(r->state)) r->state = TaskState::Paused;
     }
     done_cv_.notify_all();
-    if (!idle_launch || is_final(r->state)) {
+    // No wait where something else is due: a close, or another task now first in the
+    // queue at a higher priority (submitted during the launch, which it stopped: its ring
+    // came before this wait could see it).
+    const bool other_due =
+        closing_ || (!runnable_.empty() && runnable_.begin()->first < key(*r).first);
+    if (!idle_launch || is_final(r->state) || other_due) {
       backoff_s = kBackoffMinS;
       continue;
     }
-    // See kBackoffMinS. Outside the lock: submit, cancel and close interrupt the wait.
+    // See kBackoffMinS. Outside the lock: submit, cancel and close interrupt the wait
+    // (one that lands between here and the wait's start is seen within backoff_s).
     const uint32_t admitted_under = marks.gate_seq;
     lock.unlock();
     backend_->wait_next_open(admitted_under, backoff_s);
