@@ -372,7 +372,7 @@ def mode_priority(args: dict) -> dict:
     import torch
 
     import freeride as fr
-    from freeride.bench import DEVICE_CLOCK_SRC
+    from freeride.cli.bench import DEVICE_CLOCK_SRC
 
     block_ns, waves = int(args.get("block_ns", 20_000)), int(args.get("waves", 5_000))
     torch.cuda.init()

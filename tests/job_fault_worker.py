@@ -15,7 +15,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 import freeride as fr
-from freeride.placement import TaskSpec
+from freeride.job.placement import TaskSpec
 
 RANK_TIMEOUT = 2.0
 

@@ -17,7 +17,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, schedules
 
 import freeride as fr
-from freeride.placement import TaskSpec
+from freeride.job.placement import TaskSpec
 
 D = 64
 HEAVY = 32768

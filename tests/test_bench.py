@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from freeride import bench
+from freeride.cli import bench
 
 pytest.importorskip("torch")
 
@@ -91,7 +91,7 @@ def test_bad_benchmark_arguments():
 def test_admission_keeps_only_probes_with_side_work_around_them():
     # (items finished so far, (running task, its launches)) before the probe was released,
     # once it had started, and after it: the GPU-only benchmark's residency rule.
-    from freeride.bench.admission import resident
+    from freeride.cli.bench.admission import resident
 
     head = (7, 3)
     assert resident((10, head), (20, head), (30, head))
@@ -106,7 +106,7 @@ def test_admission_keeps_only_probes_with_side_work_around_them():
 def test_admission_summary_counts_only_kept_probes():
     import numpy as np
 
-    from freeride.bench.admission import TARGET_US, Trial, summarize
+    from freeride.cli.bench.admission import TARGET_US, Trial, summarize
 
     kept = [Trial("kept", float(us), float(us) + 1) for us in range(1, 101)]
     trials = kept + [Trial("dropped", 0.5, 0.5)] * 3 + [Trial("late", math.nan, math.nan)]

@@ -12,8 +12,8 @@ import time
 import pytest
 
 import freeride as fr
-from freeride._stats import paired_overhead
-from freeride.demo import DemoConfig, Progress, describe_work, harvesting_text
+from freeride.cli._stats import paired_overhead
+from freeride.cli.demo import DemoConfig, Progress, describe_work, harvesting_text
 
 HAS_GPU = bool(fr.backend_info()["cuda"])
 
@@ -209,8 +209,8 @@ def test_harvesting_line_gives_the_interval_and_says_when_it_holds_zero():
 
 
 def test_bench_ranks_and_the_demo_share_one_paired_overhead():
-    from freeride import demo
-    from freeride.bench import ranks
+    from freeride.cli import demo
+    from freeride.cli.bench import ranks
 
     assert ranks.paired_overhead is demo.paired_overhead is paired_overhead
 

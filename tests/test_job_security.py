@@ -18,7 +18,7 @@ import freeride as fr
 from conftest import wait_until
 from freeride.job import mailbox
 from freeride.job import messages as m
-from freeride.placement import TaskSpec
+from freeride.job.placement import TaskSpec
 
 torch = pytest.importorskip("torch")
 dist = torch.distributed

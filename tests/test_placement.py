@@ -8,7 +8,7 @@ import pytest
 
 import freeride as fr
 from conftest import run_ranks
-from freeride.placement import Load, Policy, RankState, TaskSpec, resolve
+from freeride.job.placement import Load, Policy, RankState, TaskSpec, resolve
 
 
 def ranks(*bubbles_ms, free=None):

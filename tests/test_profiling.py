@@ -10,8 +10,8 @@ import time
 import pytest
 
 import freeride as fr
-from freeride import profiling
-from freeride.report import Report
+from freeride.record import profiler as profiling
+from freeride.record.report import Report
 
 torch = pytest.importorskip("torch")
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -165,7 +165,7 @@ def _profiler_trace(tmp_path, base_ns=1_000_000_000_000_000_000):
 
 
 def test_merge_refuses_a_report_without_a_clock_origin(tmp_path):
-    from freeride.report_model import Bubble, Iteration
+    from freeride.record.model import Bubble, Iteration
 
     it = Iteration(0, 0, 10_000)
     it.bubbles.append(Bubble(0, 0, 1_000, 9_000))

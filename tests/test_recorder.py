@@ -7,9 +7,10 @@ import types
 
 import pytest
 
-from freeride import _C, recorder
-from freeride.recorder import Recorder
-from freeride.report import Report
+from freeride import _C
+from freeride.record import recorder
+from freeride.record.recorder import Recorder
+from freeride.record.report import Report
 
 
 class FakeCudaExecutor:

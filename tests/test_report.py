@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from freeride.report import Report, merge_chrome_traces
-from freeride.report_model import Bubble, Compute, Iteration, SideLaunch, TaskSummary
+from freeride.record.model import Bubble, Compute, Iteration, SideLaunch, TaskSummary
+from freeride.record.report import Report, merge_chrome_traces
 
 US = 1_000  # ns
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import freeride as fr
 from conftest import wait_until
 from freeride import _C
-from freeride.bench import DEVICE_CLOCK_SRC
+from freeride.cli.bench import DEVICE_CLOCK_SRC
 from freeride.reserve import NO_RESERVE
 
 # SMs as sm_limits reads them: threads, blocks, registers, shared memory (largest

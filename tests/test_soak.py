@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from freeride import bench
-from freeride.bench import soak
+from freeride.cli import bench
+from freeride.cli.bench import soak
 
 
 def test_drift_compares_the_last_fifth_with_the_fifth_after_warm_up():

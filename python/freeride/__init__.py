@@ -8,12 +8,9 @@ with fr.Harvester(device="cuda:0", memory_budget="8GiB") as h:
 
 from __future__ import annotations
 
-import os
-from typing import Any
-
-from . import _C, simulate, tasks
+from . import simulate, tasks
 from . import integrations as integrations
-from .distributed import gather_reports, placement_table, stage_table
+from ._moved import package_getattr as __getattr__  # noqa: F401 - old module paths
 from .errors import (
     CudaUnavailableError,
     FreerideError,
@@ -29,57 +26,19 @@ from .errors import (
 from .gate import Gate
 from .handle import TaskHandle
 from .harvester import Harvester
+from .info import __version__, backend_info, include_dir
 from .iterative import IterativeHandle, IterativeTask
 from .job import JobClient, JobQueue, RemoteHandle
-from .placement import Load, TaskSpec
-from .report import Report, merge_chrome_traces, merge_with_profiler_trace
+from .job.placement import Load, TaskSpec
+from .record import (
+    Report,
+    gather_reports,
+    merge_chrome_traces,
+    merge_with_profiler_trace,
+    placement_table,
+    stage_table,
+)
 from .reserve import Reserve
-
-__version__ = "0.1.0"
-
-
-def backend_info() -> dict[str, Any]:
-    """What this build and machine offer: ``cuda`` (a usable GPU), ``cuda_built``,
-    ``devices`` (name, SMs, compute capability, ``stream_mem_ops``), ``stream_mem_ops``
-    (all devices support them), ``runtime_version``, ``driver_version``, ``version``,
-    ``reserve_mechanism`` (how side kernels leave room for training's kernels on a GPU:
-    ``"occupancy-cap"``, a per-SM cap on every side grid, or ``"green-context (120 of 132
-    SMs)"``, side kernels in a green context of that many SMs; see fr.Reserve. Per device
-    under ``devices``: what the most recent harvester on it used, ``"occupancy-cap"``
-    before any, with ``reserve_fallback``, why green-context was asked for and not used,
-    and ``green_contexts``, whether the driver has them; the top-level value joins the
-    devices' and ``reserve_fallback`` is the first device's reason, if any), ``gate_write``
-    (how a harvester made now would write the gate on a stream: ``"batch"``, ``"memop"``,
-    ``"copy"`` or ``"kernel"``, as chosen by FREERIDE_GATE_WRITE and what the driver
-    offers; ``"host"`` without a GPU; one value per device under ``devices``), and
-    ``reason`` when cuda is False."""
-    info = dict(_C.backend_info())
-    info["stream_mem_ops"] = bool(info["devices"]) and all(
-        d["stream_mem_ops"] for d in info["devices"]
-    )
-    info["version"] = __version__
-    info["default_backend"] = "cuda" if info["cuda"] else "host"
-    mechanisms = dict.fromkeys(d.get("reserve_mechanism", "occupancy-cap") for d in info["devices"])
-    info["reserve_mechanism"] = ",".join(mechanisms) if mechanisms else "occupancy-cap"
-    fallbacks = [d["reserve_fallback"] for d in info["devices"] if d.get("reserve_fallback")]
-    info["reserve_fallback"] = fallbacks[0] if fallbacks else None
-    per_device = dict.fromkeys(d["gate_write"] for d in info["devices"])
-    info["gate_write"] = ",".join(per_device) if info["cuda"] and per_device else "host"
-    return info
-
-
-def include_dir() -> str:
-    """Folder holding freeride/preempt.cuh, for compiling user kernels
-    (``-I`` + this path, then ``#include <freeride/preempt.cuh>``)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    installed = os.path.join(here, "include")
-    if os.path.isfile(os.path.join(installed, "freeride", "preempt.cuh")):
-        return installed
-    source = os.path.normpath(os.path.join(here, "..", "..", "csrc", "include"))
-    if os.path.isfile(os.path.join(source, "freeride", "preempt.cuh")):
-        return source
-    raise FileNotFoundError("freeride's headers are missing from this installation")
-
 
 __all__ = [
     "CudaUnavailableError",

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _C
-from .recorder import Recorder
+from .record.recorder import Recorder
 
 
 class Gate:

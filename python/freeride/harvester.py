@@ -13,19 +13,19 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import _C, _shutdown
+from ._checks import check_count, check_float, parse_memory
 from ._device import resolve_device
 from ._streams import current_streams, refuse_capturing, stream_handle
-from ._units import parse_memory
+from .attach import Attachment
 from .errors import HarvesterClosedError
 from .gate import Gate
 from .handle import TaskHandle
 from .iterative import IterativeHandle, IterativeRunner, IterativeTask
-from .pipeline import Attachment
-from .recorder import Recorder, attribute_side_work
-from .report import Report
-from .report_model import TaskSummary
+from .record.model import TaskSummary
+from .record.recorder import Recorder, attribute_side_work
+from .record.report import Report
 from .reserve import DEFAULT_RESERVE, NO_RESERVE, Reserve
-from .tasks._base import Task, check_count, check_float
+from .tasks._base import Task
 
 # After an interrupt or a signal (_abort), how long close waits for an iterative task's
 # step in flight before abandoning it (close() itself: iterative.CLOSE_TIMEOUT_S).

@@ -29,7 +29,7 @@ from typing import Any
 
 from . import _C
 from .errors import MemoryBudgetError, TaskCancelledError, TaskFailedError
-from .recorder import MANUAL_BUBBLE
+from .record.recorder import MANUAL_BUBBLE
 
 # Ids of iterative tasks, far from the executor's, so reports can mix both.
 _IDS = itertools.count(1 << 40)

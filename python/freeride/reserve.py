@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ._checks import check_count
-from ._units import parse_memory
+from ._checks import check_count, parse_memory
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from ..attach import _Patch
 from ..errors import FreerideError, HarvesterClosedError
-from ..pipeline import _Patch
 
 
 class IntegrationError(FreerideError, RuntimeError):

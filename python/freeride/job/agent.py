@@ -11,11 +11,11 @@ from collections import OrderedDict
 from typing import Any
 
 from ..errors import HarvesterClosedError, TaskCancelledError
-from ..placement import TaskSpec, map_nested
 from . import messages as m
 from .files import write_atomically
 from .handle import RemoteHandle
 from .mailbox import Inbox, Outbox
+from .placement import TaskSpec, map_nested
 from .serving import Serving
 
 log = logging.getLogger("freeride.job")

@@ -12,11 +12,11 @@ from typing import Any
 
 from .._checks import check_count, check_float
 from ..errors import QueueAuthError, RankLostError
-from ..placement import TaskSpec
 from . import mailbox
 from . import messages as m
 from .files import read_secret_file, secret_bytes
 from .handle import RemoteHandle
+from .placement import TaskSpec
 from .serving import Serving
 
 log = logging.getLogger("freeride.job")
@@ -92,7 +92,7 @@ class JobClient:
         """Queues `spec` in the job; returns a handle that follows it."""
         if not isinstance(spec, TaskSpec):
             raise TypeError(
-                f"spec must be a freeride.placement.TaskSpec, got {type(spec).__name__}"
+                f"spec must be a freeride.TaskSpec, got {type(spec).__name__}"
             )
         priority = check_count(priority, "priority", -(2**31), 2**31 - 1)
         data = spec.dumps()

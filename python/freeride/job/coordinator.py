@@ -14,9 +14,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from ..placement import Decision, Policy, RankState, TaskSpec
 from . import messages as m
 from .mailbox import Inbox, Outbox
+from .placement import Decision, Policy, RankState, TaskSpec
 from .serving import Serving
 
 log = logging.getLogger("freeride.job")

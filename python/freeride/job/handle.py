@@ -7,8 +7,8 @@ import threading
 from typing import Any, Protocol
 
 from ..errors import RankLostError, TaskCancelledError, TaskFailedError
-from ..placement import TaskSpec
 from .messages import FINAL, Update
+from .placement import TaskSpec
 
 
 class _Owner(Protocol):

@@ -32,12 +32,12 @@ from typing import Any
 from .. import _shutdown
 from .._checks import check_count, check_float
 from ..errors import HarvesterClosedError, RankLostError
-from ..placement import Decision, Policy, TaskSpec
 from . import files, mailbox
 from . import messages as m
 from .agent import Agent
 from .coordinator import Coordinator
 from .handle import RemoteHandle
+from .placement import Decision, Policy, TaskSpec
 
 log = logging.getLogger("freeride.job")
 
@@ -200,7 +200,7 @@ class JobQueue:
         `priority` is placed first."""
         if not isinstance(spec, TaskSpec):
             raise TypeError(
-                f"spec must be a freeride.placement.TaskSpec, got {type(spec).__name__}"
+                f"spec must be a freeride.TaskSpec, got {type(spec).__name__}"
             )
         priority = check_count(priority, "priority", -(2**31), 2**31 - 1)
         data = spec.dumps()

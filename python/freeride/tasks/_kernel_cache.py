@@ -69,7 +69,7 @@ def compile_module(
     source: str, names: Sequence[str], options: Sequence[str], device: int
 ) -> Compiled:
     """Compiles `source` for `device` (or finds it compiled) and looks up `names`."""
-    from .. import include_dir
+    from ..info import include_dir
 
     key = (source, tuple(options), tuple(names), device)
     with _lock:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import random
 import time
 
-from .. import Harvester, tasks
+from freeride import Harvester, tasks
+
 from . import DEVICE_CLOCK_SRC, percentiles
 from .admission import measure as measure_admission
 from .gate_write import measure as measure_gate_write
@@ -106,7 +107,7 @@ extern "C" __global__ void plain_spin(unsigned long long ns, unsigned long long 
 def _gpu(quick: bool) -> dict:
     import cupy as cp
 
-    from .. import backend_info
+    from freeride import backend_info
 
     sms = backend_info()["devices"][0]["sm_count"]
     mod = cp.RawModule(code=_STAMP_SRC)

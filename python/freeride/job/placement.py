@@ -1,5 +1,5 @@
 """Job-wide placement: what travels between ranks (TaskSpec, Load) and the policy that
-chooses the rank a task runs on. Pure Python, no communication: freeride.jobqueue moves
+chooses the rank a task runs on. Pure Python, no communication: freeride.job moves
 the messages."""
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._checks import check_float
-from ._units import parse_memory
+from .._checks import check_float, parse_memory
 
 
 def resolve(ref: str | Callable[..., Any]) -> Callable[..., Any]:
@@ -120,7 +119,7 @@ class TaskSpec:
     def is_iterative(self) -> bool:
         if self.iterative is not None:
             return bool(self.iterative)
-        from .iterative import IterativeTask
+        from ..iterative import IterativeTask
 
         return isinstance(self.factory, type) and issubclass(self.factory, IterativeTask)
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from .. import __version__, backend_info
+from freeride import __version__, backend_info
 
 # CUDA source of now(): the device's nanosecond clock (%globaltimer), one for every SM, so
 # stamps taken by different kernels and streams compare. The GPU benchmarks' kernels use it.

@@ -17,8 +17,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import backend_info
-from .simulate import SCHEDULES
+from freeride import backend_info
+from freeride.simulate import SCHEDULES
 
 _HELP = argparse.ArgumentDefaultsHelpFormatter
 
@@ -89,7 +89,7 @@ def _factory(text: str) -> str:
 
 def _memory(text: str) -> str:
     """An argparse type: a memory size such as 2GiB (kept as written for the TaskSpec)."""
-    from ._units import parse_memory
+    from freeride._checks import parse_memory
 
     try:
         parse_memory(text, "memory")
@@ -102,7 +102,7 @@ def _queue_file(parser: argparse.ArgumentParser, path: str) -> None:
     """Refuses, as an argparse error, a --queue file that is missing, not a queue's
     secret file, or open to other users (its secret lets the holder run code as the
     job). The rules are the job client's own (freeride.job.files.read_secret_file)."""
-    from .job.files import read_secret_file
+    from freeride.job.files import read_secret_file
 
     try:
         read_secret_file(path)
@@ -126,7 +126,7 @@ def _refused(command: str, exc: Exception) -> int:
 def _connect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
     """A JobClient of the queue in --queue, or an exit: 2 if the queue refused the
     secret, 1 if it could not be reached."""
-    from . import JobQueue, QueueAuthError
+    from freeride import JobQueue, QueueAuthError
 
     _queue_file(parser, args.queue)
     try:
@@ -139,7 +139,7 @@ def _connect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
 
 
 def submit(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from . import FreerideError, RankLostError, TaskCancelledError, TaskFailedError, TaskSpec
+    from freeride import FreerideError, RankLostError, TaskCancelledError, TaskFailedError, TaskSpec
 
     if args.timeout is not None and not args.wait:
         parser.error("argument --timeout: only with --wait")

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import Harvester, simulate, tasks
+from freeride import Harvester, simulate, tasks
 
 ITEM_US = 20
 AT_DEFAULT_PRIORITY = ", training at priority 0"
@@ -215,7 +215,8 @@ def _naive_gpu() -> Callable[[threading.Event], int]:
     """Plain (non-preemptible) spin kernels on a normal-priority stream, kept two deep."""
     import cupy as cp
 
-    from .. import backend_info
+    from freeride import backend_info
+
     from .preempt import _STAMP_SRC
 
     sms = backend_info()["devices"][0]["sm_count"]

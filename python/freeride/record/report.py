@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .report_model import Bubble, Compute, Iteration, SideLaunch, TaskSummary
+from .model import Bubble, Compute, Iteration, SideLaunch, TaskSummary
 
 __all__ = ["Report", "merge_chrome_traces", "merge_with_profiler_trace"]
 

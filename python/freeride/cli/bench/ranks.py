@@ -32,7 +32,8 @@ def _settings(quick: bool) -> list[tuple[int, str]]:
 
 
 def measure(mode: str, quick: bool) -> dict[str, Any]:
-    from .. import Report
+    from freeride import Report
+
     from ..demo import DemoConfig, check_config, job_step_times, spawn_ranks
 
     steps = 8 if quick else 160

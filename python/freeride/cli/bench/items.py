@@ -17,8 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import Harvester, tasks
-from .._device import resolve_device
+from freeride import Harvester, tasks
 
 
 def measure(mode: str, quick: bool) -> dict:
@@ -33,9 +32,8 @@ def measure(mode: str, quick: bool) -> dict:
         h.gate.open(stream="host")
         mechanism = h.reserve_mechanism
         for name, make, nbytes in _workloads(gpu, quick):
-            built = make()._build(
-                *resolve_device(h.device)
-            )  # once: validation and uploads are not timed
+            # Once: validation and uploads are not timed.
+            built = make()._build(h.backend, int(h.device.partition(":")[2] or -1))
             plain = _plain_seconds(h, built, repeats, gpu)
             items, launches = _preemptible_seconds(h, built, repeats, gpu)
             row = {

@@ -46,7 +46,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import Harvester, Reserve, backend_info, tasks
+from freeride import Harvester, Reserve, backend_info, tasks
+
 from . import DEVICE_CLOCK_SRC, percentiles
 from .items import _workloads
 

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _C
-from ._streams import stream_handle, stream_is_capturing
-from .profiling import BubbleRanges, unix_offset_ns
-from .report_model import Bubble, Compute, Iteration, SideLaunch
+from .. import _C
+from .._streams import stream_handle, stream_is_capturing
+from .model import Bubble, Compute, Iteration, SideLaunch
+from .profiler import BubbleRanges, unix_offset_ns
 
 _SEQ_MASK = 2**32 - 1
 # slot_of() of a gate opened by hand, outside the bubbles of recorded iterations.

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
 
-from .recorder import Recorder
+from .record.recorder import Recorder
 
 # (method, label) of the compute a stage does; absent methods (older torch) are skipped.
 _STAGE_METHODS = (

@@ -21,7 +21,8 @@ import os
 import time
 from typing import Any
 
-from .. import Harvester
+from freeride import Harvester
+
 from . import DEVICE_CLOCK_SRC, percentiles
 
 MECHANISMS = ("batch", "memop", "copy", "kernel")

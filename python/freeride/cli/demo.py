@@ -16,8 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from freeride.simulate import SCHEDULES, stage_ids
+
 from ._stats import PairedOverhead, paired_overhead
-from .simulate import SCHEDULES, stage_ids
 
 TASKS = ("spin", "saxpy", "none")
 DEVICES = ("auto", "cpu", "cuda")
@@ -331,7 +332,7 @@ def _n_placed(cfg: DemoConfig) -> int:
 
 
 def _placed_spec(fr: Any, cfg: DemoConfig) -> Any:
-    from .placement import TaskSpec
+    from freeride import TaskSpec
 
     return TaskSpec(
         fr.tasks.Spin, kwargs={"items": placed_items(cfg), "ns_per_item": cfg.item_us * 1000}
@@ -435,7 +436,7 @@ def run(cfg: DemoConfig) -> int:
     except ImportError:
         print("freeride demo needs PyTorch: pip install torch", file=sys.stderr)
         return 2
-    from . import backend_info
+    from freeride import backend_info
 
     info = backend_info()
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -69,7 +69,7 @@ _built_lock = threading.Lock()
 def counter(tag: int, items: int, phases: int, ns_per_item: int) -> Any:
     """An fr.tasks.ItemCounter, kept in this process under `tag` until swept, so its
     counters can be read whatever becomes of the task (a cancelled task returns none)."""
-    from ..tasks import ItemCounter
+    from freeride.tasks import ItemCounter
 
     task = ItemCounter(items=items, phases=phases, ns_per_item=ns_per_item)
     with _built_lock:
@@ -253,7 +253,7 @@ class Submitter(threading.Thread):
             self._submit()
 
     def _submit(self) -> None:
-        from ..placement import TaskSpec
+        from freeride import TaskSpec
 
         rng = self._rng
         tag = self._tags

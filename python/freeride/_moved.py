@@ -1,0 +1,85 @@
+"""Module paths that moved in 0.2, kept for one release: importing one (or reaching it as
+an attribute of the package) warns with a DeprecationWarning and gives the module at its
+new path, so ``from freeride.report import Report`` keeps working until then."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import types
+import warnings
+from typing import Any
+
+MOVED = {
+    "freeride.pipeline": "freeride.attach",
+    "freeride.recorder": "freeride.record.recorder",
+    "freeride.report": "freeride.record.report",
+    "freeride.report_model": "freeride.record.model",
+    "freeride.profiling": "freeride.record.profiler",
+    "freeride.distributed": "freeride.record.ranks",
+    "freeride.placement": "freeride.job.placement",
+    "freeride.jobqueue": "freeride.job",
+    "freeride.demo": "freeride.cli.demo",
+    "freeride.bench": "freeride.cli.bench",
+}
+
+
+def new_path(name: str) -> str | None:
+    """Where the module `name` lives now, or None if it did not move."""
+    if name in MOVED:
+        return MOVED[name]
+    for old, new in MOVED.items():
+        if name.startswith(old + "."):  # freeride.bench.soak -> freeride.cli.bench.soak
+            return new + name[len(old) :]
+    return None
+
+
+def _warn(old: str, new: str) -> None:
+    warnings.warn(
+        f"{old} moved to {new}; the old path goes in the next release",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+class _Alias(types.ModuleType):
+    """The old module path: every attribute is the new module's."""
+
+    def __init__(self, old: str, target: types.ModuleType) -> None:
+        super().__init__(old, target.__doc__)
+        self.__dict__["_target"] = target
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_target"], name)
+
+    def __dir__(self) -> list[str]:
+        return dir(self.__dict__["_target"])
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if new_path(name) is None:
+            return None
+        return importlib.util.spec_from_loader(name, self, is_package=name in MOVED)
+
+    def create_module(self, spec: Any) -> types.ModuleType:
+        new = new_path(spec.name)
+        _warn(spec.name, new)
+        return _Alias(spec.name, importlib.import_module(new))
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__path__ = []  # lets `import freeride.bench.soak` ask this finder again
+
+
+def package_getattr(name: str) -> types.ModuleType:
+    """``freeride.<name>`` for a moved module (the package's __getattr__)."""
+    old = f"freeride.{name}"
+    if old not in MOVED:
+        raise AttributeError(f"module 'freeride' has no attribute {name!r}")
+    return importlib.import_module(old)
+
+
+if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
+    sys.meta_path.append(_Finder())
