@@ -136,7 +136,8 @@ class Backend {
   virtual std::unique_ptr<PhaseRunner> make_runner(std::shared_ptr<Task> task,
                                                    std::unique_ptr<StreamDependency> after) = 0;
 
-  // Test-only (host backend; elsewhere it throws): while `on`, items see the gate closed
+  // Test-only (host backend; elsewhere it throws; Python reaches it only through
+  // _C._testing.items_see_gate_closed): while `on`, items see the gate closed
   // whatever it reads, as kernels would see a closed gate word behind an open host
   // mirror (two gate writers racing on CUDA), so that tests can check what the executor
   // does about launches that a stale mirror admits and that run no item.

@@ -7,7 +7,7 @@
 
 #include <optional>
 
-#include "device_guard.hpp"
+#include "cuda/device_guard.hpp"
 #endif
 
 namespace freeride {

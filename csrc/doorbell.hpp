@@ -1,7 +1,7 @@
 // A doorbell: one thread sleeps until another rings it. The CUDA backend's executor thread
-// sleeps on one while the gate is closed, and a watcher thread (open_watcher.hpp) rings it
-// once a stream-ordered open has taken effect, so admitting a launch costs no CPU while
-// training computes.
+// sleeps on one while the gate is closed, and a watcher thread (cuda/open_watcher.hpp)
+// rings it once a stream-ordered open has taken effect, so admitting a launch costs no CPU
+// while training computes. The host backend sleeps on one too, so it stays in the core.
 #pragma once
 
 #include <chrono>

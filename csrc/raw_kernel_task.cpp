@@ -6,7 +6,7 @@
 
 #include "check.hpp"
 #ifdef FREERIDE_WITH_CUDA
-#include "cuda_driver.hpp"
+#include "cuda/driver.hpp"
 #endif
 
 namespace freeride {

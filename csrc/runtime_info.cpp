@@ -6,7 +6,7 @@
 #include <exception>
 #include <string>
 
-#include "cuda_driver.hpp"
+#include "cuda/driver.hpp"
 #endif
 
 namespace freeride {

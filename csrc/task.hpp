@@ -5,7 +5,7 @@
 #include <string>
 
 #include "freeride/item_ctx.h"
-#include "sm_room.hpp"
+#include "cuda/occupancy.hpp"
 
 namespace freeride {
 

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -13,14 +15,15 @@
 #include "builtin_tasks.hpp"
 #include "capture_mode.hpp"
 #include "check.hpp"
+#include "cuda/green_context_plan.hpp"
+#include "cuda/occupancy.hpp"
+#include "cuda/step_stream.hpp"
 #include "doorbell.hpp"
 #include "executor.hpp"
-#include "latch_dependency.hpp"
 #include "raw_kernel_task.hpp"
 #include "runtime_info.hpp"
 #include "sigterm_guard.hpp"
-#include "sm_room.hpp"
-#include "step_stream.hpp"
+#include "test_hooks.hpp"
 
 namespace py = pybind11;
 using freeride::Executor;
@@ -352,11 +355,6 @@ PYBIND11_MODULE(_C, m) {
       "After the driver split `groups` groups, the first of `got` SMs, for the plan of these "
       "arguments: (\"use\", got, reserved, \"\") or (\"fallback\", got, reserved, reason).");
 
-  // Test-only: a dependency a test releases by hand (the host backend has no streams).
-  py::class_<freeride::Latch, std::shared_ptr<freeride::Latch>>(m, "_Latch")
-      .def(py::init<>())
-      .def("release", &freeride::Latch::release);
-
   py::class_<Executor>(m, "Executor")
       .def(py::init(&make_executor), py::arg("kind"), py::arg("device"), py::arg("workers"),
            py::arg("gate_in_host_memory"), py::arg("stream_wait"), py::arg("memory_budget"),
@@ -366,16 +364,6 @@ PYBIND11_MODULE(_C, m) {
       .def("submit", &Executor::submit, py::arg("task"), py::arg("priority"),
            py::arg("after") = std::vector<uintptr_t>{}, release_gil(),
            "after: stream handles whose work so far the task's first launch waits for")
-      .def(
-          "_submit_after_latch",
-          [](Executor& ex, std::shared_ptr<Task> task, int priority,
-             std::shared_ptr<freeride::Latch> latch) {
-            FR_ARG(latch != nullptr, "latch must not be None");
-            return ex.submit_after(std::move(task), priority,
-                                   std::make_unique<freeride::LatchDependency>(std::move(latch)));
-          },
-          py::arg("task"), py::arg("priority"), py::arg("latch"), release_gil(),
-          "Test-only: submit() whose first launch waits until `latch` is released.")
       .def("status", &status_tuple, py::arg("id"))
       // Blocking waits run Python's signal handlers every kSignalSlice: Ctrl-C reaches a
       // training loop waiting for a side task.
@@ -416,12 +404,6 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("idle_launches",
                              py::cpp_function(&Executor::idle_launches, release_gil()),
                              "Launches the gate let in that ran no item.")
-      .def(
-          "_test_items_see_gate_closed",
-          [](Executor& ex, bool on) { ex.backend().test_items_see_gate_closed(on); },
-          py::arg("on"),
-          "Test-only, host backend: items see the gate closed while admission sees it "
-          "open (the CUDA race of a stale open mirror over a closed gate).")
       .def_property_readonly("memory_budget", &Executor::memory_budget)
       .def_property_readonly("memory_used",
                              py::cpp_function(&Executor::memory_used, release_gil()))
@@ -515,4 +497,11 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("reserve_fallback",
                              [](Executor& ex) { return ex.backend().reserve_fallback(); })
       .def_property_readonly("device", [](Executor& ex) { return ex.backend().device(); });
+
+  // Test-only hooks, as _C._testing, only where the environment asks for them at import
+  // (tests/conftest.py sets FREERIDE_TEST_HOOKS=1); otherwise there is no _C._testing.
+  const char* test_hooks = std::getenv("FREERIDE_TEST_HOOKS");
+  if (test_hooks != nullptr && std::string_view(test_hooks) == "1") {
+    freeride_ext::register_test_hooks(m);
+  }
 }

@@ -116,7 +116,7 @@ def test_report_of_a_real_schedule(group, host, tmp_path):
 
 
 def test_host_launches_start_in_bubbles_and_all_are_recorded(group):
-    """The README's one-rank pipeline on the host backend: every recorded launch starts
+    """The guide's one-rank pipeline (README, docs/guide.md) on the host backend: every recorded launch starts
     inside a bubble (a close does not wait for the items in flight, so it may end after
     the bubble, by the rest of an item); the first launch, which waited for the gate from
     before the first step, is in the record too; and the overhead estimate is the time

@@ -46,6 +46,39 @@ def test_include_dir_ships_preempt_header():
     assert os.path.isfile(os.path.join(fr.include_dir(), "freeride", "item_ctx.h"))
 
 
+_HOOKS_PROBE = (
+    "from freeride import _C; "
+    "print(hasattr(_C, '_testing'), hasattr(_C, '_Latch'), "
+    "hasattr(_C.Executor, '_submit_after_latch'), "
+    "hasattr(_C.Executor, '_test_items_see_gate_closed'))"
+)
+
+
+@pytest.mark.parametrize(
+    ("hooks", "expected"),
+    [
+        (None, "False False False False"),
+        ("0", "False False False False"),
+        ("1", "True False False False"),
+    ],
+)
+def test_test_hooks_only_with_the_private_switch(hooks, expected):
+    """The shipped module has no test hooks: _C._testing exists only where
+    FREERIDE_TEST_HOOKS=1 at import, and none are left on _C or the Executor."""
+    env = {k: v for k, v in os.environ.items() if k != "FREERIDE_TEST_HOOKS"}
+    if hooks is not None:
+        env["FREERIDE_TEST_HOOKS"] = hooks
+    out = subprocess.run(
+        [sys.executable, "-c", _HOOKS_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert out.stdout.split()[-4:] == expected.split()
+
+
 def test_auto_device_picks_available_backend():
     with fr.Harvester("auto") as h:
         assert h.backend == fr.backend_info()["default_backend"]

@@ -156,8 +156,9 @@ def test_close_while_gate_closed_and_task_waiting():
 
 def _latched(h, priority=0):
     """Submits a short Spin that waits for a latch; returns (task id, latch)."""
-    latch = _C._Latch()
-    return h._ex._submit_after_latch(_C.spin_task(20, 1, 1000), priority, latch), latch
+    latch = _C._testing.Latch()
+    task = _C.spin_task(20, 1, 1000)
+    return _C._testing.submit_after_latch(h._ex, task, priority, latch), latch
 
 
 def _returns(call):
@@ -255,7 +256,7 @@ def test_launches_that_run_no_item_back_off_until_a_new_open(host):
     ex = host._ex
     task = host.submit(fr.tasks.ItemCounter(64))
     assert task.wait(timeout=30)
-    ex._test_items_see_gate_closed(True)
+    _C._testing.items_see_gate_closed(ex, True)
     try:
         counter = host.submit(fr.tasks.ItemCounter(64))
         wait_until(lambda: ex.idle_launches >= 1, timeout=10)
@@ -272,7 +273,7 @@ def test_launches_that_run_no_item_back_off_until_a_new_open(host):
             time.sleep(0.0025)
         fresh = ex.launches - before
     finally:
-        ex._test_items_see_gate_closed(False)
+        _C._testing.items_see_gate_closed(ex, False)
     assert stale <= 80, f"{stale} launches in 0.5 s with a stale open gate"
     # Most of the 200 opens let a launch in; the stale gate let in a quarter as many.
     assert fresh >= 100 and fresh >= 2 * stale, (fresh, stale)

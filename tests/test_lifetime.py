@@ -101,38 +101,6 @@ def test_final_tasks_are_let_go_at_the_end_of_each_recorded_iteration(host):
     assert y_ref() is None
 
 
-# Both kinds of task take submit's `stream` alike.
-KINDS = {
-    "kernel": lambda: fr.tasks.Spin(1, 1),
-    "iterative": lambda: AddTwice(torch.ones(4), torch.zeros(4)),
-}
-
-
-@pytest.mark.parametrize("kind", sorted(KINDS))
-@pytest.mark.parametrize(
-    "stream, error",
-    [
-        ("banana", ValueError),
-        (True, TypeError),
-        (object(), TypeError),
-        (-1, ValueError),
-        (12345, ValueError),  # a raw handle freeride cannot check
-    ],
-)
-def test_submit_stream_argument_is_checked(host, kind, stream, error):
-    with pytest.raises(error, match="stream"):
-        host.submit(KINDS[kind](), stream=stream)
-    assert host.tasks() == []  # nothing was queued
-
-
-@pytest.mark.parametrize("kind", sorted(KINDS))
-@pytest.mark.parametrize("stream", [None, "host", 0, 2])
-def test_submit_accepts_a_stream_on_the_host_backend(host, kind, stream):
-    handle = host.submit(KINDS[kind](), stream=stream)
-    assert handle.wait(timeout=30)
-    assert handle.state == "done"
-
-
 @pytest.mark.parametrize("iterative", [False, True], ids=["kernel", "iterative"])
 def test_a_dropped_harvester_is_closed_without_the_cyclic_gc(iterative):
     """A harvester dropped without close() stops its threads and lets go of its tasks

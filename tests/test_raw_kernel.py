@@ -18,7 +18,7 @@ from nvrtc import SCALE, NvrtcError, compile_ptx, find_nvrtc, ptx_param_sizes
 
 import freeride as fr
 from conftest import wait_until
-from freeride.tasks import _kernel_cache
+from freeride.tasks import _kernel_cache, raw_kernel
 from freeride.tasks._signature import CTX_BYTES, check_sizes, pack, scalar_word
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,7 +90,7 @@ def fake_driver(fake_cupy, monkeypatch):
         }
 
     monkeypatch.setattr(_kernel_cache, "compile_module", compile_module)
-    monkeypatch.setattr(fr._C, "function_info", function_info)
+    monkeypatch.setattr(raw_kernel, "function_info", function_info)
     return sizes
 
 
@@ -638,7 +638,7 @@ with fr.Harvester("cuda:0") as h:
 
 @pytest.mark.gpu
 def test_gpu_faulting_kernel_fails_its_task_and_poisons_only_its_process():
-    """What the README says is true: an illegal address fails the task with CUDA's error
+    """What docs/guide.md says is true: an illegal address fails the task with CUDA's error
     (no crash), and the CUDA context of that process is then unusable, training included.
     Which is why untrusted kernels are tried in a separate process first."""
     pytest.importorskip("cupy", reason="RawKernel needs CuPy")

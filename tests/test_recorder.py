@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from freeride import _C
+from freeride import _C, gate
 from freeride.record import recorder
 from freeride.record.recorder import Recorder
 from freeride.record.report import Report
@@ -49,6 +49,11 @@ class FakeCudaExecutor:
         return []
 
 
+def _recorder(ex, kind, device):
+    """A recorder writing through its own gate, as a harvester builds them."""
+    return Recorder(gate.Gate(ex, kind, device, lambda: None), ex, kind, device)
+
+
 def iteration(rec, bubbles=3):
     """One recorded iteration with `bubbles` bubbles (slots), on the default stream."""
     rec.begin_iteration(0)
@@ -75,7 +80,7 @@ def capture(monkeypatch):
         state["asked"] += 1
         return state["on"]
 
-    monkeypatch.setattr(recorder, "stream_is_capturing", capturing)
+    monkeypatch.setattr(gate, "stream_is_capturing", capturing)
     return state
 
 
@@ -84,7 +89,7 @@ def test_iterations_recorded_inside_a_capture_are_left_out(capture):
     graph) but takes no timestamp, and the iteration is left out of the record, so
     report() later neither fails on the captured marks nor waits for them."""
     ex = FakeCudaExecutor()
-    rec = Recorder(ex, "cuda", 0)
+    rec = _recorder(ex, "cuda", 0)
     iteration(rec)
     capture["on"] = True
     marks_before = ex.next_mark
@@ -104,7 +109,7 @@ def test_iterations_recorded_inside_a_capture_are_left_out(capture):
 
 def test_a_capture_that_begins_mid_iteration_leaves_that_iteration_out(capture):
     ex = FakeCudaExecutor()
-    rec = Recorder(ex, "cuda", 0)
+    rec = _recorder(ex, "cuda", 0)
     iteration(rec)
     rec.begin_iteration(0)
     rec.compute_begin("F", 0)
@@ -122,7 +127,7 @@ def test_a_capture_that_begins_mid_iteration_leaves_that_iteration_out(capture):
 
 def test_the_host_backend_never_asks_about_capture(capture):
     ex = FakeCudaExecutor()
-    rec = Recorder(ex, "host", -1)
+    rec = _recorder(ex, "host", -1)
     ex.elapsed_ns = lambda a, b: 0 if a == 0 else FakeCudaExecutor.elapsed_ns(ex, a, b)
     iteration(rec)
     rec.flush(block=True, timeout=5)
@@ -141,7 +146,7 @@ def test_free_memory_is_sampled_once_per_iteration_over_the_slots_in_turn(captur
 
     fake_torch(monkeypatch, mem_get_info)
     ex = FakeCudaExecutor()
-    rec = Recorder(ex, "cuda", 3)
+    rec = _recorder(ex, "cuda", 3)
     for _ in range(7):
         iteration(rec, bubbles=3)
     assert asked == [3] * 7
@@ -158,7 +163,7 @@ def test_free_memory_is_sampled_once_per_iteration_over_the_slots_in_turn(captur
 def test_no_free_memory_is_sampled_inside_a_capture(capture, monkeypatch):
     asked = []
     fake_torch(monkeypatch, lambda d: asked.append(d) or (1, 2))
-    rec = Recorder(FakeCudaExecutor(), "cuda", 0)
+    rec = _recorder(FakeCudaExecutor(), "cuda", 0)
     capture["on"] = True
     iteration(rec)
     assert asked == []
@@ -184,7 +189,7 @@ def test_gpu_record_gets_a_wall_clock_origin(capture, monkeypatch):
     iteration resolves, ties them to time.time_ns(). Here the fake GPU is 5 ms past the
     iteration's start when the probe is taken."""
     ex = FakeCudaExecutor()
-    rec = Recorder(ex, "cuda", 0)
+    rec = _recorder(ex, "cuda", 0)
     iteration(rec)
     ex.now += 5_000_000  # the GPU time between the iteration's last mark and now
     monkeypatch.setattr(recorder.time, "time_ns", lambda: 10**18)

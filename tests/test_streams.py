@@ -21,11 +21,69 @@ class FakeTorchStream:
         self.device = None
 
 
-@pytest.mark.parametrize("raw", RAW_HANDLES)
+class AddOne(fr.IterativeTask):
+    """The lightest iterative task: one step."""
+
+    total_steps = 1
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def step(self) -> None:
+        self.steps += 1
+
+    def finished(self) -> bool:
+        return self.steps >= 1
+
+
+# Every `stream` argument is checked by one function (freeride._streams.check_stream)
+# before any backend looks at it, so a wrong one fails the same way on the host and on a
+# GPU. Gate writes take "host" (write now); a stream to follow (submit) takes no string.
+BAD = [
+    # (stream, error for a gate write, error for submit, what the message names)
+    ("banana", ValueError, TypeError, "banana"),
+    ("host", None, TypeError, "'host'"),
+    (True, TypeError, TypeError, "bool"),
+    (1.5, TypeError, TypeError, "float"),
+    (object(), TypeError, TypeError, "object"),
+    *[(raw, ValueError, ValueError, "ExternalStream") for raw in RAW_HANDLES],
+]
+
+
 @pytest.mark.parametrize("kind", ["host", "cuda"])
-def test_raw_handle_is_refused_with_the_way_out(raw, kind):
-    with pytest.raises(ValueError, match=rf"stream={raw} .*ExternalStream"):
-        stream_handle(raw, kind, 0)
+@pytest.mark.parametrize("stream, write_error, follow_error, says", BAD)
+def test_one_behaviour_on_every_backend(kind, stream, write_error, follow_error, says):
+    device = -1 if kind == "host" else 0
+    if write_error is None:
+        assert stream_handle(stream, kind, device) == _C.IMMEDIATE
+    else:
+        with pytest.raises(write_error, match=rf"stream.*{says}|{says}.*stream"):
+            stream_handle(stream, kind, device)
+    with pytest.raises(follow_error, match=rf"stream.*{says}|{says}.*stream"):
+        stream_handle(stream, kind, device, host=False)
+
+
+TASKS = {"kernel": lambda: fr.tasks.Spin(1, 1), "iterative": AddOne}
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+@pytest.mark.parametrize("stream, write_error, follow_error, says", BAD)
+def test_every_public_stream_argument_refuses_alike(
+    host, task, stream, write_error, follow_error, says
+):
+    """The harvester's methods refuse before anything is written or queued."""
+    with pytest.raises(follow_error, match="stream"):
+        host.submit(TASKS[task](), stream=stream)
+    assert host.tasks() == []  # nothing was queued
+    if write_error is None:
+        return
+    for write in (host.gate.close, host.gate.open):
+        with pytest.raises(write_error, match="stream"):
+            write(stream=stream)
+    for block in (host.compute, host.iteration, host.bubble):
+        with pytest.raises(write_error, match="stream"), block(stream=stream):
+            pass
+    assert host.gate.is_open
 
 
 @pytest.mark.parametrize("special", [0, 1, 2])
@@ -39,33 +97,14 @@ def test_a_stream_object_gives_its_handle():
     assert stream_handle(FakeTorchStream(0x7F00_DEAD_BEEF), "cuda", 0) == 0x7F00_DEAD_BEEF
 
 
-def test_bool_is_not_a_handle():
-    with pytest.raises(TypeError, match="bool"):
-        stream_handle(True, "cuda", 0)
-
-
-@pytest.mark.parametrize("raw", RAW_HANDLES)
-def test_every_public_stream_argument_refuses_a_raw_handle(host, raw):
-    with pytest.raises(ValueError, match="ExternalStream"):
-        host.submit(fr.tasks.Spin(1, 1), stream=raw)
-    with pytest.raises(ValueError, match="ExternalStream"):
-        host.gate.close(stream=raw)
-    with pytest.raises(ValueError, match="ExternalStream"):
-        host.gate.open(stream=raw)
-    with pytest.raises(ValueError, match="ExternalStream"), host.compute(stream=raw):
-        pass
-    with pytest.raises(ValueError, match="ExternalStream"), host.iteration(stream=raw):
-        pass
-    assert host.gate.is_open
-    assert host.tasks() == []
-
-
-def test_special_handles_and_stream_objects_work_on_the_host(host):
-    for stream in (0, 1, 2, FakeTorchStream(12345)):
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_special_handles_and_stream_objects_work_on_the_host(host, task):
+    for stream in (None, 0, 1, 2, FakeTorchStream(12345)):
         host.gate.close(stream=stream)
         assert not host.gate.is_open
         host.gate.open(stream=stream)
-        assert host.submit(fr.tasks.Spin(2, 1000), stream=stream).wait(timeout=30)
+        handle = host.submit(TASKS[task](), stream=stream)
+        assert handle.wait(timeout=30) and handle.state == "done"
 
 
 class _FakeCupy:

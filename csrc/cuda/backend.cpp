@@ -28,10 +28,12 @@
 // gate_write (on the training hot path), stop/resume, done and gate_read. Every public
 // method selects the device itself and puts the caller's device back afterwards.
 //
-// The parts: memory.* (gate slots, pinned constants, slot pools), shared.hpp (the state
-// the backend and its runners share; green_context.cpp builds its green context),
-// admission.* (waiting for the gate), runner.* (launches and their ends), and this file
-// (the Backend: gate writes, marks, lifetime).
+// The parts: gate_memory.* (gate slots, pinned constants, slot pools), shared.* (the
+// state the backend and its runners share, its gate writes and marks; green_context.cpp
+// builds its green context as green_context_plan.* decides), admission.* (waiting for the
+// gate), runner.* (launches and their ends), open_watcher.* (rings the bell once an open
+// took effect), driver.* (driver entry points), and this file (the Backend: gate writes,
+// marks, lifetime).
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -46,13 +48,13 @@
 #include "backend.hpp"
 #include "check.hpp"
 #include "cuda/admission.hpp"
-#include "cuda/memory.hpp"
+#include "cuda/device_guard.hpp"
+#include "cuda/driver.hpp"
+#include "cuda/gate_memory.hpp"
+#include "cuda/open_watcher.hpp"
 #include "cuda/runner.hpp"
 #include "cuda/shared.hpp"
-#include "cuda_driver.hpp"
-#include "device_guard.hpp"
 #include "launchers.hpp"
-#include "open_watcher.hpp"
 
 namespace freeride {
 namespace cuda {

@@ -3,6 +3,7 @@
 #include <exception>
 #include <string>
 
+#include "cuda/green_context_plan.hpp"
 #include "cuda/shared.hpp"
 
 namespace freeride::cuda {

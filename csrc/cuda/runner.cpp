@@ -16,8 +16,8 @@
 
 #include "check.hpp"
 #include "cuda/admission.hpp"
-#include "cuda_driver.hpp"
-#include "device_guard.hpp"
+#include "cuda/device_guard.hpp"
+#include "cuda/driver.hpp"
 #include "freeride/item_ctx.h"
 #include "launchers.hpp"
 

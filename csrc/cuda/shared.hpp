@@ -1,6 +1,6 @@
 // The state the CUDA backend and its runners share: streams, the gate and how it is
-// written, the pools, the green context, the marks. Its green-context methods are in
-// green_context.cpp.
+// written, the pools, the green context, the marks. The methods that are not one-liners
+// are in shared.cpp, its green-context methods in green_context.cpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -17,13 +17,13 @@
 
 #include "backend.hpp"
 #include "check.hpp"
-#include "cuda/memory.hpp"
-#include "cuda_driver.hpp"
-#include "device_guard.hpp"
+#include "cuda/device_guard.hpp"
+#include "cuda/driver.hpp"
+#include "cuda/gate_memory.hpp"
+#include "cuda/occupancy.hpp"
+#include "cuda/open_watcher.hpp"
 #include "doorbell.hpp"
 #include "launchers.hpp"
-#include "open_watcher.hpp"
-#include "sm_room.hpp"
 #include "task.hpp"
 
 namespace freeride::cuda {
@@ -88,39 +88,12 @@ struct CudaShared {
   CudaShared(const CudaShared&) = delete;
   CudaShared& operator=(const CudaShared&) = delete;
 
-  ~CudaShared() {
-    // A backend whose constructor refused its arguments (an unknown gate write or reserve
-    // mechanism, a device that does not exist) made nothing, and has no device yet:
-    // cudaSetDevice(-1) would leave cudaErrorInvalidDevice as the thread's last error,
-    // for the next launch checked on it (run_plain, a kernel gate write) to report.
-    if (device < 0) return;
-    try {
-      DeviceGuard guard(device);
-      destroy_streams();
-      free_pools();
-    } catch (...) {
-      // Destructors never throw; at process exit the runtime may already be gone.
-      (void)cudaGetLastError();
-    }
-  }
+  ~CudaShared();
 
-  void destroy_streams() noexcept {
-    if (side != nullptr) (void)cudaStreamDestroy(side);
-    if (control != nullptr) (void)cudaStreamDestroy(control);
-    side = nullptr;
-    control = nullptr;
-    destroy_green();
-    (void)cudaGetLastError();
-  }
+  void destroy_streams() noexcept;
 
   // The stream first: cuGreenCtxDestroy leaves a green context's streams behind, leaked.
-  void destroy_green() noexcept {
-    const cuda_driver::Api& a = cuda_driver::api();
-    if (green_side != nullptr) (void)a.stream_destroy(reinterpret_cast<CUstream>(green_side));
-    if (green != nullptr) (void)a.green_ctx_destroy(green);
-    green_side = nullptr;
-    green = nullptr;
-  }
+  void destroy_green() noexcept;
 
   // Where a task's launches and their bookkeeping go.
   bool in_green(const Task& task) const {
@@ -190,63 +163,17 @@ struct CudaShared {
   // Stream-ordered write of a 32-bit word on `stream`, by `how` (never kBatch: see
   // enqueue_gate_write).
   void enqueue_write(unsigned int* word, uint32_t value, cudaStream_t stream,
-                     cuda_driver::GateWrite how) const {
-    if (how == cuda_driver::GateWrite::kMemop) {
-      const CUresult res = cuda_driver::api().stream_write_value32(
-          stream, cuda_driver::device_ptr(word), value, CU_STREAM_WRITE_VALUE_DEFAULT);
-      if (res != CUDA_SUCCESS) {
-        cuda_driver::throw_driver_error(res, "cuStreamWriteValue32", __FILE__, __LINE__);
-      }
-      return;
-    }
-    // Copy from pinned constants. A copy needs no SM, while a write kernel could not start
-    // until a full-occupancy side kernel drains, which would turn the pause latency into
-    // the rest of the phase. cudaMemcpyDefault: the word may be device memory or mapped
-    // host memory (a mirror or a host gate). Sequence numbers have no constant to copy
-    // from: they take the kernel.
-    if (how == cuda_driver::GateWrite::kCopy &&
-        (value == FREERIDE_GATE_OPEN || value == FREERIDE_GATE_CLOSED)) {
-      const cudaError_t err = cudaMemcpyAsync(word, gate_constants() + value, sizeof(unsigned int),
-                                              cudaMemcpyDefault, stream);
-      if (err != cudaSuccess) throw_cuda(err, "cudaMemcpyAsync (gate write)", __FILE__, __LINE__);
-      return;
-    }
-    kernels::launch_gate_write(word, value, stream);
-  }
+                     cuda_driver::GateWrite how) const;
 
   // Immediate write of a device-memory word: through the high-priority control stream,
   // complete (visible to the device) on return.
-  void write_now(unsigned int* word, uint32_t value) {
-    if (memops) {
-      enqueue_write(word, value, control, cuda_driver::GateWrite::kMemop);
-      FR_CUDA_CHECK(cudaStreamSynchronize(control));
-      return;
-    }
-    // Fallback: a copy rather than the write kernel, for the SM reason above.
-    std::lock_guard<std::mutex> lk(staging_mu);
-    auto* src = reinterpret_cast<unsigned int*>(staging.host);
-    *src = value;
-    FR_CUDA_CHECK(cudaMemcpyAsync(word, src, sizeof(unsigned int), cudaMemcpyHostToDevice, control));
-    FR_CUDA_CHECK(cudaStreamSynchronize(control));
-  }
+  void write_now(unsigned int* word, uint32_t value);
 
   // Stream-ordered gate write: the word kernels read, then its host mirror, so that a
   // mirror reading open implies the gate is open. The sequence word (beside the mirror)
   // goes before an open and after a close: a close is never held behind it, and an open
   // is seen with its own sequence number.
-  void enqueue_gate_write(uint32_t value, cudaStream_t stream, uint32_t seq) const {
-    if (gate_write == cuda_driver::GateWrite::kBatch) {
-      const CUresult res = enqueue_gate_batch(value, stream, seq, batch_flags);
-      if (res != CUDA_SUCCESS) {
-        cuda_driver::throw_driver_error(res, "cuStreamBatchMemOp (gate write)", __FILE__, __LINE__);
-      }
-      return;
-    }
-    if (value == FREERIDE_GATE_OPEN) enqueue_write(gate.mirror_dev + 1, seq, stream, gate_write);
-    enqueue_write(gate.dev, value, stream, gate_write);
-    if (!host_gate) enqueue_write(gate.mirror_dev, value, stream, gate_write);
-    if (value != FREERIDE_GATE_OPEN) enqueue_write(gate.mirror_dev + 1, seq, stream, gate_write);
-  }
+  void enqueue_gate_write(uint32_t value, cudaStream_t stream, uint32_t seq) const;
 
   // The same writes, in the same order, as one batch: one operation for the stream to
   // execute instead of three. Every write of a batch is fenced by default (all of the
@@ -259,44 +186,14 @@ struct CudaShared {
   // the iterative runner reads the mirror, then the number, and a number seen before the
   // closed mirror would make a closing bubble look like a new one.
   CUresult enqueue_gate_batch(uint32_t value, cudaStream_t stream, uint32_t seq,
-                              unsigned int relaxed_flags) const {
-    CUstreamBatchMemOpParams ops[3];
-    unsigned int count = 0;
-    auto add = [&](unsigned int* word, uint32_t v, unsigned int flags) {
-      CUstreamBatchMemOpParams& op = ops[count++];
-      std::memset(&op, 0, sizeof(op));
-      op.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-      op.writeValue.address = cuda_driver::device_ptr(word);
-      op.writeValue.value = v;
-      op.writeValue.flags = flags;
-    };
-    const bool open = value == FREERIDE_GATE_OPEN;
-    if (open) add(gate.mirror_dev + 1, seq, relaxed_flags);
-    add(gate.dev, value, CU_STREAM_WRITE_VALUE_DEFAULT);
-    if (!host_gate) add(gate.mirror_dev, value, open ? CU_STREAM_WRITE_VALUE_DEFAULT : relaxed_flags);
-    if (!open) add(gate.mirror_dev + 1, seq, CU_STREAM_WRITE_VALUE_DEFAULT);
-    return cuda_driver::api().stream_batch_mem_op(stream, count, ops, 0);
-  }
+                              unsigned int relaxed_flags) const;
 
   // Whether the driver takes the batch of an open, tried on the control stream with the
   // gate's current words (the constructor's state: nothing else writes them yet). The
   // driver documents CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER as unsupported by the v2
   // memory operations that cuStreamBatchMemOp resolves to: where it refuses the flag,
   // the batch keeps every fence.
-  bool try_batch() {
-    if (cuda_driver::api().stream_batch_mem_op == nullptr) return false;
-    const uint32_t seq = mirror_seq();
-    for (unsigned int flags : {static_cast<unsigned int>(CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER),
-                               static_cast<unsigned int>(CU_STREAM_WRITE_VALUE_DEFAULT)}) {
-      const CUresult res = enqueue_gate_batch(FREERIDE_GATE_OPEN, control, seq, flags);
-      FR_CUDA_CHECK(cudaStreamSynchronize(control));
-      if (res == CUDA_SUCCESS) {
-        batch_flags = flags;
-        return true;
-      }
-    }
-    return false;
-  }
+  bool try_batch();
 
   // Immediate gate write, complete on return.
   // In the stream-ordered writes' order: the sequence number before an open and after a
@@ -313,25 +210,7 @@ struct CudaShared {
   // across a host round trip (a device write, a synchronise, then a host store), which
   // could leave the mirror closed over an open gate (a bubble lost) or open over a closed
   // one (launches that run no item: the executor backs off, see executor.cpp).
-  void write_gate_now(uint32_t value, uint32_t seq) {
-    const bool open = value == FREERIDE_GATE_OPEN;
-    if (!host_gate && !stream_wait && gate_write == cuda_driver::GateWrite::kBatch) {
-      const CUresult res = enqueue_gate_batch(value, control, seq, batch_flags);
-      if (res != CUDA_SUCCESS) {
-        cuda_driver::throw_driver_error(res, "cuStreamBatchMemOp (immediate gate write)",
-                                        __FILE__, __LINE__);
-      }
-      FR_CUDA_CHECK(cudaStreamSynchronize(control));
-      if (open) gate.bell->ring();
-      return;
-    }
-    if (open) std::atomic_ref<unsigned int>(gate.mirror[1]).store(seq);
-    if (open && stream_wait) std::atomic_ref<unsigned int>(*gate.mirror).store(value);
-    if (!host_gate) write_now(gate.dev, value);
-    std::atomic_ref<unsigned int>(*gate.mirror).store(value);
-    if (!open) std::atomic_ref<unsigned int>(gate.mirror[1]).store(seq);
-    if (open) gate.bell->ring();
-  }
+  void write_gate_now(uint32_t value, uint32_t seq);
 
   // Has gate.bell rung once `stream` reaches this point (just after an open's writes, so
   // the mirror reads open by then): one event record on the training stream. Caller
@@ -340,16 +219,7 @@ struct CudaShared {
   // itself is enqueued, and where no ring comes the executor thread still looks at the
   // mirror every kAdmissionPoll. Skipped on a stream being captured into a graph, where
   // waiting for an event recorded in the capture would invalidate it.
-  void enqueue_ring(cudaStream_t stream) noexcept {
-    if (watcher == nullptr) return;
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
-        capture != cudaStreamCaptureStatusNone) {
-      (void)cudaGetLastError();
-      return;
-    }
-    (void)watcher->ring_after(stream, gate.bell);
-  }
+  void enqueue_ring(cudaStream_t stream) noexcept;
 
   uint32_t mirror() const { return std::atomic_ref<unsigned int>(*gate.mirror).load(); }
   uint32_t mirror_seq() const { return std::atomic_ref<unsigned int>(gate.mirror[1]).load(); }
@@ -364,32 +234,9 @@ struct CudaShared {
   std::vector<cudaEvent_t> free_events;
   uint64_t next_mark = 1;
 
-  uint64_t mark(cudaStream_t stream) {
-    std::lock_guard<std::mutex> lk(marks_mu);
-    cudaEvent_t ev = nullptr;
-    if (free_events.empty()) {
-      FR_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDefault));
-    } else {
-      ev = free_events.back();
-      free_events.pop_back();
-    }
-    const cudaError_t err = cudaEventRecord(ev, stream);
-    if (err != cudaSuccess) {
-      free_events.push_back(ev);
-      throw_cuda(err, "cudaEventRecord (mark)", __FILE__, __LINE__);
-    }
-    const uint64_t id = next_mark++;
-    marks.emplace(id, ev);
-    return id;
-  }
+  uint64_t mark(cudaStream_t stream);
 
-  uint64_t derive_mark(uint64_t base, int64_t offset_ns) {
-    std::lock_guard<std::mutex> lk(marks_mu);
-    FR_ARG(marks.count(base) != 0, "unknown mark " << base);
-    const uint64_t id = next_mark++;
-    derived.emplace(id, std::make_pair(base, offset_ns));
-    return id;
-  }
+  uint64_t derive_mark(uint64_t base, int64_t offset_ns);
 
   // Caller holds marks_mu: the event mark under `id` and the offset from it.
   std::pair<uint64_t, int64_t> resolve_locked(uint64_t id) const {
@@ -397,41 +244,11 @@ struct CudaShared {
     return it == derived.end() ? std::make_pair(id, int64_t{0}) : it->second;
   }
 
-  int64_t elapsed_ns(uint64_t from_id, uint64_t to_id) {
-    std::lock_guard<std::mutex> lk(marks_mu);
-    const auto [from, from_ns] = resolve_locked(from_id);
-    const auto [to, to_ns] = resolve_locked(to_id);
-    auto a = marks.find(from);
-    auto b = marks.find(to);
-    FR_ARG(a != marks.end() && b != marks.end(), "unknown mark " << from_id << " or " << to_id);
-    float ms = 0.f;
-    const cudaError_t err = cudaEventElapsedTime(&ms, a->second, b->second);
-    if (err == cudaErrorNotReady) {
-      (void)cudaGetLastError();  // not sticky, but must not surface as a launch's error
-      return kPending;
-    }
-    if (err != cudaSuccess) throw_cuda(err, "cudaEventElapsedTime", __FILE__, __LINE__);
-    return static_cast<int64_t>(static_cast<double>(ms) * 1e6) + (to_ns - from_ns);
-  }
+  int64_t elapsed_ns(uint64_t from_id, uint64_t to_id);
 
-  void release_mark(uint64_t id) noexcept {
-    std::lock_guard<std::mutex> lk(marks_mu);
-    if (derived.erase(id) != 0) return;
-    auto it = marks.find(id);
-    if (it == marks.end()) return;
-    free_events.push_back(it->second);
-    marks.erase(it);
-  }
+  void release_mark(uint64_t id) noexcept;
 
-  void destroy_events() noexcept {
-    std::lock_guard<std::mutex> lk(marks_mu);
-    for (auto& [id, ev] : marks) (void)cudaEventDestroy(ev);
-    for (cudaEvent_t ev : free_events) (void)cudaEventDestroy(ev);
-    marks.clear();
-    derived.clear();
-    free_events.clear();
-    (void)cudaGetLastError();
-  }
+  void destroy_events() noexcept;
 };
 
 }  // namespace freeride::cuda

@@ -8,7 +8,7 @@
 
 #include "check.hpp"
 #include "freeride/preempt.cuh"
-#include "sm_room.hpp"
+#include "cuda/occupancy.hpp"
 #include "task.hpp"
 
 namespace freeride::kernels {

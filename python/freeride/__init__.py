@@ -8,8 +8,8 @@ with fr.Harvester(device="cuda:0", memory_budget="8GiB") as h:
 
 from __future__ import annotations
 
-from . import simulate, tasks
 from . import integrations as integrations
+from . import simulate, tasks
 from ._moved import package_getattr as __getattr__  # noqa: F401 - old module paths
 from .errors import (
     CudaUnavailableError,
@@ -24,7 +24,7 @@ from .errors import (
     TaskFailedError,
 )
 from .gate import Gate
-from .handle import TaskHandle
+from .handle import Handle, TaskHandle
 from .harvester import Harvester
 from .info import __version__, backend_info, include_dir
 from .iterative import IterativeHandle, IterativeTask
@@ -44,6 +44,7 @@ __all__ = [
     "CudaUnavailableError",
     "FreerideError",
     "Gate",
+    "Handle",
     "Harvester",
     "HarvesterClosedError",
     "IterativeHandle",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from . import _C
+from ._C import backend_info
 from .errors import CudaUnavailableError
 
 _CUDA = re.compile(r"^cuda(?::(\d+))?$")
@@ -30,7 +30,7 @@ def resolve_device(device: Any) -> tuple[str, int]:
             )
     text = device.strip().lower()
     if text == "auto":
-        info = _C.backend_info()
+        info = backend_info()
         return ("cuda", 0) if info["cuda"] else ("host", -1)
     if text in ("cpu", "host"):
         return "host", -1
@@ -41,7 +41,7 @@ def resolve_device(device: Any) -> tuple[str, int]:
 
 
 def _check_cuda(index: int) -> int:
-    info = _C.backend_info()
+    info = backend_info()
     if not info["cuda"]:
         raise CudaUnavailableError(
             f"device cuda:{index} was requested but CUDA is unavailable here: {info['reason']}. "

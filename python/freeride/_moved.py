@@ -24,15 +24,17 @@ MOVED = {
     "freeride.demo": "freeride.cli.demo",
     "freeride.bench": "freeride.cli.bench",
 }
+# The moved paths that were packages: their submodules moved with them.
+PACKAGES = ("freeride.bench",)
 
 
 def new_path(name: str) -> str | None:
     """Where the module `name` lives now, or None if it did not move."""
     if name in MOVED:
         return MOVED[name]
-    for old, new in MOVED.items():
+    for old in PACKAGES:
         if name.startswith(old + "."):  # freeride.bench.soak -> freeride.cli.bench.soak
-            return new + name[len(old) :]
+            return MOVED[old] + name[len(old) :]
     return None
 
 
@@ -62,7 +64,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
         if new_path(name) is None:
             return None
-        return importlib.util.spec_from_loader(name, self, is_package=name in MOVED)
+        return importlib.util.spec_from_loader(name, self, is_package=name in PACKAGES)
 
     def create_module(self, spec: Any) -> types.ModuleType:
         new = new_path(spec.name)
@@ -70,7 +72,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return _Alias(spec.name, importlib.import_module(new))
 
     def exec_module(self, module: types.ModuleType) -> None:
-        module.__path__ = []  # lets `import freeride.bench.soak` ask this finder again
+        pass
 
 
 def package_getattr(name: str) -> types.ModuleType:

@@ -33,7 +33,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import _C
+from ._C import _sigterm_guard_arm, _sigterm_guard_disarm, _sigterm_guard_stand_down
 
 # The closes the SIGTERM handler waits for, in all; past it the process ends anyway.
 SIGTERM_BUDGET_S = 0.4
@@ -164,7 +164,7 @@ def _install() -> None:
         if current is not _on_sigterm and current != signal.SIG_DFL:
             return
         signal.signal(signal.SIGTERM, _on_sigterm)
-        _C._sigterm_guard_arm(SIGTERM_GRACE_S)
+        _sigterm_guard_arm(SIGTERM_GRACE_S)
         with _lock:
             _installed = True
 
@@ -181,7 +181,7 @@ def _uninstall_if_idle(blocking: bool = True) -> None:
             was_installed, _installed = _installed, False
         main = _is_main_thread()
         if was_installed:
-            _C._sigterm_guard_disarm(not main)
+            _sigterm_guard_disarm(not main)
         # On the main thread also a handler left by a close elsewhere, which could only
         # put the default action back below Python.
         if main and signal.getsignal(signal.SIGTERM) is _on_sigterm:
@@ -193,9 +193,9 @@ def _uninstall_if_idle(blocking: bool = True) -> None:
 def _on_sigterm(signum: int, _frame: Any) -> None:
     """Closes what is open (bounded), then dies by SIGTERM as the default action would.
     Takes no lock on this thread: the signal may have interrupted it holding one."""
-    _C._sigterm_guard_stand_down()
+    _sigterm_guard_stand_down()
     _close_bounded(SIGTERM_BUDGET_S)
-    _C._sigterm_guard_disarm(False)
+    _sigterm_guard_disarm(False)
     signal.signal(signum, signal.SIG_DFL)
     for hook in _after_sigterm:
         try:

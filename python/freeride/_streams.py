@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from . import _C
+from ._C import IMMEDIATE, _stream_is_capturing
 from .errors import StreamCaptureError
 
 # The only stream handles that mean the same in every process: the default stream (0),
@@ -20,37 +20,54 @@ STREAM_ARG = (
 )
 
 
-def stream_handle(stream: Any, kind: str, device: int) -> int:
-    """The handle to write the gate on, or _C.IMMEDIATE for an immediate write."""
+STREAM_TO_FOLLOW = (
+    "None, a torch.cuda.Stream, a CuPy stream, or one of the special handles "
+    "0 (default stream), 1 (cudaStreamLegacy), 2 (cudaStreamPerThread)"
+)
+
+
+def check_stream(stream: Any, *, host: bool) -> None:
+    """Refuses a `stream` argument that is wrong on every backend alike, before anything
+    looks at a device: TypeError for what is no stream, ValueError for a value that
+    cannot be one. `host`: whether "host" (write immediately) is allowed, as it is for
+    gate writes; a stream to follow (submit) can be no string at all."""
+    expected = STREAM_ARG if host else STREAM_TO_FOLLOW
     if isinstance(stream, str):
-        if stream == "host":
-            return _C.IMMEDIATE
-        raise ValueError(f"stream must be {STREAM_ARG}; got {stream!r}")
+        if host and stream == "host":
+            return
+        if host:
+            raise ValueError(f"stream must be {expected}; got {stream!r}")
+        raise TypeError(f"stream must be {expected}; got the string {stream!r}")
     if isinstance(stream, bool):
-        raise TypeError(f"stream must be {STREAM_ARG}; got a bool")
-    if isinstance(stream, int) and stream not in SPECIAL_HANDLES:
-        raise ValueError(
-            f"stream={stream} is a raw stream handle freeride cannot check; pass the stream "
-            "object instead (torch.cuda.ExternalStream(handle) or "
-            "cupy.cuda.ExternalStream(handle) wraps a raw handle), or one of the special "
-            "handles 0 (default stream), 1 (cudaStreamLegacy), 2 (cudaStreamPerThread)"
-        )
-    if kind == "host":
+        raise TypeError(f"stream must be {expected}; got a bool")
+    if isinstance(stream, int):
+        if stream not in SPECIAL_HANDLES:
+            raise ValueError(
+                f"stream={stream} is a raw stream handle freeride cannot check; pass the "
+                "stream object instead (torch.cuda.ExternalStream(handle) or "
+                "cupy.cuda.ExternalStream(handle) wraps a raw handle), or one of the special "
+                "handles 0 (default stream), 1 (cudaStreamLegacy), 2 (cudaStreamPerThread)"
+            )
+        return
+    if stream is not None and _handle_of(stream) is None:
+        raise TypeError(f"stream must be {expected}; got {type(stream).__name__}")
+
+
+def stream_handle(stream: Any, kind: str, device: int, *, host: bool = True) -> int:
+    """The handle to write the gate on (or to follow), or IMMEDIATE for an immediate
+    write; check_stream() first, so every backend refuses the same arguments alike."""
+    check_stream(stream, host=host)
+    if kind == "host" or stream == "host":
         # The host backend has no streams: its compute is synchronous, so now is in order.
-        if stream is None or isinstance(stream, int) or _handle_of(stream) is not None:
-            return _C.IMMEDIATE
-        raise TypeError(f"stream must be {STREAM_ARG}; got {type(stream).__name__}")
+        return IMMEDIATE
     if stream is None:
         return current_stream(device)
     if isinstance(stream, int):
         return stream
-    handle = _handle_of(stream)
-    if handle is None:
-        raise TypeError(f"stream must be {STREAM_ARG}; got {type(stream).__name__}")
     stream_device = _device_of(stream)
     if stream_device is not None and stream_device != device:
         raise ValueError(f"stream is on cuda:{stream_device} but the harvester is on cuda:{device}")
-    return handle
+    return _handle_of(stream)
 
 
 def _handle_of(stream: Any):
@@ -109,7 +126,7 @@ _SPECIAL_NAMES = {
 def stream_is_capturing(handle: int, device: int) -> bool:
     """True while the CUDA stream `handle` of `device` is being captured into a graph
     (the legacy default stream also while another blocking stream captures). CUDA only."""
-    return bool(_C._stream_is_capturing(handle, device))
+    return bool(_stream_is_capturing(handle, device))
 
 
 def refuse_capturing(handles: list[int], device: int) -> None:

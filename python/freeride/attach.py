@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from time import perf_counter_ns
 from typing import Any
 
 from .record.recorder import Recorder
@@ -99,18 +98,10 @@ def _compute_wrapper(
     def make(original: Callable) -> Callable:
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            t0 = perf_counter_ns()
-            if computes is not None and not computes(args, kwargs):
-                recorder.add_hook_ns(perf_counter_ns() - t0)
+            if computes is not None and not recorder.timed(computes, args, kwargs):
                 return original(*args, **kwargs)
-            recorder.compute_begin(label(args, kwargs))
-            recorder.add_hook_ns(perf_counter_ns() - t0)
-            try:
+            with recorder.compute(recorder.timed(label, args, kwargs)):
                 return original(*args, **kwargs)
-            finally:
-                t1 = perf_counter_ns()
-                recorder.compute_end()
-                recorder.add_hook_ns(perf_counter_ns() - t1)
 
         return wrapper
 
@@ -121,15 +112,8 @@ def _step_wrapper(recorder: Recorder):
     def make(original: Callable) -> Callable:
         @functools.wraps(original)
         def step(*args: Any, **kwargs: Any) -> Any:
-            t0 = perf_counter_ns()
-            recorder.begin_iteration()
-            recorder.add_hook_ns(perf_counter_ns() - t0)
-            try:
+            with recorder.iteration():
                 return original(*args, **kwargs)
-            finally:
-                t1 = perf_counter_ns()
-                recorder.end_iteration()
-                recorder.add_hook_ns(perf_counter_ns() - t1)
 
         return step
 

@@ -1,12 +1,21 @@
-"""The gate: the per-device word that says whether side work may run."""
+"""The gate: the per-device word that says whether side work may run, and its one writer.
+
+Every write goes through Gate.write(), whoever asks for it (h.gate, h.bubble(),
+h.compute(), h.iteration(), a schedule's hooks): it numbers the write, remembers which
+bubble slot an open starts, and takes the timestamps the bubble record asks for."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from . import _C
-from .record.recorder import Recorder
+from ._C import GATE_CLOSED, GATE_OPEN, IMMEDIATE
+from ._streams import stream_handle, stream_is_capturing
+
+_SEQ_MASK = 2**32 - 1
+# slot_of() of a gate opened by hand, outside the bubbles of recorded iterations.
+MANUAL_BUBBLE = -1
+_KEEP_SLOTS = 65536
 
 
 class Gate:
@@ -23,27 +32,75 @@ class Gate:
     idle-priority worker threads beside whatever runs next.
     """
 
-    def __init__(self, recorder: Recorder, executor: Any, check_open: Callable[[], None]) -> None:
-        self._recorder = recorder
+    def __init__(
+        self, executor: Any, kind: str, device: int, check_open: Callable[[], None]
+    ) -> None:
         self._ex = executor
+        self._kind = kind
+        self._device = device
         self._check_open = check_open
+        self._seq = 0
+        self._seq_slot: dict[int, int] = {}  # sequence number of an open -> bubble slot
+        self.written_open = True  # the value of the latest write, in stream order
 
     def open(self, stream: Any = None) -> None:
         """Lets side work run from this point of `stream` on."""
         self._check_open()
-        self._recorder.open_gate(stream)
+        self.write(GATE_OPEN, stream)
 
     def close(self, stream: Any = None) -> None:
         """Stops side work from this point of `stream` on: running side kernels exit at
         their next item boundary and no new one starts."""
         self._check_open()
-        self._recorder.close_gate(stream)
+        self.write(GATE_CLOSED, stream)
+
+    def write(self, value: int, stream: Any, mark: bool = False, slot: int | None = None) -> int:
+        """Writes `value` on `stream`; with `mark`, also returns a timestamp mark of when
+        the write took effect (0 where none can be taken): after a close (side work has
+        stopped), before an open (side work has not resumed), so recorded compute
+        intervals contain no side work and bubbles hold all of it. `slot`: the bubble slot
+        an open starts (none: a manual bubble), known to slot_of() before the write, so
+        the iterative runner never sees the new gate value without it."""
+        self._seq = (self._seq + 1) & _SEQ_MASK
+        opening = value == GATE_OPEN
+        if opening:
+            self._remember_slot(self._seq, MANUAL_BUBBLE if slot is None else slot)
+        handle = stream_handle(stream, self._kind, self._device)
+        if mark and self._capturing(handle):
+            # The write itself is captured with the graph (every replay writes the gate),
+            # but an event recorded in a capture is no point of the stream's timeline.
+            mark = False
+        mark_id = self._ex.mark(handle) if mark and opening else 0
+        self._ex.gate_write(value, handle, self._seq)
+        if mark and not opening:
+            mark_id = self._ex.mark(handle)
+        self.written_open = opening
+        return mark_id
+
+    def _capturing(self, handle: int) -> bool:
+        return (
+            self._kind == "cuda"
+            and handle != IMMEDIATE
+            and stream_is_capturing(handle, self._device)
+        )
+
+    def _remember_slot(self, seq: int, slot: int) -> None:
+        self._seq_slot[seq] = slot
+        if len(self._seq_slot) > _KEEP_SLOTS:  # forget the oldest half
+            for key in list(self._seq_slot)[: _KEEP_SLOTS // 2]:
+                del self._seq_slot[key]
+
+    def slot_of(self, seq: int) -> int | None:
+        """Bubble slot opened by the write with sequence number `seq`: MANUAL_BUBBLE for
+        an open outside recorded iterations (h.bubble(), h.gate.open()), None for a close
+        (or a write this gate did not make)."""
+        return self._seq_slot.get(seq)
 
     @property
     def is_open(self) -> bool:
         """The gate's value now (on a GPU: after every write that has taken effect)."""
         self._check_open()
-        return self._ex.gate_read() == _C.GATE_OPEN
+        return self._ex.gate_read() == GATE_OPEN
 
     @property
     def seq(self) -> int:
@@ -56,4 +113,4 @@ class Gate:
         return self._ex.gate_address
 
     def __repr__(self) -> str:
-        return f"Gate(open={self._ex.gate_read() == _C.GATE_OPEN})"
+        return f"Gate(open={self._ex.gate_read() == GATE_OPEN})"

@@ -10,9 +10,10 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
-from . import _C, _shutdown
+from . import _shutdown
+from ._C import Executor
 from ._checks import check_count, check_float, parse_memory
 from ._device import resolve_device
 from ._streams import current_streams, refuse_capturing, stream_handle
@@ -30,6 +31,14 @@ from .tasks._base import Task
 # After an interrupt or a signal (_abort), how long close waits for an iterative task's
 # step in flight before abandoning it (close() itself: iterative.CLOSE_TIMEOUT_S).
 ABORT_STEP_TIMEOUT_S = 0.2
+
+
+class BubbleStats(NamedTuple):
+    """Harvester.bubble_stats(): the record's prediction of this device's bubbles."""
+
+    per_iteration_ns: int
+    longest_ns: int
+    iterations: int
 
 
 def _rank() -> int | None:
@@ -146,7 +155,7 @@ class Harvester:
     replaced). Either way side tasks stop at an item boundary (an item in flight
     finishes, no new one starts, none runs twice), every freeride thread is joined, and
     freeride's part takes milliseconds (on a machine whose cores are all busy, see
-    "Ctrl-C and SIGTERM" in the README). Waits on side work (``handle.wait()``,
+    "Ctrl-C and SIGTERM" in docs/guide.md). Waits on side work (``handle.wait()``,
     ``result()``, ``cancel()``, ``wait_all()``) let Ctrl-C through.
     """
 
@@ -178,7 +187,7 @@ class Harvester:
             )
         self._reserve = reserve
         self._time_slice = _check_time_slice(time_slice)
-        self._ex = _C.Executor(
+        self._ex = Executor(
             self._kind,
             self._device_index,
             workers,
@@ -200,7 +209,10 @@ class Harvester:
         # ...and, whatever the user holds, every task that is not final: its handle keeps
         # the task's buffers alive, and a side kernel may write them until it is final.
         self._live: dict[int, TaskHandle] = {}
-        self._recorder = Recorder(self._ex, self._kind, self._device_index)
+        self.gate = Gate(
+            self._ex, self._kind, self._device_index, _weakly(self._check_open, _raise_closed)
+        )
+        self._recorder = Recorder(self.gate, self._ex, self._kind, self._device_index)
         self._recorder.on_iteration_end = _weakly(self._reap)
         self._parts = _Parts(self._ex)
         self._finalizer = weakref.finalize(self, self._parts.close)
@@ -209,12 +221,11 @@ class Harvester:
             # creating streams (torch's pool) while a persistent side grid held the GPU
             # was measured to block for over a minute.
             self._parts.iterative = self._new_runner()
-        self.gate = Gate(self._recorder, self._ex, _weakly(self._check_open, _raise_closed))
         # SIGTERM closes it (and dies by SIGTERM as before); held weakly.
         _shutdown.register(self, self._abort)
 
     def _new_runner(self) -> IterativeRunner:
-        return IterativeRunner(self._ex, self._recorder, self._kind, self._device_index)
+        return IterativeRunner(self._ex, self.gate, self._recorder, self._kind, self._device_index)
 
     @property
     def _iterative(self) -> IterativeRunner | None:
@@ -288,9 +299,15 @@ class Harvester:
     # -- work ---------------------------------------------------------------------------------
 
     def submit(
-        self, task: Task | IterativeTask, priority: int = 0, *, stream: Any = None
+        self,
+        task: Task | IterativeTask,
+        priority: int = 0,
+        *,
+        stream: Any = None,
+        name: str | None = None,
     ) -> TaskHandle | IterativeHandle:
-        """Queues `task`; higher `priority` runs first, FIFO within a priority. A task that
+        """Queues `task`; higher `priority` runs first, FIFO within a priority; `name`
+        names its launches in report() (default: the task's repr). A task that
         would exceed the memory budget on its own comes back failed with MemoryBudgetError.
         Item tasks (fr.tasks.*) run as preemptible kernels; an fr.IterativeTask runs its
         steps in the bubbles they are predicted to fit.
@@ -315,6 +332,9 @@ class Harvester:
                 f"got {type(task).__name__}"
             )
         priority = check_count(priority, "priority", -(2**31), 2**31 - 1)
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a str or None, got {type(name).__name__}")
+        name = repr(task) if name is None else name
         after = self._streams_to_follow(stream)
         if self._kind == "cuda":
             # Before anything touches a stream or allocates: following a capturing stream
@@ -325,7 +345,7 @@ class Harvester:
                 self._check_open()
                 if self._parts.iterative is None:
                     self._parts.iterative = self._new_runner()
-                handle = self._parts.iterative.submit(task, priority, after)
+                handle = self._parts.iterative.submit(task, priority, after, name)
                 self._handles.add(handle)
             return handle
         built = task._build(self._kind, self._device_index)
@@ -334,7 +354,7 @@ class Harvester:
             self._check_open()
             task_id = self._ex.submit(built.core, priority, after)
             handle = TaskHandle(self._ex, task_id, task, built)
-            self._recorder.name_task(task_id, repr(task))
+            self._recorder.name_task(task_id, name)
             self._handles.add(handle)
             weakref.finalize(handle, self._orphans.append, task_id)
             self._live[task_id] = handle
@@ -344,20 +364,13 @@ class Harvester:
         """Stream handles a new task's first launch waits for: the current stream (where
         its buffers were allocated and uploaded; CuPy's too, where CuPy is loaded and its
         current stream is another) and the caller's `stream`."""
+        if stream is not None:
+            handle = stream_handle(stream, self._kind, self._device_index, host=False)
         if self._kind != "cuda":
-            if stream is not None:
-                stream_handle(stream, self._kind, self._device_index)  # validates it
             return []
         handles = current_streams(self._device_index)
-        if stream is not None:
-            if isinstance(stream, str):
-                raise TypeError(
-                    "stream must be a torch.cuda.Stream, a CuPy stream or a special handle "
-                    "(0, 1, 2), got a string"
-                )
-            handle = stream_handle(stream, self._kind, self._device_index)
-            if handle not in handles:
-                handles.append(handle)
+        if stream is not None and handle not in handles:
+            handles.append(handle)
         return handles
 
     def _reap(self) -> None:
@@ -390,16 +403,8 @@ class Harvester:
         reopens it after, in stream order: the manual hook for training loops freeride
         does not attach to. Inside ``iteration()`` it is recorded as a compute action."""
         self._check_open()
-        t0 = time.perf_counter_ns()
-        self._recorder.compute_begin(label, stream)
-        self._recorder.add_hook_ns(time.perf_counter_ns() - t0)
-        try:
+        with self._recorder.compute(label, stream, live=self._not_closed):
             yield
-        finally:
-            if not self._closed:
-                t1 = time.perf_counter_ns()
-                self._recorder.compute_end(stream)
-                self._recorder.add_hook_ns(time.perf_counter_ns() - t1)
 
     @contextlib.contextmanager
     def bubble(self, stream: Any = None) -> Iterator[None]:
@@ -417,16 +422,8 @@ class Harvester:
         it at the end, and records its compute actions (``compute()`` blocks) and bubbles
         for ``report()``. attach() does the same around every schedule.step()."""
         self._check_open()
-        t0 = time.perf_counter_ns()
-        self._recorder.begin_iteration(stream)
-        self._recorder.add_hook_ns(time.perf_counter_ns() - t0)
-        try:
+        with self._recorder.iteration(stream, live=self._not_closed):
             yield
-        finally:
-            if not self._closed:
-                t1 = time.perf_counter_ns()
-                self._recorder.end_iteration(stream)
-                self._recorder.add_hook_ns(time.perf_counter_ns() - t1)
 
     # -- pipelines ----------------------------------------------------------------------------
 
@@ -442,7 +439,7 @@ class Harvester:
         self._parts.attachment = Attachment(
             self._recorder, schedule, self._kind, self._device_index
         )
-        self._recorder.close_gate()
+        self.gate.close()
 
     def attach_optimizer(self, optimizer: Any) -> None:
         """Keeps the gate closed through optimizer.step() (recorded as a compute action
@@ -482,6 +479,15 @@ class Harvester:
             clock_origin_unix_ns=self._recorder.clock_origin_unix_ns,
         )
 
+    def bubble_stats(self) -> BubbleStats:
+        """What the bubble record predicts now, from the recorded iterations the device
+        has passed: bubble time per iteration and the longest bubble (the median of each
+        bubble slot's recent lengths, summed and the largest), and iterations begun. Any
+        thread; never waits for the device."""
+        self._check_open()
+        self._recorder.flush(block=False)
+        return BubbleStats(*(int(x) for x in self._recorder.bubble_stats()))
+
     def tasks(self) -> list[TaskHandle]:
         """Handles of the submitted tasks that are not final or still referenced."""
         self._reap()
@@ -515,6 +521,9 @@ class Harvester:
         iterative task's step in flight is waited for only ABORT_STEP_TIMEOUT_S."""
         self._parts.step_timeout = ABORT_STEP_TIMEOUT_S
         self.close()
+
+    def _not_closed(self) -> bool:
+        return not self._closed
 
     def _check_open(self) -> None:
         if self._closed:

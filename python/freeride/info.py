@@ -7,7 +7,7 @@ import os
 from importlib import metadata
 from typing import Any
 
-from . import _C
+from ._C import backend_info as core_backend_info
 
 try:
     __version__ = metadata.version("freeride")  # one source: pyproject.toml
@@ -30,7 +30,7 @@ def backend_info() -> dict[str, Any]:
     ``"copy"`` or ``"kernel"``, as chosen by FREERIDE_GATE_WRITE and what the driver
     offers; ``"host"`` without a GPU; one value per device under ``devices``), and
     ``reason`` when cuda is False."""
-    info = dict(_C.backend_info())
+    info = dict(core_backend_info())
     info["stream_mem_ops"] = bool(info["devices"]) and all(
         d["stream_mem_ops"] for d in info["devices"]
     )

@@ -27,9 +27,10 @@ import threading
 import time
 from typing import Any
 
-from . import _C
+from ._C import GATE_OPEN, _relax_capture_mode, step_stream
 from .errors import MemoryBudgetError, TaskCancelledError, TaskFailedError
-from .record.recorder import MANUAL_BUBBLE
+from .gate import MANUAL_BUBBLE, Gate
+from .record.recorder import Recorder
 
 # Ids of iterative tasks, far from the executor's, so reports can mix both.
 _IDS = itertools.count(1 << 40)
@@ -79,8 +80,8 @@ class IterativeTask:
 
 
 class IterativeHandle:
-    """Handle of a submitted IterativeTask; the same interface as TaskHandle, where an
-    item is one step."""
+    """Handle of a submitted IterativeTask; follows the Handle protocol (fr.Handle), as
+    TaskHandle does, where an item is one step."""
 
     def __init__(self, runner: IterativeRunner, task: IterativeTask, priority: int) -> None:
         self._runner = runner
@@ -164,15 +165,16 @@ class IterativeHandle:
             raise TaskCancelledError(f"task {self._id} ({self.task!r}) was cancelled")
         raise TaskFailedError(f"{self.task!r} failed: {self._error!r}") from self._error
 
-    def cancel(self, wait: bool = True) -> bool:
-        """No further step starts; with `wait`, returns once a running step finished.
-        False if the task was already final."""
+    def cancel(self, wait: bool = True, timeout: float | None = None) -> bool:
+        """No further step starts; with `wait`, returns once a running step finished and
+        the task is final, or `timeout` seconds passed (None: no limit). False if the task
+        was already final, or with `wait` not final within `timeout`. See Handle.cancel."""
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be None or >= 0, got {timeout}")
         if self.done():
             return False
         self._runner.cancel(self)
-        if wait:
-            self._done.wait()
-        return True
+        return self._done.wait(timeout) if wait else True
 
     def __repr__(self) -> str:
         return f"IterativeHandle(id={self._id}, task={self.task!r}, state={self._state!r}, steps={self._steps})"
@@ -181,9 +183,12 @@ class IterativeHandle:
 class IterativeRunner:
     """One thread per harvester that runs iterative tasks' steps in fitting bubbles."""
 
-    def __init__(self, executor: Any, recorder: Any, kind: str, device: int) -> None:
+    def __init__(
+        self, executor: Any, gate: Gate, recorder: Recorder, kind: str, device: int
+    ) -> None:
         # Not the harvester: this runner's thread would keep it alive until close().
         self._ex = executor
+        self._gate = gate
         self._recorder = recorder
         self._kind = kind
         self._device = device
@@ -233,11 +238,13 @@ class IterativeRunner:
         # and steps would queue behind training work. The core never destroys it: close()
         # may abandon a thread whose hung step still uses it.
         device = torch.device("cuda", self._device)
-        return torch.cuda.ExternalStream(_C.step_stream(self._device), device=device)
+        return torch.cuda.ExternalStream(step_stream(self._device), device=device)
 
     # -- called by the harvester ----------------------------------------------------------------
 
-    def submit(self, task: IterativeTask, priority: int, after: list[int]) -> IterativeHandle:
+    def submit(
+        self, task: IterativeTask, priority: int, after: list[int], name: str
+    ) -> IterativeHandle:
         """Queues `task`; its setup() waits for the work enqueued so far on the stream
         handles `after` (the harvester's streams to follow; empty on the host)."""
         bind = getattr(task, "bind", None)
@@ -245,7 +252,7 @@ class IterativeRunner:
             bind(self._kind, self._device)
         ready = self._record_ready(after)
         handle = IterativeHandle(self, task, priority)
-        self._recorder.name_task(handle.id, repr(task))
+        self._recorder.name_task(handle.id, name)
         need = int(getattr(task, "memory_bytes", 0) or 0)
         budget = self._ex.memory_budget
         if need < 0:
@@ -355,7 +362,7 @@ class IterativeRunner:
             # Steps allocate, sync the step stream and query events while training may be
             # capturing a CUDA graph on its own thread; in the default (global) capture
             # mode any of those calls from this thread would invalidate that capture.
-            _C._relax_capture_mode()
+            _relax_capture_mode()
         while True:
             with self._lock:
                 while not self._closing and self._pick() is None:
@@ -449,7 +456,7 @@ class IterativeRunner:
                 elif self._preempted(handle):
                     return None
                 continue
-            if self._ex.gate_read() != _C.GATE_OPEN:
+            if self._ex.gate_read() != GATE_OPEN:
                 # Closed: sleep in the extension (GIL released, woken by the open) rather
                 # than poll beside the training thread; an open is looked at at once.
                 if not self._ex.gate_wait_open(_WAIT_S) and self._preempted(handle):
@@ -471,7 +478,7 @@ class IterativeRunner:
         recorder = self._recorder
         if not recorder.recording:
             return True  # no schedule recorded: the gate alone says when
-        slot = recorder.slot_of(seq)
+        slot = self._gate.slot_of(seq)
         if slot is None:
             return False  # `seq` is a close that raced the gate read: ask again
         if slot == MANUAL_BUBBLE:
@@ -518,7 +525,7 @@ class IterativeRunner:
                 handle._step_ns.append(elapsed)
                 del handle._step_ns[:-_RECENT_STEPS]
         # The gate moved on (its sequence changed) before the step was over: an overrun.
-        if self._ex.gate_seq() != seq or self._ex.gate_read() != _C.GATE_OPEN:
+        if self._ex.gate_seq() != seq or self._ex.gate_read() != GATE_OPEN:
             handle._overruns += 1
         if self._recorder.recording:
             self._recorder.add_launch_marks(handle.id, 0, start, end, 1)

@@ -11,6 +11,7 @@ from collections import OrderedDict
 from typing import Any
 
 from ..errors import HarvesterClosedError, TaskCancelledError
+from ..handle import FINAL_STATES
 from . import messages as m
 from .files import write_atomically
 from .handle import RemoteHandle
@@ -109,7 +110,7 @@ class Agent(Serving):
             return
         update = m.Update(*fields)
         handle._apply(self._inbox, update)
-        if update.state in m.FINAL:
+        if update.state in FINAL_STATES:
             with self.lock:
                 self.submitted.pop(task_id, None)
 
@@ -122,7 +123,8 @@ class Agent(Serving):
             if not isinstance(spec, TaskSpec):
                 raise TypeError(f"not a TaskSpec but {type(spec).__name__}")
             task = spec.build()
-            handle = self._h.submit(task, priority)
+            # The harvester's report names the local task after the job's.
+            handle = self._h.submit(task, priority, name=f"{spec.label} [job task {task_id}]")
         except HarvesterClosedError:
             self._send_coord(("handback", self.rank, [task_id]))
             return
@@ -141,8 +143,6 @@ class Agent(Serving):
                 )
             )
             return
-        # The harvester's report names the local task after the job's.
-        self._h._recorder.name_task(handle.id, f"{spec.label} [job task {task_id}]")
         with self.lock:
             self._hosted[task_id] = handle
             self._hosted_specs[task_id] = spec
@@ -230,7 +230,7 @@ class Agent(Serving):
             self._send_coord(("handback", self.rank, [task_id]))
             return
         error, kind, blob = None, None, None
-        if state in m.FINAL:
+        if state in FINAL_STATES:
             error, kind, blob = self._outcome(task_id, handle)
             self._forget(task_id)
         self._send_coord(
@@ -267,10 +267,8 @@ class Agent(Serving):
         """("stats", ...) with this rank's bubbles and free budget: also its heartbeat, so
         it is sent even when the harvester has nothing to tell."""
         bubble, longest, iterations = 0, 0, 0
-        recorder = self._h._recorder
         try:
-            recorder.flush(block=False)
-            bubble, longest, iterations = (int(x) for x in recorder.bubble_stats())
+            bubble, longest, iterations = self._h.bubble_stats()
         except Exception:  # noqa: BLE001, S110 - a closed harvester has no record, still alive
             pass
         budget = self._h.memory_budget

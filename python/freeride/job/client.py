@@ -85,15 +85,22 @@ class JobClient:
         self._reader = Serving("freeride-jobclient", self._step, max_idle=0.02)
         self._reader.start()
 
+    @staticmethod
+    def check_secret_file(path: str | os.PathLike) -> None:
+        """Checks, without connecting, that `path` is a secret file a client may use: the
+        rules JobClient(secret_file=path) applies. Raises FileNotFoundError if it is
+        missing, PermissionError if others than its owner may read or write it (its
+        secret lets the holder run code as the job), ValueError if it is not a queue's
+        JSON with 'address' and 'secret'."""
+        read_secret_file(path)
+
     def _send_coord(self, message: tuple) -> None:
         self._out.send(m.COORD, message)
 
     def submit(self, spec: TaskSpec, priority: int = 0) -> RemoteHandle:
         """Queues `spec` in the job; returns a handle that follows it."""
         if not isinstance(spec, TaskSpec):
-            raise TypeError(
-                f"spec must be a freeride.TaskSpec, got {type(spec).__name__}"
-            )
+            raise TypeError(f"spec must be a freeride.TaskSpec, got {type(spec).__name__}")
         priority = check_count(priority, "priority", -(2**31), 2**31 - 1)
         data = spec.dumps()
         if self._closed or self.closed_by_job:

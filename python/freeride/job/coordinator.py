@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from ..handle import FINAL_STATES
 from . import messages as m
 from .mailbox import Inbox, Outbox
 from .placement import Decision, Policy, RankState, TaskSpec
@@ -177,11 +178,11 @@ class Coordinator(Serving):
         blob: tuple | None,
     ) -> None:
         task = self._tasks.get(task_id)
-        if task is None or task.state in m.FINAL or task.rank != rank:
+        if task is None or task.state in FINAL_STATES or task.rank != rank:
             if blob is not None:
                 self._out.delete_blob(*blob)  # nobody will read it
             return
-        if state in m.FINAL:
+        if state in FINAL_STATES:
             self._final(task, m.Update(state, rank, done, total, error, kind, blob))
         else:
             task.state, task.done, task.total = state, done, total
@@ -194,13 +195,13 @@ class Coordinator(Serving):
             task = self._tasks.get(task_id)
             r.outstanding.discard(task_id)
             r.iterative.discard(task_id)
-            if task is None or task.state in m.FINAL or task.rank != rank:
+            if task is None or task.state in FINAL_STATES or task.rank != rank:
                 continue
             self._requeue(task)
 
     def _on_cancel(self, task_id: str) -> None:
         task = self._tasks.get(task_id)
-        if task is None or task.state in m.FINAL:
+        if task is None or task.state in FINAL_STATES:
             return
         task.cancel = True
         if task.rank is None:
@@ -279,7 +280,7 @@ class Coordinator(Serving):
         box = m.agent_box(rank)
         self._closed_boxes.add(box)
         for task in list(self._tasks.values()):
-            if task.state in m.FINAL:
+            if task.state in FINAL_STATES:
                 continue
             if task.rank == rank:
                 r.outstanding.discard(task.task_id)
@@ -294,7 +295,7 @@ class Coordinator(Serving):
                     self._final(
                         task, m.Update("failed", rank, task.done, task.total, error, "rank_lost")
                     )
-            if task.reply == box and task.state not in m.FINAL:
+            if task.reply == box and task.state not in FINAL_STATES:
                 self._on_cancel(task.task_id)
         if lost:  # the lost rank too: if it lives after all, it must not wait for us
             for other in self._ranks:
@@ -333,7 +334,7 @@ class Coordinator(Serving):
         while self._pending:
             entry = heapq.heappop(self._pending)
             task = self._tasks.get(entry[2])
-            if task is None or task.state in m.FINAL or task.rank is not None:
+            if task is None or task.state in FINAL_STATES or task.rank is not None:
                 continue
             choice = self._policy.choose(task.spec, ranks)
             if choice is None:
@@ -366,7 +367,7 @@ class Coordinator(Serving):
     def _finish(self) -> None:
         """Every rank is closing or lost: cancel what is left and say goodbye."""
         for task in list(self._tasks.values()):
-            if task.state not in m.FINAL:
+            if task.state not in FINAL_STATES:
                 closed = "cancelled: the job queue closed"
                 self._final(
                     task,

@@ -7,7 +7,8 @@ import threading
 from typing import Any, Protocol
 
 from ..errors import RankLostError, TaskCancelledError, TaskFailedError
-from .messages import FINAL, Update
+from ..handle import FINAL_STATES
+from .messages import Update
 from .placement import TaskSpec
 
 
@@ -17,7 +18,7 @@ class _Owner(Protocol):
 
 class RemoteHandle:
     """The submitter's view of a task placed by the job queue (on a rank or an outside
-    client)."""
+    client); follows the Handle protocol (fr.Handle)."""
 
     def __init__(self, owner: _Owner, task_id: str, spec: TaskSpec) -> None:
         self._owner = owner
@@ -72,12 +73,12 @@ class RemoteHandle:
 
     def done(self) -> bool:
         """True once the task is final."""
-        return self.state in FINAL
+        return self.state in FINAL_STATES
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until the task is final (or `timeout` s passed); True if final."""
         with self._cv:
-            return self._cv.wait_for(lambda: self._state in FINAL, timeout)
+            return self._cv.wait_for(lambda: self._state in FINAL_STATES, timeout)
 
     def result(self, timeout: float | None = None) -> Any:
         """The task's result (see TaskSpec.result). Raises TaskFailedError naming the rank
@@ -99,7 +100,9 @@ class RemoteHandle:
 
     def cancel(self, wait: bool = True, timeout: float | None = 30.0) -> bool:
         """Stops the task wherever it runs: no further item starts there. With `wait`,
-        returns once it is final (True) or `timeout` passed (False)."""
+        returns once it is final (True) or `timeout` seconds passed (False; None: no
+        limit); without, whether it is final already. True for a task already final. See
+        Handle.cancel."""
         if not self.done():
             try:
                 self._owner._send_coord(("cancel", self._id))
@@ -118,7 +121,7 @@ class RemoteHandle:
         error_kind: str | None = None,
     ) -> None:
         with self._cv:
-            if self._state in FINAL:
+            if self._state in FINAL_STATES:
                 return
             self._state = state
             if rank is not None:

@@ -33,9 +33,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from ..handle import FINAL_STATES
+
 COORD = "fr-coord"
-FINAL = ("done", "failed", "cancelled")
-STATES = ("queued", "running", "paused", *FINAL)
+# A tuple: membership of an unhashable value (a fuzzed message) is False, not an error.
+STATES = ("queued", "running", "paused", *sorted(FINAL_STATES))
 ERROR_KINDS = ("failed", "cancelled", "rank_lost")
 
 

@@ -199,9 +199,7 @@ class JobQueue:
         """Queues `spec` for the whole job; returns a handle on this rank. Higher
         `priority` is placed first."""
         if not isinstance(spec, TaskSpec):
-            raise TypeError(
-                f"spec must be a freeride.TaskSpec, got {type(spec).__name__}"
-            )
+            raise TypeError(f"spec must be a freeride.TaskSpec, got {type(spec).__name__}")
         priority = check_count(priority, "priority", -(2**31), 2**31 - 1)
         data = spec.dumps()
         if self._broken is not None:

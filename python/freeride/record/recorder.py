@@ -10,22 +10,20 @@ and are not recorded either."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import _C
-from .._streams import stream_handle, stream_is_capturing
+from .._C import GATE_CLOSED, GATE_OPEN, IMMEDIATE
+from ..gate import Gate
 from .model import Bubble, Compute, Iteration, SideLaunch
 from .profiler import BubbleRanges, unix_offset_ns
 
-_SEQ_MASK = 2**32 - 1
-# slot_of() of a gate opened by hand, outside the bubbles of recorded iterations.
-MANUAL_BUBBLE = -1
 _MAX_PENDING = 64
 
 
@@ -34,7 +32,7 @@ class _Pending:
     """An iteration whose marks the GPU may not have reached yet."""
 
     index: int
-    origin: int  # mark id of the iteration's start (0: none, see _write)
+    origin: int  # mark id of the iteration's start (0: none, see Gate.write)
     # (kind, label, mark, free_memory): kind "open" or "close"; mark 0 where the write was
     # captured into a CUDA graph
     events: list[tuple[str, str, int, int | None]] = field(default_factory=list)
@@ -42,15 +40,17 @@ class _Pending:
 
 
 class Recorder:
-    """Writes the gate for the training loop's hooks and records when each write took
-    effect. One per harvester; used by attach(), compute() and iteration()."""
+    """Records when the training loop's gate writes took effect (the writes themselves
+    are the gate's) and what the hooks cost the training thread. One per harvester;
+    used by attach(), compute(), iteration() and the engine integrations."""
 
-    def __init__(self, ex: Any, kind: str, device: int, keep_iterations: int = 1000) -> None:
+    def __init__(
+        self, gate: Gate, ex: Any, kind: str, device: int, keep_iterations: int = 1000
+    ) -> None:
+        self._gate = gate
         self._ex = ex
         self._kind = kind
         self._device = device
-        self._seq = 0
-        self._open = True  # the gate's value in stream order, as the hooks wrote it
         self._depth = 0  # nesting of compute actions: only the outermost writes
         self._saved_open: list[bool] = []
         self._current: _Pending | None = None
@@ -68,7 +68,6 @@ class Recorder:
         # last one had.
         self._memory_slot = 0
         self._slots_last = 1
-        self._seq_slot: dict[int, int] = {}  # gate sequence number -> bubble slot
         self._slot_ns: dict[int, deque[int]] = {}  # slot -> recent durations
         self._task_names: dict[int, str] = {}
         # The iterative runner's thread reads slot predictions and adds launches while the
@@ -82,38 +81,6 @@ class Recorder:
         self.recording = False
         # Called after every recorded iteration (the harvester lets go of final tasks).
         self.on_iteration_end: Callable[[], None] | None = None
-
-    # -- gate writes ---------------------------------------------------------------------
-
-    def _write(
-        self, value: int, stream: Any, mark: bool = False, slot: int | None = None
-    ) -> tuple[int, int]:
-        """Writes the gate; with `mark`, also records when the write took effect: after
-        a close (side work has stopped), before an open (side work has not resumed), so
-        recorded compute intervals contain no side work and bubbles hold all of it.
-        `slot`: the bubble slot this open starts (an open without one is a manual
-        bubble), known to slot_of() before the write, so the iterative runner never sees
-        the new gate value without it."""
-        self._seq = (self._seq + 1) & _SEQ_MASK
-        opening = value == _C.GATE_OPEN
-        if opening:
-            self._remember_slot(self._seq, MANUAL_BUBBLE if slot is None else slot)
-        handle = stream_handle(stream, self._kind, self._device)
-        if mark and self._capturing(handle):
-            mark = False  # the write itself is captured, a timestamp cannot be (module doc)
-        mark_id = self._ex.mark(handle) if mark and opening else 0
-        self._ex.gate_write(value, handle, self._seq)
-        if mark and not opening:
-            mark_id = self._ex.mark(handle)
-        self._open = opening
-        return self._seq, mark_id
-
-    def _capturing(self, handle: int) -> bool:
-        return (
-            self._kind == "cuda"
-            and handle != _C.IMMEDIATE
-            and stream_is_capturing(handle, self._device)
-        )
 
     def _free_memory(self, slot: int, mark: int) -> int | None:
         """Free device memory now if `slot` is the one sampled this iteration (and the
@@ -134,7 +101,7 @@ class Recorder:
             self._ex.set_recording(True)
         self._slot = 0
         self._memory_slot = self._next_index % self._slots_last
-        _, mark = self._write(_C.GATE_OPEN, stream, mark=True, slot=0)
+        mark = self._gate.write(GATE_OPEN, stream, mark=True, slot=0)
         self._current = _Pending(self._next_index, mark)
         self._hook_target = self._current
         self._next_index += 1
@@ -147,7 +114,7 @@ class Recorder:
         if current is None:
             return
         self._ranges.close()
-        _, mark = self._write(_C.GATE_CLOSED, stream, mark=True)
+        mark = self._gate.write(GATE_CLOSED, stream, mark=True)
         current.events.append(("close", "", mark, None))
         self._slots_last = self._slot + 1
         self._current = None
@@ -166,10 +133,10 @@ class Recorder:
         self._depth += 1
         if self._depth > 1:
             return
-        self._saved_open.append(self._open)
+        self._saved_open.append(self._gate.written_open)
         self._ranges.close()
         recording = self._current is not None
-        _, mark = self._write(_C.GATE_CLOSED, stream, mark=recording)
+        mark = self._gate.write(GATE_CLOSED, stream, mark=recording)
         if recording:
             self._current.events.append(("close", label, mark, None))
 
@@ -185,8 +152,8 @@ class Recorder:
         recording = self._current is not None
         if recording:
             self._slot += 1
-        _, mark = self._write(
-            _C.GATE_OPEN, stream, mark=recording, slot=self._slot if recording else None
+        mark = self._gate.write(
+            GATE_OPEN, stream, mark=recording, slot=self._slot if recording else None
         )
         if recording:
             self._current.events.append(("open", "", mark, self._free_memory(self._slot, mark)))
@@ -201,25 +168,43 @@ class Recorder:
         if target is not None:
             target.hook_ns += ns
 
-    def close_gate(self, stream: Any = None) -> None:
-        self._write(_C.GATE_CLOSED, stream)
+    def timed(self, work: Callable[..., Any], *args: Any) -> Any:
+        """`work(*args)`, its time added to the iteration (add_hook_ns): how every hook
+        runs its own part, so that what harvesting costs the training thread is counted
+        the same way everywhere."""
+        t0 = time.perf_counter_ns()
+        try:
+            return work(*args)
+        finally:
+            self.add_hook_ns(time.perf_counter_ns() - t0)
 
-    def open_gate(self, stream: Any = None) -> None:
-        self._write(_C.GATE_OPEN, stream)
+    @contextlib.contextmanager
+    def compute(
+        self, label: str, stream: Any = None, live: Callable[[], bool] | None = None
+    ) -> Iterator[None]:
+        """The block is a compute action: the gate is closed before it and, if it was
+        open, reopened after (unless `live()` says the owner closed meanwhile)."""
+        self.timed(self.compute_begin, label, stream)
+        try:
+            yield
+        finally:
+            if live is None or live():
+                self.timed(self.compute_end, stream)
+
+    @contextlib.contextmanager
+    def iteration(
+        self, stream: Any = None, live: Callable[[], bool] | None = None
+    ) -> Iterator[None]:
+        """The block is one recorded iteration: the gate opens at its start and closes at
+        its end (unless `live()` says the owner closed meanwhile)."""
+        self.timed(self.begin_iteration, stream)
+        try:
+            yield
+        finally:
+            if live is None or live():
+                self.timed(self.end_iteration, stream)
 
     # -- what iterative tasks ask -----------------------------------------------------------
-
-    def _remember_slot(self, seq: int, slot: int) -> None:
-        self._seq_slot[seq] = slot
-        if len(self._seq_slot) > 65536:  # forget the oldest half
-            for key in list(self._seq_slot)[:32768]:
-                del self._seq_slot[key]
-
-    def slot_of(self, seq: int) -> int | None:
-        """Bubble slot opened by the gate write with sequence number `seq`: MANUAL_BUBBLE
-        for an open outside recorded iterations (h.bubble(), h.gate.open()), None for a
-        close (or a write not made by this recorder)."""
-        return self._seq_slot.get(seq)
 
     def predicted_slot_ns(self, slot: int) -> int | None:
         """Median of the slot's recent durations, once it has been measured."""
@@ -278,7 +263,7 @@ class Recorder:
         from `origin` to the probe, places `origin` on the wall clock to within that delay.
         None if the probe is not reached within a second (a device busy beyond reason)."""
         wall = time.time_ns()
-        probe = self._ex.mark(_C.IMMEDIATE)
+        probe = self._ex.mark(IMMEDIATE)
         try:
             deadline = time.monotonic() + 1.0
             while (since := self._elapsed(origin, probe)) is None:

@@ -1,4 +1,4 @@
-"""Built-in side tasks."""
+"""BoundTask-in side tasks."""
 
 from ._base import Task
 from .image import GaussianBlur, Resize

@@ -8,10 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import check_count, check_float  # noqa: F401 - re-exported to the tasks
 
-
-class Built:
+class BoundTask:
     """A task bound to one harvester: the core task, its result reader, and references
     to every buffer the core uses (they must outlive the task)."""
 
@@ -29,7 +27,7 @@ class Built:
 class Task:
     """Base class of the side tasks built from preemptible items."""
 
-    def _build(self, kind: str, device: int) -> Built:
+    def _build(self, kind: str, device: int) -> BoundTask:
         """Validates the task against a harvester's backend `kind` ("host" or "cuda") and
         `device` (the CUDA ordinal; -1 on the host) and creates the core task."""
         raise NotImplementedError

@@ -4,7 +4,7 @@ this module read signatures from the CUDA source with regular expressions; the d
 knows them better.)
 
 The driver knows each compiled kernel's parameters: cuFuncGetParamInfo (CUDA 12.4+)
-gives every parameter's size, read here through ``_C.function_info``. The sizes check
+gives every parameter's size, read here through ``function_info``. The sizes check
 the count of arguments and each one's size; what each argument is comes from the
 argument itself:
 
@@ -34,11 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import _C
 from .._arrays import as_array
+from .._C import ITEM_CTX_BYTES
 
 # sizeof(fr_item_ctx), the first parameter of every preemptible kernel.
-CTX_BYTES: int = _C.ITEM_CTX_BYTES
+CTX_BYTES: int = ITEM_CTX_BYTES
 # The core launches with one 8-byte little-endian word per parameter after the context;
 # a parameter of size s reads the word's first s bytes.
 WORD_BYTES = 8

@@ -7,9 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import _C
 from .._arrays import as_array
-from ._base import Built, Task, check_count, check_float, describe, upload, zeros
+from .._C import gaussian_blur_task, resize_task
+from .._checks import check_count, check_float
+from ._base import BoundTask, Task, describe, upload, zeros
 
 _DTYPES = ("uint8", "float32")
 # Output rows per item: a few microseconds of a block's time for typical image widths.
@@ -75,14 +76,14 @@ class GaussianBlur(_ImageTask):
                 f"sigma * truncate gives a radius of {self.radius} pixels; at most 10000"
             )
 
-    def _build(self, kind: str, device: int) -> Built:
+    def _build(self, kind: str, device: int) -> BoundTask:
         h, w = self.shape[-2:]
         src, (out, out_ptr), dtype, _ = self._prepare(kind, device, (h, w))
         x = np.arange(-self.radius, self.radius + 1, dtype=np.float64)
         taps = np.exp(-0.5 * (x / self.sigma) ** 2)
         weights, weights_ptr = upload((taps / taps.sum()).astype(np.float32), kind, device)
         tmp, tmp_ptr = zeros(self.shape, "float32", kind, device)
-        core = _C.gaussian_blur_task(
+        core = gaussian_blur_task(
             self.planes,
             h,
             w,
@@ -95,7 +96,7 @@ class GaussianBlur(_ImageTask):
             _ROWS_PER_ITEM,
         )
         core.memory_bytes = 2 * src.nbytes + 4 * src.size + 4 * x.size
-        return Built(core, lambda: self._wrap(out), keep=(src, out, tmp, weights))
+        return BoundTask(core, lambda: self._wrap(out), keep=(src, out, tmp, weights))
 
     def __repr__(self) -> str:
         return describe(self, shape=self.shape, sigma=self.sigma)
@@ -118,14 +119,12 @@ class Resize(_ImageTask):
         if math.prod(self.size) * self.planes > 2**40:
             raise ValueError(f"size {self.size} gives an output of more than 2**40 pixels")
 
-    def _build(self, kind: str, device: int) -> Built:
+    def _build(self, kind: str, device: int) -> BoundTask:
         h, w = self.shape[-2:]
         src, (out, out_ptr), dtype, _ = self._prepare(kind, device, self.size)
-        core = _C.resize_task(
-            self.planes, h, w, *self.size, dtype, src.ptr, out_ptr, _ROWS_PER_ITEM
-        )
+        core = resize_task(self.planes, h, w, *self.size, dtype, src.ptr, out_ptr, _ROWS_PER_ITEM)
         core.memory_bytes = src.nbytes + src.nbytes // max(1, h * w) * math.prod(self.size)
-        return Built(core, lambda: self._wrap(out), keep=(src, out))
+        return BoundTask(core, lambda: self._wrap(out), keep=(src, out))
 
     def __repr__(self) -> str:
         return describe(self, shape=self.shape, size=self.size)

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _C
-from ._base import Built, Task, check_count, describe, to_numpy, zeros
+from .._C import item_counter_task
+from .._checks import check_count
+from ._base import BoundTask, Task, describe, to_numpy, zeros
 from .spin import MAX_NS_PER_ITEM
 
 
@@ -55,7 +56,7 @@ class ItemCounter(Task):
         self.record_times = bool(record_times)
         self._last = None
 
-    def _build(self, kind: str, device: int) -> Built:
+    def _build(self, kind: str, device: int) -> BoundTask:
         counts, counts_ptr = zeros((self.phases, self.items), "uint32", kind, device)
         phase_done, phase_done_ptr = zeros((self.phases,), "uint64", kind, device)
         violations, violations_ptr = zeros((1,), "uint64", kind, device)
@@ -63,7 +64,7 @@ class ItemCounter(Task):
         if self.record_times:
             times, times_ptr = zeros((self.phases, self.items, 2), "uint64", kind, device)
         fail_phase, fail_item = self.fail_at if self.fail_at is not None else (-1, -1)
-        core = _C.item_counter_task(
+        core = item_counter_task(
             self.items,
             self.phases,
             counts_ptr,
@@ -86,7 +87,7 @@ class ItemCounter(Task):
                 None if times is None else to_numpy(times),
             )
 
-        built = Built(core, read, keep=(counts, phase_done, violations, times))
+        built = BoundTask(core, read, keep=(counts, phase_done, violations, times))
         self._last = built
         return built
 

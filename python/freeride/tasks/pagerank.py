@@ -6,8 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import _C
-from ._base import Built, Task, check_count, check_float, describe, to_numpy, upload, zeros
+from .._C import pagerank_task
+from .._checks import check_count, check_float
+from ._base import BoundTask, Task, describe, to_numpy, upload, zeros
 
 # Nodes per item: a few microseconds of work for a block on a GPU.
 _NODES_PER_ITEM = 2048
@@ -89,7 +90,7 @@ class PageRank(Task):
     def n(self) -> int:
         return self.indptr.size - 1
 
-    def _build(self, kind: str, device: int) -> Built:
+    def _build(self, kind: str, device: int) -> BoundTask:
         n, ptr, idx = self.n, self.indptr, self.indices
         # Pull needs in-links: the CSC of the same graph, built once on the host.
         src = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
@@ -110,7 +111,7 @@ class PageRank(Task):
             "contrib": zeros((n,), "float64", kind, device),
             "dangling": zeros((self.iters,), "float64", kind, device),
         }
-        core = _C.pagerank_task(
+        core = pagerank_task(
             n,
             *(
                 bufs[k][1]
@@ -142,7 +143,7 @@ class PageRank(Task):
                 )
             return to_numpy(final)
 
-        return Built(core, result, keep=tuple(b[0] for b in bufs.values()))
+        return BoundTask(core, result, keep=tuple(b[0] for b in bufs.values()))
 
     def __repr__(self) -> str:
         return describe(

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .. import _C
+from .._C import function_info, raw_kernel_task, set_max_dynamic_shared
+from .._checks import check_count
 from ..errors import CudaUnavailableError
 from . import _kernel_cache
-from ._base import Built, Task, check_count, describe
+from ._base import BoundTask, Task, describe
 from ._signature import check_args, check_kinds, check_sizes, pack, warn_unchecked
 
 # Dynamic shared memory above this needs the function's limit raised first.
@@ -140,7 +141,7 @@ class RawKernel(Task):
         return dict(compiled.functions), first
 
     def _check_function(self, name: str, function: int, device: int) -> list[int] | None:
-        info = _C.function_info(function)
+        info = function_info(function)
         if self.block > info["max_threads_per_block"]:
             raise ValueError(
                 f"block={self.block} exceeds what kernel {name!r} can run with "
@@ -158,10 +159,10 @@ class RawKernel(Task):
                     f"{info['static_shared_bytes']} bytes exceed cuda:{device}'s {limit} bytes "
                     "per block"
                 )
-            _C.set_max_dynamic_shared(function, self.shared_mem)
+            set_max_dynamic_shared(function, self.shared_mem)
         return sizes
 
-    def _build(self, kind: str, device: int) -> Built:
+    def _build(self, kind: str, device: int) -> BoundTask:
         if kind != "cuda":
             raise CudaUnavailableError(
                 "fr.tasks.RawKernel runs CUDA kernels; this harvester uses the host backend. "
@@ -181,9 +182,9 @@ class RawKernel(Task):
             )
             for i, n in enumerate(self.names)
         ]
-        core = _C.raw_kernel_task(f"RawKernel({self.names[0]})", kernels, self.phases, words)
+        core = raw_kernel_task(f"RawKernel({self.names[0]})", kernels, self.phases, words)
         core.memory_bytes = memory
-        return Built(core, lambda: self.args, keep=(*keep, self.args))
+        return BoundTask(core, lambda: self.args, keep=(*keep, self.args))
 
     @staticmethod
     def cache_info() -> _kernel_cache.CacheInfo:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import _C
 from .._arrays import as_array
-from ._base import Built, Task, check_count, check_float, describe
+from .._C import saxpy_task
+from .._checks import check_count, check_float
+from ._base import BoundTask, Task, describe
 
 # Bytes of x per item: small enough that an item takes microseconds even when every
 # resident block shares the memory bandwidth, large enough to amortise the claim.
@@ -25,7 +26,7 @@ class Saxpy(Task):
         self.y = y
         self.chunk = None if chunk is None else check_count(chunk, "chunk")
 
-    def _build(self, kind: str, device: int) -> Built:
+    def _build(self, kind: str, device: int) -> BoundTask:
         x = as_array(self.x, "x", kind, device)
         y = as_array(self.y, "y", kind, device, writable=True)
         if x.dtype != y.dtype:
@@ -38,9 +39,9 @@ class Saxpy(Task):
             raise ValueError("x and y must not be the same memory")
         itemsize = x.nbytes // x.size
         chunk = self.chunk or max(1, _ITEM_BYTES // itemsize)
-        core = _C.saxpy_task(self.a, x.ptr, y.ptr, x.size, chunk, 0 if x.dtype == "float32" else 1)
+        core = saxpy_task(self.a, x.ptr, y.ptr, x.size, chunk, 0 if x.dtype == "float32" else 1)
         core.memory_bytes = x.nbytes + y.nbytes
-        return Built(core, lambda: self.y, keep=(x, y))
+        return BoundTask(core, lambda: self.y, keep=(x, y))
 
     def __repr__(self) -> str:
         n = getattr(self.x, "shape", None)

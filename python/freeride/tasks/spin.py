@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from .. import _C
-from ._base import Built, Task, check_count, describe
+from .._C import spin_task
+from .._checks import check_count
+from ._base import BoundTask, Task, describe
 
 # An item is the unit of preemption: the pause latency is one item's run time.
 MAX_NS_PER_ITEM = 10**9
@@ -31,8 +32,8 @@ class Spin(Task):
         if self.items * self.phases > 2**63 - 1:
             raise ValueError("items * phases must fit in 63 bits")
 
-    def _build(self, kind: str, device: int) -> Built:
-        return Built(_C.spin_task(self.items, self.phases, self.ns_per_item, self.slice_blocks))
+    def _build(self, kind: str, device: int) -> BoundTask:
+        return BoundTask(spin_task(self.items, self.phases, self.ns_per_item, self.slice_blocks))
 
     def __repr__(self) -> str:
         return describe(self, items=self.items, ns_per_item=self.ns_per_item, phases=self.phases)

@@ -6,8 +6,8 @@ import itertools
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .._checks import check_count
 from ..iterative import IterativeTask
-from ._base import check_count
 
 
 class TrainModel(IterativeTask):

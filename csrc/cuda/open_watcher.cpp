@@ -1,4 +1,4 @@
-#include "open_watcher.hpp"
+#include "cuda/open_watcher.hpp"
 
 #include <chrono>
 #include <condition_variable>

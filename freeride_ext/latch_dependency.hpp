@@ -1,5 +1,6 @@
 // A StreamDependency released by hand: on the host backend, which has no streams to wait
-// for, tests hold a queued task on it to drive the executor's dependency handling.
+// for, tests hold a queued task on it to drive the executor's dependency handling. Only
+// _C._testing (test_hooks.cpp) uses it, so it lives beside the bindings, not in the core.
 #pragma once
 
 #include <atomic>

@@ -1,4 +1,4 @@
-#include "step_stream.hpp"
+#include "cuda/step_stream.hpp"
 
 #include "check.hpp"
 
@@ -8,7 +8,7 @@
 #include <mutex>
 #include <vector>
 
-#include "device_guard.hpp"
+#include "cuda/device_guard.hpp"
 #endif
 
 namespace freeride {

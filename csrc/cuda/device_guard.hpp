@@ -4,7 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include "check.hpp"
-#include "cuda_driver.hpp"
+#include "cuda/driver.hpp"
 
 namespace freeride {
 

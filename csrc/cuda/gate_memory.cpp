@@ -1,4 +1,4 @@
-#include "cuda/memory.hpp"
+#include "cuda/gate_memory.hpp"
 
 #include <map>
 #include <mutex>

@@ -1,4 +1,4 @@
-#include "cuda_driver.hpp"
+#include "cuda/driver.hpp"
 
 #include <cuda_runtime_api.h>
 

@@ -1,8 +1,6 @@
-#include "sm_room.hpp"
+#include "cuda/occupancy.hpp"
 
 #include <algorithm>
-
-#include "check.hpp"
 
 namespace freeride {
 namespace {
@@ -77,78 +75,6 @@ int carveout_percent(const SmLimits& sm, const SmReserve& reserve, const KernelU
                              block_shared_bytes(sm, reserve.shared_bytes);
   const int64_t percent = (needed * 100 + sm.shared_bytes - 1) / sm.shared_bytes;
   return static_cast<int>(std::clamp<int64_t>(percent, 0, 100));
-}
-
-int green_context_sms(int total, int reserved, int min_partition, int alignment) {
-  const int64_t align = std::max(alignment, 1);
-  const int64_t usable = int64_t{total} - std::max(reserved, 0);
-  if (usable <= 0) return 0;
-  const int64_t sms = usable / align * align;
-  return sms >= std::max(min_partition, 1) ? static_cast<int>(sms) : 0;
-}
-
-int default_reserved_sms(int alignment) {
-  return static_cast<int>(round_up(8, std::max(alignment, 1)));
-}
-
-int guideline_min_partition(int compute_capability) {
-  if (compute_capability >= 90) return 8;
-  if (compute_capability >= 80) return 4;
-  return 2;
-}
-
-int guideline_alignment(int compute_capability) {
-  return compute_capability >= 90 ? 8 : 2;
-}
-
-GreenContextStep plan_green_context(int total, int reserve_sms, int min_partition,
-                                    int alignment, int compute_capability, int device) {
-  using Action = GreenContextStep::Action;
-  GreenContextStep step;
-  step.min_partition =
-      min_partition > 0 ? min_partition : guideline_min_partition(compute_capability);
-  step.alignment = alignment > 0 ? alignment : guideline_alignment(compute_capability);
-  const bool explicit_sms = reserve_sms > 0;
-  step.reserved = explicit_sms ? reserve_sms : default_reserved_sms(step.alignment);
-  step.sms = green_context_sms(total, step.reserved, step.min_partition, step.alignment);
-  if (step.sms > 0) {
-    step.action = Action::kAsk;
-    return step;
-  }
-  // Asked for by name, the reserve is an error; the default one falls back instead.
-  if (explicit_sms) {
-    step.action = Action::kRefuse;
-    step.message = (detail::Msg() << "reserve.sms=" << step.reserved
-                                  << " leaves fewer SMs than the smallest green context ("
-                                  << step.min_partition << " SMs) for side work on device "
-                                  << device << " (" << total << " SMs)")
-                       .str();
-  } else {
-    step.action = Action::kFallBack;
-    step.message = (detail::Msg() << "no green context of at least " << step.min_partition
-                                  << " SMs leaves " << step.reserved << " of the " << total
-                                  << " SMs free")
-                       .str();
-  }
-  return step;
-}
-
-GreenContextStep check_green_split(const GreenContextStep& plan, int total, unsigned groups,
-                                   int got) {
-  GreenContextStep step = plan;
-  step.sms = got;
-  if (groups < 1 || got <= 0 || got > total - plan.reserved) {
-    // The driver rounded the partition up past the SMs it must leave out.
-    step.action = GreenContextStep::Action::kFallBack;
-    step.message = (detail::Msg() << "the driver split " << got << " of " << total
-                                  << " SMs off for side work, which leaves fewer than "
-                                  << plan.reserved << " free")
-                       .str();
-  } else {
-    step.action = GreenContextStep::Action::kUse;
-    step.message.clear();
-  }
-  return step;
 }
 
 }  // namespace freeride

@@ -1,0 +1,224 @@
+// CudaShared's methods that need not be inline: its lifetime, gate writes and marks
+// (shared.hpp has the state and the reasons; green_context.cpp its green context).
+#include "cuda/shared.hpp"
+
+#include <cstring>
+
+namespace freeride::cuda {
+
+CudaShared::~CudaShared() {
+  // A backend whose constructor refused its arguments (an unknown gate write or reserve
+  // mechanism, a device that does not exist) made nothing, and has no device yet:
+  // cudaSetDevice(-1) would leave cudaErrorInvalidDevice as the thread's last error,
+  // for the next launch checked on it (run_plain, a kernel gate write) to report.
+  if (device < 0) return;
+  try {
+    DeviceGuard guard(device);
+    destroy_streams();
+    free_pools();
+  } catch (...) {
+    // Destructors never throw; at process exit the runtime may already be gone.
+    (void)cudaGetLastError();
+  }
+}
+
+void CudaShared::destroy_streams() noexcept {
+  if (side != nullptr) (void)cudaStreamDestroy(side);
+  if (control != nullptr) (void)cudaStreamDestroy(control);
+  side = nullptr;
+  control = nullptr;
+  destroy_green();
+  (void)cudaGetLastError();
+}
+
+void CudaShared::destroy_green() noexcept {
+  const cuda_driver::Api& a = cuda_driver::api();
+  if (green_side != nullptr) (void)a.stream_destroy(reinterpret_cast<CUstream>(green_side));
+  if (green != nullptr) (void)a.green_ctx_destroy(green);
+  green_side = nullptr;
+  green = nullptr;
+}
+
+void CudaShared::enqueue_write(unsigned int* word, uint32_t value, cudaStream_t stream,
+                               cuda_driver::GateWrite how) const {
+  if (how == cuda_driver::GateWrite::kMemop) {
+    const CUresult res = cuda_driver::api().stream_write_value32(
+        stream, cuda_driver::device_ptr(word), value, CU_STREAM_WRITE_VALUE_DEFAULT);
+    if (res != CUDA_SUCCESS) {
+      cuda_driver::throw_driver_error(res, "cuStreamWriteValue32", __FILE__, __LINE__);
+    }
+    return;
+  }
+  // Copy from pinned constants. A copy needs no SM, while a write kernel could not start
+  // until a full-occupancy side kernel drains, which would turn the pause latency into
+  // the rest of the phase. cudaMemcpyDefault: the word may be device memory or mapped
+  // host memory (a mirror or a host gate). Sequence numbers have no constant to copy
+  // from: they take the kernel.
+  if (how == cuda_driver::GateWrite::kCopy &&
+      (value == FREERIDE_GATE_OPEN || value == FREERIDE_GATE_CLOSED)) {
+    const cudaError_t err = cudaMemcpyAsync(word, gate_constants() + value, sizeof(unsigned int),
+                                            cudaMemcpyDefault, stream);
+    if (err != cudaSuccess) throw_cuda(err, "cudaMemcpyAsync (gate write)", __FILE__, __LINE__);
+    return;
+  }
+  kernels::launch_gate_write(word, value, stream);
+}
+
+void CudaShared::write_now(unsigned int* word, uint32_t value) {
+  if (memops) {
+    enqueue_write(word, value, control, cuda_driver::GateWrite::kMemop);
+    FR_CUDA_CHECK(cudaStreamSynchronize(control));
+    return;
+  }
+  // Fallback: a copy rather than the write kernel, for the SM reason above.
+  std::lock_guard<std::mutex> lk(staging_mu);
+  auto* src = reinterpret_cast<unsigned int*>(staging.host);
+  *src = value;
+  FR_CUDA_CHECK(cudaMemcpyAsync(word, src, sizeof(unsigned int), cudaMemcpyHostToDevice, control));
+  FR_CUDA_CHECK(cudaStreamSynchronize(control));
+}
+
+void CudaShared::enqueue_gate_write(uint32_t value, cudaStream_t stream, uint32_t seq) const {
+  if (gate_write == cuda_driver::GateWrite::kBatch) {
+    const CUresult res = enqueue_gate_batch(value, stream, seq, batch_flags);
+    if (res != CUDA_SUCCESS) {
+      cuda_driver::throw_driver_error(res, "cuStreamBatchMemOp (gate write)", __FILE__, __LINE__);
+    }
+    return;
+  }
+  if (value == FREERIDE_GATE_OPEN) enqueue_write(gate.mirror_dev + 1, seq, stream, gate_write);
+  enqueue_write(gate.dev, value, stream, gate_write);
+  if (!host_gate) enqueue_write(gate.mirror_dev, value, stream, gate_write);
+  if (value != FREERIDE_GATE_OPEN) enqueue_write(gate.mirror_dev + 1, seq, stream, gate_write);
+}
+
+CUresult CudaShared::enqueue_gate_batch(uint32_t value, cudaStream_t stream, uint32_t seq,
+                                        unsigned int relaxed_flags) const {
+  CUstreamBatchMemOpParams ops[3];
+  unsigned int count = 0;
+  auto add = [&](unsigned int* word, uint32_t v, unsigned int flags) {
+    CUstreamBatchMemOpParams& op = ops[count++];
+    std::memset(&op, 0, sizeof(op));
+    op.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    op.writeValue.address = cuda_driver::device_ptr(word);
+    op.writeValue.value = v;
+    op.writeValue.flags = flags;
+  };
+  const bool open = value == FREERIDE_GATE_OPEN;
+  if (open) add(gate.mirror_dev + 1, seq, relaxed_flags);
+  add(gate.dev, value, CU_STREAM_WRITE_VALUE_DEFAULT);
+  if (!host_gate) add(gate.mirror_dev, value, open ? CU_STREAM_WRITE_VALUE_DEFAULT : relaxed_flags);
+  if (!open) add(gate.mirror_dev + 1, seq, CU_STREAM_WRITE_VALUE_DEFAULT);
+  return cuda_driver::api().stream_batch_mem_op(stream, count, ops, 0);
+}
+
+bool CudaShared::try_batch() {
+  if (cuda_driver::api().stream_batch_mem_op == nullptr) return false;
+  const uint32_t seq = mirror_seq();
+  for (unsigned int flags : {static_cast<unsigned int>(CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER),
+                             static_cast<unsigned int>(CU_STREAM_WRITE_VALUE_DEFAULT)}) {
+    const CUresult res = enqueue_gate_batch(FREERIDE_GATE_OPEN, control, seq, flags);
+    FR_CUDA_CHECK(cudaStreamSynchronize(control));
+    if (res == CUDA_SUCCESS) {
+      batch_flags = flags;
+      return true;
+    }
+  }
+  return false;
+}
+
+void CudaShared::write_gate_now(uint32_t value, uint32_t seq) {
+  const bool open = value == FREERIDE_GATE_OPEN;
+  if (!host_gate && !stream_wait && gate_write == cuda_driver::GateWrite::kBatch) {
+    const CUresult res = enqueue_gate_batch(value, control, seq, batch_flags);
+    if (res != CUDA_SUCCESS) {
+      cuda_driver::throw_driver_error(res, "cuStreamBatchMemOp (immediate gate write)",
+                                      __FILE__, __LINE__);
+    }
+    FR_CUDA_CHECK(cudaStreamSynchronize(control));
+    if (open) gate.bell->ring();
+    return;
+  }
+  if (open) std::atomic_ref<unsigned int>(gate.mirror[1]).store(seq);
+  if (open && stream_wait) std::atomic_ref<unsigned int>(*gate.mirror).store(value);
+  if (!host_gate) write_now(gate.dev, value);
+  std::atomic_ref<unsigned int>(*gate.mirror).store(value);
+  if (!open) std::atomic_ref<unsigned int>(gate.mirror[1]).store(seq);
+  if (open) gate.bell->ring();
+}
+
+void CudaShared::enqueue_ring(cudaStream_t stream) noexcept {
+  if (watcher == nullptr) return;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
+      capture != cudaStreamCaptureStatusNone) {
+    (void)cudaGetLastError();
+    return;
+  }
+  (void)watcher->ring_after(stream, gate.bell);
+}
+
+uint64_t CudaShared::mark(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lk(marks_mu);
+  cudaEvent_t ev = nullptr;
+  if (free_events.empty()) {
+    FR_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDefault));
+  } else {
+    ev = free_events.back();
+    free_events.pop_back();
+  }
+  const cudaError_t err = cudaEventRecord(ev, stream);
+  if (err != cudaSuccess) {
+    free_events.push_back(ev);
+    throw_cuda(err, "cudaEventRecord (mark)", __FILE__, __LINE__);
+  }
+  const uint64_t id = next_mark++;
+  marks.emplace(id, ev);
+  return id;
+}
+
+uint64_t CudaShared::derive_mark(uint64_t base, int64_t offset_ns) {
+  std::lock_guard<std::mutex> lk(marks_mu);
+  FR_ARG(marks.count(base) != 0, "unknown mark " << base);
+  const uint64_t id = next_mark++;
+  derived.emplace(id, std::make_pair(base, offset_ns));
+  return id;
+}
+
+int64_t CudaShared::elapsed_ns(uint64_t from_id, uint64_t to_id) {
+  std::lock_guard<std::mutex> lk(marks_mu);
+  const auto [from, from_ns] = resolve_locked(from_id);
+  const auto [to, to_ns] = resolve_locked(to_id);
+  auto a = marks.find(from);
+  auto b = marks.find(to);
+  FR_ARG(a != marks.end() && b != marks.end(), "unknown mark " << from_id << " or " << to_id);
+  float ms = 0.f;
+  const cudaError_t err = cudaEventElapsedTime(&ms, a->second, b->second);
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // not sticky, but must not surface as a launch's error
+    return kPending;
+  }
+  if (err != cudaSuccess) throw_cuda(err, "cudaEventElapsedTime", __FILE__, __LINE__);
+  return static_cast<int64_t>(static_cast<double>(ms) * 1e6) + (to_ns - from_ns);
+}
+
+void CudaShared::release_mark(uint64_t id) noexcept {
+  std::lock_guard<std::mutex> lk(marks_mu);
+  if (derived.erase(id) != 0) return;
+  auto it = marks.find(id);
+  if (it == marks.end()) return;
+  free_events.push_back(it->second);
+  marks.erase(it);
+}
+
+void CudaShared::destroy_events() noexcept {
+  std::lock_guard<std::mutex> lk(marks_mu);
+  for (auto& [id, ev] : marks) (void)cudaEventDestroy(ev);
+  for (cudaEvent_t ev : free_events) (void)cudaEventDestroy(ev);
+  marks.clear();
+  derived.clear();
+  free_events.clear();
+  (void)cudaGetLastError();
+}
+
+}  // namespace freeride::cuda

@@ -1,0 +1,65 @@
+"""Module paths that moved keep working for one release, with a DeprecationWarning."""
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+import freeride as fr
+from freeride._moved import MOVED, new_path
+
+# (old path, a name that lived there)
+OLD = [
+    ("freeride.pipeline", "Attachment"),
+    ("freeride.recorder", "Recorder"),
+    ("freeride.report", "Report"),
+    ("freeride.report_model", "Bubble"),
+    ("freeride.profiling", "BubbleRanges"),
+    ("freeride.distributed", "gather_reports"),
+    ("freeride.placement", "TaskSpec"),
+    ("freeride.jobqueue", "JobQueue"),
+    ("freeride.demo", "DemoConfig"),
+    ("freeride.bench", "run"),
+]
+
+
+def test_every_moved_path_is_listed_here():
+    assert sorted(MOVED) == sorted(old for old, _ in OLD)
+
+
+@pytest.mark.parametrize("old, name", OLD)
+def test_an_old_path_warns_and_gives_the_same_objects(old, name):
+    """Each in a fresh interpreter, so the first import (the one that warns) is this one."""
+    code = (
+        "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+        f"try:\n    from {old} import {name}\n"
+        "except DeprecationWarning as w:\n    print('warned:', w)\n"
+        "warnings.simplefilter('ignore')\n"
+        f"from {old} import {name} as old\n"
+        "import importlib\n"
+        f"new = getattr(importlib.import_module({MOVED[old]!r}), {name!r})\n"
+        "print('same' if old is new else 'different')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    assert f"warned: {old} moved to {MOVED[old]}" in out
+    assert out.strip().endswith("same")
+
+
+def test_submodules_of_a_moved_package_and_attribute_access():
+    with pytest.warns(DeprecationWarning):
+        soak = importlib.import_module("freeride.bench.soak")
+    assert soak.counter is importlib.import_module("freeride.cli.bench.soak").counter
+    assert new_path("freeride.bench.soak") == "freeride.cli.bench.soak"
+    assert fr.pipeline.Attachment is importlib.import_module("freeride.attach").Attachment
+
+
+def test_paths_that_did_not_move_are_left_alone():
+    assert new_path("freeride.harvester") is None
+    assert new_path("freeride.benchmark") is None  # a prefix of a moved name is not one
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        fr.nonsense  # noqa: B018
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("freeride.pipeline.nonsense")
