@@ -1,5 +1,10 @@
-import json
 import os
+
+# Before anything imports freeride: _C creates its test hooks (_C._testing) only where this
+# is "1" at import, and the child processes tests spawn inherit it.
+os.environ.setdefault("FREERIDE_TEST_HOOKS", "1")
+
+import json
 import time
 
 import pytest
@@ -52,12 +57,13 @@ def os_threads() -> int:
 
 
 def run_ranks(target, world, outdir, *args):
-    """Spawns `world` processes running target(rank, *args), each of which writes
-    rank<N>.json into `outdir` with "ok" (and "error" if not); returns those results by
-    rank, failing the test with a rank's error."""
-    import torch.multiprocessing as mp
+    """Spawns `world` processes running target(rank, *args) (freeride.cli.spawn), each of
+    which writes rank<N>.json into `outdir` with "ok" (and "error" if not: see
+    tests/rank_result.py); returns those results by rank, failing the test with a rank's
+    error."""
+    from freeride.cli.spawn import run_ranks as spawn
 
-    mp.spawn(target, args=args, nprocs=world, join=True)
+    spawn(target, world, *args)
     results = []
     for rank in range(world):
         with open(os.path.join(outdir, f"rank{rank}.json")) as f:

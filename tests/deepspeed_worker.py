@@ -15,6 +15,8 @@ from integration_common import (
     side_task,
 )
 
+from freeride.cli.spawn import join_group
+
 D = 16
 MB = 4
 N_MICRO = 4
@@ -83,11 +85,8 @@ def _body(rank: int, world: int, steps: int, outdir: str, res: dict) -> None:
     os.environ["RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(world)
     import torch
-    import torch.distributed as dist
 
-    dist.init_process_group(
-        "gloo", init_method=f"file://{outdir}/store", rank=rank, world_size=world
-    )
+    join_group(rank, world, outdir)
     torch.set_num_threads(1)
     import sys
 

@@ -357,7 +357,6 @@ extern "C" __global__ void hold(unsigned long long ns, unsigned long long* last_
     atomicMax(last_end, now());
   }
 }
-extern "C" __global__ void stamp(unsigned long long* at) { *at = now(); }
 """
 
 
@@ -372,11 +371,11 @@ def mode_priority(args: dict) -> dict:
     import torch
 
     import freeride as fr
-    from freeride.cli.bench import DEVICE_CLOCK_SRC
+    from freeride.cli.bench import DEVICE_CLOCK_SRC, STAMP_SRC
 
     block_ns, waves = int(args.get("block_ns", 20_000)), int(args.get("waves", 5_000))
     torch.cuda.init()
-    module = cp.RawModule(code=DEVICE_CLOCK_SRC + _PRIORITY_SRC)
+    module = cp.RawModule(code=DEVICE_CLOCK_SRC + STAMP_SRC + _PRIORITY_SRC)
     hold, stamp = module.get_function("hold"), module.get_function("stamp")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     blocks = sms * 16 * waves  # 16 blocks of 128 threads fill an SM's 2048 threads

@@ -4,7 +4,6 @@ writes what it saw to rank<N>.json."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -12,9 +11,10 @@ import time
 import traceback
 from datetime import timedelta
 
-import torch.distributed as dist
+from rank_result import write_result
 
 import freeride as fr
+from freeride.cli.spawn import join_group
 from freeride.job.placement import TaskSpec
 
 RANK_TIMEOUT = 2.0
@@ -22,11 +22,6 @@ RANK_TIMEOUT = 2.0
 
 def _spin(items: int, ns: int) -> TaskSpec:
     return TaskSpec(fr.tasks.Spin, kwargs={"items": items, "ns_per_item": ns})
-
-
-def _write(outdir: str, rank: int, result: dict) -> None:
-    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
-        json.dump(result, f)
 
 
 def _die_once_running(queue: fr.JobQueue, outdir: str, rank: int) -> None:
@@ -37,7 +32,7 @@ def _die_once_running(queue: fr.JobQueue, outdir: str, rank: int) -> None:
     while time.monotonic() < deadline:
         if "running" in queue.hosted().values():
             time.sleep(0.5)
-            _write(outdir, rank, {"killed_at": time.time(), "hosted": queue.hosted()})
+            write_result(outdir, rank, {"killed_at": time.time(), "hosted": queue.hosted()})
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(0.005)
 
@@ -47,13 +42,7 @@ def run_rank(rank: int, world: int, outdir: str, victim: int, submitter: int) ->
     `victim` dies once its first one runs."""
     result: dict = {"rank": rank}
     try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"file://{outdir}/store",
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=60),
-        )
+        join_group(rank, world, outdir, timeout=timedelta(seconds=60))
         with fr.Harvester("cpu", workers=1) as h:
             h.gate.open(stream="host")
             queue = fr.JobQueue(h, host="127.0.0.1", rank_timeout=RANK_TIMEOUT)
@@ -100,5 +89,5 @@ def run_rank(rank: int, world: int, outdir: str, victim: int, submitter: int) ->
         result["ok"] = False
         result["error"] = traceback.format_exc()
     finally:
-        _write(outdir, rank, result)
+        write_result(outdir, rank, result)
         os._exit(0)  # the world lost a rank: no collective teardown

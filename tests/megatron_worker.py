@@ -15,6 +15,7 @@ from integration_common import (
 )
 
 import freeride as fr
+from freeride.cli.spawn import join_group
 
 D = 16  # hidden size
 MB = 4  # microbatch size
@@ -144,11 +145,8 @@ def train(ms, config, rank, world, vp, steps, probe=None, fetch=None, more=None)
 def _body(rank: int, world: int, vp: int | None, steps: int, outdir: str, res: dict) -> None:
     cpu_patches()
     import torch
-    import torch.distributed as dist
 
-    dist.init_process_group(
-        "gloo", init_method=f"file://{outdir}/store", rank=rank, world_size=world
-    )
+    join_group(rank, world, outdir)
     torch.set_num_threads(1)
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import schedules as ms

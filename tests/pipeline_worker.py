@@ -7,13 +7,13 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.distributed as dist
 from rank_result import run_and_report
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, schedules
 
 import freeride as fr
 from freeride import simulate
+from freeride.cli.spawn import join_group
 
 D = 32
 BATCH = 8
@@ -90,9 +90,7 @@ def _train(rank, world, name, n_micro, steps, harvester=None, side=None, out=Non
 def _rank_body(
     rank: int, world: int, name: str, n_micro: int, steps: int, outdir: str, side: str, result: dict
 ) -> None:
-    dist.init_process_group(
-        "gloo", init_method=f"file://{outdir}/store", rank=rank, world_size=world
-    )
+    join_group(rank, world, outdir)
     torch.set_num_threads(1)
     base_losses, base_grads, base_weights = _train(rank, world, name, n_micro, steps)
     with fr.Harvester("cpu", workers=1) as h:

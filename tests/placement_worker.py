@@ -17,6 +17,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, schedules
 
 import freeride as fr
+from freeride.cli.spawn import join_group
 from freeride.job.placement import TaskSpec
 
 D = 64
@@ -82,9 +83,7 @@ def _spin(items: int, ns: int) -> TaskSpec:
 
 
 def _rank_body(rank: int, world: int, outdir: str, result: dict) -> None:
-    dist.init_process_group(
-        "gloo", init_method=f"file://{outdir}/store", rank=rank, world_size=world
-    )
+    join_group(rank, world, outdir)
     torch.set_num_threads(1)
     base_losses, base_weights = _train(rank, world, WARMUP + STEPS)
     with fr.Harvester("cpu", workers=1) as h:

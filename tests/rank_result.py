@@ -8,6 +8,12 @@ import traceback
 from collections.abc import Callable
 
 
+def write_result(outdir: str, rank: int, result: dict) -> None:
+    """Writes `result` as the rank's rank<N>.json in `outdir` (conftest.run_ranks reads it)."""
+    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
 def run_and_report(rank: int, outdir: str, body: Callable[[dict], None]) -> None:
     """Runs body(result) and writes rank<N>.json with "ok" (and "error", the traceback, if
     it raised); destroys the rank's process group, if any, either way."""
@@ -20,7 +26,6 @@ def run_and_report(rank: int, outdir: str, body: Callable[[dict], None]) -> None
     except Exception:  # noqa: BLE001 - reported to the parent test through the JSON
         result["error"] = traceback.format_exc()
     finally:
-        with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
-            json.dump(result, f)
+        write_result(outdir, rank, result)
         if dist.is_initialized():
             dist.destroy_process_group()

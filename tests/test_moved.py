@@ -52,6 +52,13 @@ def test_submodules_of_a_moved_package_and_attribute_access():
     with pytest.warns(DeprecationWarning):
         soak = importlib.import_module("freeride.bench.soak")
     assert soak.counter is importlib.import_module("freeride.cli.bench.soak").counter
+    # No file ran a second time under its old name (its relative imports would break).
+    twice = [
+        n
+        for n, m in sys.modules.items()
+        if n.startswith("freeride.bench.") and not isinstance(m, type(soak))
+    ]
+    assert not twice, twice
     assert new_path("freeride.bench.soak") == "freeride.cli.bench.soak"
     assert fr.pipeline.Attachment is importlib.import_module("freeride.attach").Attachment
 

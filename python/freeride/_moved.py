@@ -69,7 +69,12 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec: Any) -> types.ModuleType:
         new = new_path(spec.name)
         _warn(spec.name, new)
-        return _Alias(spec.name, importlib.import_module(new))
+        alias = _Alias(spec.name, importlib.import_module(new))
+        if spec.name in PACKAGES:
+            # Its own, empty: the new package's would let the path finder load the new
+            # files a second time under the old names. Submodules come through here.
+            alias.__path__ = []
+        return alias
 
     def exec_module(self, module: types.ModuleType) -> None:
         pass

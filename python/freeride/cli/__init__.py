@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from freeride import backend_info
+from freeride import JobClient, TaskSpec, backend_info
 from freeride.simulate import SCHEDULES
 
 _HELP = argparse.ArgumentDefaultsHelpFormatter
@@ -88,12 +88,11 @@ def _factory(text: str) -> str:
 
 
 def _memory(text: str) -> str:
-    """An argparse type: a memory size such as 2GiB (kept as written for the TaskSpec)."""
-    from freeride._checks import parse_memory
-
+    """An argparse type: a memory size such as 2GiB (kept as written for the TaskSpec,
+    which checks it by its own rules)."""
     try:
-        parse_memory(text, "memory")
-    except ValueError as exc:
+        TaskSpec("freeride.tasks:Spin", memory=text)
+    except (TypeError, ValueError) as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("memory: ")) from None
     return text
 
@@ -101,11 +100,9 @@ def _memory(text: str) -> str:
 def _queue_file(parser: argparse.ArgumentParser, path: str) -> None:
     """Refuses, as an argparse error, a --queue file that is missing, not a queue's
     secret file, or open to other users (its secret lets the holder run code as the
-    job). The rules are the job client's own (freeride.job.files.read_secret_file)."""
-    from freeride.job.files import read_secret_file
-
+    job). The rules are the job client's own (fr.JobClient.check_secret_file)."""
     try:
-        read_secret_file(path)
+        JobClient.check_secret_file(path)
     except FileNotFoundError:
         parser.error(f"argument --queue: no such file: {path!r}")
     except PermissionError as exc:  # group or others may read or write it
@@ -139,7 +136,7 @@ def _connect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
 
 
 def submit(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from freeride import FreerideError, RankLostError, TaskCancelledError, TaskFailedError, TaskSpec
+    from freeride import FreerideError, RankLostError, TaskCancelledError, TaskFailedError
 
     if args.timeout is not None and not args.wait:
         parser.error("argument --timeout: only with --wait")
@@ -229,7 +226,7 @@ def status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
-def demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def demo_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .demo import ConfigError, DemoConfig, run
 
     cfg = DemoConfig(
@@ -260,7 +257,7 @@ def _check_writable_file(parser: argparse.ArgumentParser, option: str, path: str
         parser.error(f"argument {option}: cannot write {path!r}")
 
 
-def bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import importlib
 
     modes = getattr(
@@ -355,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="submit Spin tasks once, on rank 0, to a job-wide fr.JobQueue, and show which "
         "ranks ran them (those with the most bubble time get the most)",
     )
-    p.set_defaults(func=demo, parser=p)
+    p.set_defaults(func=demo_command, parser=p)
 
     p = sub.add_parser(
         "bench",
@@ -389,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="soak only: how long to train and feed the queue (a fraction works: 0.1 is 6 "
         "s); None: 10, or 0.1 with --quick",
     )
-    p.set_defaults(func=bench, parser=p)
+    p.set_defaults(func=bench_command, parser=p)
 
     # What submit and status share: the queue they reach, and how long they try.
     client = argparse.ArgumentParser(add_help=False)

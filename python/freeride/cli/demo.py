@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from freeride.simulate import SCHEDULES, stage_ids
 
 from ._stats import PairedOverhead, paired_overhead
+from .spawn import join_group, run_ranks
 
 TASKS = ("spin", "saxpy", "none")
 DEVICES = ("auto", "cpu", "cuda")
@@ -204,7 +205,7 @@ def describe_work(cfg: DemoConfig, items: int) -> str:
 
 
 def _rank_main(
-    rank: int, cfg: DemoConfig, store: str, use_cuda: bool, result_path: str | None = None
+    rank: int, cfg: DemoConfig, folder: str, use_cuda: bool, result_path: str | None = None
 ) -> None:
     import torch
     import torch.distributed as dist
@@ -217,12 +218,7 @@ def _rank_main(
     if use_cuda:
         torch.cuda.set_device(device)
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "nccl" if use_cuda else "gloo",
-        init_method=f"file://{store}",
-        rank=rank,
-        world_size=cfg.stages,
-    )
+    join_group(rank, cfg.stages, folder, "nccl" if use_cuda else "gloo")
     cls_name, per_rank, _ = SCHEDULES[cfg.schedule]
     multi = per_rank > 1
     num_stages = cfg.stages * per_rank
@@ -457,12 +453,5 @@ def spawn_ranks(cfg: DemoConfig, use_cuda: bool, result_path: str | None = None)
     """Runs the pipeline, one process per stage. Rank 0 prints the summary, or with
     `result_path` writes the gathered reports (Report.to_dict) and every rank's step times
     ({"with": [s, ...], "without": [...]}) there as JSON."""
-    import torch.multiprocessing as mp
-
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(
-            _rank_main,
-            args=(cfg, os.path.join(tmp, "store"), use_cuda, result_path),
-            nprocs=cfg.stages,
-            join=True,
-        )
+        run_ranks(_rank_main, cfg.stages, cfg, tmp, use_cuda, result_path)

@@ -20,14 +20,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ..handle import FINAL_STATES
 from ._format import FORMAT, fmt_ns, jsonable, pct, where
 from .model import Bubble, Compute, Iteration, SideLaunch, TaskSummary
 from .plot import timeline_figure, write_timeline_png
 from .trace import merge_chrome_traces, merge_with_profiler_trace, write_chrome_trace
 
 __all__ = ["Report", "merge_chrome_traces", "merge_with_profiler_trace"]
-
-_FINAL_STATES = ("done", "failed", "cancelled")
 
 
 def _merge(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -193,7 +192,7 @@ class Report:
             states[t.state] = states.get(t.state, 0) + 1
         if not self.tasks:
             reasons.append("no side task was submitted")
-        elif not self.launches and all(s in _FINAL_STATES for s in states):
+        elif not self.launches and all(s in FINAL_STATES for s in states):
             reasons.append(
                 "every side task had ended before the recorded iterations ("
                 + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))

@@ -25,6 +25,19 @@ __device__ __forceinline__ unsigned long long now() {
 }
 """
 
+# Kernels on that clock that several benchmarks and GPU tests launch; a module's source is
+# DEVICE_CLOCK_SRC once, then any of these, then its own kernels.
+# stamp: *out = the time it ran (launch one thread). probe: starts[b] = when block b
+# started (thread 0 of each block; dynamic shared memory, if given, is left unused).
+STAMP_SRC = r"""
+extern "C" __global__ void stamp(unsigned long long* out) { *out = now(); }
+"""
+PROBE_SRC = r"""
+extern "C" __global__ void probe(unsigned long long* starts) {
+  if (threadIdx.x == 0) starts[blockIdx.x] = now();
+}
+"""
+
 BENCHMARKS = ("preempt", "items", "pipeline", "ranks", "soak")
 
 

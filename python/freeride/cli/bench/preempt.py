@@ -12,7 +12,7 @@ import time
 
 from freeride import Harvester, tasks
 
-from . import DEVICE_CLOCK_SRC, percentiles
+from . import DEVICE_CLOCK_SRC, PROBE_SRC, STAMP_SRC, percentiles
 from .admission import measure as measure_admission
 from .gate_write import measure as measure_gate_write
 
@@ -89,11 +89,9 @@ def _cpu(quick: bool) -> dict:
 
 _STAMP_SRC = (
     DEVICE_CLOCK_SRC
+    + STAMP_SRC
+    + PROBE_SRC
     + r"""
-extern "C" __global__ void stamp(unsigned long long* out) { *out = now(); }
-extern "C" __global__ void probe(unsigned long long* starts) {
-  if (threadIdx.x == 0) starts[blockIdx.x] = now();
-}
 extern "C" __global__ void plain_spin(unsigned long long ns, unsigned long long reps) {
   for (unsigned long long r = 0; r < reps; ++r) {
     unsigned long long t0 = now();

@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import spawn
+
 MODES = ("cpu",)
 
 DEFAULT_MINUTES = 10.0
@@ -364,7 +366,7 @@ def check(totals: Totals, final: dict[int, dict[str, Any]], ran: list[dict]) -> 
 
 
 def _rank_main(
-    rank: int, store: str, seconds: float, seed: int, sizes: str, result_path: str
+    rank: int, folder: str, seconds: float, seed: int, sizes: str, result_path: str
 ) -> None:
     import torch
     import torch.distributed as dist
@@ -377,7 +379,7 @@ def _rank_main(
 
     cfg = DemoConfig(stages=WORLD, microbatches=2 * WORLD)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
+    spawn.join_group(rank, WORLD, folder)
     torch.manual_seed(0)
     layers = [
         nn.TransformerEncoderLayer(cfg.d_model, 4, 2 * cfg.d_model, dropout=0.0, batch_first=True)
@@ -489,16 +491,9 @@ def _rank_main(
 def run_ranks(seconds: float, seed: int = 0, sizes: str = "mixed") -> list[dict[str, Any]]:
     """Runs the soak for `seconds` on WORLD processes with tasks of `sizes` (a key of
     SIZES); returns what each rank saw."""
-    import torch.multiprocessing as mp
-
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "result.json")
-        mp.spawn(
-            _rank_main,
-            args=(os.path.join(tmp, "store"), seconds, seed, sizes, path),
-            nprocs=WORLD,
-            join=True,
-        )
+        spawn.run_ranks(_rank_main, WORLD, tmp, seconds, seed, sizes, path)
         with open(path) as f:
             return json.load(f)
 

@@ -1,0 +1,60 @@
+"""Rank processes on this machine, without torchrun: the one way the demo, the benchmarks
+that train (bench ranks, bench soak) and the tests' multi-process jobs start their ranks
+and bring them into one torch.distributed group.
+
+The parent calls run_ranks(target, world, ...); each rank, in target, calls
+join_group(rank, world, folder) with the folder the parent gave every rank: they meet
+through a file store in it (no port to pick, nothing left listening).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+# The file store's name in the ranks' shared folder.
+STORE = "store"
+
+
+def join_group(rank: int, world: int, folder: str, backend: str = "gloo", **options: Any) -> None:
+    """Makes this process rank `rank` of `world` in torch.distributed's default group,
+    meeting the others through the file store `folder`/store (`folder`: the same for every
+    rank of the run, and for no other run). `options` go to init_process_group (timeout)."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        backend,
+        init_method=f"file://{os.path.join(folder, STORE)}",
+        rank=rank,
+        world_size=world,
+        **options,
+    )
+
+
+def run_ranks(
+    target: Callable[..., None], world: int, *args: Any, timeout: float | None = None
+) -> None:
+    """Runs target(rank, *args) in `world` new processes, rank 0 to world-1, and returns
+    once all of them have ended. They are spawned (each imports its modules afresh, as CUDA
+    needs), so `target` must be a module-level function and `args` picklable; their output
+    goes where this process's does.
+
+    As torch.multiprocessing.spawn, which this is with a timeout: the first rank to raise or
+    exit non-zero ends the others, and its error is raised here (ProcessRaisedException with
+    the rank's traceback, or ProcessExitedException with its exit code or signal). With
+    `timeout` (seconds), the ranks still running then are killed (SIGKILL) and TimeoutError
+    names them; None waits for good."""
+    import torch.multiprocessing as mp
+
+    context = mp.start_processes(target, args=args, nprocs=world, join=False, start_method="spawn")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not context.join(None if deadline is None else max(0.0, deadline - time.monotonic())):
+        left = [rank for rank, p in enumerate(context.processes) if p.is_alive()]
+        if deadline is not None and time.monotonic() >= deadline and left:
+            for p in context.processes:
+                if p.is_alive():
+                    p.kill()
+                p.join()
+            raise TimeoutError(f"rank(s) {left} still running after {timeout:g} s: killed")
