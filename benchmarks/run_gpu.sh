@@ -100,7 +100,7 @@ if step quick; then
   pytest_file $deadline 70 tests/test_gpu.py -m gpu
   pytest_file $deadline 30 tests/test_lifetime.py -m gpu
   pytest_file $deadline 30 tests/test_gate_write.py -m gpu
-  pytest_file $deadline 50 tests/test_reserve.py -m gpu -k "deadlock or admission or probe"
+  pytest_file $deadline 50 tests/test_reserve_gpu.py -m gpu -k "deadlock or admission or probe"
   pytest_file $deadline 20 tests/test_iterative.py -m gpu -k stream
   budgeted $deadline example 30 $py -X faulthandler examples/raw_kernel.py
 fi
