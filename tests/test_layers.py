@@ -100,6 +100,31 @@ def _layer(module: str) -> int:
     return best
 
 
+def climbs(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Every import from a module to one on a higher layer."""
+    return sorted((m, t) for m, targets in graph.items() for t in targets if _layer(t) > _layer(m))
+
+
+def circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle (its modules, the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = 1
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                return path[path.index(target) :] + [target]
+            if target not in state and (found := visit(target, [*path, target])):
+                return found
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (found := visit(module, [module])):
+            return found
+    return None
+
+
 def test_every_module_is_on_a_layer() -> None:
     for module in GRAPH:
         _layer(module)
@@ -107,40 +132,53 @@ def test_every_module_is_on_a_layer() -> None:
 
 @pytest.mark.parametrize("module", sorted(GRAPH))
 def test_imports_only_go_down(module: str) -> None:
-    here = _layer(module)
-    up = sorted(t for t in GRAPH[module] if _layer(t) > here)
-    assert not up, f"{module} ({LAYERS[here][0]}) imports from higher layers: {up}"
+    up = [t for m, t in climbs({module: GRAPH[module]})]
+    assert not up, f"{module} ({LAYERS[_layer(module)][0]}) imports from higher layers: {up}"
 
 
 def test_no_circles() -> None:
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-
-    def visit(module: str, path: list[str]) -> None:
-        state[module] = 1
-        for target in sorted(GRAPH.get(module, ())):
-            if state.get(target) == 1:
-                circle = path[path.index(target) :] + [target]
-                raise AssertionError("import circle: " + " -> ".join(circle))
-            if target not in state:
-                visit(target, [*path, target])
-        state[module] = 2
-
-    for module in sorted(GRAPH):
-        if module not in state:
-            visit(module, [module])
+    found = circle(GRAPH)
+    assert found is None, "import circle: " + " -> ".join(found or [])
 
 
 def test_tooling_uses_only_the_public_face() -> None:
+    tooling = _layer("freeride.cli")
     private = {
-        module: sorted(t for t in targets if _layer(t) < _layer("freeride.cli") and t not in PUBLIC)
+        module: sorted(t for t in targets if _layer(t) < tooling and t not in PUBLIC)
         for module, targets in GRAPH.items()
-        if _layer(module) == _layer("freeride.cli")
+        if _layer(module) == tooling
     }
-    assert not {m: t for m, t in private.items() if t} and private
+    assert private, "no tooling module found"
+    assert not {m: t for m, t in private.items() if t}
 
 
-def test_the_checker_sees_a_climb() -> None:
-    """Negative control: an import from a lower layer to a higher one is seen."""
-    assert "freeride.harvester" in GRAPH["freeride"]
-    assert _layer("freeride.gate") < _layer("freeride.harvester")
-    assert _layer("freeride.record.report") == _layer("freeride.record")
+def test_the_checks_see_a_climb_and_a_circle() -> None:
+    """Negative controls: the gate importing the harvester is a climb, and with the
+    harvester's own import of the gate, a circle."""
+    bad = {**GRAPH, "freeride.gate": GRAPH["freeride.gate"] | {"freeride.harvester"}}
+    assert ("freeride.gate", "freeride.harvester") in climbs(bad)
+    assert "freeride.gate" in GRAPH["freeride.harvester"]
+    assert circle(bad) is not None
+    assert climbs(GRAPH) == [] and circle(GRAPH) is None
+
+
+def main() -> None:
+    """Prints the import graph by layer, top first: ``python tests/test_layers.py``."""
+    for index in reversed(range(len(LAYERS))):
+        members = sorted(m for m in GRAPH if _layer(m) == index)
+        print(f"{index:2} {LAYERS[index][0]}: {', '.join(members) or '(the extension)'}")
+        for module in members:
+            below = sorted(t for t in GRAPH[module] if _layer(t) != index)
+            beside = sorted(t for t in GRAPH[module] if _layer(t) == index)
+            if below or beside:
+                print(f"     {module} -> {', '.join(below + beside)}")
+    edges = sum(len(t) for t in GRAPH.values())
+    found = circle(GRAPH)
+    print(
+        f"{len(GRAPH)} modules, {edges} imports, {len(climbs(GRAPH))} climb back up, "
+        f"{'a circle: ' + ' -> '.join(found) if found else 'no circle'}"
+    )
+
+
+if __name__ == "__main__":
+    main()
