@@ -8,7 +8,7 @@ as a text table (`summary`), a Chrome/Perfetto trace (`to_chrome_trace`; trace.p
 writes `merge_chrome_traces` and `merge_with_profiler_trace`) and a PNG timeline (`plot`,
 drawn by plot.py).
 
-All times are integer nanoseconds on the recording's own timeline (see `report_model`).
+All times are integer nanoseconds on the recording's own timeline (see `record/model.py`).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def _table(rows: list[tuple[str, ...]], right: set[int]) -> list[str]:
 
 
 def _build(cls: type, data: dict[str, Any]) -> Any:
-    """Construct a report_model dataclass from a dict, ignoring keys it does not know, so
+    """Construct a record.model dataclass from a dict, ignoring keys it does not know, so
     that a report written by a newer version with extra fields still loads."""
     names = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in data.items() if k in names})

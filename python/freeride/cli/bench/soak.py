@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from .. import spawn
+from ._resources import difference, drift, fd_kinds, sample
 
 MODES = ("cpu",)
 
@@ -48,8 +49,6 @@ WORLD = 2
 SUBMITTER = 1  # the coordinator runs on rank 0: submissions cross between processes
 IN_FLIGHT = 6  # tasks the submitter keeps unfinished (the queue holds 2 per rank)
 SAMPLE_EVERY_S = 5.0
-WARMUP_SHARE = 0.1  # the part of the run before the "after warm-up" sample
-WINDOW_SHARE = 0.2  # drift: max over the last 20% - max over the 20% after warm-up
 # What happens to a task: runs to the end, cancelled once part of it ran, or cancelled
 # right after it was submitted (wherever it is by then).
 PLANS = (("finish", 6), ("cancel-running", 3), ("cancel-at-once", 1))
@@ -62,7 +61,6 @@ SIZES = {
 }
 FINAL = ("done", "failed", "cancelled")
 
-# -- the task factory: runs on the rank that builds the task ----------------------------------
 
 _built: dict[int, list[Any]] = {}
 _built_lock = threading.Lock()
@@ -98,64 +96,6 @@ def _sweep(tags: list[int]) -> dict[int, tuple[int, np.ndarray | None]]:
         else:
             out[tag] = (len(tasks), None)
     return out
-
-
-# -- resource samples -----------------------------------------------------------------------
-
-
-def sample() -> dict[str, float]:
-    """This process's resident memory (MiB), threads and open file descriptors."""
-    rss_kib = 0
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                rss_kib = int(line.split()[1])
-                break
-    return {
-        "rss_mib": rss_kib / 1024,
-        "threads": len(os.listdir("/proc/self/task")),
-        "fds": len(os.listdir("/proc/self/fd")),
-    }
-
-
-def fd_kinds() -> dict[str, int]:
-    """This process's open file descriptors by kind: socket, pipe, anon_inode:[eventfd],
-    a file's path..."""
-    kinds: dict[str, int] = {}
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:  # closed meanwhile (the listing's own descriptor)
-            continue
-        kind = target.split(":[")[0] if target.startswith(("socket:", "pipe:")) else target
-        kinds[kind] = kinds.get(kind, 0) + 1
-    return kinds
-
-
-def _difference(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    keys = sorted(set(before) | set(after))
-    return {
-        k: after.get(k, 0) - before.get(k, 0) for k in keys if after.get(k, 0) != before.get(k, 0)
-    }
-
-
-def drift(series: list[dict[str, float]], key: str, seconds: float) -> dict[str, float]:
-    """`key` after warm-up and at the end, and max over the last WINDOW_SHARE of the run
-    minus max over the WINDOW_SHARE after the warm-up (WARMUP_SHARE)."""
-    warm_end = WARMUP_SHARE * seconds
-    after = [s for s in series if s["t_s"] >= warm_end] or series[-1:]
-    first = [s[key] for s in after if s["t_s"] <= warm_end + WINDOW_SHARE * seconds]
-    last = [s[key] for s in series if s["t_s"] >= (1 - WINDOW_SHARE) * seconds]
-    first = first or [after[0][key]]
-    last = last or [series[-1][key]]
-    return {
-        "after_warmup": after[0][key],
-        "end": series[-1][key],
-        "drift": max(last) - max(first),
-    }
-
-
-# -- the submitter ----------------------------------------------------------------------------
 
 
 @dataclass
@@ -362,9 +302,6 @@ def check(totals: Totals, final: dict[int, dict[str, Any]], ran: list[dict]) -> 
             )
 
 
-# -- one rank ---------------------------------------------------------------------------------
-
-
 def _rank_main(
     rank: int, folder: str, seconds: float, seed: int, sizes: str, result_path: str
 ) -> None:
@@ -467,7 +404,7 @@ def _rank_main(
         submitter = queue = None
         gc.collect()
         dropped = sample()  # and once nothing refers to the queue any more
-        left_fds = _difference(before_fds, fd_kinds())
+        left_fds = difference(before_fds, fd_kinds())
     out: list[Any] = [None] * WORLD if rank == 0 else None
     mine = {
         "rank": rank,
