@@ -134,3 +134,8 @@ def test_cuda_admission_follows_the_environment(env, expected):
             f"a {control['hold_ms']:.0f} ms kernel and an event: CUDA_DEVICE_MAX_CONNECTIONS=1 "
             "did not take effect in the child"
         )
+
+
+def test_gate_says_how_it_is_written(host):
+    assert host.gate.write_mechanism == "host"
+    assert host.gate.write_fences is None

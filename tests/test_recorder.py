@@ -3,10 +3,12 @@ backend (marks are ids with times, a mark 0 is unknown to it, as to the real one
 the capture query and free-memory query are faked."""
 
 import sys
+import time
 import types
 
 import pytest
 
+import freeride as fr
 from freeride import _C, gate
 from freeride.record import recorder
 from freeride.record.recorder import Recorder
@@ -209,3 +211,32 @@ def test_gpu_record_gets_a_wall_clock_origin(capture, monkeypatch):
     probe_at = ex.now  # the fake clock as the probe mark set it
     assert rec.clock_origin_unix_ns == 10**18 - (probe_at - origin_at)
     assert probe_mark in ex.released  # the probe mark went back
+
+
+def test_bubble_stats_predict_from_the_recorded_iterations(host):
+    """Before any iteration nothing is predicted; after a few, the per-iteration bubble
+    time is the sum of the slots' medians and the longest bubble one of them."""
+    assert tuple(host.bubble_stats()) == (0, 0, 0)
+    for _ in range(4):
+        with host.iteration():
+            time.sleep(0.004)  # slot 0
+            with host.compute():
+                time.sleep(0.002)
+            time.sleep(0.008)  # slot 1
+    host.report()  # resolves what was recorded
+    stats = host.bubble_stats()
+    assert stats.iterations == 4
+    assert 0.008e9 <= stats.longest_ns < stats.per_iteration_ns
+    assert stats.per_iteration_ns >= 0.012e9
+
+
+def test_submit_names_a_task_in_the_report(host):
+    with host.iteration():
+        named = host.submit(fr.tasks.Spin(4, 1000), name="my side job")
+        plain = host.submit(fr.tasks.Spin(4, 1000))
+        assert named.wait(timeout=30) and plain.wait(timeout=30)
+    names = {launch.task_id: launch.task for launch in host.report().launches}
+    assert names[named.id] == "my side job"
+    assert names[plain.id] == repr(plain.task)
+    with pytest.raises(TypeError, match="name must be a str"):
+        host.submit(fr.tasks.Spin(1, 1), name=5)

@@ -108,6 +108,20 @@ class Gate:
         return self._ex.gate_seq()
 
     @property
+    def write_mechanism(self) -> str:
+        """How a stream-ordered write reaches the gate: "batch", "memop", "copy" or
+        "kernel" on CUDA (FREERIDE_GATE_WRITE and what the driver offers; see
+        fr.backend_info()), "host" on the host backend."""
+        return str(self._ex.gate_write_mechanism)
+
+    @property
+    def write_fences(self) -> str | None:
+        """With "batch" writes: which of a write's parts wait for the stream's earlier
+        writes ("all", or "gate and open's mirror" where the driver lets the others go
+        without a memory barrier); None with every other mechanism."""
+        return str(self._ex.gate_write_fences) or None
+
+    @property
     def address(self) -> int:
         """Address of the gate word as kernels see it (a device pointer on CUDA)."""
         return self._ex.gate_address

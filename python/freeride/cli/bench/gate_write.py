@@ -77,15 +77,15 @@ def measure(quick: bool) -> dict:
             os.environ["FREERIDE_ADMISSION"] = admission
             for placement, host_gate in PLACEMENTS:
                 with Harvester("cuda:0", gate_in_host_memory=host_gate) as h:
-                    used = h._ex.gate_write_mechanism
+                    used = h.gate.write_mechanism
                     base = {
                         "variant": "gate write",
                         "mechanism": mechanism,
                         "gate": placement,
-                        "admission": h._ex.admission,
+                        "admission": h.admission,
                     }
-                    if h._ex.gate_write_fences:
-                        base["fenced"] = h._ex.gate_write_fences
+                    if h.gate.write_fences:
+                        base["fenced"] = h.gate.write_fences
                     if used != mechanism:
                         rows.append({**base, "item_us": 0, "unavailable": f"fell back to {used}"})
                         continue

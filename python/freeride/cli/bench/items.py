@@ -6,6 +6,10 @@ GPU: the plain run is timed with CUDA events around its kernels on one stream; t
 preemptible run by the executor's own stream-ordered marks around each launch, so both
 are kernel time and neither includes the host. The host backend runs the plain items on
 the calling thread and the preemptible ones on one worker.
+
+The one place the tooling goes under the public face: what it measures is the core's
+own launches (a bound task's core run plain and through the executor, the launch log's
+marks), which no user-facing call exposes.
 """
 
 from __future__ import annotations
