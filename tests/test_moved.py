@@ -66,6 +66,16 @@ def test_submodules_of_a_moved_package_and_attribute_access():
         assert fr.pipeline.Attachment is importlib.import_module("freeride.attach").Attachment
 
 
+def test_the_warning_names_the_importing_line():
+    for name in ("freeride.report_model", "freeride.profiling"):
+        sys.modules.pop(name, None)
+    with pytest.warns(DeprecationWarning) as statement:
+        import freeride.report_model  # noqa: F401
+    with pytest.warns(DeprecationWarning) as call:
+        importlib.import_module("freeride.profiling")
+    assert [w.filename for w in statement.list + call.list] == [__file__, __file__]
+
+
 def test_paths_that_did_not_move_are_left_alone():
     assert new_path("freeride.harvester") is None
     assert new_path("freeride.benchmark") is None  # a prefix of a moved name is not one

@@ -42,8 +42,23 @@ def _warn(old: str, new: str) -> None:
     warnings.warn(
         f"{old} moved to {new}; the old path goes in the next release",
         DeprecationWarning,
-        stacklevel=3,
+        stacklevel=_importer_level(),
     )
+
+
+def _importer_level() -> int:
+    """The stack level of the code that imported the old path, as warnings.warn counts
+    (it passes over the import system's frozen frames by itself): past this file and
+    importlib.import_module, so the warning names the user's line."""
+    frame, level = sys._getframe(2), 2  # _warn's caller is level 2
+    while frame is not None:
+        name = frame.f_code.co_filename
+        frozen = "importlib" in name and "_bootstrap" in name
+        if not frozen and name != __file__ and frame.f_globals.get("__name__") != "importlib":
+            return level
+        frame = frame.f_back
+        level += 0 if frozen else 1
+    return 2
 
 
 class _Alias(types.ModuleType):
