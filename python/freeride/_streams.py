@@ -57,7 +57,7 @@ def stream_handle(stream: Any, kind: str, device: int, *, host: bool = True) -> 
     """The handle to write the gate on (or to follow), or IMMEDIATE for an immediate
     write; check_stream() first, so every backend refuses the same arguments alike."""
     check_stream(stream, host=host)
-    if kind == "host" or stream == "host":
+    if kind == "host" or isinstance(stream, str):  # "host", the only string check_stream lets by
         # The host backend has no streams: its compute is synchronous, so now is in order.
         return IMMEDIATE
     if stream is None:
