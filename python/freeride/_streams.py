@@ -14,16 +14,10 @@ from .errors import StreamCaptureError
 # check, and a wrong one crashes the driver instead of raising an error.
 SPECIAL_HANDLES = (0, 1, 2)
 
-STREAM_ARG = (
-    "None (the current stream), 'host', a torch.cuda.Stream, a CuPy stream, or one of the "
-    "special handles 0 (default stream), 1 (cudaStreamLegacy), 2 (cudaStreamPerThread)"
-)
-
-
-STREAM_TO_FOLLOW = (
-    "None, a torch.cuda.Stream, a CuPy stream, or one of the special handles "
-    "0 (default stream), 1 (cudaStreamLegacy), 2 (cudaStreamPerThread)"
-)
+_SPECIALS = "0 (default stream), 1 (cudaStreamLegacy), 2 (cudaStreamPerThread)"
+_OBJECTS = f"a torch.cuda.Stream, a CuPy stream, or one of the special handles {_SPECIALS}"
+STREAM_ARG = f"None (the current stream), 'host', {_OBJECTS}"
+STREAM_TO_FOLLOW = f"None, {_OBJECTS}"
 
 
 def check_stream(stream: Any, *, host: bool) -> None:
@@ -45,8 +39,8 @@ def check_stream(stream: Any, *, host: bool) -> None:
             raise ValueError(
                 f"stream={stream} is a raw stream handle freeride cannot check; pass the "
                 "stream object instead (torch.cuda.ExternalStream(handle) or "
-                "cupy.cuda.ExternalStream(handle) wraps a raw handle), or one of the special "
-                "handles 0 (default stream), 1 (cudaStreamLegacy), 2 (cudaStreamPerThread)"
+                f"cupy.cuda.ExternalStream(handle) wraps a raw handle), or one of the special "
+                f"handles {_SPECIALS}"
             )
         return
     if stream is not None and _handle_of(stream) is None:
