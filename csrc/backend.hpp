@@ -25,6 +25,14 @@ struct LaunchMarks {
   // sequence number of the open it was admitted under.
   bool admitted = false;
   uint32_t gate_seq = 0;
+  // CUDA: enqueued by a training thread at a stream-ordered open (Backend::gate_write),
+  // not by the executor when it saw the gate open. A launch that runs no item says
+  // nothing then about the gate's mirror (the executor backs off only after one of its
+  // own), only that its bubble was short or its phase already done.
+  bool at_open = false;
+  // Belongs to a phase the task has finished (enqueued at an open before the host knew):
+  // it claims no item, and its counts are not the current phase's.
+  bool stale = false;
 };
 
 // What a task must wait for before its first launch: the work its submitter's streams had
@@ -68,7 +76,20 @@ class PhaseRunner {
   // True while items of a launch may be executing: from admission (the gate read open)
   // until every block or worker exited (cuda with stream_wait: from enqueueing).
   virtual bool executing() const = 0;
+
+  // Launches enqueued whose end run() has not returned yet (CUDA: launches at opens,
+  // queued ahead of the GPU). While there are any the executor keeps calling run() on
+  // this runner, one ended launch each, whatever else is queued: nothing else may be
+  // enqueued on the stream behind them, and the task is not final (its memory in use)
+  // until they ended.
+  virtual bool in_flight() const { return false; }
+
+  // Close-time, past the executor's deadline (Executor::close): a run() in progress and
+  // every later one throws Abandoned (check.hpp) at its next look instead of waiting on for a launch
+  // that may never end. The runner then must not free what such a launch may still write.
+  virtual void abandon() {}
 };
+
 
 class Backend {
  public:
@@ -92,8 +113,11 @@ class Backend {
   // Gate. `stream` is a CUDA stream handle (0 = legacy default stream) or kImmediate.
   // `seq` is written beside the gate in the same order (before the value), so a reader of
   // the host-visible state knows which write it sees. Host backend: closing waits until
-  // no item executes, which is when a close "takes effect" there.
-  virtual void gate_write(uint32_t value, uintptr_t stream, uint32_t seq) = 0;
+  // no item executes, which is when a close "takes effect" there. `launch` (CUDA, a
+  // stream-ordered open): the open may carry the running task's next launch (see
+  // CudaShared::launch_at_open); false where the caller knows the bubble is too short to
+  // pay for one.
+  virtual void gate_write(uint32_t value, uintptr_t stream, uint32_t seq, bool launch = true) = 0;
   virtual uint32_t gate_read() const = 0;
   virtual uint32_t gate_seq() const = 0;
   // Sleeps until gate_read() is open (true) or `timeout_s` passed (false), without
@@ -118,6 +142,9 @@ class Backend {
   // the gate's mirror) or
   // "stream-wait"; "host" on the host backend.
   virtual std::string admission() const { return "host"; }
+  // CUDA: whether a stream-ordered open enqueues the running task's next launch then, at
+  // the open's point of host order (see CudaShared::launch_at_open); false on the host.
+  virtual bool launches_at_opens() const { return false; }
 
   // Timestamps in stream order. mark() records "now" when `stream` reaches it (host: the
   // steady clock now) and returns an id; elapsed_ns(a, b) is the time from a to b once
@@ -167,6 +194,11 @@ class Backend {
   // leave_idle_priority), so that closing on a busy machine does not wait for idle cores
   // several times over. A launch in progress ends at its next item boundary as with stop().
   virtual void begin_shutdown() {}
+
+  // Close-time, before shutdown(), where launches were abandoned (PhaseRunner::abandon):
+  // they may still run, so shutdown() waits for none of the side streams and frees
+  // nothing they may write (CUDA; the host backend's items always finish).
+  virtual void abandon_work() {}
 
   // Joins threads and frees resources. No run() may be in progress. Idempotent.
   virtual void shutdown() = 0;

@@ -44,6 +44,21 @@ bool relax_capture_mode() {
   return true;
 }
 
+RelaxedCaptureScope::RelaxedCaptureScope() noexcept {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  if (cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess) {
+    previous_ = static_cast<int>(mode);
+  } else {
+    (void)cudaGetLastError();
+  }
+}
+
+RelaxedCaptureScope::~RelaxedCaptureScope() {
+  if (previous_ < 0) return;
+  auto mode = static_cast<cudaStreamCaptureMode>(previous_);
+  if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) (void)cudaGetLastError();
+}
+
 #else
 
 bool stream_is_capturing(uintptr_t, int) {
@@ -52,6 +67,9 @@ bool stream_is_capturing(uintptr_t, int) {
 }
 
 bool relax_capture_mode() { return false; }
+
+RelaxedCaptureScope::RelaxedCaptureScope() noexcept = default;
+RelaxedCaptureScope::~RelaxedCaptureScope() = default;
 
 #endif
 

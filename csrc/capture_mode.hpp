@@ -19,4 +19,20 @@ bool stream_is_capturing(uintptr_t stream, int device);
 // the runtime refused (no driver), which leaves the thread as it was.
 bool relax_capture_mode();
 
+// Relaxed capture mode on the calling thread for the scope's lifetime, then the thread's
+// mode as it was: around freeride's own queries, records and allocations, which any thread
+// may reach (a training thread's gate write, a job thread's bubble_stats(), a submit), so
+// that none of them invalidates a capture in global mode on another thread. The mode is
+// thread-local and the exchange costs no driver round trip. A no-op in builds without CUDA.
+class RelaxedCaptureScope {
+ public:
+  RelaxedCaptureScope() noexcept;
+  ~RelaxedCaptureScope();
+  RelaxedCaptureScope(const RelaxedCaptureScope&) = delete;
+  RelaxedCaptureScope& operator=(const RelaxedCaptureScope&) = delete;
+
+ private:
+  int previous_ = -1;  // the thread's cudaStreamCaptureMode before; -1: not exchanged
+};
+
 }  // namespace freeride

@@ -28,6 +28,12 @@ class RuntimeFailure : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A launch given up on at close (PhaseRunner::abandon): it may still run on the device.
+class Abandoned : public RuntimeFailure {
+ public:
+  using RuntimeFailure::RuntimeFailure;
+};
+
 namespace detail {
 
 // An error message: Msg() << "items must be positive, got " << n << " (max " << m << ")".

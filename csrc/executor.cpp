@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "check.hpp"
+#include "doorbell.hpp"
 #include "thread_name.hpp"
 
 namespace freeride {
@@ -142,7 +143,7 @@ bool Executor::cancel(uint64_t id, bool wait) {
   std::unique_lock<std::mutex> lock(mutex_);
   Record& r = record_locked(id);
   if (is_final(r.state)) return false;
-  if (&r == active_) {
+  if (&r == active_ || (r.runner && r.runner->in_flight())) {
     // Items already claimed finish; the loop marks it cancelled when the launch exits.
     r.cancel_requested = true;
     r.runner->stop();
@@ -194,28 +195,64 @@ uint64_t Executor::idle_launches() const {
   return idle_launches_;
 }
 
+uint64_t Executor::open_launches() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return open_launches_;
+}
+
+uint64_t Executor::idle_open_launches() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return idle_open_launches_;
+}
+
+std::vector<uint64_t> Executor::take_abandoned() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<uint64_t> out;
+  out.swap(abandoned_);
+  return out;
+}
+
 bool Executor::closed() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return closing_;
+}
+
+bool Executor::pickable_locked(const Record& r, bool& dependency_pending) const {
+  if (r.admitted) return true;
+  // A task waits in the queue until the memory of running ones is released.
+  if (budget_ != 0 && used_ + r.memory_bytes > budget_) return false;
+  // ... and until the work its submitter had enqueued has run: an admitted task would
+  // hold this thread until then, and a stream that never gets there would hold it for
+  // good. ready() does not block.
+  if (r.after && !r.after->ready()) {
+    dependency_pending = true;
+    return false;
+  }
+  return true;
 }
 
 Executor::Record* Executor::pick_locked(bool& dependency_pending) {
   dependency_pending = false;
   for (const QueueKey& k : runnable_) {
     Record& r = *records_.at(k.second);
-    if (r.admitted) return &r;
-    // A task waits in the queue until the memory of running ones is released.
-    if (budget_ != 0 && used_ + r.memory_bytes > budget_) continue;
-    // ... and until the work its submitter had enqueued has run: an admitted task would
-    // hold this thread until then, and a stream that never gets there would hold it for
-    // good. ready() does not block.
-    if (r.after && !r.after->ready()) {
-      dependency_pending = true;
-      continue;
-    }
-    return &r;
+    if (pickable_locked(r, dependency_pending)) return &r;
   }
   return nullptr;
+}
+
+Executor::Record* Executor::last_run_locked() {
+  auto it = records_.find(last_run_);
+  if (it == records_.end() || !it->second->runner || is_final(it->second->state)) return nullptr;
+  return it->second.get();
+}
+
+bool Executor::more_urgent_pickable_locked(const Record& r) const {
+  bool dependency_pending = false;
+  for (const QueueKey& k : runnable_) {
+    if (k.first >= key(r).first) return false;  // the queue is in order of urgency
+    if (pickable_locked(*records_.at(k.second), dependency_pending)) return true;
+  }
+  return false;
 }
 
 void Executor::admit_locked(Record& r) {
@@ -265,41 +302,74 @@ void Executor::loop() {
   backend_->on_executor_thread();
   double backoff_s = kBackoffMinS;
   std::unique_lock<std::mutex> lock(mutex_);
+  // A task whose runner has launches in flight (enqueued at opens ahead of the GPU) is
+  // run again, one ended launch per run(), before anything else: nothing else may go on
+  // the stream behind those launches, and the task is not final until they have ended.
+  Record* draining = nullptr;
   while (true) {
-    Record* r = nullptr;
-    bool dependency_pending = false;
-    while (!closing_ && (r = pick_locked(dependency_pending)) == nullptr) {
-      // Nothing signals a dependency's completion: look again after a while.
-      if (dependency_pending) {
-        work_cv_.wait_for(lock, kDependencyPoll);
-      } else {
-        work_cv_.wait(lock);
+    Record* r = draining;
+    if (r == nullptr) {
+      bool dependency_pending = false;
+      while (!closing_ && (r = pick_locked(dependency_pending)) == nullptr) {
+        // Nothing signals a dependency's completion: look again after a while.
+        if (dependency_pending) {
+          work_cv_.wait_for(lock, kDependencyPoll);
+        } else {
+          work_cv_.wait(lock);
+        }
+      }
+      if (closing_) break;
+      // Another task than the one run last: that one is being preempted (a more urgent
+      // task came while no launch of it ran, so submit() did not stop it). Stopped now, it
+      // takes no further launch at an open; those it took already end before anything
+      // of this one goes on a stream they may share.
+      Record* previous = last_run_locked();
+      if (previous != nullptr && previous != r) {
+        try {
+          previous->runner->stop();
+        } catch (...) {
+          // A sticky CUDA error: its next run() reports it.
+        }
+        if (previous->runner->in_flight()) r = draining = previous;
       }
     }
-    if (closing_) break;
-    try {
-      if (!r->admitted) admit_locked(*r);
-    } catch (const std::exception& e) {
-      finish_locked(*r, TaskState::Failed, ErrorKind::Failed, e.what());
-      continue;
+    if (r != draining) {
+      try {
+        if (!r->admitted) admit_locked(*r);
+      } catch (const std::exception& e) {
+        finish_locked(*r, TaskState::Failed, ErrorKind::Failed, e.what());
+        continue;
+      }
+      if (is_final(r->state)) continue;  // every phase was empty
     }
-    if (is_final(r->state)) continue;  // every phase was empty
-
+    last_run_ = r->id;
+    PhaseRunner* runner = r->runner.get();
+    // Picked from the queue: it may run. Draining: its launches in flight end and no
+    // further one starts where it must stop (a close, a cancel, a failure, or a more
+    // urgent task that could run now).
+    const bool must_stop = closing_ || r->cancel_requested || !r->failure.empty() ||
+                           more_urgent_pickable_locked(*r);
     active_ = r;
     r->state = TaskState::Running;
     ++r->launches;
-    PhaseRunner* runner = r->runner.get();
     const uint64_t done_before = runner->done();
     const uint64_t phase = r->phase;
     LaunchMarks marks;
     std::string error;
+    bool abandoned = false;
     try {
-      runner->resume();
+      if (draining == nullptr) {
+        runner->resume();
+      } else if (must_stop) {
+        runner->stop();
+      }
       lock.unlock();
       // Marked whether or not recording is on yet: a launch may wait for the gate from
       // before the first recorded iteration and run inside it. Kept if recording is on
       // when it ends.
       marks = runner->run(true);
+    } catch (const Abandoned&) {
+      abandoned = true;
     } catch (const std::exception& e) {
       error = e.what();
       if (error.empty()) error = "side task failed";
@@ -319,30 +389,37 @@ void Executor::loop() {
         launch_log_.pop_front();
       }
     }
+    if (abandoned) {
+      // Past close()'s deadline. Its launches may still run: the runner keeps (leaks)
+      // what they write, and take_abandoned() tells the owner to keep the task's memory.
+      draining = nullptr;
+      abandoned_.push_back(r->id);
+      finish_locked(*r, TaskState::Cancelled, ErrorKind::Cancelled,
+                    "cancelled: the harvester was closed while a launch of the task was still "
+                    "enqueued or running on the GPU (abandoned)");
+      continue;
+    }
 
-    const bool idle_launch = marks.admitted && error.empty() && !r->cancel_requested &&
+    const bool ran_nothing = marks.admitted && error.empty() && !marks.stale &&
                              runner->done() == done_before;
     ++launches_;
-    if (idle_launch) ++idle_launches_;
-    if (!error.empty()) {
-      finish_locked(*r, TaskState::Failed, ErrorKind::Failed, r->task->name() + ": " + error);
-    } else if (r->cancel_requested) {
-      finish_locked(*r, TaskState::Cancelled, ErrorKind::Cancelled, "cancelled");
-    } else {
-      try {
-        advance_locked(*r);
-      } catch (const std::exception& e) {
-        finish_locked(*r, TaskState::Failed, ErrorKind::Failed, e.what());
-      }
-      // Held by the closed gate or preempted: it goes back to the queue as it is.
-      if (!is_final(r->state)) r->state = TaskState::Paused;
+    if (marks.at_open) ++open_launches_;
+    if (ran_nothing || marks.stale) {
+      ++idle_launches_;
+      if (marks.at_open) ++idle_open_launches_;
     }
+    // Only a launch of the executor's own, admitted on the gate's mirror, that ran
+    // nothing says the mirror may be stale (see kBackoffMinS).
+    const bool idle_launch = ran_nothing && !marks.at_open && !r->cancel_requested;
+    if (!error.empty() && r->failure.empty()) r->failure = r->task->name() + ": " + error;
+    draining = runner->in_flight() ? r : nullptr;
+    if (draining == nullptr) settle_launch_locked(*r);
     done_cv_.notify_all();
-    // No wait where something else is due: a close, or another task now first in the
-    // queue at a higher priority (submitted during the launch, which it stopped: its ring
-    // came before this wait could see it).
-    const bool other_due =
-        closing_ || (!runnable_.empty() && runnable_.begin()->first < key(*r).first);
+    if (draining != nullptr) continue;
+    // No wait where something else is due: a close, or a more urgent task that can run
+    // (one submitted during the launch stopped it: its ring came before this wait could
+    // see it).
+    const bool other_due = closing_ || more_urgent_pickable_locked(*r);
     if (!idle_launch || is_final(r->state) || other_due) {
       backoff_s = kBackoffMinS;
       continue;
@@ -359,12 +436,36 @@ void Executor::loop() {
   done_cv_.notify_all();
 }
 
-void Executor::close() {
+void Executor::settle_launch_locked(Record& r) {
+  if (!r.failure.empty()) {
+    finish_locked(r, TaskState::Failed, ErrorKind::Failed, r.failure);
+  } else if (r.cancel_requested) {
+    finish_locked(r, TaskState::Cancelled, ErrorKind::Cancelled, "cancelled");
+  } else {
+    try {
+      advance_locked(r);
+    } catch (const std::exception& e) {
+      finish_locked(r, TaskState::Failed, ErrorKind::Failed, e.what());
+    }
+    // Held by the closed gate or preempted: it goes back to the queue as it is.
+    if (!is_final(r.state)) r.state = TaskState::Paused;
+  }
+}
+
+void Executor::close(double deadline_s) {
   std::lock_guard<std::mutex> close_lock(close_mutex_);
   std::unique_lock<std::mutex> lock(mutex_);
   if (closed_) return;
   closing_ = true;
-  if (active_ != nullptr) active_->runner->stop();
+  // Whatever fails, the executor thread is joined and every record made final before the
+  // error is raised: a joinable std::thread destroyed later would std::terminate the
+  // process. So a stop that fails (a sticky CUDA error) is kept for later, as is a nudge.
+  std::exception_ptr error;
+  try {
+    if (active_ != nullptr) active_->runner->stop();
+  } catch (...) {
+    error = std::current_exception();
+  }
   work_cv_.notify_all();
   // Every side thread is told at once and may run at normal priority: on a busy machine
   // an idle-priority thread waits for a free core at each wake-up, and a close used to
@@ -375,13 +476,20 @@ void Executor::close() {
   backend_->begin_shutdown();
   backend_->interrupt_waits();
   lock.lock();
+  const auto deadline = std::chrono::steady_clock::now() + clamp_timeout(deadline_s);
+  bool abandoning = false;
   // A launch held by a closed gate (cuda: a stream wait) must be let through to see its
-  // stop flag; keep nudging until the loop has left it.
-  // A nudge that fails (a sticky CUDA error) is not retried, and whatever fails, the
-  // executor thread is joined and every record made final before the error is raised:
-  // a joinable std::thread destroyed later would std::terminate the process.
-  std::exception_ptr error;
+  // stop flag; keep nudging until the loop has left it. A nudge that fails is not retried.
+  // Launches in flight (queued ahead at opens) end as the GPU reaches them; past the
+  // deadline they are abandoned (PhaseRunner::abandon), and the loop leaves at its next
+  // look.
   while (!loop_exited_) {
+    if (!abandoning && std::chrono::steady_clock::now() >= deadline) {
+      abandoning = true;
+      for (auto& [id, r] : records_) {
+        if (r->runner) r->runner->abandon();
+      }
+    }
     lock.unlock();
     if (!error) {
       try {
@@ -402,8 +510,12 @@ void Executor::close() {
                     "cancelled: the harvester was closed");
     }
   }
+  const bool any_abandoned = !abandoned_.empty();
   lock.unlock();
   try {
+    // Abandoned launches may still run: the backend then waits for none of its streams and
+    // frees nothing they may write.
+    if (any_abandoned) backend_->abandon_work();
     backend_->shutdown();
   } catch (...) {
     if (!error) error = std::current_exception();

@@ -78,9 +78,20 @@ class Executor {
   // of the buffers it held for them (never earlier: a kernel may use them until then).
   std::vector<uint64_t> take_finished();
 
-  // Stops the thread, cancels what is not final, frees the backend. Idempotent.
-  void close();
+  // Stops the thread, cancels what is not final, frees the backend. Idempotent. Launches
+  // still enqueued (queued ahead of the GPU at opens) are waited for up to `deadline_s`
+  // seconds (they end once the GPU reaches their bubbles); past it, every launch still
+  // enqueued or running is abandoned: its task is cancelled at once, what such a launch
+  // may still write (its counters, the task's memory) is never freed or reused, and
+  // take_abandoned() names the task, so that its owner keeps its memory too. The thread
+  // never waits on the GPU without looking at that deadline, so close() returns within
+  // about deadline_s plus a millisecond.
+  void close(double deadline_s = kCloseDeadlineS);
   bool closed() const;
+  static constexpr double kCloseDeadlineS = 5.0;
+
+  // Ids of the tasks whose launches close() abandoned (once each).
+  std::vector<uint64_t> take_abandoned();
 
   uint64_t memory_budget() const { return budget_; }
   uint64_t memory_used() const;
@@ -96,6 +107,10 @@ class Executor {
   // Launches so far, and those among them that the gate let in but that ran no item.
   uint64_t launches() const;
   uint64_t idle_launches() const;
+  // Among those: launches enqueued at stream-ordered opens (CUDA), and those of them that
+  // ran no item (their bubble was over before they began, or their phase was done).
+  uint64_t open_launches() const;
+  uint64_t idle_open_launches() const;
 
  private:
   struct Record {
@@ -112,6 +127,9 @@ class Executor {
     uint64_t launches = 0;
     bool admitted = false;
     bool cancel_requested = false;
+    // A launch failed while others were still in flight: the task fails with `failure`
+    // once they have ended.
+    std::string failure;
     ErrorKind error_kind = ErrorKind::None;
     std::string error;
   };
@@ -127,6 +145,17 @@ class Executor {
   // budget and whose dependency is ready. dependency_pending: some task was passed over
   // only because its dependency is not ready yet.
   Record* pick_locked(bool& dependency_pending);
+  // Whether `r` could run now (pick_locked's test for one task).
+  bool pickable_locked(const Record& r, bool& dependency_pending) const;
+  // Whether a task more urgent than `r` could run now: only such a task ends a backoff
+  // or stops a task whose launches are in flight (one that cannot run yet, its
+  // dependency pending or its memory over budget, would only make the executor spin).
+  bool more_urgent_pickable_locked(const Record& r) const;
+  // The task run last, while it is admitted and not final; else nullptr.
+  Record* last_run_locked();
+  // After the last launch in flight of `r` ended: it fails (a launch failed), is
+  // cancelled, moves on to its next phase or is done, or waits in the queue.
+  void settle_launch_locked(Record& r);
   void admit_locked(Record& r);
   void advance_locked(Record& r);
   void finish_locked(Record& r, TaskState state, ErrorKind kind, std::string error);
@@ -151,10 +180,14 @@ class Executor {
   std::unordered_map<uint64_t, std::unique_ptr<Record>> records_;
   std::set<QueueKey> runnable_;  // queued or paused tasks
   Record* active_ = nullptr;
+  uint64_t last_run_ = 0;  // id of the task run last (see loop())
   uint64_t next_id_ = 1;
   bool recording_ = false;
   uint64_t launches_ = 0;
   uint64_t idle_launches_ = 0;
+  uint64_t open_launches_ = 0;
+  uint64_t idle_open_launches_ = 0;
+  std::vector<uint64_t> abandoned_;
   std::deque<LaunchRecord> launch_log_;
   std::vector<uint64_t> finished_;
   bool closing_ = false;

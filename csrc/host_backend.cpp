@@ -179,7 +179,7 @@ class HostBackend final : public Backend {
   // runs to its end beside compute, on a thread that yields its core to any training
   // thread that wants it. The number goes before an open and after a close, as on a GPU:
   // a reader of the gate, then the number, never takes a closing bubble for a new one.
-  void gate_write(uint32_t value, uintptr_t /*stream*/, uint32_t seq) override {
+  void gate_write(uint32_t value, uintptr_t /*stream*/, uint32_t seq, bool /*launch*/) override {
     const bool open = value == FREERIDE_GATE_OPEN;
     if (open) seq_.store(seq);
     gate_.store(value);

@@ -396,7 +396,12 @@ PYBIND11_MODULE(_C, m) {
       .def("forget", &Executor::forget, py::arg("id"), release_gil())
       .def("take_finished", &Executor::take_finished, release_gil(),
            "Ids of the tasks that became final since the last call.")
-      .def("close", &Executor::close, release_gil())
+      .def("close", &Executor::close, py::arg("deadline") = Executor::kCloseDeadlineS,
+           release_gil(),
+           "Stops the thread and cancels what is not final; launches still in flight past "
+           "`deadline` seconds are abandoned (see take_abandoned).")
+      .def("take_abandoned", &Executor::take_abandoned, release_gil(),
+           "Ids of the tasks whose launches close() abandoned: their memory must be kept.")
       // Each takes the executor's lock, which its thread may hold while admitting a task.
       .def_property_readonly("closed", py::cpp_function(&Executor::closed, release_gil()))
       .def_property_readonly("launches", py::cpp_function(&Executor::launches, release_gil()),
@@ -404,6 +409,12 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("idle_launches",
                              py::cpp_function(&Executor::idle_launches, release_gil()),
                              "Launches the gate let in that ran no item.")
+      .def_property_readonly("open_launches",
+                             py::cpp_function(&Executor::open_launches, release_gil()),
+                             "Launches enqueued at stream-ordered opens (CUDA).")
+      .def_property_readonly("idle_open_launches",
+                             py::cpp_function(&Executor::idle_open_launches, release_gil()),
+                             "Launches enqueued at opens that ran no item.")
       .def_property_readonly("memory_budget", &Executor::memory_budget)
       .def_property_readonly("memory_used",
                              py::cpp_function(&Executor::memory_used, release_gil()))
@@ -414,16 +425,16 @@ PYBIND11_MODULE(_C, m) {
       // waits for a stream, so it lets other Python threads run meanwhile.
       .def(
           "gate_write",
-          [](Executor& ex, uint32_t value, uint64_t stream, uint32_t seq) {
+          [](Executor& ex, uint32_t value, uint64_t stream, uint32_t seq, bool launch) {
             const auto handle = static_cast<uintptr_t>(stream);
             if (handle == freeride::kImmediate) {
               py::gil_scoped_release release;
-              ex.backend().gate_write(value, handle, seq);
+              ex.backend().gate_write(value, handle, seq, launch);
             } else {
-              ex.backend().gate_write(value, handle, seq);
+              ex.backend().gate_write(value, handle, seq, launch);
             }
           },
-          py::arg("value"), py::arg("stream"), py::arg("seq"))
+          py::arg("value"), py::arg("stream"), py::arg("seq"), py::arg("launch") = true)
       .def("gate_read", [](Executor& ex) { return ex.backend().gate_read(); })
       .def("gate_seq", [](Executor& ex) { return ex.backend().gate_seq(); })
       .def(
@@ -490,6 +501,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("gate_write_mechanism",
                              [](Executor& ex) { return ex.backend().gate_write_mechanism(); })
       .def_property_readonly("admission", [](Executor& ex) { return ex.backend().admission(); })
+      .def_property_readonly("launches_at_opens",
+                             [](Executor& ex) { return ex.backend().launches_at_opens(); })
       .def_property_readonly("gate_write_fences",
                              [](Executor& ex) { return ex.backend().gate_write_fences(); })
       .def_property_readonly("reserve_mechanism",

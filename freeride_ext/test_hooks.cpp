@@ -10,6 +10,7 @@
 #include "check.hpp"
 #include "executor.hpp"
 #include "latch_dependency.hpp"
+#include "queue_backend.hpp"
 
 namespace py = pybind11;
 
@@ -38,6 +39,72 @@ void register_test_hooks(py::module_& m) {
       py::arg("executor"), py::arg("task"), py::arg("priority"), py::arg("latch"),
       py::call_guard<py::gil_scoped_release>(),
       "executor.submit() whose first launch waits until `latch` is released.");
+
+  // The executor on a backend whose launches the test enqueues and ends (queue_backend.hpp).
+  using freeride::QueueBackend;
+  using freeride::QueuedLaunches;
+  py::class_<QueuedLaunches, std::shared_ptr<QueuedLaunches>>(t, "QueuedLaunches")
+      .def("arrive", &QueuedLaunches::arrive, py::arg("count") = 1,
+           py::call_guard<py::gil_scoped_release>(),
+           "Launches enqueued at opens (as many as the runner takes); how many were taken.")
+      .def("end", &QueuedLaunches::end, py::arg("items"),
+           py::call_guard<py::gil_scoped_release>(),
+           "The oldest launch not yet ended ends, having run `items` items.")
+      .def("fail", &QueuedLaunches::fail, py::arg("message"), py::arg("drop_pending") = true,
+           py::call_guard<py::gil_scoped_release>(),
+           "The next run() fails with `message`; with drop_pending (a kernel fault) every "
+           "pending launch is gone, else only the oldest ended (a broken launch).")
+      .def_property_readonly("pending",
+                             [](QueuedLaunches& q) {
+                               std::lock_guard<std::mutex> lk(q.mu);
+                               return q.pending.size();
+                             })
+      .def_property_readonly("stopped",
+                             [](QueuedLaunches& q) {
+                               std::lock_guard<std::mutex> lk(q.mu);
+                               return q.stopped;
+                             })
+      .def_property_readonly("abandoned",
+                             [](QueuedLaunches& q) {
+                               std::lock_guard<std::mutex> lk(q.mu);
+                               return q.abandoned;
+                             })
+      .def_property_readonly("begun",
+                             [](QueuedLaunches& q) {
+                               std::lock_guard<std::mutex> lk(q.mu);
+                               return q.epoch > 0;
+                             })
+      .def_property_readonly("runs", [](QueuedLaunches& q) {
+        std::lock_guard<std::mutex> lk(q.mu);
+        return q.runs;
+      });
+
+  t.def(
+      "queue_executor",
+      [](uint64_t memory_budget) {
+        return std::make_unique<Executor>(std::make_unique<QueueBackend>(), memory_budget);
+      },
+      py::arg("memory_budget") = 0,
+      "An Executor on the test queue backend: its launches are enqueued and ended by the "
+      "test (queue_launches).");
+  t.def(
+      "queue_launches",
+      [](Executor& ex, size_t index, double timeout) {
+        auto* backend = dynamic_cast<QueueBackend*>(&ex.backend());
+        FR_ARG(backend != nullptr, "the executor is not on the test queue backend");
+        return backend->launches(index, timeout);
+      },
+      py::arg("executor"), py::arg("index"), py::arg("timeout") = 10.0,
+      py::call_guard<py::gil_scoped_release>(),
+      "The launches of the index-th runner the executor made (admission order).");
+  t.def(
+      "queue_abandoned_work",
+      [](Executor& ex) {
+        auto* backend = dynamic_cast<QueueBackend*>(&ex.backend());
+        FR_ARG(backend != nullptr, "the executor is not on the test queue backend");
+        return backend->abandoned_work();
+      },
+      py::arg("executor"), "Whether close() told the backend that launches were abandoned.");
 
   t.def(
       "items_see_gate_closed",

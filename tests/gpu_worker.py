@@ -416,7 +416,118 @@ def mode_priority(args: dict) -> dict:
     return out
 
 
+def _queue_iterations(torch, h, train, comm, iterations: int, compute_ms: float, recv_ms: float):
+    """Enqueues `iterations` of [close, compute, open, a "recv" of `recv_ms` on `comm`
+    (after the open), the training stream waits for it, close, compute] on `train`, all
+    from the host before the GPU gets to them (the caller holds the GPU with a kernel in
+    front). Returns the events that bound the queued work on `train`."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(train):
+        start.record()
+        for _ in range(iterations):
+            h.gate.close()
+            torch.cuda._sleep(int(compute_ms * CYCLES_PER_MS))
+            h.gate.open()
+            opened = torch.cuda.Event()
+            opened.record()
+            with torch.cuda.stream(comm):
+                comm.wait_event(opened)
+                torch.cuda._sleep(int(recv_ms * CYCLES_PER_MS))
+                received = torch.cuda.Event()
+                received.record()
+            train.wait_event(received)
+            h.gate.close()
+            torch.cuda._sleep(int(compute_ms * CYCLES_PER_MS))
+        end.record()
+    return start, end
+
+
+def mode_queued_bubbles(args: dict) -> dict:
+    """Issue 27 item 1: side work in bubbles the host queued ahead of the GPU. With a Spin
+    task submitted (its items `item_us` long), the host holds the GPU with `hold_ms` of
+    work on the training stream, then queues `iterations` of close / compute / open /
+    recv on a comm stream / wait for it / close / compute (_queue_iterations) before the
+    GPU starts them. Items done while that runs are items done in those bubbles (the gate
+    is closed everywhere else); their share of what the open gate runs in the same time
+    (the open-gate rate, measured first with the gate opened from the host) is the
+    harvest. The same queue without a side task gives the baseline of its GPU time, for
+    the overhead. Reserve and launch at opens follow `reserve` and the environment
+    (FREERIDE_LAUNCH_AT_OPEN), CUDA_DEVICE_MAX_CONNECTIONS the parent's setting."""
+    import torch
+
+    import freeride as fr
+
+    item_us = float(args.get("item_us", 20.0))
+    iterations = int(args.get("iterations", 5))
+    compute_ms = float(args.get("compute_ms", 5.0))
+    recv_ms = float(args.get("recv_ms", 20.0))
+    hold_ms = float(args.get("hold_ms", 100.0))
+    reserve = fr.Reserve(mechanism=args["reserve"]) if args.get("reserve") else fr.Reserve()
+    torch.cuda.init()
+    out: dict = {
+        "connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+        "launch_at_open_env": os.environ.get("FREERIDE_LAUNCH_AT_OPEN"),
+    }
+    train = torch.cuda.Stream()
+    comm = torch.cuda.Stream()
+    with fr.Harvester("cuda:0", reserve=reserve) as h:
+        out["reserve_mechanism"] = h.reserve_mechanism
+        out["launches_at_opens"] = h.launches_at_opens
+        # Baseline: the queue's GPU time without side work (after one warm-up).
+        baseline = []
+        for _ in range(2):
+            with torch.cuda.stream(train):
+                torch.cuda._sleep(int(hold_ms * CYCLES_PER_MS))
+            start, end = _queue_iterations(torch, h, train, comm, iterations, compute_ms, recv_ms)
+            train.synchronize()
+            baseline.append(start.elapsed_time(end))
+        h.gate.close(stream="host")
+        t = h.submit(fr.tasks.Spin(items=2**40, ns_per_item=int(item_us * 1000)))
+        # The open-gate rate: the same task with the gate open from the host.
+        h.gate.open(stream="host")
+        wait_for(lambda: t.items_done > 0, 60, "the Spin task started")
+        time.sleep(0.05)
+        first, began = t.items_done, time.perf_counter()
+        time.sleep(0.3)
+        rate = (t.items_done - first) / (time.perf_counter() - began)
+        h.gate.close(stream="host")
+        time.sleep(0.05)  # the launch in flight ends at its next item
+        counts_before = h.launch_counts()
+        with torch.cuda.stream(train):
+            torch.cuda._sleep(int(hold_ms * CYCLES_PER_MS))
+        held = torch.cuda.Event()
+        held.record(train)
+        before = t.items_done
+        start, end = _queue_iterations(torch, h, train, comm, iterations, compute_ms, recv_ms)
+        queued_ahead = not held.query()  # the GPU had not reached the iterations yet
+        train.synchronize()
+        comm.synchronize()
+        time.sleep(0.05)  # the executor takes the last launch's end
+        items = t.items_done - before
+        elapsed = start.elapsed_time(end)
+        counts = h.launch_counts()
+        t.cancel()
+        t.wait(30)
+    bubble_s = iterations * recv_ms / 1000
+    out.update(
+        {
+            "queued_ahead": queued_ahead,
+            "open_gate_items_per_s": rate,
+            "items_in_bubbles": items,
+            "harvest_share": items / (rate * bubble_s) if rate > 0 else 0.0,
+            "queue_ms": elapsed,
+            "baseline_ms": min(baseline),
+            "overhead_pct": (elapsed / min(baseline) - 1) * 100,
+            "launches": counts.launches - counts_before.launches,
+            "at_opens": counts.at_opens - counts_before.at_opens,
+            "idle_at_opens": counts.idle_at_opens - counts_before.idle_at_opens,
+        }
+    )
+    return out
+
+
 MODES = {
+    "queued_bubbles": mode_queued_bubbles,
     "hardware_queues": mode_hardware_queues,
     "queue_control": mode_queue_control,
     "admission": mode_admission,

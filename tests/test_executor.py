@@ -283,6 +283,35 @@ def test_launches_that_run_no_item_back_off_until_a_new_open(host):
     assert (counter.result().counts == 1).all()
 
 
+def test_a_more_urgent_task_that_cannot_run_does_not_end_the_backoff(host):
+    """Review F11: the backoff after launches that the gate let in but that ran nothing
+    ended at once whenever a more urgent task was queued, even one that cannot run (its
+    dependency pending): launches came back to back, the storm the backoff exists to stop.
+    Only a more urgent task that can run ends it now. Negative control: once that task's
+    dependency is ready it runs (and its launches are no storm either)."""
+    ex = host._ex
+    latch = _C._testing.Latch()
+    _C._testing.items_see_gate_closed(ex, True)
+    try:
+        counter = host.submit(fr.tasks.ItemCounter(64))
+        wait_until(lambda: ex.idle_launches >= 1, timeout=10)
+        bound = fr.tasks.ItemCounter(8)._build("host", -1)  # holds the task's buffers
+        blocked = _C._testing.submit_after_latch(ex, bound.core, 1, latch)
+        time.sleep(0.05)
+        before = ex.launches
+        time.sleep(0.5)
+        stale = ex.launches - before
+        assert ex.status(blocked)[0] == "queued"
+    finally:
+        _C._testing.items_see_gate_closed(ex, False)
+    assert stale <= 80, f"{stale} launches in 0.5 s: the queued task ended every backoff"
+    latch.release()
+    assert ex.wait(blocked, 30)
+    host.gate.close(stream="host")
+    host.gate.open(stream="host")
+    assert counter.wait(timeout=30)
+
+
 def _cuda_executor(stream_wait):
     return _C.Executor("cuda", 0, 1, False, stream_wait, 0, (0, 0, 0, 0), 0)
 

@@ -141,9 +141,10 @@ def test_gate_and_stop_loads_are_issued_together(arch):
     put anything between them; ptxas keeps volatile loads in order.)"""
     code = instructions(_ptx(SCALE, arch), "scale")
     loads = [(n, m.group(1)) for n, i in enumerate(code) if (m := _VOLATILE_U32_LOAD.match(i))]
-    # The body has none: one claim path's two loads, and leave_launch's read of `held`
-    # for the end record, once per launch, after the loop.
-    assert len(loads) == 3, loads
+    # The body has none: one claim path's two loads, the read of the closes enqueued
+    # (close_enqueued: only once the slice is over, behind a branch), and leave_launch's
+    # read of `held` for the end record, once per launch, after the loop.
+    assert len(loads) == 4, loads
     (first, reg_a), (second, reg_b) = loads[:2]
     assert second == first + 1, code[first : second + 1]
     assert reg_a != reg_b

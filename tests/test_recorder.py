@@ -35,7 +35,7 @@ class FakeCudaExecutor:
         self.times[mark] = self.now
         return mark
 
-    def gate_write(self, value, stream, seq):
+    def gate_write(self, value, stream, seq, launch=True):
         self.writes.append((value, stream))
 
     def elapsed_ns(self, a, b):

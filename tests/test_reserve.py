@@ -190,8 +190,9 @@ def test_without_a_reserve_the_count_is_the_occupancy_calculators(sm, use):
 def test_item_ctx_layout_matches_the_signature_check():
     from freeride.tasks._signature import CTX_BYTES
 
-    # gate, state, progress and end record; n_items, phase, slice_ns and launch number.
-    assert CTX_BYTES == _C.ITEM_CTX_BYTES == 64
+    # gate, state, progress and end record; n_items, phase, slice_ns and launch number;
+    # the launch's own counters and the closes word, and the closes at launch (+ padding).
+    assert CTX_BYTES == _C.ITEM_CTX_BYTES == 88
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,14 @@ bool single_connection() {
   return value != nullptr && std::strtol(value, nullptr, 10) == 1;
 }
 
+bool launch_at_opens_enabled() {
+  const char* value = std::getenv("FREERIDE_LAUNCH_AT_OPEN");
+  const std::string wanted = value == nullptr ? "" : value;
+  FR_ARG(wanted.empty() || wanted == "1" || wanted == "0",
+         "FREERIDE_LAUNCH_AT_OPEN must be '1' or '0', got '" << wanted << "'");
+  return wanted != "0";
+}
+
 bool admission_rings() {
   const char* mode = std::getenv("FREERIDE_ADMISSION");
   const std::string wanted = mode == nullptr ? "" : mode;

@@ -56,6 +56,12 @@ bool wait_for_gate(const CudaShared& s, std::chrono::steady_clock::time_point de
 // reads the environment of now, which is what a process that sets it up front has).
 bool single_connection();
 
+// Whether stream-ordered opens enqueue the running task's next launch
+// (FREERIDE_LAUNCH_AT_OPEN "1", the default; "0" turns it off: the executor alone then
+// launches, when it sees the gate open, as a comparison for benchmarks and tests). Throws
+// InvalidArgument for another value.
+bool launch_at_opens_enabled();
+
 // Whether gate opens ring the executor's bell (FREERIDE_ADMISSION "ring", the default:
 // see OpenWatcher) or it polls the mirror ("poll", for comparison in bench preempt).
 // Throws InvalidArgument for another value.

@@ -60,6 +60,9 @@ namespace freeride {
 namespace cuda {
 namespace {
 
+// How long shutdown waits for each of its streams to drain (see shutdown()).
+constexpr std::chrono::seconds kShutdownWait{5};
+
 SmLimits sm_limits(int device) {
   SmLimits sm;
   int major = 0;
@@ -106,6 +109,7 @@ class CudaBackend final : public Backend {
     // training hook.
     const cuda_driver::GateWrite wanted = cuda_driver::requested_gate_write(options.gate_write);
     const bool ring = admission_rings();
+    const bool at_opens = launch_at_opens_enabled();
     const bool green_wanted = options.reserve_mechanism == "green-context";
     FR_ARG(green_wanted || options.reserve_mechanism == "occupancy-cap",
            "reserve.mechanism must be 'occupancy-cap' or 'green-context', got '"
@@ -150,6 +154,9 @@ class CudaBackend final : public Backend {
     // Rings serve stream_wait too: iterative tasks wait for the gate on the host.
     s.ring = ring;
     if (s.ring) s.watcher = std::make_unique<OpenWatcher>(device);
+    // stream_wait holds every launch on the GPU already: launches at opens are its own.
+    s.launch_at_opens = at_opens && !options.stream_wait;
+    if (s.launch_at_opens) FR_CUDA_CHECK(cudaEventCreateWithFlags(&s.opened, cudaEventDisableTiming));
     if (green_wanted) s.try_green_context(options.reserve_sms, least);
     {
       std::lock_guard<std::mutex> lk(s.pool_mu);
@@ -169,6 +176,7 @@ class CudaBackend final : public Backend {
 
     const uint32_t open = FREERIDE_GATE_OPEN;
     std::atomic_ref<unsigned int>(*s.gate.mirror).store(open);
+    std::atomic_ref<unsigned int>(s.gate.mirror[kMirrorCloses]).store(0);
     if (cuda_driver::memops_disabled_by_env()) {
       s.memops = false;
       s.memops_reason = "disabled by FREERIDE_NO_STREAM_MEMOPS";
@@ -210,10 +218,12 @@ class CudaBackend final : public Backend {
   std::string reserve_mechanism() const override { return s_->reserve_mechanism; }
   std::string reserve_fallback() const override { return s_->reserve_fallback; }
 
-  void gate_write(uint32_t value, uintptr_t stream, uint32_t seq) override {
+  void gate_write(uint32_t value, uintptr_t stream, uint32_t seq, bool launch) override {
     CudaShared& s = *s_;
+    const bool open = value == FREERIDE_GATE_OPEN;
     if (stream == kImmediate && s.host_gate) {
       s.write_gate_now(value, seq);
+      if (!open) s.count_close();
       return;
     }
     std::shared_lock<std::shared_mutex> lk(s.life);
@@ -221,13 +231,24 @@ class CudaBackend final : public Backend {
     if (stream == kImmediate) {
       FR_CHECK(!s.shut_down, "immediate gate write after the CUDA backend was shut down");
       s.write_gate_now(value, seq);
+      if (!open) s.count_close();
       return;
     }
     // Still allowed after shutdown (the gate is never freed): a training hook that fires
     // after close must not fail the training step.
-    s.enqueue_gate_write(value, reinterpret_cast<cudaStream_t>(stream), seq);
-    // No ring after shutdown: the watcher is gone (enqueue_ring).
-    if (value == FREERIDE_GATE_OPEN) s.enqueue_ring(reinterpret_cast<cudaStream_t>(stream));
+    const auto handle = reinterpret_cast<cudaStream_t>(stream);
+    s.enqueue_gate_write(value, handle, seq);
+    // A write captured into a graph takes effect only when (if ever) the graph is
+    // replayed: it rings nothing, carries no launch and counts as no close.
+    if (CudaShared::captures(handle)) return;
+    if (!open) {
+      s.count_close();
+      return;
+    }
+    // Neither after shutdown: the watcher is gone, and so is every runner.
+    if (s.shut_down) return;
+    s.enqueue_ring(handle);
+    if (launch) s.launch_at_open(handle, seq);
   }
 
   // The mirror: every write that has taken effect on the GPU, read without a copy.
@@ -262,6 +283,8 @@ class CudaBackend final : public Backend {
     if (s_->stream_wait) return "stream-wait";
     return s_->ring ? "ring" : "poll";
   }
+
+  bool launches_at_opens() const override { return s_->launch_at_opens; }
 
   uint64_t mark(uintptr_t stream) override {
     CudaShared& s = *s_;
@@ -338,30 +361,44 @@ class CudaBackend final : public Backend {
 
   uintptr_t side_stream() const override { return reinterpret_cast<uintptr_t>(s_->side); }
 
+  void abandon_work() override { s_->abandoned = true; }
+
   void shutdown() override {
     CudaShared& s = *s_;
     std::unique_lock<std::shared_mutex> lk(s.life);
     if (s.shut_down) return;
     s.shut_down = true;
     DeviceGuard guard(s.device);
-    cudaError_t err = cudaStreamSynchronize(s.side);
-    if (s.green_side != nullptr) {
-      const cudaError_t green_err = cudaStreamSynchronize(s.green_side);
-      if (err == cudaSuccess) err = green_err;
+    // Side launches have ended (the executor took every end) unless some were abandoned;
+    // stop-word writes still pending on control land before the pools may be freed. Each
+    // wait is bounded: a stream that does not drain in time (one hardware queue stalled
+    // behind a peer that died) leaves the pools to leak rather than hang the close.
+    bool drained = !s.abandoned;
+    cudaError_t err = cudaSuccess;
+    for (cudaStream_t stream : {s.side, s.green_side, s.control}) {
+      if (!drained || stream == nullptr) continue;
+      const cudaError_t waited = s.wait_idle(stream, kShutdownWait);
+      if (waited == cudaErrorNotReady) {
+        drained = false;
+      } else if (err == cudaSuccess) {
+        err = waited;
+      }
     }
-    // Stop-word writes still pending there land before the pools may be freed.
-    const cudaError_t control_err = cudaStreamSynchronize(s.control);
-    if (err == cudaSuccess) err = control_err;
     s.destroy_streams();
     s.destroy_events();
+    {
+      std::lock_guard<std::mutex> alk(s.arm_mu);
+      if (s.opened != nullptr) (void)cudaEventDestroy(s.opened);
+      s.opened = nullptr;
+    }
     s.watcher.reset();  // its thread ends once the opens it waits for are reached
     {
       std::lock_guard<std::mutex> plk(s.pool_mu);
-      s.orphaned = true;
+      s.orphaned = drained;
       // The backend's own staging slots count as released along with it.
-      if (s.runners == 0) s.free_pools();
+      if (drained && s.runners == 0) s.free_pools();
     }
-    if (err != cudaSuccess) throw_cuda(err, "cudaStreamSynchronize (side stream)", __FILE__, __LINE__);
+    if (err != cudaSuccess) throw_cuda(err, "waiting for the side streams", __FILE__, __LINE__);
   }
 
  private:

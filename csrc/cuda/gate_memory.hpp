@@ -24,18 +24,35 @@ static_assert(offsetof(fr_phase_state, next) == 0 && offsetof(fr_phase_state, do
               "begin_phase zeroes [next, done] as one range in front of stop; a launch that "
               "ended without its end record reads back [done, stop, held] as one copy");
 
+// Launches of one runner that may be enqueued and not yet seen to end, at most: each has
+// its own fr_launch_run (device memory) and fr_launch_end (host memory), the slot of
+// number % kLaunchRing in the runner's rings, reused only once that launch has ended.
+// Enough for every bubble of an iteration queued ahead of the GPU (a 1F1B schedule of 8
+// micro-batches has 16), with room for the executor's own relaunch.
+constexpr size_t kLaunchRing = 32;
+
 constexpr size_t kGateStride = 128;           // one gate per 128-byte line: no false sharing
 constexpr size_t kGateSlabBytes = 64 * 1024;  // 512 gates per allocation
-constexpr size_t kStateStride = 128;          // fr_phase_state slots, one line each
-// Host words of a runner: [0, 8) progress mirror, [8, 48) the launch end record,
-// [48, 64) the fallback read-back [done, stop, held].
-constexpr size_t kWordStride = 64;
-constexpr size_t kEndOffset = 8;
-constexpr size_t kReadbackOffset = 48;
-static_assert(kEndOffset + sizeof(fr_launch_end) <= kReadbackOffset &&
-              kReadbackOffset + 16 <= kWordStride && kEndOffset % 8 == 0);
-constexpr size_t kSlotsPerSlab = 1024;
-static_assert(sizeof(fr_phase_state) <= kStateStride && sizeof(fr_phase_state) <= kWordStride);
+// Words of a gate's line in mapped host memory (GateSlot::mirror): the gate's mirror, the
+// sequence number of the last write that took effect, and the count of closes the host
+// has enqueued (fr_item_ctx.closes).
+constexpr size_t kMirrorSeq = 1;
+constexpr size_t kMirrorCloses = 2;
+// A runner's device memory: its fr_phase_state, then its ring of fr_launch_run.
+constexpr size_t kRunsOffset = 64;
+constexpr size_t kStateStride = 1024;
+static_assert(sizeof(fr_phase_state) <= kRunsOffset && sizeof(fr_launch_run) == 16 &&
+              kRunsOffset + kLaunchRing * sizeof(fr_launch_run) <= kStateStride);
+// A runner's host words: [0, 8) the progress mirror, [8, 24) the fallback read-back
+// [done, stop, held], then its ring of fr_launch_end.
+constexpr size_t kReadbackOffset = 8;
+constexpr size_t kEndsOffset = 64;
+constexpr size_t kWordStride = 2048;
+static_assert(kReadbackOffset + 16 <= kEndsOffset && kEndsOffset % 8 == 0 &&
+              kEndsOffset + kLaunchRing * sizeof(fr_launch_end) <= kWordStride);
+// The pinned zeros a runner's state is cleared from is one host-word slot: large enough.
+static_assert(kStateStride <= kWordStride);
+constexpr size_t kSlotsPerSlab = 256;
 
 [[noreturn]] inline void throw_cuda(cudaError_t err, const char* call, const char* file, int line) {
   detail::Msg os;

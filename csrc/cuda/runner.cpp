@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <deque>
 #include <exception>
 #include <mutex>
 #include <shared_mutex>
@@ -16,6 +17,7 @@
 
 #include "check.hpp"
 #include "cuda/admission.hpp"
+#include "cuda/dependency.hpp"
 #include "cuda/device_guard.hpp"
 #include "cuda/driver.hpp"
 #include "freeride/item_ctx.h"
@@ -24,10 +26,11 @@
 namespace freeride::cuda {
 namespace {
 
-// An NVTX range on the calling thread for as long as it lives: each side launch, from its
-// enqueueing to the host's seeing its end, on the executor thread, so that Nsight Systems
-// shows side work beside the bubbles (python/freeride/profiling.py pushes those). NVTX is
-// header-only and costs a pointer test per call unless a tool (nsys) injects itself.
+// An NVTX range on the calling thread for as long as it lives: each side launch, from the
+// executor's taking it up to the host's seeing its end, on the executor thread, so that
+// Nsight Systems shows side work beside the bubbles (python/freeride/profiling.py pushes
+// those). NVTX is header-only and costs a pointer test per call unless a tool (nsys)
+// injects itself.
 class NvtxRange {
  public:
   explicit NvtxRange(const char* message) { nvtxRangePushA(message); }
@@ -38,11 +41,12 @@ class NvtxRange {
 
 // Waiting for a launch's end (CudaRunner::wait_for_end): spin this long, then sleep
 // kEndPoll between looks at the end record where the end is near (the gate's mirror
-// closed, a stop, the phase's items all claimed, the time slice about to end: a relaunch
-// waits for that look, and 50 us is 2.5% of the default 2 ms slice), kEndPollFar where
-// nothing says so (a launch that runs on in an open gate: fewer wake-ups beside
-// training), and ask the driver whether the stream is idle (a kernel that failed, or one
-// that left without its end record) every kStreamQueryEvery.
+// closed, a stop, the phase's items all claimed: a relaunch waits for that look, and 50 us
+// is 2.5% of the default 2 ms slice), kEndPollFar where nothing says so (a launch that
+// runs on in an open gate, or one queued ahead that has not begun: fewer wake-ups beside
+// training; an open rings the bell and ends such a sleep), and ask the driver whether the
+// stream is idle (a kernel that failed, or one that left without its end record) every
+// kStreamQueryEvery.
 constexpr std::chrono::microseconds kEndSpin{20};
 constexpr std::chrono::microseconds kEndPoll{50};
 constexpr std::chrono::microseconds kEndPollFar{250};
@@ -59,88 +63,51 @@ bool stream_idle(cudaStream_t stream) {
   throw_cuda(err, "cudaStreamQuery (side stream)", __FILE__, __LINE__);
 }
 
-// Until `stream` is idle, asking (stream_idle). After a launch's end record, the kernel
-// is retiring: microseconds.
-void settle_stream(cudaStream_t stream) {
-  const auto started = std::chrono::steady_clock::now();
-  while (!stream_idle(stream)) {
-    if (std::chrono::steady_clock::now() - started < kEndSpin) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(kEndPoll);
-    }
-  }
-}
-
-// Events recorded on the submitter's streams at submit; the side stream waits on them
-// before the task's first launch.
-class CudaDependency final : public StreamDependency {
+// Keeps the calling thread's current context across a launch into a green context's
+// stream from a thread that is not the executor's (a training thread at its open): the
+// runtime resolves the stream's context itself, and this makes sure that whatever it does
+// to the thread's current context, training's is current again afterwards. Best effort:
+// where the driver lacks the calls there is nothing to restore with.
+class KeepCurrentContext {
  public:
-  explicit CudaDependency(const std::vector<uintptr_t>& streams) {
-    FR_CUDA_CHECK(cudaGetDevice(&device_));
-    try {
-      for (uintptr_t stream : streams) {
-        cudaEvent_t ev = nullptr;
-        FR_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-        events_.push_back(ev);
-        const cudaError_t err = cudaEventRecord(ev, reinterpret_cast<cudaStream_t>(stream));
-        if (err != cudaSuccess) {
-          (void)cudaGetLastError();
-          throw_cuda(err, "cudaEventRecord (the stream the task was submitted after)", __FILE__,
-                     __LINE__);
-        }
-      }
-    } catch (...) {
-      destroy();
-      throw;
-    }
+  explicit KeepCurrentContext(bool active) {
+    const cuda_driver::Api& a = cuda_driver::api();
+    if (!active || a.ctx_get_current == nullptr || a.ctx_set_current == nullptr) return;
+    if (a.ctx_get_current(&saved_) == CUDA_SUCCESS) armed_ = true;
   }
-  ~CudaDependency() override { destroy(); }
-  CudaDependency(const CudaDependency&) = delete;
-  CudaDependency& operator=(const CudaDependency&) = delete;
-
-  // cudaEventQuery does not block (it reads the event's state), so the executor may ask
-  // under its lock. On the event's device: on a thread with no current context the
-  // runtime would otherwise create device 0's.
-  bool ready() const override {
-    try {
-      DeviceGuard guard(device_);
-      for (cudaEvent_t ev : events_) {
-        const cudaError_t err = cudaEventQuery(ev);
-        if (err == cudaErrorNotReady) {
-          // Not an error of this thread's work: keep it out of a later cudaGetLastError().
-          if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
-          return false;
-        }
-        // Any other error: "ready", so the first launch runs into it and reports it.
-        if (err != cudaSuccess) return true;
-      }
-    } catch (...) {
-      return true;  // the device could not be made current: the launch reports why
-    }
-    return true;
+  ~KeepCurrentContext() {
+    if (!armed_) return;
+    const cuda_driver::Api& a = cuda_driver::api();
+    CUcontext now = nullptr;
+    if (a.ctx_get_current(&now) == CUDA_SUCCESS && now != saved_) (void)a.ctx_set_current(saved_);
   }
-
-  // The side stream's next work waits for every captured stream. Destroying the events
-  // afterwards is fine: a wait holds on to what it waits for.
-  void enqueue_wait(cudaStream_t side) const {
-    for (cudaEvent_t ev : events_) FR_CUDA_CHECK(cudaStreamWaitEvent(side, ev, 0));
-  }
+  KeepCurrentContext(const KeepCurrentContext&) = delete;
+  KeepCurrentContext& operator=(const KeepCurrentContext&) = delete;
 
  private:
-  void destroy() noexcept {
-    for (cudaEvent_t ev : events_) (void)cudaEventDestroy(ev);
-    events_.clear();
-    (void)cudaGetLastError();
-  }
-
-  int device_ = 0;
-  std::vector<cudaEvent_t> events_;
+  CUcontext saved_ = nullptr;
+  bool armed_ = false;
 };
 
 // ---------------------------------------------------------------------------------------
 
-class CudaRunner final : public PhaseRunner {
+// One task's phases on the side (or green-context) stream.
+//
+// Launches come from two places. A training thread's stream-ordered open enqueues one
+// (launch_at_open: the runner is armed while the executor runs it), ordered after the
+// open by an event, at the open's point of host order; and the executor enqueues one
+// itself when it sees the gate open with none enqueued (a bubble whose open carried none,
+// a relaunch after a launch's time slice). Launches queue back to back on the one stream,
+// each with its own counters and end record (rings of kLaunchRing, by launch number), and
+// the executor takes their ends in order, one per run(). Nothing else is enqueued on the
+// stream while any is enqueued and not seen to end: everything the executor enqueues
+// (its own launch, a phase's reset, a read-back) goes to an idle stream, so it never
+// waits behind a launch whose bubble has not come.
+//
+// A phase's launches at opens may be queued ahead of the GPU when the phase ends: they
+// are "stale", claim no item (every item of their phase is claimed) and are taken like
+// any other; the next phase's counters are reset only once the last of them ended.
+class CudaRunner final : public PhaseRunner, public OpenLauncher {
  public:
   CudaRunner(std::shared_ptr<CudaShared> shared, std::shared_ptr<Task> task,
              std::unique_ptr<StreamDependency> after)
@@ -173,18 +140,20 @@ class CudaRunner final : public PhaseRunner {
         ++s.runners;
       }
       state_ = reinterpret_cast<fr_phase_state*>(state_slot_.dev);
+      runs_dev_ = reinterpret_cast<fr_launch_run*>(state_slot_.dev + kRunsOffset);
       progress_dev_ = reinterpret_cast<unsigned long long*>(word_slot_.dev);
       progress_host_ = reinterpret_cast<unsigned long long*>(word_slot_.host);
-      end_host_ = reinterpret_cast<fr_launch_end*>(word_slot_.host + kEndOffset);
-      end_dev_ = reinterpret_cast<fr_launch_end*>(word_slot_.dev + kEndOffset);
       readback_host_ = reinterpret_cast<unsigned long long*>(word_slot_.host + kReadbackOffset);
+      ends_host_ = reinterpret_cast<fr_launch_end*>(word_slot_.host + kEndsOffset);
+      ends_dev_ = reinterpret_cast<fr_launch_end*>(word_slot_.dev + kEndsOffset);
       try {
-        // A reused slot may hold a previous runner's stop flag. Cleared on the control
-        // stream, where every later stop()/resume() write follows it in order; the first
-        // launch waits for it (stop_written_). Nobody waits here: the executor admits
-        // under its lock.
-        FR_CUDA_CHECK(cudaMemcpyAsync(state_, s.zeros.host, sizeof(fr_phase_state),
-                                      cudaMemcpyHostToDevice, s.control));
+        // A reused slot may hold a previous runner's stop flag and launch counters (a
+        // launch that failed leaves its own behind). Cleared on the control stream, where
+        // every later stop()/resume() write follows it in order; the first launch waits
+        // for it (stop_written_). A copy, not a memset: it needs no SM. Nobody waits here:
+        // the executor admits under its lock.
+        FR_CUDA_CHECK(cudaMemcpyAsync(state_, s.zeros.host, kStateStride, cudaMemcpyHostToDevice,
+                                      s.control));
         FR_CUDA_CHECK(cudaEventRecord(stop_written_, s.control));
         launch_waits_ = true;
       } catch (...) {
@@ -200,26 +169,31 @@ class CudaRunner final : public PhaseRunner {
   }
 
   ~CudaRunner() override {
+    CudaShared& s = *s_;
+    s.disarm(this);  // no launch_at_open is in progress once this returns
+    bool idle = true;
+    {
+      std::lock_guard<std::mutex> lk(launch_mu_);
+      if (!pending_.empty()) idle = quietly_idle();
+      for (const Launch& l : pending_) s.release_mark(l.start_mark);
+    }
     try {
-      DeviceGuard guard(s_->device);
+      DeviceGuard guard(s.device);
       destroy_events();
     } catch (...) {
     }
-    give_back_slots();
+    // A launch still enqueued (abandoned at close, or left by an error that broke nothing
+    // else) may yet run and write the state and the end records: they are leaked, never
+    // handed to another runner.
+    if (idle) give_back_slots();
   }
 
   void begin_phase(uint64_t phase, uint64_t n_items) override {
     CudaShared& s = *s_;
-    std::shared_lock<std::shared_mutex> lk(s.life);
+    std::shared_lock<std::shared_mutex> life(s.life);
     FR_CHECK(!s.shut_down, "begin_phase() after the CUDA backend was shut down");
-    FR_CHECK(!executing_.load(), "begin_phase() while a launch of the task is in flight");
     DeviceGuard guard(s.device);
-    // Only [next, done]: `stop` belongs to stop()/resume(). On the side stream, so it is
-    // ordered after this task's previous launch and before its next one.
-    {
-      const auto turn = s.green_turn(green_);
-      FR_CUDA_CHECK(cudaMemsetAsync(state_, 0, offsetof(fr_phase_state, stop), stream_));
-    }
+    std::lock_guard<std::mutex> lk(launch_mu_);
     {
       std::lock_guard<std::mutex> plk(progress_mu_);
       std::atomic_ref<unsigned long long>(*progress_host_).store(0);
@@ -227,46 +201,231 @@ class CudaRunner final : public PhaseRunner {
     }
     phase_ = phase;
     n_items_ = n_items;
+    ++epoch_;
+    phase_done_ = false;
     begun_ = true;
+    // The previous phase's launches still enqueued would claim this phase's items with
+    // that phase's arguments: the counters are reset once the last of them has ended.
+    reset_pending_ = true;
+    if (pending_.empty()) reset_counters_locked();
   }
 
   LaunchMarks run(bool record) override {
     CudaShared& s = *s_;
-    std::shared_lock<std::shared_mutex> lk(s.life);
+    std::shared_lock<std::shared_mutex> life(s.life);
     FR_CHECK(!s.shut_down, "run() after the CUDA backend was shut down");
     FR_CHECK(begun_, "run() before begin_phase()");
-    LaunchMarks marks;
-    if (!s.stream_wait && !wait_for_open()) return marks;  // stopped while the gate was closed
-    marks.admitted = true;
-    marks.gate_seq = s.mirror_seq();  // after the open mirror: the open's number, or newer
+    throw_if_abandoned();
     DeviceGuard guard(s.device);
+    if (s.stream_wait) return run_held(record);
+    bool arm = false;
+    {
+      std::lock_guard<std::mutex> lk(launch_mu_);
+      throw_arrival_error_locked();
+      if (pending_.empty()) {
+        if (reset_pending_) reset_counters_locked();
+        arm = s.launch_at_opens && !stop_requested_.load() && !phase_done_;
+      }
+    }
+    if (arm) s.arm(this);
+    if (!in_flight()) {
+      // Until a launch at an open is enqueued, the gate's mirror reads open (an open that
+      // carried no launch, or the rest of a bubble whose launch ended with its slice), or
+      // a stop.
+      if (!s.ring) tighten_timer_slack();  // this thread only ever waits for the gate
+      const bool go = wait_for_gate(
+          s, std::chrono::steady_clock::time_point::max(),
+          [&] { return abandoned_.load() || (stop_requested_.load() && !in_flight()); },
+          [&] { return in_flight() || s.mirror() == FREERIDE_GATE_OPEN; });
+      throw_if_abandoned();
+      if (!go) return LaunchMarks{};  // stopped (or abandoned) while the gate was closed
+    }
+    {
+      std::lock_guard<std::mutex> lk(launch_mu_);
+      throw_arrival_error_locked();
+      if (pending_.empty()) {
+        if (stop_requested_.load() || abandoned_.load()) return LaunchMarks{};
+        const uint32_t seq = s.mirror_seq();  // after the open mirror: the open's, or newer
+        enqueue_locked(nullptr, nullptr, seq, s.closes(), false, record);
+      }
+    }
+    return finish_oldest();
+  }
 
-    struct ClearOnExit {
-      std::atomic<bool>& flag;
-      ~ClearOnExit() { flag.store(false); }
-    };
-    executing_.store(true);
-    ClearOnExit clear{executing_};
-    auto turn = s.green_turn(green_);  // until the launch is enqueued
+  void launch_at_open(cudaStream_t training, cudaEvent_t opened, uint32_t seq,
+                      uint32_t closes) noexcept override {
+    bool rang = false;
+    try {
+      std::lock_guard<std::mutex> lk(launch_mu_);
+      if (!accepting_locked()) return;
+      enqueue_locked(training, opened, seq, closes, true, true);
+      rang = true;
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lk(launch_mu_);
+      arrival_error_ = std::string("a launch at a gate open failed: ") + e.what();
+      rang = true;
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(launch_mu_);
+      arrival_error_ = "a launch at a gate open failed";
+      rang = true;
+    }
+    // Training's next launch must not see this call's errors as its own.
+    (void)cudaGetLastError();
+    if (rang) s_->gate.bell->ring();  // the executor takes it up (or the error)
+  }
 
+  // Both return without waiting for the GPU: the executor calls them under its lock, and
+  // submit() and cancel() on a training thread. A launch that waits for the gate to open
+  // is woken by the bell and sees stop_requested_; a stop also ends launches at opens.
+  void stop() override {
+    set_stop(1u);
+    s_->gate.bell->ring();
+  }
+  void resume() override { set_stop(0u); }
+
+  // While a launch runs: the mirror, a multiple of freeride::kProgressEvery (or the
+  // phase's total) that lags the device's count. Exact after every launch (run() raised
+  // it to the ended launch's count), which is when the executor advances a phase or ends
+  // a task.
+  uint64_t done() const override {
+    std::lock_guard<std::mutex> lk(progress_mu_);
+    const uint64_t mirror = std::atomic_ref<unsigned long long>(*progress_host_).load();
+    max_seen_ = std::max<uint64_t>(max_seen_, mirror);
+    return max_seen_;
+  }
+
+  // The oldest launch not seen to end has begun (its first block wrote its start).
+  bool executing() const override {
+    std::lock_guard<std::mutex> lk(launch_mu_);
+    if (pending_.empty()) return false;
+    const uint64_t number = pending_.front().number;
+    return started(number) && !end_published(number);
+  }
+
+  bool in_flight() const override {
+    std::lock_guard<std::mutex> lk(launch_mu_);
+    return !pending_.empty();
+  }
+
+  void abandon() override {
+    abandoned_.store(true);
+    s_->gate.bell->ring();
+  }
+
+ private:
+  // A launch enqueued and not yet seen to end.
+  struct Launch {
+    uint64_t number = 0;
+    uint64_t epoch = 0;    // the phase it was enqueued for (epoch_ then)
+    uint64_t n_items = 0;  // that phase's items
+    uint64_t start_mark = 0;
+    uint32_t gate_seq = 0;  // the open it was enqueued at (or seen under)
+    bool at_open = false;
+  };
+
+  // What the host learns of a launch that ended. duration_ns < 0: no end record (the
+  // counts were read back instead).
+  struct LaunchEnd {
+    uint64_t done = 0;
+    uint32_t held = 0;
+    int64_t duration_ns = -1;
+  };
+
+  // Whether a training thread's open may enqueue a launch now. Caller holds launch_mu_.
+  bool accepting_locked() const {
+    return begun_ && !reset_pending_ && !phase_done_ && !stop_requested_.load() &&
+           !abandoned_.load() && arrival_error_.empty() && pending_.size() < kLaunchRing &&
+           !s_->shut_down;
+  }
+
+  // Only with a launch in flight: a runner abandoned with none has nothing on the GPU.
+  void throw_if_abandoned() const {
+    if (abandoned_.load() && in_flight()) {
+      FR_THROW(Abandoned, task_->name() << ": abandoned at close while a launch was "
+                                           "enqueued or running");
+    }
+  }
+
+  void throw_arrival_error_locked() {
+    if (arrival_error_.empty()) return;
+    std::string error;
+    error.swap(arrival_error_);
+    throw RuntimeFailure(error);
+  }
+
+  // Enqueues one launch of the current phase on stream_; caller holds launch_mu_. With
+  // `training`, after the work enqueued there so far (`opened` is recorded there and
+  // waited for). stream_wait: held by a memory wait on the gate's mirror first.
+  void enqueue_locked(cudaStream_t training, cudaEvent_t opened, uint32_t seq, uint32_t closes,
+                      bool at_open, bool record) {
+    CudaShared& s = *s_;
+    const uint64_t number = launch_no_ + 1;
+    const size_t ring = number % kLaunchRing;
+    clear_end(ring);  // its previous launch ended: pending_ holds fewer than kLaunchRing
+    auto turn = s.green_turn(green_);
+    const KeepCurrentContext keep(green_ && at_open);
     {
       // The latest stop-word write on the control stream lands before anything of this
-      // launch reads the word: the kernel, and before it stream_wait's gate-wait kernel
-      // (on the side stream, which stream_ follows through the bridge below).
+      // launch reads the word (and before stream_wait's gate wait, on `side`).
       std::lock_guard<std::mutex> slk(stop_mu_);
       if (launch_waits_) {
         FR_CUDA_CHECK(cudaStreamWaitEvent(s.stream_wait ? s.side : stream_, stop_written_, 0));
         launch_waits_ = false;
       }
     }
+    if (training != nullptr) {
+      FR_CUDA_CHECK(cudaEventRecord(opened, training));
+      FR_CUDA_CHECK(cudaStreamWaitEvent(stream_, opened, 0));
+    }
+    if (s.stream_wait) hold_until_open();
+    if (after_) {
+      after_->enqueue_wait(stream_);
+      after_.reset();
+    }
+    Launch l;
+    l.number = number;
+    l.epoch = epoch_;
+    l.n_items = n_items_;
+    l.gate_seq = seq;
+    l.at_open = at_open;
+    // Before the kernel, on a stream whose previous work is this runner's own: it takes
+    // effect once that work and the open are done.
+    if (record) l.start_mark = s.mark(stream_);
+    fr_item_ctx ctx{};
+    ctx.gate = s.gate.dev;
+    ctx.state = state_;
+    ctx.progress = progress_dev_;
+    ctx.n_items = n_items_;
+    ctx.phase = phase_;
+    ctx.slice_ns = s.slice_ns;
+    ctx.end = ends_dev_ + ring;
+    ctx.launch = number;
+    ctx.run = runs_dev_ + ring;
+    ctx.closes = s.closes_dev();
+    ctx.closes_at_launch = closes;
+    try {
+      // An error a previous task's failure left as this thread's last error (a handled
+      // one: a sticky error fails every call anyway) must not be taken for this launch's.
+      (void)cudaGetLastError();
+      task_->launch_cuda(s.launch(ctx, stream_, green_));
+      FR_CUDA_CHECK(cudaGetLastError());
+    } catch (...) {
+      (void)cudaGetLastError();
+      s.release_mark(l.start_mark);
+      if (s.stream_wait) drain_side();
+      throw;
+    }
+    launch_no_ = number;
+    pending_.push_back(l);
+  }
 
-    // stream_wait: nothing of this launch may start while the gate is closed. Stop is not
-    // part of the memop wait's condition: close() releases a waiting launch with unblock().
-    // The wait stays on the primary context's side stream whatever stream the task runs
-    // on; an event carries it over to a green-context stream.
-    if (!s.stream_wait) {
-      // Admitted by wait_for_open() above.
-    } else if (s.memops) {
+  // stream_wait: nothing of the launch may start while the gate is closed. Stop is not
+  // part of the memop wait's condition: close() releases a waiting launch with unblock().
+  // The wait stays on the primary context's side stream whatever stream the task runs
+  // on; an event carries it over to a green-context stream.
+  void hold_until_open() {
+    CudaShared& s = *s_;
+    if (s.memops) {
       // On the gate's host mirror, not the device word: whatever is queued behind this
       // wait (on its hardware queue, which other streams may share) is released by a
       // host store (write_gate_now, unblock), never by an operation on some stream that
@@ -280,50 +439,65 @@ class CudaRunner final : public PhaseRunner {
     } else {
       kernels::launch_gate_wait(s.gate.mirror_dev, stop_word(), s.side);
     }
-
-    try {
-      if (s.stream_wait && stream_ != s.side) {
-        FR_CUDA_CHECK(cudaEventRecord(bridge_, s.side));
-        FR_CUDA_CHECK(cudaStreamWaitEvent(stream_, bridge_, 0));
-      }
-      if (after_) {
-        after_->enqueue_wait(stream_);
-        after_.reset();
-      }
-      // Before the kernel, on a stream whose previous work has completed (see below):
-      // it takes effect at once.
-      if (record) marks.start = s.mark(stream_);
-      fr_item_ctx ctx{};
-      ctx.gate = s.gate.dev;
-      ctx.state = state_;
-      ctx.progress = progress_dev_;
-      ctx.n_items = n_items_;
-      ctx.phase = phase_;
-      ctx.slice_ns = s.slice_ns;
-      ctx.end = end_dev_;
-      ctx.launch = ++launch_no_;
-      // An error a previous task's failure left as this thread's last error (a handled
-      // one: a sticky error fails every call anyway) must not be taken for this launch's.
-      (void)cudaGetLastError();
-      task_->launch_cuda(s.launch(ctx, stream_, green_));
-      FR_CUDA_CHECK(cudaGetLastError());
-    } catch (...) {
-      if (turn.owns_lock()) turn.unlock();
-      drain_side();
-      s.release_mark(marks.start);
-      throw;
+    if (stream_ != s.side) {
+      FR_CUDA_CHECK(cudaEventRecord(bridge_, s.side));
+      FR_CUDA_CHECK(cudaStreamWaitEvent(stream_, bridge_, 0));
     }
-    if (turn.owns_lock()) turn.unlock();
+  }
+
+  // The stream_wait admission: each launch is enqueued at once, held on the GPU by the
+  // wait on the mirror, and its end taken; no launch at opens.
+  LaunchMarks run_held(bool record) {
+    {
+      std::lock_guard<std::mutex> lk(launch_mu_);
+      throw_arrival_error_locked();
+      if (pending_.empty()) {
+        if (reset_pending_) reset_counters_locked();
+        enqueue_locked(nullptr, nullptr, s_->mirror_seq(), s_->closes(), false, record);
+      }
+    }
+    return finish_oldest();
+  }
+
+  // Waits for the oldest enqueued launch to end and takes it: its counts (the current
+  // phase's progress, unless it is stale), its marks and the item protocol's check.
+  LaunchMarks finish_oldest() {
+    CudaShared& s = *s_;
+    Launch l;
+    {
+      std::lock_guard<std::mutex> lk(launch_mu_);
+      FR_CHECK(!pending_.empty(), "no launch to take");
+      l = pending_.front();
+    }
     const NvtxRange range(nvtx_name_.c_str());
-    // Nothing goes on the stream behind the kernel (not the count's read-back, not an
-    // event: either would hold everything queued after it on its hardware queue until
-    // the kernel ends). The kernel's last block reports the end; the host polls for it.
     LaunchEnd end;
     try {
-      end = wait_for_end(launch_no_);
+      end = wait_for_end(l);
+    } catch (const Abandoned&) {
+      throw;  // still enqueued: ~CudaRunner leaks what it may write
     } catch (...) {
-      s.release_mark(marks.start);
+      // A failed kernel leaves the context broken: nothing enqueued after it runs.
+      std::lock_guard<std::mutex> lk(launch_mu_);
+      for (const Launch& dead : pending_) s.release_mark(dead.start_mark);
+      pending_.clear();
       throw;
+    }
+    LaunchMarks marks;
+    marks.admitted = true;
+    marks.gate_seq = l.gate_seq;
+    marks.at_open = l.at_open;
+    marks.start = l.start_mark;
+    {
+      std::lock_guard<std::mutex> lk(launch_mu_);
+      pending_.pop_front();
+      marks.stale = l.epoch != epoch_;
+      if (!marks.stale) {
+        raise_progress(end.done);
+        if (end.done >= l.n_items) phase_done_ = true;  // no further launch at an open
+      }
+      // The next thing the executor enqueues must not queue behind this kernel, which is
+      // retiring now that its last block has written the record: microseconds.
+      if (pending_.empty()) settle_locked();
     }
     if (marks.start != 0) {
       if (end.duration_ns >= 0) {
@@ -337,33 +511,191 @@ class CudaRunner final : public PhaseRunner {
         marks.start = 0;
       }
     }
-    raise_progress(end.done);
-    check_protocol(end.done, end.held);
+    check_protocol(end.done, end.held, l.n_items, marks.stale);
     return marks;
   }
 
-  // Both return without waiting for the GPU: the executor calls them under its lock, and
-  // submit() and cancel() on a training thread. A launch that waits for the gate to open
-  // is woken by the bell and sees stop_requested_.
-  void stop() override {
-    set_stop(1u);
-    s_->gate.bell->ring();
+  // Until launch `l` has ended: its end record's number appears (written by the kernel's
+  // last block), or it turns out to have ended without one (the stream is idle, or the
+  // next launch has begun: a kernel that left the item protocol). Spins (yielding)
+  // kEndSpin, then sleeps between looks at the record (on the bell while the launch has
+  // not begun: an open rings it), and asks the driver about the stream only every
+  // kStreamQueryEvery (a failed kernel shows there).
+  LaunchEnd wait_for_end(const Launch& l) {
+    using clock = std::chrono::steady_clock;
+    const auto started_wait = clock::now();
+    auto next_query = started_wait + kStreamQueryEvery;
+    const size_t ring = l.number % kLaunchRing;
+    auto end_is_near = [&] {
+      return s_->mirror() != FREERIDE_GATE_OPEN || stop_requested_.load() ||
+             std::atomic_ref<unsigned long long>(*progress_host_).load() >= l.n_items;
+    };
+    while (true) {
+      throw_if_abandoned();
+      if (end_published(l.number)) return read_end(ring);
+      const auto now = clock::now();
+      if (now >= next_query) {
+        bool idle = false;
+        {
+          const auto turn = s_->green_turn(green_);
+          idle = stream_idle(stream_);
+        }
+        if (end_published(l.number)) return read_end(ring);
+        if (idle || started(l.number + 1)) return ended_without_record(l, idle);
+        next_query = now + kStreamQueryEvery;
+      }
+      if (now - started_wait < kEndSpin) {
+        std::this_thread::yield();
+      } else if (!started(l.number)) {
+        Doorbell& bell = *s_->gate.bell;
+        const uint64_t seen = bell.rings();
+        if (!started(l.number) && !abandoned_.load()) bell.wait_for(seen, kEndPollFar);
+      } else {
+        std::this_thread::sleep_for(end_is_near() ? kEndPoll : kEndPollFar);
+      }
+    }
   }
-  void resume() override { set_stop(0u); }
 
-  // While a launch runs: the mirror, a multiple of freeride::kProgressEvery (or the
-  // phase's total) that lags the device's count. Exact after every launch (run() raised
-  // it to the read-back count), which is when the executor advances a phase or ends a task.
-  uint64_t done() const override {
-    std::lock_guard<std::mutex> lk(progress_mu_);
-    const uint64_t mirror = std::atomic_ref<unsigned long long>(*progress_host_).load();
-    max_seen_ = std::max<uint64_t>(max_seen_, mirror);
-    return max_seen_;
+  bool end_published(uint64_t number) const {
+    return std::atomic_ref<unsigned long long>(ends_host_[number % kLaunchRing].launch)
+               .load(std::memory_order_acquire) == number;
   }
 
-  bool executing() const override { return executing_.load(); }
+  // Launch `number` has begun (its first block wrote its start), or has ended.
+  bool started(uint64_t number) const {
+    if (number > launch_no_or_zero()) return false;
+    const fr_launch_end& end = ends_host_[number % kLaunchRing];
+    return std::atomic_ref<const unsigned long long>(end.start_ns).load() != 0 ||
+           end_published(number);
+  }
 
- private:
+  uint64_t launch_no_or_zero() const { return launch_no_.load(); }
+
+  LaunchEnd read_end(size_t ring) const {
+    const fr_launch_end& e = ends_host_[ring];
+    LaunchEnd end;
+    end.done = std::atomic_ref<const unsigned long long>(e.done).load();
+    end.held = static_cast<uint32_t>(std::atomic_ref<const unsigned long long>(e.held).load());
+    const uint64_t start = std::atomic_ref<const unsigned long long>(e.start_ns).load();
+    const uint64_t stop = std::atomic_ref<const unsigned long long>(e.end_ns).load();
+    end.duration_ns = start != 0 && stop >= start ? static_cast<int64_t>(stop - start) : -1;
+    return end;
+  }
+
+  void clear_end(size_t ring) {
+    fr_launch_end& e = ends_host_[ring];
+    for (unsigned long long* word : {&e.done, &e.held, &e.start_ns, &e.end_ns, &e.launch}) {
+      std::atomic_ref<unsigned long long>(*word).store(0);
+    }
+  }
+
+  // Launch `l` ended without its end record: some block left without leave_launch (a
+  // kernel that returned before for_each_item or left it early). For a task that follows
+  // the item protocol that is a broken kernel, and relaunching it would repeat that for
+  // ever: it fails. Otherwise (the kernel-slicing baseline) its counts are read back, on
+  // the stream once idle, and its launch counters cleared there for their next launch.
+  LaunchEnd ended_without_record(const Launch& l, bool stream_is_idle) {
+    if (task_->follows_item_protocol()) {
+      FR_THROW(RuntimeFailure,
+               task_->name() << ": a launch of phase " << phase_ << " ended without every "
+                             << "block leaving through freeride::for_each_item: the kernel "
+                                "must call freeride::for_each_item(ctx, ...) in every block and "
+                                "not return before it ends, or it would be relaunched for ever");
+    }
+    FR_CHECK(stream_is_idle, task_->name() << ": a launch ended without its end record while "
+                                              "later launches were enqueued");
+    return read_back(l.number % kLaunchRing);
+  }
+
+  // [done, stop, held] copied from the phase state and the launch's counters cleared, on
+  // the (idle) stream, waited for on a blocking-sync event.
+  LaunchEnd read_back(size_t ring) {
+    const auto turn = s_->green_turn(green_);
+    FR_CUDA_CHECK(cudaMemsetAsync(runs_dev_ + ring, 0, sizeof(fr_launch_run), stream_));
+    FR_CUDA_CHECK(cudaMemcpyAsync(readback_host_, done_word(), 16, cudaMemcpyDeviceToHost,
+                                  stream_));
+    FR_CUDA_CHECK(cudaEventRecord(event_, stream_));
+    FR_CUDA_CHECK(cudaEventSynchronize(event_));
+    LaunchEnd end;
+    end.done = std::atomic_ref<unsigned long long>(readback_host_[0]).load();
+    end.held = std::atomic_ref<unsigned int>(reinterpret_cast<unsigned int*>(readback_host_ + 1)[1])
+                   .load();
+    return end;
+  }
+
+  // The current phase's [next, done] zeroed on the stream, idle: everything enqueued
+  // before (the previous phase's launches) has ended. Caller holds launch_mu_.
+  void reset_counters_locked() {
+    const auto turn = s_->green_turn(green_);
+    FR_CUDA_CHECK(cudaMemsetAsync(state_, 0, offsetof(fr_phase_state, stop), stream_));
+    reset_pending_ = false;
+  }
+
+  // Until the stream is idle, asking. Caller holds launch_mu_ with nothing pending: only
+  // a kernel that wrote its end record, retiring, can be on it.
+  void settle_locked() {
+    const auto begun = std::chrono::steady_clock::now();
+    while (true) {
+      {
+        const auto turn = s_->green_turn(green_);
+        if (stream_idle(stream_)) return;
+      }
+      if (std::chrono::steady_clock::now() - begun < kEndSpin) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(kEndPoll);
+      }
+    }
+  }
+
+  // Whether the stream has nothing left to run, without throwing (destructor).
+  bool quietly_idle() noexcept {
+    try {
+      DeviceGuard guard(s_->device);
+      const auto turn = s_->green_turn(green_);
+      return stream_idle(stream_);
+    } catch (...) {
+      (void)cudaGetLastError();
+      return false;
+    }
+  }
+
+  // Best effort after a failed enqueue in stream_wait mode: a gate wait kernel may be
+  // held on `side`. Waits by asking, never by enqueueing.
+  void drain_side() noexcept {
+    try {
+      const auto turn = s_->green_turn(green_);
+      while (!stream_idle(stream_) || !stream_idle(s_->side)) std::this_thread::sleep_for(kEndPoll);
+    } catch (...) {
+    }
+    (void)cudaGetLastError();
+  }
+
+  void destroy_events() noexcept {
+    for (cudaEvent_t* ev : {&event_, &stop_written_, &bridge_}) {
+      if (*ev != nullptr) (void)cudaEventDestroy(*ev);
+      *ev = nullptr;
+    }
+    (void)cudaGetLastError();
+  }
+
+  // Every block of a launch exits either because no item is left or because the gate or
+  // the stop flag held it back (and counted itself in `held`). A launch that ends with
+  // its phase unfinished and nobody held back ran a kernel that never entered the item
+  // loop (or left it early): relaunching it would only repeat that, forever. A stale
+  // launch finds its phase finished.
+  void check_protocol(uint64_t done, uint32_t held, uint64_t n_items, bool stale) {
+    const bool held_back = held != last_held_;
+    last_held_ = held;
+    if (stale || done >= n_items || held_back || !task_->follows_item_protocol()) return;
+    FR_THROW(RuntimeFailure,
+             "a launch of phase " << phase_ << " ended with " << done << " of " << n_items
+                                  << " items done although no block was held back by the gate "
+                                     "or a stop: the kernel must call freeride::for_each_item"
+                                     "(ctx, ...) in every block and not return before it ends, "
+                                     "or it would be relaunched forever");
+  }
+
   // The stop word is written on the control stream without waiting: writes made there
   // land in the order they were made, after the constructor's clear, and the next launch
   // waits for the latest one (stop_written_). A value already written is not written
@@ -384,120 +716,6 @@ class CudaRunner final : public PhaseRunner {
     launch_waits_ = true;
   }
 
-  // Until the gate's host mirror reads open (true) or stop() is requested (false); the
-  // bell also rings on stop().
-  bool wait_for_open() const {
-    if (!s_->ring) tighten_timer_slack();  // this thread only ever waits for the gate
-    const CudaShared& s = *s_;
-    return wait_for_gate(s, std::chrono::steady_clock::time_point::max(),
-                         [&] { return stop_requested_.load(); },
-                         [&] { return s.mirror() == FREERIDE_GATE_OPEN; });
-  }
-
-  // What the host learns of a launch that ended. duration_ns < 0: no end record (the
-  // counts were read back instead).
-  struct LaunchEnd {
-    uint64_t done = 0;
-    uint32_t held = 0;
-    int64_t duration_ns = -1;
-  };
-
-  // Until launch `launch` has ended: its end record's number appears (written by the
-  // kernel's last block), or the stream turns out idle without it (a kernel that left
-  // the item protocol: the counts are read back then, with nothing left running for the
-  // copy to queue behind). Spins (yielding) kEndSpin, then sleeps kEndPoll between looks
-  // at the record, and asks the driver about the stream only every kStreamQueryEvery (a
-  // failed kernel shows there). Returns once the stream is idle: the next launch's
-  // operations never queue behind this kernel either.
-  LaunchEnd wait_for_end(uint64_t launch) {
-    using clock = std::chrono::steady_clock;
-    const auto started = clock::now();
-    auto next_query = started + kStreamQueryEvery;
-    const uint64_t slice_ns = s_->slice_ns;
-    const auto slice_end = slice_ns == 0 ? clock::time_point::max()
-                                         : started + std::chrono::nanoseconds(slice_ns);
-    auto end_is_near = [&](clock::time_point now) {
-      return s_->mirror() != FREERIDE_GATE_OPEN || stop_requested_.load() ||
-             std::atomic_ref<unsigned long long>(*progress_host_).load() >= n_items_ ||
-             now + kEndPollFar + kEndPoll >= slice_end;
-    };
-    while (true) {
-      if (end_published(launch)) {
-        const auto turn = s_->green_turn(green_);
-        settle_stream(stream_);
-        return read_end();
-      }
-      const auto now = clock::now();
-      if (now >= next_query) {
-        auto turn = s_->green_turn(green_);
-        if (stream_idle(stream_)) {
-          if (end_published(launch)) return read_end();
-          return read_back();
-        }
-        if (turn.owns_lock()) turn.unlock();
-        next_query = now + kStreamQueryEvery;
-      }
-      if (now - started < kEndSpin) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(end_is_near(now) ? kEndPoll : kEndPollFar);
-      }
-    }
-  }
-
-  bool end_published(uint64_t launch) const {
-    return std::atomic_ref<unsigned long long>(end_host_->launch).load(std::memory_order_acquire) ==
-           launch;
-  }
-
-  LaunchEnd read_end() const {
-    LaunchEnd end;
-    end.done = std::atomic_ref<unsigned long long>(end_host_->done).load();
-    end.held = static_cast<uint32_t>(std::atomic_ref<unsigned long long>(end_host_->held).load());
-    const uint64_t start = std::atomic_ref<unsigned long long>(end_host_->start_ns).load();
-    const uint64_t stop = std::atomic_ref<unsigned long long>(end_host_->end_ns).load();
-    end.duration_ns = start != 0 && stop >= start ? static_cast<int64_t>(stop - start) : -1;
-    return end;
-  }
-
-  // The launch ended without its end record: [done, stop, held] copied from the phase
-  // state, on the (idle) stream, waited for on a blocking-sync event.
-  LaunchEnd read_back() {
-    FR_CUDA_CHECK(cudaMemcpyAsync(readback_host_, done_word(), 16, cudaMemcpyDeviceToHost,
-                                  stream_));
-    FR_CUDA_CHECK(cudaEventRecord(event_, stream_));
-    FR_CUDA_CHECK(cudaEventSynchronize(event_));
-    LaunchEnd end;
-    end.done = std::atomic_ref<unsigned long long>(readback_host_[0]).load();
-    end.held = std::atomic_ref<unsigned int>(reinterpret_cast<unsigned int*>(readback_host_ + 1)[1])
-                   .load();
-    return end;
-  }
-
-  void destroy_events() noexcept {
-    for (cudaEvent_t* ev : {&event_, &stop_written_, &bridge_}) {
-      if (*ev != nullptr) (void)cudaEventDestroy(*ev);
-      *ev = nullptr;
-    }
-    (void)cudaGetLastError();
-  }
-
-  // Every block of a launch exits either because no item is left or because the gate or
-  // the stop flag held it back (and counted itself in `held`). A launch that ends with
-  // the phase unfinished and nobody held back ran a kernel that never entered the item
-  // loop (or left it early): relaunching it would only repeat that, forever.
-  void check_protocol(uint64_t done, uint32_t held) {
-    const bool held_back = held != last_held_;
-    last_held_ = held;
-    if (done >= n_items_ || held_back || !task_->follows_item_protocol()) return;
-    FR_THROW(RuntimeFailure,
-             "a launch of phase " << phase_ << " ended with " << done << " of " << n_items_
-                                  << " items done although no block was held back by the gate "
-                                     "or a stop: the kernel must call freeride::for_each_item"
-                                     "(ctx, ...) in every block and not return before it ends, "
-                                     "or it would be relaunched forever");
-  }
-
   // Addresses inside the device-memory state, computed without dereferencing it.
   unsigned int* stop_word() const {
     return reinterpret_cast<unsigned int*>(reinterpret_cast<char*>(state_) +
@@ -510,18 +728,6 @@ class CudaRunner final : public PhaseRunner {
   void raise_progress(uint64_t value) {
     std::lock_guard<std::mutex> lk(progress_mu_);
     max_seen_ = std::max(max_seen_, value);
-  }
-
-  // Best effort after a failed enqueue: run() must not return while items it enqueued
-  // may still execute. Waits by asking, never by enqueueing.
-  void drain_side() noexcept {
-    try {
-      const auto turn = s_->green_turn(green_);
-      settle_stream(stream_);
-      if (stream_ != s_->side) settle_stream(s_->side);  // a gate wait there
-    } catch (...) {
-    }
-    (void)cudaGetLastError();
   }
 
   void give_back_slots() noexcept {
@@ -547,12 +753,12 @@ class CudaRunner final : public PhaseRunner {
   SlotPool::Slot state_slot_;
   SlotPool::Slot word_slot_;
   fr_phase_state* state_ = nullptr;               // device memory
+  fr_launch_run* runs_dev_ = nullptr;             // device memory: the launch counters' ring
   unsigned long long* progress_dev_ = nullptr;    // word slot [0], device view
   unsigned long long* progress_host_ = nullptr;   // word slot [0], host view
-  fr_launch_end* end_host_ = nullptr;             // word slot end record, host view
-  fr_launch_end* end_dev_ = nullptr;              // the same, device view
   unsigned long long* readback_host_ = nullptr;   // word slot: [done, stop, held]
-  uint64_t launch_no_ = 0;                        // the last launch's number (executor thread)
+  fr_launch_end* ends_host_ = nullptr;            // word slot: the end records' ring
+  fr_launch_end* ends_dev_ = nullptr;             // the same, device view
   std::string nvtx_name_;                         // NvtxRange's message
   cudaEvent_t event_ = nullptr;                   // read_back()'s
   // The stream this task's launches and their bookkeeping go to: the side stream, or the
@@ -560,23 +766,33 @@ class CudaRunner final : public PhaseRunner {
   cudaStream_t stream_ = nullptr;
   bool green_ = false;
   cudaEvent_t bridge_ = nullptr;
-  std::unique_ptr<CudaDependency> after_;  // waited for by the first launch, then dropped
   uint32_t last_held_ = 0;  // `held` after the previous launch (slots start zeroed)
 
-  std::atomic<bool> executing_{false};
+  // Guards what enqueueing a launch reads and writes: the executor's thread and training
+  // threads (launch_at_open) both enqueue. Never held while waiting for the GPU, except
+  // settle_locked's microseconds.
+  mutable std::mutex launch_mu_;
+  std::deque<Launch> pending_;            // enqueued, end not taken yet; oldest first
+  std::atomic<uint64_t> launch_no_{0};    // the last launch enqueued (written under launch_mu_)
+  std::unique_ptr<CudaDependency> after_;  // waited for by the first launch, then dropped
+  std::string arrival_error_;             // a launch at an open failed: run() raises it
+  uint64_t phase_ = 0;
+  uint64_t n_items_ = 0;
+  uint64_t epoch_ = 0;          // begin_phase() calls so far
+  bool begun_ = false;
+  bool phase_done_ = false;     // an ended launch counted every item of the phase
+  bool reset_pending_ = false;  // the phase's counters are zeroed once nothing is pending
+
+  std::atomic<bool> abandoned_{false};
   std::atomic<bool> stop_requested_{false};  // host copy of the stop flag, for admission
-  // Guards the three below: stop()/resume() on any thread, run() on the executor's.
+  // Guards the three below: stop()/resume() on any thread, launches on theirs.
   std::mutex stop_mu_;
   uint32_t device_stop_ = 0;         // the stop word's value as last enqueued
   cudaEvent_t stop_written_ = nullptr;  // recorded on the control stream after that write
   bool launch_waits_ = false;        // the next launch must wait for stop_written_
   mutable std::mutex progress_mu_;
   mutable uint64_t max_seen_ = 0;  // done() never goes backwards within a phase
-  uint64_t phase_ = 0;
-  uint64_t n_items_ = 0;
-  bool begun_ = false;  // executor thread only
 };
-
 
 }  // namespace
 

@@ -3,6 +3,7 @@
 #include "cuda/shared.hpp"
 
 #include <cstring>
+#include <thread>
 
 namespace freeride::cuda {
 
@@ -64,10 +65,41 @@ void CudaShared::enqueue_write(unsigned int* word, uint32_t value, cudaStream_t 
   kernels::launch_gate_write(word, value, stream);
 }
 
+cudaError_t CudaShared::wait_idle(cudaStream_t stream, std::chrono::steady_clock::duration within) {
+  const auto begun = std::chrono::steady_clock::now();
+  while (true) {
+    const cudaError_t err = cudaStreamQuery(stream);
+    if (err != cudaErrorNotReady) {
+      if (err != cudaSuccess && cudaPeekAtLastError() == err) (void)cudaGetLastError();
+      return err;
+    }
+    if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+    const auto waited = std::chrono::steady_clock::now() - begun;
+    if (waited >= within) return cudaErrorNotReady;
+    if (waited < std::chrono::microseconds(50)) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+}
+
+void CudaShared::finish_on_control(const char* what) {
+  const cudaError_t err = wait_idle(control, kImmediateWriteWait);
+  if (err == cudaErrorNotReady) {
+    FR_THROW(RuntimeFailure,
+             what << " did not take effect within " << kImmediateWriteWait.count()
+                  << " s: the control stream waits behind work queued before it (with "
+                     "CUDA_DEVICE_MAX_CONNECTIONS=1 every stream's, training's included), and "
+                     "that work has not finished; the write is still enqueued");
+  }
+  if (err != cudaSuccess) throw_cuda(err, what, __FILE__, __LINE__);
+}
+
 void CudaShared::write_now(unsigned int* word, uint32_t value) {
   if (memops) {
     enqueue_write(word, value, control, cuda_driver::GateWrite::kMemop);
-    FR_CUDA_CHECK(cudaStreamSynchronize(control));
+    finish_on_control("an immediate write");
     return;
   }
   // Fallback: a copy rather than the write kernel, for the SM reason above.
@@ -75,7 +107,7 @@ void CudaShared::write_now(unsigned int* word, uint32_t value) {
   auto* src = reinterpret_cast<unsigned int*>(staging.host);
   *src = value;
   FR_CUDA_CHECK(cudaMemcpyAsync(word, src, sizeof(unsigned int), cudaMemcpyHostToDevice, control));
-  FR_CUDA_CHECK(cudaStreamSynchronize(control));
+  finish_on_control("an immediate write");
 }
 
 void CudaShared::enqueue_gate_write(uint32_t value, cudaStream_t stream, uint32_t seq) const {
@@ -86,10 +118,10 @@ void CudaShared::enqueue_gate_write(uint32_t value, cudaStream_t stream, uint32_
     }
     return;
   }
-  if (value == FREERIDE_GATE_OPEN) enqueue_write(gate.mirror_dev + 1, seq, stream, gate_write);
+  if (value == FREERIDE_GATE_OPEN) enqueue_write(gate.mirror_dev + kMirrorSeq, seq, stream, gate_write);
   enqueue_write(gate.dev, value, stream, gate_write);
   if (!host_gate) enqueue_write(gate.mirror_dev, value, stream, gate_write);
-  if (value != FREERIDE_GATE_OPEN) enqueue_write(gate.mirror_dev + 1, seq, stream, gate_write);
+  if (value != FREERIDE_GATE_OPEN) enqueue_write(gate.mirror_dev + kMirrorSeq, seq, stream, gate_write);
 }
 
 CUresult CudaShared::enqueue_gate_batch(uint32_t value, cudaStream_t stream, uint32_t seq,
@@ -105,10 +137,10 @@ CUresult CudaShared::enqueue_gate_batch(uint32_t value, cudaStream_t stream, uin
     op.writeValue.flags = flags;
   };
   const bool open = value == FREERIDE_GATE_OPEN;
-  if (open) add(gate.mirror_dev + 1, seq, relaxed_flags);
+  if (open) add(gate.mirror_dev + kMirrorSeq, seq, relaxed_flags);
   add(gate.dev, value, CU_STREAM_WRITE_VALUE_DEFAULT);
   if (!host_gate) add(gate.mirror_dev, value, open ? CU_STREAM_WRITE_VALUE_DEFAULT : relaxed_flags);
-  if (!open) add(gate.mirror_dev + 1, seq, CU_STREAM_WRITE_VALUE_DEFAULT);
+  if (!open) add(gate.mirror_dev + kMirrorSeq, seq, CU_STREAM_WRITE_VALUE_DEFAULT);
   return cuda_driver::api().stream_batch_mem_op(stream, count, ops, 0);
 }
 
@@ -135,27 +167,38 @@ void CudaShared::write_gate_now(uint32_t value, uint32_t seq) {
       cuda_driver::throw_driver_error(res, "cuStreamBatchMemOp (immediate gate write)",
                                       __FILE__, __LINE__);
     }
-    FR_CUDA_CHECK(cudaStreamSynchronize(control));
+    finish_on_control("an immediate gate write");
     if (open) gate.bell->ring();
     return;
   }
-  if (open) std::atomic_ref<unsigned int>(gate.mirror[1]).store(seq);
+  if (open) std::atomic_ref<unsigned int>(gate.mirror[kMirrorSeq]).store(seq);
   if (open && stream_wait) std::atomic_ref<unsigned int>(*gate.mirror).store(value);
   if (!host_gate) write_now(gate.dev, value);
   std::atomic_ref<unsigned int>(*gate.mirror).store(value);
-  if (!open) std::atomic_ref<unsigned int>(gate.mirror[1]).store(seq);
+  if (!open) std::atomic_ref<unsigned int>(gate.mirror[kMirrorSeq]).store(seq);
   if (open) gate.bell->ring();
 }
 
 void CudaShared::enqueue_ring(cudaStream_t stream) noexcept {
   if (watcher == nullptr) return;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
-      capture != cudaStreamCaptureStatusNone) {
-    (void)cudaGetLastError();
-    return;
-  }
   (void)watcher->ring_after(stream, gate.bell);
+}
+
+bool CudaShared::captures(cudaStream_t stream) noexcept {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  const cudaError_t err = cudaStreamIsCapturing(stream, &capture);
+  if (err == cudaSuccess) return capture != cudaStreamCaptureStatusNone;
+  // Not sticky, but it must not surface as the training thread's next launch error. The
+  // legacy default stream while a blocking stream captures answers
+  // cudaErrorStreamCaptureImplicit: enqueuing there would join that capture.
+  (void)cudaGetLastError();
+  return true;
+}
+
+void CudaShared::launch_at_open(cudaStream_t stream, uint32_t seq) noexcept {
+  std::lock_guard<std::mutex> lk(arm_mu);
+  if (armed == nullptr || opened == nullptr) return;
+  armed->launch_at_open(stream, opened, seq, closes());
 }
 
 uint64_t CudaShared::mark(cudaStream_t stream) {

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -27,6 +28,21 @@
 #include "task.hpp"
 
 namespace freeride::cuda {
+
+// A runner that takes a launch at a stream-ordered open (CudaShared::launch_at_open).
+class OpenLauncher {
+ public:
+  virtual ~OpenLauncher() = default;
+
+  // On the thread that writes the open (a training thread), just after the open's writes
+  // on `training` (a stream not being captured), with CudaShared::arm_mu held and the
+  // device current: enqueues one launch on the runner's stream, ordered after that point
+  // of `training` by `opened` (an event this call records there). `seq` is the open's
+  // sequence number, `closes` the closes enqueued so far. Never throws: a failure is the
+  // task's, and the executor's next run() of the runner raises it.
+  virtual void launch_at_open(cudaStream_t training, cudaEvent_t opened, uint32_t seq,
+                              uint32_t closes) noexcept = 0;
+};
 
 // ---------------------------------------------------------------------------------------
 // State shared by the backend and its runners. Runners may outlive shutdown() (the
@@ -72,6 +88,20 @@ struct CudaShared {
   // out from under a call in progress. Readers never wait for each other.
   std::shared_mutex life;
   bool shut_down = false;  // written under `life` held exclusively
+  bool abandoned = false;  // close abandoned launches: shutdown waits for no side stream
+
+  // Until everything enqueued on `stream` has completed (cudaSuccess), an error of that
+  // work, or `within` has passed (cudaErrorNotReady, which is then not the thread's last
+  // error). By asking, not by cudaStreamSynchronize: a wait that ends.
+  static cudaError_t wait_idle(cudaStream_t stream, std::chrono::steady_clock::duration within);
+
+  // An immediate write on the control stream, complete on return. Under one hardware queue
+  // (CUDA_DEVICE_MAX_CONNECTIONS=1) the control stream's work is executed in host order,
+  // after everything any stream enqueued before it: an immediate write then takes effect
+  // once the GPU has got through training's queued work, and throws after
+  // kImmediateWriteWait rather than wait for a queue that never drains (a peer that died).
+  void finish_on_control(const char* what);
+  static constexpr std::chrono::seconds kImmediateWriteWait{30};
 
   std::mutex pool_mu;  // guards the pools, `runners`, `orphaned`
   SlotPool states{false, kStateStride};
@@ -215,14 +245,56 @@ struct CudaShared {
   // Has gate.bell rung once `stream` reaches this point (just after an open's writes, so
   // the mirror reads open by then): one event record on the training stream. Caller
   // holds `life` shared (shutdown drops the watcher under it held exclusively: no ring
-  // after), with the device current. Never throws: the open
-  // itself is enqueued, and where no ring comes the executor thread still looks at the
-  // mirror every kAdmissionPoll. Skipped on a stream being captured into a graph, where
-  // waiting for an event recorded in the capture would invalidate it.
+  // after), with the device current, and has checked that `stream` is not being captured
+  // into a graph (waiting for an event recorded in a capture would invalidate it). Never
+  // throws: the open itself is enqueued, and where no ring comes the executor thread still
+  // looks at the mirror every kAdmissionPoll.
   void enqueue_ring(cudaStream_t stream) noexcept;
 
+  // Whether work enqueued on `stream` now would join a graph capture (the stream is
+  // capturing, or it is the legacy default stream while a blocking stream captures), or
+  // the runtime cannot say (then: yes, so nothing is enqueued). Never throws.
+  static bool captures(cudaStream_t stream) noexcept;
+
+  // Launches at opens. The runner the executor runs now takes a launch at each
+  // stream-ordered open (see OpenLauncher): the open's bubble then has its side launch in
+  // the GPU's queues at the open's point of host order, ahead of what training enqueues
+  // next (its wait for a neighbour's data, its next compute), not only once the host sees
+  // the open take effect, by when, with the host far ahead of the GPU, that launch would
+  // queue behind all of it (with one hardware queue) and find its bubble over. arm_mu
+  // orders arm/disarm against a launch in progress, so a runner is never called after
+  // disarm() returned. `opened` is the one event those launches record on the training
+  // stream: a stream wait takes the record made just before it, so it is reused (under
+  // arm_mu).
+  bool launch_at_opens = true;  // FREERIDE_LAUNCH_AT_OPEN (see launch_at_opens_enabled)
+  std::mutex arm_mu;
+  OpenLauncher* armed = nullptr;
+  cudaEvent_t opened = nullptr;
+  void arm(OpenLauncher* runner) {
+    std::lock_guard<std::mutex> lk(arm_mu);
+    armed = runner;
+  }
+  void disarm(OpenLauncher* runner) {
+    std::lock_guard<std::mutex> lk(arm_mu);
+    if (armed == runner) armed = nullptr;
+  }
+  // After an open's writes on `stream` (not capturing), on the writing thread; caller
+  // holds `life` shared with the device current. Never throws.
+  void launch_at_open(cudaStream_t stream, uint32_t seq) noexcept;
+
   uint32_t mirror() const { return std::atomic_ref<unsigned int>(*gate.mirror).load(); }
-  uint32_t mirror_seq() const { return std::atomic_ref<unsigned int>(gate.mirror[1]).load(); }
+  uint32_t mirror_seq() const {
+    return std::atomic_ref<unsigned int>(gate.mirror[kMirrorSeq]).load();
+  }
+  // Closes the host has enqueued (or made): counted after each one is in a stream (never
+  // one captured into a graph, which runs only if the graph is replayed), so a launch that
+  // reads a larger count than at its enqueue knows that the close ending its bubble will
+  // take effect without the host (see close_enqueued in freeride/preempt.cuh).
+  uint32_t closes() const {
+    return std::atomic_ref<unsigned int>(gate.mirror[kMirrorCloses]).load();
+  }
+  void count_close() { std::atomic_ref<unsigned int>(gate.mirror[kMirrorCloses]).fetch_add(1); }
+  const unsigned int* closes_dev() const { return gate.mirror_dev + kMirrorCloses; }
 
   // Marks: pooled timing events. Their ids are the executor's and Python's handles. A
   // derived mark is another mark plus an offset measured on the device (a launch's end:

@@ -54,13 +54,23 @@ class Gate:
         self._check_open()
         self.write(GATE_CLOSED, stream)
 
-    def write(self, value: int, stream: Any, mark: bool = False, slot: int | None = None) -> int:
+    def write(
+        self,
+        value: int,
+        stream: Any,
+        mark: bool = False,
+        slot: int | None = None,
+        launch: bool = True,
+    ) -> int:
         """Writes `value` on `stream`; with `mark`, also returns a timestamp mark of when
         the write took effect (0 where none can be taken): after a close (side work has
         stopped), before an open (side work has not resumed), so recorded compute
         intervals contain no side work and bubbles hold all of it. `slot`: the bubble slot
         an open starts (none: a manual bubble), known to slot_of() before the write, so
-        the iterative runner never sees the new gate value without it."""
+        the iterative runner never sees the new gate value without it. `launch` (CUDA, a
+        stream-ordered open): the open enqueues the running side task's launch for its
+        bubble right away, in the GPU's queues ahead of what training enqueues next; False
+        where the bubble is known to be too short to pay for one."""
         self._seq = (self._seq + 1) & _SEQ_MASK
         opening = value == GATE_OPEN
         if opening:
@@ -71,7 +81,7 @@ class Gate:
             # but an event recorded in a capture is no point of the stream's timeline.
             mark = False
         mark_id = self._ex.mark(handle) if mark and opening else 0
-        self._ex.gate_write(value, handle, self._seq)
+        self._ex.gate_write(value, handle, self._seq, launch)
         if mark and not opening:
             mark_id = self._ex.mark(handle)
         self.written_open = opening

@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -31,6 +32,26 @@ from .tasks._base import Task
 # After an interrupt or a signal (_abort), how long close waits for an iterative task's
 # step in flight before abandoning it (close() itself: iterative.CLOSE_TIMEOUT_S).
 ABORT_STEP_TIMEOUT_S = 0.2
+# How long close waits for side launches still in flight on the GPU (CUDA: launches
+# queued ahead at opens end once the GPU reaches their bubbles) before it abandons them
+# (their tasks cancelled, their memory kept for the life of the process, a warning), so
+# that a launch that never ends (an item that never returns, a training stream stalled by
+# a peer that died) cannot hang close or the interpreter's exit. After an interrupt or a
+# signal: ABORT_DEADLINE_S.
+CLOSE_DEADLINE_S = 5.0
+ABORT_DEADLINE_S = 0.5
+# What closes abandoned: kept, never freed, so that a launch still running on the GPU
+# never writes memory that training's allocator has handed out again.
+_KEPT_FOR_ABANDONED_LAUNCHES: list[Any] = []
+
+
+class LaunchCounts(NamedTuple):
+    """Harvester.launch_counts(): the side launches so far."""
+
+    launches: int  # launches whose end the executor took
+    idle: int  # of those, launches that ran no item
+    at_opens: int  # of those, launches enqueued at stream-ordered opens (CUDA)
+    idle_at_opens: int  # of those, launches at opens that ran no item
 
 
 class BubbleStats(NamedTuple):
@@ -89,11 +110,13 @@ class _Parts:
     this, so a harvester dropped without close() is closed as soon as its last reference
     goes, instead of whenever the cyclic GC runs."""
 
-    def __init__(self, executor: Any) -> None:
+    def __init__(self, executor: Any, live: dict[int, TaskHandle]) -> None:
         self.ex = executor
+        self.live = live  # the harvester's tasks that are not final, by id
         self.iterative: IterativeRunner | None = None
         self.attachment: Attachment | None = None
         self.step_timeout: float | None = None  # None: the runner's CLOSE_TIMEOUT_S
+        self.deadline = CLOSE_DEADLINE_S
 
     def detach(self) -> None:
         if self.attachment is not None:
@@ -104,7 +127,34 @@ class _Parts:
         self.detach()
         if self.iterative is not None:
             self.iterative.close(self.step_timeout)
-        self.ex.close()  # every task is final once it returns: nothing runs any more
+        # At the interpreter's exit (the main thread has stopped: atexit and the
+        # finalizers run) nothing is left to protect: the process and its CUDA context
+        # end now, launches still queued on the GPU with them.
+        exiting = not threading.main_thread().is_alive()
+        try:
+            # Every task is final once it returns; nothing runs any more but what it
+            # abandoned.
+            self.ex.close(0.0 if exiting else self.deadline)
+        finally:
+            self._keep_abandoned(warn=not exiting)
+
+    def _keep_abandoned(self, warn: bool) -> None:
+        abandoned = self.ex.take_abandoned()
+        kept = [self.live.get(task_id) for task_id in abandoned]
+        _KEPT_FOR_ABANDONED_LAUNCHES.extend(h for h in kept if h is not None)
+        if abandoned and warn:
+            self._warn_abandoned(len(abandoned))
+
+    def _warn_abandoned(self, count: int) -> None:
+        warnings.warn(
+            f"freeride: closing the harvester abandoned {count} side task(s) whose "
+            f"launches were still enqueued or running on the GPU after {self.deadline} s "
+            "(an item that never returns, or a training stream that stopped short of their "
+            "bubbles): they are cancelled, and their memory is kept for the life of the "
+            "process so that a launch still running never writes memory reused by training",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
 
 class Harvester:
@@ -214,7 +264,7 @@ class Harvester:
         )
         self._recorder = Recorder(self.gate, self._ex, self._kind, self._device_index)
         self._recorder.on_iteration_end = _weakly(self._reap)
-        self._parts = _Parts(self._ex)
+        self._parts = _Parts(self._ex, self._live)
         self._finalizer = weakref.finalize(self, self._parts.close)
         if self._kind == "cuda" and "torch" in sys.modules:
             # Now, before any side kernel runs: the runner makes its step stream, and
@@ -268,6 +318,24 @@ class Harvester:
         wakes it), "poll" (it polls the gate's host mirror: FREERIDE_ADMISSION=poll),
         "stream-wait" (Harvester(stream_wait=True)), or "host" on the host backend."""
         return str(self._ex.admission)
+
+    @property
+    def launches_at_opens(self) -> bool:
+        """CUDA: whether each stream-ordered open enqueues the running side task's launch
+        for its bubble then, at the open's point of the host's order, ahead of the wait
+        and the compute training enqueues next (True unless FREERIDE_LAUNCH_AT_OPEN=0
+        or stream_wait); the executor relaunches within a bubble as before. Where the
+        host runs ahead of the GPU, and above all with one hardware queue
+        (CUDA_DEVICE_MAX_CONNECTIONS=1), a launch made only when the host sees the open
+        take effect queues behind all of that and finds its bubble over. False on the
+        host backend, whose gate writes are immediate."""
+        return bool(self._ex.launches_at_opens)
+
+    def launch_counts(self) -> LaunchCounts:
+        """The side launches so far: how many, how many ran no item, and how many of each
+        were enqueued at opens."""
+        ex = self._ex
+        return LaunchCounts(ex.launches, ex.idle_launches, ex.open_launches, ex.idle_open_launches)
 
     @property
     def reserve_fallback(self) -> str | None:
@@ -477,6 +545,7 @@ class Harvester:
             tasks=tasks,
             settings={"memory_budget": self.memory_budget},
             clock_origin_unix_ns=self._recorder.clock_origin_unix_ns,
+            launch_counts=self.launch_counts()._asdict(),
         )
 
     def bubble_stats(self) -> BubbleStats:
@@ -520,6 +589,7 @@ class Harvester:
         Exception (SystemExit), or SIGTERM (freeride._shutdown): the same, except that an
         iterative task's step in flight is waited for only ABORT_STEP_TIMEOUT_S."""
         self._parts.step_timeout = ABORT_STEP_TIMEOUT_S
+        self._parts.deadline = ABORT_DEADLINE_S
         self.close()
 
     def _not_closed(self) -> bool:

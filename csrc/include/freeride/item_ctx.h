@@ -17,24 +17,30 @@ typedef struct fr_phase_state {
                               stop was set or their time slice ended; counts up, so the
                               host tells a launch that was paused from one whose kernel
                               skipped the item loop */
-  unsigned int exited;     /* blocks of the running launch that have left it; the last
-                              one sets it back to 0 (for_each_item's leave_launch) */
-  unsigned int pad_;
-  unsigned long long launch_start; /* %globaltimer when the launch's first block started,
-                                      0 between launches: every block's time slice counts
-                                      from there, so a block that became resident late gets
-                                      what is left of the slice, not a fresh one */
 } fr_phase_state;
 
-/* What the last block of a launch writes to host-visible memory as it leaves: the host
- * learns that the launch ended, its exact count and its times from here, without
- * putting anything on a stream behind a kernel that may still run (an operation queued
- * behind a running kernel holds everything behind it on its hardware queue, and streams
- * share those queues). `launch` is written last, after a system-scope fence. */
+/* One launch's own counters, in device memory: zero before the launch, and set back to
+ * zero by its last block. Each launch of a runner has its own (a ring indexed by the
+ * launch's number), so a launch never inherits what an earlier one left behind, and
+ * launches queued ahead of the GPU need nothing cleared between them. */
+typedef struct fr_launch_run {
+  unsigned int exited;     /* blocks of the launch that have left it (leave_launch) */
+  unsigned int pad_;
+  unsigned long long start; /* %globaltimer when the launch's first block started: every
+                               block's time slice counts from there, so a block that
+                               became resident late gets what is left of the slice */
+} fr_launch_run;
+
+/* What a launch writes to host-visible memory: its first block the start, its last
+ * block, as it leaves, the rest. The host learns that the launch ended, its exact count
+ * and its times from here, without putting anything on a stream behind a kernel that may
+ * still run (an operation queued behind a running kernel holds everything behind it on
+ * its hardware queue, and streams share those queues). `launch` is written last, after a
+ * system-scope fence. */
 typedef struct fr_launch_end {
   unsigned long long done;     /* the phase's `done` when the launch ended */
   unsigned long long held;     /* the phase's `held` then */
-  unsigned long long start_ns; /* %globaltimer: the first block's start */
+  unsigned long long start_ns; /* %globaltimer: the first block's start (written then) */
   unsigned long long end_ns;   /* %globaltimer: the last block's exit */
   unsigned long long launch;   /* fr_item_ctx.launch of the launch that ended */
 } fr_launch_end;
@@ -50,9 +56,16 @@ typedef struct fr_item_ctx {
   unsigned long long n_items;            /* items in this phase */
   unsigned long long phase;              /* index of this phase within the task */
   unsigned long long slice_ns;           /* no block claims an item once the launch has
-                                            run this long (its time slice); 0: no limit */
+                                            run this long (its time slice), unless a close
+                                            was enqueued since the launch (see closes);
+                                            0: no limit */
   volatile fr_launch_end* end;           /* host-visible end record, or 0 (plain runs) */
   unsigned long long launch;             /* this launch's number, written to end->launch */
+  fr_launch_run* run;                    /* this launch's own counters (device memory) */
+  const volatile unsigned int* closes;   /* host-visible count of the gate closes the host
+                                            has enqueued so far, or 0 */
+  unsigned int closes_at_launch;         /* *closes when this launch was enqueued */
+  unsigned int pad_;
 } fr_item_ctx;
 
 #endif /* FREERIDE_ITEM_CTX_H_ */

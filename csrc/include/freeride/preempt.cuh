@@ -32,16 +32,19 @@
 // those queues: one under CUDA_DEVICE_MAX_CONNECTIONS=1). Instead every block counts
 // itself out as it leaves (leave_launch), and the last one writes the phase's exact
 // `done`, `held` and the launch's times to the host-visible end record and then the
-// launch's number, after a system-scope fence. Each block fences its threads' writes
-// before it counts itself out, so once the host reads the number, the items' results
-// are visible to any later work on the device. Inside the loop there is no fence: the
+// launch's number, after a system-scope fence. Each block's leader fences the block's
+// writes (after a barrier) before it counts the block out, so once the host reads the
+// number, the items' results are visible to any later work on the device. Inside the loop there is no fence: the
 // progress mirror, what Executor::status reports while a launch runs, is written when
 // `done` reaches a multiple of kProgressEvery and at the phase's last item; it may lag,
 // and items_done read from it orders nothing (count_finished says what would need one).
 //
 // A launch's time slice counts from its first block's start (enter_launch): a block that
 // becomes resident only when an earlier one leaves gets what is left of the slice, so a
-// launch ends about one slice (plus an item) after it started, whatever its grid.
+// launch ends about one slice (plus an item) after it started, whatever its grid, unless
+// the host has enqueued the close of its bubble by then (close_enqueued): then it runs
+// until that close. A launch's own counters (fr_launch_run) are its alone, so launches
+// queued back to back on a stream need nothing reset between them.
 #pragma once
 
 #include "item_ctx.h"
@@ -103,31 +106,39 @@ __device__ __forceinline__ unsigned long long globaltimer_ns() {
 }
 
 // Leader only, once per block as it starts: the launch's start on %globaltimer, taken by
-// the first block to get here (every block's time slice counts from it).
+// the first block to get here (every block's time slice counts from it). That block also
+// writes it to the host-visible end record: the host then knows the launch has begun
+// (a launch queued ahead of the GPU waits for its bubble first).
 __device__ __forceinline__ unsigned long long enter_launch(const fr_item_ctx& ctx) {
   const unsigned long long now = globaltimer_ns();
-  const unsigned long long first = atomicCAS(&ctx.state->launch_start, 0ull, now);
-  return first == 0ull ? now : first;
+  const unsigned long long first = atomicCAS(&ctx.run->start, 0ull, now);
+  if (first != 0ull) return first;
+  if (ctx.end != 0) ctx.end->start_ns = now;
+  return now;
 }
 
 // Every thread of the block, once, as the block leaves the launch (for_each_item calls
 // it; a kernel that does not use for_each_item but claims through ctx.state must too).
-// The block's writes are fenced at device scope before its leader counts the block out;
-// the last block out publishes the end record (see the top of this file) and sets the
-// launch's counters back for the next launch of the phase.
+// After the barrier the leader fences at device scope and counts the block out: fences
+// are cumulative, so the fence orders every thread's writes that the barrier ordered
+// before it, not only the leader's (one fence per block, where a fence in every thread
+// before the barrier would order the same at blockDim times the cost). The last block
+// out publishes the end record (see the top of this file) and sets the launch's own
+// counters back.
 __device__ __forceinline__ void leave_launch(const fr_item_ctx& ctx) {
-  __threadfence();
   __syncthreads();
   if (!leader_thread()) return;
+  __threadfence();
   const unsigned int blocks = gridDim.x * gridDim.y * gridDim.z;
-  if (atomicAdd(&ctx.state->exited, 1u) != blocks - 1u) return;
+  if (atomicAdd(&ctx.run->exited, 1u) != blocks - 1u) return;
   __threadfence();  // every other block's counts (and results) before what is read here
   volatile fr_phase_state* state = ctx.state;
+  volatile fr_launch_run* run = ctx.run;
   const unsigned long long done = state->done;
   const unsigned long long held = state->held;
-  const unsigned long long start = state->launch_start;
-  state->exited = 0u;
-  state->launch_start = 0ull;
+  const unsigned long long start = run->start;
+  run->exited = 0u;
+  run->start = 0ull;
   if (ctx.end == 0) return;
   ctx.end->done = done;
   ctx.end->held = held;
@@ -137,16 +148,32 @@ __device__ __forceinline__ void leave_launch(const fr_item_ctx& ctx) {
   ctx.end->launch = ctx.launch;
 }
 
+// Leader only, once the launch's time slice is over: whether the host has enqueued a gate
+// close since the launch was enqueued. Then the close that ends this bubble is in the
+// GPU's queues already and will take effect without anything more from the host: a
+// device-wide synchronisation the host issues now waits for training's queued work up to
+// that close, with or without this launch, so the slice (which bounds such a wait while
+// the host has not yet enqueued the close) has nothing left to bound, and the launch runs
+// on until the close. Read across the bus, at most once per block (the answer, once yes,
+// stays yes: the count only grows).
+__device__ __forceinline__ bool close_enqueued(const fr_item_ctx& ctx) {
+  return ctx.closes != 0 && *ctx.closes != ctx.closes_at_launch;
+}
+
 // Leader only: claim the next item, or kNoItem when paused, out of time or the phase is
 // drained. A block held back by the gate, the stop flag or the end of the launch's time
-// slice says so in `held` (once, as it exits). The slice bounds every launch even while
-// the gate stays open: a device-wide synchronisation (torch.cuda.synchronize, cudaFree)
-// then waits at most a slice, and between launches the executor may pick another task.
+// slice says so in `held` (once, as it exits). The slice bounds every launch while the
+// host has not enqueued the close of its bubble yet (see close_enqueued; `unbounded`
+// remembers a yes): a device-wide synchronisation (torch.cuda.synchronize, cudaFree)
+// issued then waits at most a slice, and between launches the executor may pick another
+// task.
 __device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx,
-                                                         unsigned long long started_ns) {
+                                                         unsigned long long started_ns,
+                                                         bool& unbounded) {
   const bool open = may_run(ctx);
-  const bool in_slice =
-      ctx.slice_ns == 0ull || globaltimer_ns() - started_ns < ctx.slice_ns;
+  bool in_slice = unbounded || ctx.slice_ns == 0ull ||
+                  globaltimer_ns() - started_ns < ctx.slice_ns;
+  if (open && !in_slice) in_slice = unbounded = close_enqueued(ctx);
   if (!(open && in_slice)) {
     atomicAdd(&ctx.state->held, 1u);
     return kNoItem;
@@ -154,6 +181,14 @@ __device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx,
   // Relaxed, device scope (atomicAdd): the claim orders nothing but itself.
   const unsigned long long item = atomicAdd(leader_word(&ctx.state->next), 1ull);
   return item < ctx.n_items ? item : kNoItem;
+}
+
+// The same for a kernel that claims items itself (a block that claims once, or keeps no
+// state between claims): past the slice, each such claim asks close_enqueued() again.
+__device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx,
+                                                         unsigned long long started_ns) {
+  bool unbounded = false;
+  return claim_item(ctx, started_ns, unbounded);
 }
 
 // Leader only, after the whole block finished an item (a __syncthreads in between):
@@ -221,10 +256,11 @@ __device__ __forceinline__ void for_each_item(const fr_item_ctx& ctx, Body&& bod
   __shared__ unsigned long long s_item[2];
   const bool leader = leader_thread();
   const unsigned long long started_ns = leader ? enter_launch(ctx) : 0ull;
+  bool unbounded = false;  // leader only: see claim_item
   bool ran = false;  // the previous pass ran an item: the leader counts it after the barrier
   unsigned int slot = 0;
   while (true) {
-    if (leader) s_item[slot] = claim_item(ctx, started_ns);
+    if (leader) s_item[slot] = claim_item(ctx, started_ns, unbounded);
     __syncthreads();  // every thread finished the previous item; s_item[slot] is set
     const unsigned long long item = s_item[slot];
     const bool count = leader && ran;

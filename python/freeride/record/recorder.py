@@ -25,6 +25,11 @@ from .model import Bubble, Compute, Iteration, SideLaunch
 from .profiler import BubbleRanges, unix_offset_ns
 
 _MAX_PENDING = 64
+# A recorded open carries the running side task's launch (CUDA: Gate.write's `launch`)
+# unless its slot's recent bubbles were shorter than this: such a launch finds its bubble
+# over before its blocks are up (a launch takes some microseconds to reach the SMs), and
+# still costs the GPU its dispatch and the training thread its enqueue.
+MIN_LAUNCH_BUBBLE_NS = 50_000
 
 
 @dataclass
@@ -101,7 +106,7 @@ class Recorder:
             self._ex.set_recording(True)
         self._slot = 0
         self._memory_slot = self._next_index % self._slots_last
-        mark = self._gate.write(GATE_OPEN, stream, mark=True, slot=0)
+        mark = self._gate.write(GATE_OPEN, stream, mark=True, slot=0, launch=self._launch_pays(0))
         self._current = _Pending(self._next_index, mark)
         self._hook_target = self._current
         self._next_index += 1
@@ -153,7 +158,11 @@ class Recorder:
         if recording:
             self._slot += 1
         mark = self._gate.write(
-            GATE_OPEN, stream, mark=recording, slot=self._slot if recording else None
+            GATE_OPEN,
+            stream,
+            mark=recording,
+            slot=self._slot if recording else None,
+            launch=not recording or self._launch_pays(self._slot),
         )
         if recording:
             self._current.events.append(("open", "", mark, self._free_memory(self._slot, mark)))
@@ -203,6 +212,12 @@ class Recorder:
         finally:
             if live is None or live():
                 self.timed(self.end_iteration, stream)
+
+    def _launch_pays(self, slot: int) -> bool:
+        """Whether an open of `slot` should carry a side launch (MIN_LAUNCH_BUBBLE_NS):
+        yes until the slot's length is known."""
+        predicted = self.predicted_slot_ns(slot)
+        return predicted is None or predicted >= MIN_LAUNCH_BUBBLE_NS
 
     # -- what iterative tasks ask -----------------------------------------------------------
 

@@ -111,6 +111,9 @@ class Report:
     # torch.profiler's traces (profiling.py); None on a GPU, whose record is on the
     # device's own timeline.
     clock_origin_unix_ns: int | None = None
+    # Harvester.launch_counts() when the report was taken: side launches, those that ran
+    # no item, and those of each enqueued at opens (empty in a report without them).
+    launch_counts: dict[str, int] = field(default_factory=dict)
 
     def _compute_intervals(self) -> list[tuple[int, int]]:
         return _merge((c.start_ns, c.end_ns) for it in self.iterations for c in it.compute)
@@ -329,6 +332,7 @@ class Report:
             ("harvested", f"{fmt_ns(harvested)} ({pct(harvested, bubble):.1f}% of bubble time)"),
             ("side outside bubbles", fmt_ns(self.side_ns_outside_bubbles)),
             ("overruns", str(self.overruns)),
+            *self._launch_count_rows(),
             ("time in hooks", fmt_ns(self.hook_ns)),
             ("estimated overhead", f"{100 * self.estimated_overhead:.3f}%"),
         ]
@@ -384,6 +388,15 @@ class Report:
             if len(slots) > len(shown):
                 lines.append(f"    ... {len(slots) - len(shown)} more slots")
         return "\n".join(lines)
+
+    def _launch_count_rows(self) -> list[tuple[str, str]]:
+        counts = self.launch_counts
+        if not counts:
+            return []
+        launches, idle = counts.get("launches", 0), counts.get("idle", 0)
+        at_opens, idle_at_opens = counts.get("at_opens", 0), counts.get("idle_at_opens", 0)
+        text = f"{launches:,} ({at_opens:,} at opens), {idle:,} ran no item ({idle_at_opens:,})"
+        return [("side launches", text)]
 
     def __str__(self) -> str:
         return self.summary()
@@ -456,6 +469,7 @@ class Report:
             ],
             "placement": jsonable(self.placement),
             "clock_origin_unix_ns": self.clock_origin_unix_ns,
+            "launch_counts": dict(self.launch_counts),
             "totals": self.totals(),
         }
 
@@ -481,6 +495,7 @@ class Report:
             settings=dict(d.get("settings") or {}),
             placement=dict(d.get("placement") or {}),
             clock_origin_unix_ns=d.get("clock_origin_unix_ns"),
+            launch_counts={k: int(v) for k, v in (d.get("launch_counts") or {}).items()},
         )
 
     def to_chrome_trace(self, path: str | os.PathLike[str]) -> None:

@@ -1,0 +1,240 @@
+// A backend whose launches a test enqueues and ends by hand: the shape of the CUDA
+// backend's launches at opens (queued ahead of the GPU, ended in order, stale once their
+// phase is done, abandoned at close) with nothing underneath, so that tests drive the
+// executor through every state those launches put it in without a GPU. Only _C._testing
+// (test_hooks.cpp) uses it, so it lives beside the bindings, not in the core.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend.hpp"
+#include "check.hpp"
+#include "doorbell.hpp"
+
+namespace freeride {
+
+// One runner's launches, shared by the runner and the test (which may outlive it).
+struct QueuedLaunches {
+  static constexpr size_t kCapacity = 32;  // as kLaunchRing: the most a runner takes
+
+  std::mutex mu;
+  std::condition_variable cv;
+  struct Launch {
+    uint64_t epoch = 0;
+    int64_t items = -1;  // what it ran once ended; -1 while it has not
+  };
+  std::deque<Launch> pending;
+  uint64_t epoch = 0;  // begin_phase() calls
+  uint64_t n_items = 0;
+  uint64_t done = 0;
+  bool phase_done = false;
+  bool stopped = false;
+  bool abandoned = false;
+  std::string failure;  // the next run() throws it (see fail())
+  bool failure_drops = true;
+  uint64_t runs = 0;    // run() calls
+  uint64_t stops = 0;   // stop() calls
+
+  // Launches enqueued at opens, as the CUDA runner takes them: none before its first
+  // phase begins, once stopped, once the phase is done or when kCapacity are pending. How
+  // many were taken.
+  size_t arrive(size_t count) {
+    std::lock_guard<std::mutex> lk(mu);
+    size_t taken = 0;
+    while (taken < count && epoch > 0 && !stopped && !phase_done && !abandoned &&
+           pending.size() < kCapacity) {
+      pending.push_back({epoch, -1});
+      ++taken;
+    }
+    cv.notify_all();
+    return taken;
+  }
+
+  // The oldest launch not yet ended ends, having run `items` items.
+  void end(int64_t items) {
+    FR_ARG(items >= 0, "items must not be negative");
+    std::lock_guard<std::mutex> lk(mu);
+    for (Launch& l : pending) {
+      if (l.items < 0) {
+        l.items = items;
+        cv.notify_all();
+        return;
+      }
+    }
+    FR_THROW(InvalidArgument, "no launch is pending");
+  }
+
+  // The next run() throws `message`: with `drop_pending`, as after a kernel fault (nothing
+  // enqueued behind it runs: every pending launch is gone); otherwise as after a launch
+  // that broke the item protocol (that launch ended, the others are still to come).
+  void fail(std::string message, bool drop_pending) {
+    std::lock_guard<std::mutex> lk(mu);
+    failure = std::move(message);
+    failure_drops = drop_pending;
+    cv.notify_all();
+  }
+};
+
+class QueuedRunner final : public PhaseRunner {
+ public:
+  explicit QueuedRunner(std::shared_ptr<QueuedLaunches> q) : q_(std::move(q)) {}
+
+  void begin_phase(uint64_t, uint64_t n_items) override {
+    std::lock_guard<std::mutex> lk(q_->mu);
+    ++q_->epoch;
+    q_->n_items = n_items;
+    q_->done = 0;
+    q_->phase_done = false;
+  }
+
+  // One launch's end, oldest first; with none pending, waits for one (or a stop).
+  LaunchMarks run(bool) override {
+    QueuedLaunches& q = *q_;
+    std::unique_lock<std::mutex> lk(q.mu);
+    ++q.runs;
+    q.cv.wait(lk, [&] { return !q.pending.empty() || q.stopped || q.abandoned; });
+    if (q.pending.empty()) return LaunchMarks{};
+    q.cv.wait(lk, [&] {
+      return q.pending.front().items >= 0 || q.abandoned || !q.failure.empty();
+    });
+    if (!q.failure.empty()) {
+      std::string failure;
+      failure.swap(q.failure);
+      if (q.failure_drops) {
+        q.pending.clear();
+      } else {
+        q.pending.pop_front();
+      }
+      throw RuntimeFailure(failure);
+    }
+    if (q.pending.front().items < 0) throw Abandoned("abandoned at close (test backend)");
+    const QueuedLaunches::Launch l = q.pending.front();
+    q.pending.pop_front();
+    LaunchMarks marks;
+    marks.admitted = true;
+    marks.at_open = true;
+    marks.stale = l.epoch != q.epoch;
+    if (!marks.stale) {
+      q.done = std::min<uint64_t>(q.n_items, q.done + static_cast<uint64_t>(l.items));
+      if (q.done >= q.n_items) q.phase_done = true;
+    }
+    return marks;
+  }
+
+  void stop() override {
+    std::lock_guard<std::mutex> lk(q_->mu);
+    q_->stopped = true;
+    ++q_->stops;
+    q_->cv.notify_all();
+  }
+  void resume() override {
+    std::lock_guard<std::mutex> lk(q_->mu);
+    q_->stopped = false;
+  }
+  uint64_t done() const override {
+    std::lock_guard<std::mutex> lk(q_->mu);
+    return q_->done;
+  }
+  bool executing() const override { return false; }
+  bool in_flight() const override {
+    std::lock_guard<std::mutex> lk(q_->mu);
+    return !q_->pending.empty();
+  }
+  void abandon() override {
+    std::lock_guard<std::mutex> lk(q_->mu);
+    q_->abandoned = true;
+    q_->cv.notify_all();
+  }
+
+ private:
+  std::shared_ptr<QueuedLaunches> q_;
+};
+
+class QueueBackend final : public Backend {
+ public:
+  std::string kind() const override { return "queue"; }
+  int device() const override { return -1; }
+  std::string gate_write_mechanism() const override { return "host"; }
+  void gate_write(uint32_t value, uintptr_t, uint32_t seq, bool) override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      gate_ = value;
+      seq_ = seq;
+    }
+    bell_.ring();
+  }
+  uint32_t gate_read() const override {
+    std::lock_guard<std::mutex> lk(mu_);
+    return gate_;
+  }
+  uint32_t gate_seq() const override {
+    std::lock_guard<std::mutex> lk(mu_);
+    return seq_;
+  }
+  bool wait_open(double timeout_s) const override {
+    return wait_for_open(bell_, timeout_s, [&] { return gate_read() == 1u; });
+  }
+  bool wait_next_open(uint32_t seq, double timeout_s) const override {
+    return wait_for_ring(bell_, timeout_s, [&] { return gate_read() == 1u && gate_seq() != seq; });
+  }
+  void interrupt_waits() override { bell_.ring(); }
+  uint64_t mark(uintptr_t) override { return 0; }
+  int64_t elapsed_ns(uint64_t, uint64_t) override { return kPending; }
+  void release_mark(uint64_t) override {}
+  uintptr_t gate_address() const override { return 0; }
+  std::unique_ptr<StreamDependency> after_streams(const std::vector<uintptr_t>&) override {
+    return nullptr;
+  }
+  std::unique_ptr<PhaseRunner> make_runner(std::shared_ptr<Task>,
+                                           std::unique_ptr<StreamDependency>) override {
+    auto q = std::make_shared<QueuedLaunches>();
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      made_.push_back(q);
+    }
+    made_cv_.notify_all();
+    return std::make_unique<QueuedRunner>(std::move(q));
+  }
+  void unblock() override {}
+  void run_plain(Task&, uintptr_t) override {
+    FR_THROW(RuntimeFailure, "the test queue backend runs nothing plain");
+  }
+  uintptr_t side_stream() const override { return 0; }
+  void abandon_work() override {
+    std::lock_guard<std::mutex> lk(mu_);
+    abandoned_work_ = true;
+  }
+  void shutdown() override {}
+
+  // The launches of the `index`-th runner made (in admission order), once it is made.
+  std::shared_ptr<QueuedLaunches> launches(size_t index, double timeout_s) {
+    std::unique_lock<std::mutex> lk(mu_);
+    const bool made = made_cv_.wait_for(lk, clamp_timeout(timeout_s),
+                                        [&] { return made_.size() > index; });
+    FR_CHECK(made, "runner " << index << " was not made within " << timeout_s << " s");
+    return made_[index];
+  }
+  bool abandoned_work() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return abandoned_work_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable made_cv_;
+  mutable Doorbell bell_;
+  uint32_t gate_ = 1u;
+  uint32_t seq_ = 0;
+  bool abandoned_work_ = false;
+  std::vector<std::shared_ptr<QueuedLaunches>> made_;
+};
+
+}  // namespace freeride

@@ -1,0 +1,140 @@
+"""Side work in the bubbles the host queued ahead of the GPU (issue 27 item 1).
+
+The host runs far ahead of the GPU: by the time the GPU executes an open, training has
+queued its wait for a neighbour's data and its next compute. A side launch enqueued only
+once the host sees the open take effect lands behind all of that, and with one hardware
+queue (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron-LM sets it) it cannot start before its
+bubble is over. So each stream-ordered open enqueues the running task's launch at once,
+at the open's point of host order (Harvester.launches_at_opens).
+
+The GPU tests run tests/gpu_worker.py's `queued_bubbles` in a fresh process for each
+connection count (the variable is read when the CUDA context is made): five iterations of
+[close, compute, open, a 20 ms "recv" on a comm stream, wait for it, close, compute],
+queued by the host behind 100 ms of GPU work, with a Spin task submitted. Side items must
+run in those bubbles at a good share of what the open gate runs, for 1 connection and the
+default, in a green context and under the occupancy cap (the primary context's side
+stream, which RawKernel tasks use). The negative control turns the launches at opens off
+(FREERIDE_LAUNCH_AT_OPEN=0) under one connection, where the review (F2) predicts almost
+nothing is harvested; if that control fails, the prediction was wrong on that GPU, which
+is worth knowing, not a defect of the mechanism under test.
+
+The CPU tests check what decides which opens carry a launch.
+"""
+
+import pytest
+from gpu_worker import run_worker
+
+import freeride as fr
+from freeride._C import GATE_OPEN
+from freeride.record.recorder import MIN_LAUNCH_BUBBLE_NS
+
+HARVEST_SHARE = 0.5  # of the open-gate rate over the bubbles' time
+OVERHEAD_PCT = 5.0  # of the queue's GPU time without side work
+
+
+def _queued(connections, reserve, launch_at_open=True):
+    env = {}
+    if connections is not None:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = connections
+    if not launch_at_open:
+        env["FREERIDE_LAUNCH_AT_OPEN"] = "0"
+    return run_worker("queued_bubbles", {"reserve": reserve}, env=env, timeout=120)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reserve", ["green-context", "occupancy-cap"])
+@pytest.mark.parametrize("connections", [1, None], ids=["one-queue", "default-queues"])
+def test_side_work_runs_in_bubbles_queued_ahead_of_the_gpu(connections, reserve):
+    r = _queued(connections, reserve)
+    print(
+        f"connections={r['connections']} reserve={r['reserve_mechanism']}: harvest "
+        f"{r['harvest_share']:.3f} of the open-gate rate ({r['items_in_bubbles']} items), "
+        f"overhead {r['overhead_pct']:.2f}% ({r['queue_ms']:.1f} vs {r['baseline_ms']:.1f} "
+        f"ms), launches {r['launches']} ({r['at_opens']} at opens, {r['idle_at_opens']} idle)"
+    )
+    assert r["queued_ahead"], "the GPU reached the iterations before the host queued them all"
+    assert r["launches_at_opens"]
+    assert r["at_opens"] >= 5, "an open of the queue carried no launch"
+    assert r["harvest_share"] >= HARVEST_SHARE, (
+        f"side work ran {r['harvest_share']:.3f} of the open-gate rate in bubbles queued "
+        "ahead of the GPU"
+    )
+    assert r["overhead_pct"] < OVERHEAD_PCT
+
+
+@pytest.mark.gpu
+def test_negative_control_launches_made_when_the_host_sees_the_open_find_the_bubble_over():
+    r = _queued(1, "green-context", launch_at_open=False)
+    print(
+        f"launches at opens off, one queue: harvest {r['harvest_share']:.3f} "
+        f"({r['items_in_bubbles']} items), launches {r['launches']}"
+    )
+    assert r["queued_ahead"]
+    assert not r["launches_at_opens"] and r["at_opens"] == 0
+    assert r["harvest_share"] < 0.2, (
+        "with launches only when the host sees an open, side work still ran "
+        f"{r['harvest_share']:.3f} of the open-gate rate in bubbles queued ahead under one "
+        "hardware queue: the review's F2 prediction does not hold on this GPU"
+    )
+
+
+class _Writes:
+    """Stands in for the gate's executor and notes each write's `launch`."""
+
+    def __init__(self, ex):
+        self._ex = ex
+        self.opens = []  # (seq, launch)
+
+    def gate_write(self, value, stream, seq, launch=True):
+        if value == GATE_OPEN:
+            self.opens.append((seq, launch))
+        self._ex.gate_write(value, stream, seq, launch)
+
+    def __getattr__(self, name):
+        return getattr(self._ex, name)
+
+
+def test_a_recorded_open_carries_a_launch_only_where_its_slot_pays_for_one(host):
+    """Slot 0 (the iteration's start to the first compute action) is long and slot 1
+    (between two compute actions with nothing in between) short: once their lengths are
+    known, opens of slot 1 carry no launch; before that every open does, as do manual
+    opens."""
+    import time
+
+    writes = _Writes(host._ex)
+    host.gate._ex = writes
+    for _ in range(6):
+        with host.iteration():
+            time.sleep(0.003)  # slot 0: ~3 ms
+            with host.compute(label="a"):
+                pass
+            with host.compute(label="b"):  # slot 1: microseconds
+                pass
+        host.report()  # resolves the iteration: the slots' lengths are learnt
+    slot_of = host.gate.slot_of
+    first = [launch for seq, launch in writes.opens[:3]]
+    later = {slot_of(seq): launch for seq, launch in writes.opens[-3:]}
+    assert first == [True, True, True], "opens before any slot length was known"
+    assert host._recorder.predicted_slot_ns(1) < MIN_LAUNCH_BUBBLE_NS
+    assert host._recorder.predicted_slot_ns(0) >= MIN_LAUNCH_BUBBLE_NS
+    assert later[0] is True and later[1] is False, later
+    host.gate.open()
+    assert writes.opens[-1][1] is True
+
+
+def test_the_host_backend_makes_no_launches_at_opens(host):
+    assert host.launches_at_opens is False
+    task = host.submit(fr.tasks.Spin(items=64, ns_per_item=1000))
+    assert task.wait(30)
+    counts = host.launch_counts()
+    assert counts.launches >= 1 and counts.at_opens == 0 and counts.idle_at_opens == 0
+
+
+def test_the_report_carries_the_launch_counts_through_a_round_trip(host):
+    with host.iteration():
+        pass
+    rep = host.report()
+    assert rep.launch_counts == host.launch_counts()._asdict()
+    again = fr.Report.from_dict(rep.to_dict())
+    assert again.launch_counts == rep.launch_counts
+    assert "side launches" in rep.summary()

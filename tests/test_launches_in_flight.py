@@ -1,0 +1,210 @@
+"""The executor with launches in flight: what the CUDA backend's launches at opens put it
+through (issue 27 item 1), driven without a GPU.
+
+On CUDA a stream-ordered open enqueues the running task's launch for its bubble at once,
+so with the host ahead of the GPU a task has several launches enqueued whose ends come
+later, in order. The executor must then take every one of them before anything else goes
+on the stream (no other task runs, no next phase begins), a more urgent task waits for
+them, and a cancel or a failure makes the task final only once they have ended; past
+close()'s deadline they are abandoned. The test queue backend (freeride_ext/
+queue_backend.hpp, through _C._testing) gives the executor launches of exactly that shape,
+enqueued and ended by the test.
+"""
+
+import threading
+import time
+
+import pytest
+
+from conftest import wait_until
+from freeride import _C
+
+FINAL = ("done", "failed", "cancelled")
+
+
+@pytest.fixture
+def ex():
+    executor = _C._testing.queue_executor()
+    yield executor
+    executor.close(0.5)
+
+
+def _task(items, phases=1):
+    return _C.spin_task(items, phases, 1000)
+
+
+def _launches(ex, index):
+    """The index-th runner's launches, once its first phase has begun (it takes none
+    before: the CUDA runner neither)."""
+    q = _C._testing.queue_launches(ex, index)
+    wait_until(lambda: q.begun)
+    return q
+
+
+def _state(ex, task_id):
+    return ex.status(task_id)[0]
+
+
+def _items(ex, task_id):
+    return ex.status(task_id)[1]
+
+
+def _phase(ex, task_id):
+    return ex.status(task_id)[3]
+
+
+def test_launches_in_flight_are_taken_in_order_and_counted():
+    """Three launches enqueued at once, ended one by one: each one's items count, the task
+    is done once the last has ended, and all three are counted as launches at opens."""
+    ex = _C._testing.queue_executor()
+    try:
+        task = ex.submit(_task(10), 0)
+        q = _launches(ex, 0)
+        assert q.arrive(3) == 3
+        q.end(4)
+        wait_until(lambda: _items(ex, task) == 4)
+        assert _state(ex, task) not in FINAL
+        q.end(4)
+        q.end(2)
+        assert ex.wait(task, 10)
+        assert _state(ex, task) == "done" and _items(ex, task) == 10
+        assert ex.open_launches == 3 and ex.idle_open_launches == 0
+    finally:
+        ex.close(0.5)
+
+
+def test_a_phase_begins_only_after_its_stale_launches_end(ex):
+    """Phase 0 ends in the first of three launches enqueued ahead: the runner takes no
+    further launch at an open, the two already enqueued are stale (they run nothing and
+    count as idle), and phase 1 begins only once they have ended, since its counters
+    cannot be reset under them."""
+    task = ex.submit(_task(4, phases=2), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(3) == 3
+    q.end(4)
+    wait_until(lambda: _items(ex, task) == 4)
+    assert q.arrive(1) == 0, "a launch at an open was taken after its phase was done"
+    time.sleep(0.05)
+    assert _phase(ex, task) == 0, "the next phase began under launches still in flight"
+    q.end(0)
+    q.end(0)
+    wait_until(lambda: _phase(ex, task) == 1)
+    assert ex.idle_open_launches == 2
+    wait_until(lambda: q.arrive(1) == 1)
+    q.end(4)
+    assert ex.wait(task, 10)
+    assert _state(ex, task) == "done" and _items(ex, task) == 8
+
+
+def test_a_more_urgent_task_waits_for_the_launches_in_flight(ex):
+    """A more urgent task stops the running one (it takes no further launch), but runs
+    only once the launches the running one already took have ended: nothing may be
+    enqueued behind them. Then the first task resumes."""
+    low = ex.submit(_task(100), 0)
+    q_low = _launches(ex, 0)
+    assert q_low.arrive(2) == 2
+    high = ex.submit(_task(5), 1)
+    wait_until(lambda: q_low.stopped)
+    assert q_low.arrive(1) == 0, "a stopped task took a launch at an open"
+    with pytest.raises(RuntimeError):
+        _C._testing.queue_launches(ex, 1, timeout=0.2)  # not admitted yet
+    q_low.end(1)
+    q_low.end(1)
+    q_high = _launches(ex, 1)
+    wait_until(lambda: q_high.arrive(1) == 1)
+    q_high.end(5)
+    assert ex.wait(high, 10) and _state(ex, high) == "done"
+    wait_until(lambda: not q_low.stopped)  # resumed
+    wait_until(lambda: q_low.arrive(1) == 1)
+    q_low.end(98)
+    assert ex.wait(low, 10) and _items(ex, low) == 100
+
+
+def test_cancel_is_final_only_once_the_launches_in_flight_ended(ex):
+    """A cancelled task's launches already enqueued may still run items: the task is
+    final, and its memory free to go, only once they have ended, with their items
+    counted exactly."""
+    task = ex.submit(_task(100), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(2) == 2
+    assert ex.cancel(task, False)
+    time.sleep(0.05)
+    assert _state(ex, task) not in FINAL
+    assert q.stopped and q.arrive(1) == 0
+    q.end(3)
+    q.end(2)
+    assert ex.wait(task, 10)
+    assert _state(ex, task) == "cancelled" and _items(ex, task) == 5
+
+
+@pytest.mark.parametrize("drop_pending", [False, True])
+def test_a_failure_with_launches_in_flight(ex, drop_pending):
+    """A launch that failed with others still enqueued (a broken launch: drop_pending
+    False) fails the task once those have ended; a fault (drop_pending: nothing behind it
+    runs) at once. Either way with the failure's message."""
+    task = ex.submit(_task(100), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(3) == 3
+    q.fail("broken launch", drop_pending)
+    if not drop_pending:
+        time.sleep(0.05)
+        assert _state(ex, task) not in FINAL, "final with two launches still in flight"
+        assert q.stopped
+        q.end(0)
+        q.end(0)
+    assert ex.wait(task, 10)
+    state, *_, error = ex.status(task)
+    assert state == "failed" and "broken launch" in error
+
+
+def test_close_waits_for_launches_that_end_in_time():
+    ex = _C._testing.queue_executor()
+    task = ex.submit(_task(100), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(1) == 1
+    closer = threading.Thread(target=ex.close, args=(5.0,))
+    started = time.monotonic()
+    closer.start()
+    time.sleep(0.1)
+    assert closer.is_alive()
+    q.end(7)
+    closer.join(5)
+    assert not closer.is_alive() and time.monotonic() - started < 2.0
+    assert ex.take_abandoned() == []
+    assert not _C._testing.queue_abandoned_work(ex)
+    assert _state(ex, task) == "cancelled" and _items(ex, task) == 7
+
+
+def test_close_abandons_launches_in_flight_past_its_deadline():
+    """A launch that never ends (an item that never returns, a training stream stalled
+    for good) must not hang close: past the deadline the task is cancelled as abandoned,
+    named by take_abandoned() (its owner keeps its memory), and the backend told not to
+    wait for or free what the launch may still write."""
+    ex = _C._testing.queue_executor()
+    task = ex.submit(_task(100), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(2) == 2
+    started = time.monotonic()
+    ex.close(0.3)
+    took = time.monotonic() - started
+    assert 0.25 <= took < 2.0, took
+    assert q.abandoned
+    assert ex.take_abandoned() == [task]
+    assert ex.take_abandoned() == []  # once
+    assert _C._testing.queue_abandoned_work(ex)
+    state, *_, error = ex.status(task)
+    assert state == "cancelled" and "abandoned" in error
+
+
+def test_close_abandons_nothing_without_launches_in_flight():
+    """Negative control: a task merely waiting for a launch is stopped by close at once,
+    with nothing abandoned."""
+    ex = _C._testing.queue_executor()
+    task = ex.submit(_task(100), 0)
+    _launches(ex, 0)
+    started = time.monotonic()
+    ex.close(5.0)
+    assert time.monotonic() - started < 1.0
+    assert ex.take_abandoned() == []
+    assert not _C._testing.queue_abandoned_work(ex)
+    assert _state(ex, task) == "cancelled"
