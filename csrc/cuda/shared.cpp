@@ -2,6 +2,8 @@
 // (shared.hpp has the state and the reasons; green_context.cpp its green context).
 #include "cuda/shared.hpp"
 
+#include "capture_mode.hpp"
+
 #include <cstring>
 #include <thread>
 
@@ -85,6 +87,7 @@ cudaError_t CudaShared::wait_idle(cudaStream_t stream, std::chrono::steady_clock
 }
 
 void CudaShared::finish_on_control(const char* what) {
+  const RelaxedCaptureScope relaxed;  // beside a capture on another thread
   const cudaError_t err = wait_idle(control, kImmediateWriteWait);
   if (err == cudaErrorNotReady) {
     FR_THROW(RuntimeFailure,
@@ -196,12 +199,14 @@ bool CudaShared::captures(cudaStream_t stream) noexcept {
 }
 
 void CudaShared::launch_at_open(cudaStream_t stream, uint32_t seq) noexcept {
+  const RelaxedCaptureScope relaxed;  // beside a capture on another thread
   std::lock_guard<std::mutex> lk(arm_mu);
   if (armed == nullptr || opened == nullptr) return;
   armed->launch_at_open(stream, opened, seq, closes());
 }
 
 uint64_t CudaShared::mark(cudaStream_t stream) {
+  const RelaxedCaptureScope relaxed;  // beside a capture on another thread
   std::lock_guard<std::mutex> lk(marks_mu);
   cudaEvent_t ev = nullptr;
   if (free_events.empty()) {
@@ -229,6 +234,7 @@ uint64_t CudaShared::derive_mark(uint64_t base, int64_t offset_ns) {
 }
 
 int64_t CudaShared::elapsed_ns(uint64_t from_id, uint64_t to_id) {
+  const RelaxedCaptureScope relaxed;  // beside a capture on another thread
   std::lock_guard<std::mutex> lk(marks_mu);
   const auto [from, from_ns] = resolve_locked(from_id);
   const auto [to, to_ns] = resolve_locked(to_id);
