@@ -4,14 +4,18 @@
 # again, and at most 8 files come back). Steps:
 #
 #   build     pip install -e . for sm_90 (its log goes in the archive)
-#   quick     the checks that matter most, at most QUICK_BUDGET s (180): the GPU basics
-#             (exactly-once under gate flips, stream-ordered close, no item inside
-#             compute, device syncs, exit), nothing queued behind side work (training's
-#             copy and close beside a long side task, 1 and 8 hardware queues), memory
-#             lifetime and input stream order,
-#             stream-ordered gate writes, the reserve's no-deadlock and admission tests,
-#             the step stream's order, the RawKernel example, and compute-sanitizer's
-#             memcheck over the example
+#   quick     the checks that matter most, at most QUICK_BUDGET s (300). First the open
+#             questions of issue 27: side work in bubbles the host queued ahead of the
+#             GPU under one hardware queue and the default (launches at opens, and the
+#             negative control without them), training's graph captures beside side work
+#             and busy job threads, exit with an open still ahead of the GPU, and close
+#             with an item that never returns. Then the GPU basics (exactly-once under
+#             gate flips, stream-ordered close, no item inside compute, device syncs),
+#             nothing queued behind side work (training's copy, close, a preemption and a
+#             cancel beside a long side task, 1 and 8 hardware queues, both reserves),
+#             memory lifetime and input stream order, stream-ordered gate writes, the
+#             reserve's no-deadlock and admission tests, the step stream's order, the
+#             RawKernel example, and compute-sanitizer's memcheck over the example
 #   tests     every test file, GPU and CPU tests alike, each in its own process
 #   bench     every benchmark in GPU mode, and `bench ranks` on the machine's cores
 #
@@ -88,9 +92,14 @@ if step build; then
 fi
 
 if step quick; then
-  deadline=$((SECONDS + ${QUICK_BUDGET:-180}))
-  # Stream order and nothing behind side work first, then memory safety, then the rest.
-  pytest_file $deadline 60 tests/test_hardware_queues.py -m gpu
+  deadline=$((SECONDS + ${QUICK_BUDGET:-300}))
+  # Issue 27's open questions first (each answers what no CPU can), then stream order and
+  # nothing behind side work, then memory safety, then the rest.
+  pytest_file $deadline 120 tests/test_launch_at_open.py -m gpu
+  pytest_file $deadline 60 tests/test_capture.py -m gpu
+  pytest_file $deadline 30 tests/test_gpu.py -m gpu -k process_exits
+  pytest_file $deadline 40 tests/test_raw_kernel_gpu.py -m gpu -k "close_abandons or some_blocks"
+  pytest_file $deadline 90 tests/test_hardware_queues.py -m gpu
   if command -v compute-sanitizer >/dev/null; then
     budgeted $deadline memcheck_example 60 compute-sanitizer --tool memcheck \
       --error-exitcode 99 $py examples/raw_kernel.py

@@ -152,12 +152,13 @@ def mode_hardware_queues(args: dict) -> dict:
     import freeride as fr
 
     item_ns, reps = int(args.get("item_ns", 100_000)), int(args.get("reps", 10))
+    reserve = fr.Reserve(mechanism=args["reserve"]) if args.get("reserve") else fr.Reserve()
     torch.cuda.init()
     x = torch.ones(16, device="cuda")
     x.cpu()
     out: dict = {"connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}
     for label, kwargs in (("none", {"time_slice": None}), ("default", {})):
-        with fr.Harvester("cuda:0", **kwargs) as h:
+        with fr.Harvester("cuda:0", reserve=reserve, **kwargs) as h:
             train = torch.cuda.current_stream()
             h.gate.close()  # one-time costs of stream-ordered writes, before side work
             h.gate.open()
@@ -187,9 +188,32 @@ def mode_hardware_queues(args: dict) -> dict:
                 gc.enable()
             running = not t.done()
             launches = t.launches
+            # A more urgent task preempts the running one: its stop word goes on the
+            # control stream (one hardware queue: behind nothing that waits for side work)
+            # and the training stream's next copy must not wait for anything.
+            urgent = h.submit(fr.tasks.Spin(items=2**40, ns_per_item=item_ns), priority=1)
+            begin = time.perf_counter()
+            x.cpu()
+            copy_after_preempt = time.perf_counter() - begin
+            try:
+                wait_for(lambda u=urgent: u.items_done > 0, 10, "the urgent task ran")
+                urgent_ran = True
+            except AssertionError:
+                urgent_ran = False
+            begin = time.perf_counter()
+            urgent.cancel()
             t.cancel()
+            cancel_s = time.perf_counter() - begin
+            begin = time.perf_counter()
+            x.cpu()
+            copy_after_cancel = time.perf_counter() - begin
             t.wait(30)
+            urgent.wait(30)
             out[label] = {
+                "copy_after_preempt_ms": round(copy_after_preempt * 1e3, 4),
+                "copy_after_cancel_ms": round(copy_after_cancel * 1e3, 4),
+                "cancel_ms": round(cancel_s * 1e3, 4),
+                "urgent_ran": urgent_ran,
                 "copy_ms": [round(s * 1e3, 4) for s in copies],
                 "close_ms": [round(s * 1e3, 4) for s in closes],
                 "running": running,

@@ -27,34 +27,42 @@ BOUND_MS = ITEM_NS / 1e6 + 1.0  # one item plus 1 ms
 CONNECTIONS = [1, 8]
 
 
+# The green context (the default reserve where the driver has one: the built-in tasks'
+# stream) and the occupancy cap (the primary context's side stream, which RawKernel tasks
+# and the fallback use): each is its own stream with its own place in the queues.
+RESERVES = ["green-context", "occupancy-cap"]
+
+
 @pytest.fixture(scope="module")
 def measured():
-    """One worker run per connection count (both slice settings and the control)."""
+    """One worker run per connection count and reserve (both slice settings and the
+    control)."""
     cache = {}
 
-    def get(connections):
-        if connections not in cache:
-            cache[connections] = run_worker(
+    def get(connections, reserve="green-context"):
+        if (connections, reserve) not in cache:
+            cache[connections, reserve] = run_worker(
                 "hardware_queues",
-                {"item_ns": ITEM_NS, "reps": 10},
+                {"item_ns": ITEM_NS, "reps": 10, "reserve": reserve},
                 env={"CUDA_DEVICE_MAX_CONNECTIONS": connections},
                 timeout=90,
             )
-        return cache[connections]
+        return cache[connections, reserve]
 
     return get
 
 
+@pytest.mark.parametrize("reserve", RESERVES)
 @pytest.mark.parametrize("time_slice", ["none", "default"])
 @pytest.mark.parametrize("connections", CONNECTIONS)
 def test_training_copy_and_close_complete_beside_a_long_side_task(
-    measured, connections, time_slice
+    measured, connections, time_slice, reserve
 ):
-    result = measured(connections)
+    result = measured(connections, reserve)
     assert result["connections"] == str(connections)
     run = result[time_slice]
     print(
-        f"connections={connections} time_slice={run['time_slice']} "
+        f"connections={connections} reserve={reserve} time_slice={run['time_slice']} "
         f"reserve={run['reserve_mechanism']} admission={run['admission']} "
         f"launches={run['launches']}: .cpu() ms {run['copy_ms']}, close+sync ms "
         f"{run['close_ms']} (bound {BOUND_MS:.2f} ms)"
@@ -71,6 +79,14 @@ def test_training_copy_and_close_complete_beside_a_long_side_task(
         f"a gate close and sync on the training stream took {max(slow_closes):.3f} ms "
         f"(bound {BOUND_MS:.2f} ms)"
     )
+    # Review F7: a preemption and a cancel put a stop word and an event on the control
+    # stream; the training stream's next copy must not wait behind side work for them.
+    assert run["urgent_ran"], "the more urgent task never ran"
+    for what in ("copy_after_preempt_ms", "copy_after_cancel_ms"):
+        assert run[what] <= BOUND_MS, (
+            f"{what} {run[what]:.3f} ms (bound {BOUND_MS:.2f} ms): the training stream's copy "
+            "waited behind something a preemption or cancel enqueued"
+        )
 
 
 @pytest.mark.parametrize("connections", CONNECTIONS)

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from gpu_worker import finishes_within
 from nvrtc import SCALE
 from test_raw_kernel import EXAMPLE, ROOT
 
@@ -264,6 +265,99 @@ def test_gpu_kernel_that_skips_the_item_loop_fails_instead_of_looping(gpu):
     x = torch.ones(10, device="cuda")
     h.submit(fr.tasks.RawKernel(SCALE, "scale", 1, (x, 3.0, 10))).result(60)
     assert torch.all(x == 3.0)
+
+
+SOME_BLOCKS_SKIP = r"""
+#include <freeride/preempt.cuh>
+// Blocks past the fourth return before the item loop (ordinary CUDA style, a bug here):
+// the launch's last block never counts itself out, so no end record is written.
+extern "C" __global__ void partial(fr_item_ctx ctx, unsigned int* touched) {
+  if (blockIdx.x >= 4) return;
+  freeride::for_each_item(ctx, [&](unsigned long long) {
+    if (threadIdx.x == 0) atomicAdd(touched, 1u);
+  });
+}
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_kernel_where_some_blocks_skip_the_item_loop_fails_within_seconds(gpu):
+    """Review F3: a launch whose blocks partly skip for_each_item ended without its end
+    record and left the launch's counters behind, and every later launch of the phase
+    then found its slice already over and ran nothing, about one in G/k launches doing
+    work, 10 ms apart: wait() all but hung and the task never failed. Each launch has its
+    own counters now, and a launch without its end record fails the task."""
+    h, torch = gpu
+    touched = torch.zeros(1, dtype=torch.int32, device="cuda").view(torch.uint32)
+    h.gate.open()
+    began = time.monotonic()
+    handle = h.submit(fr.tasks.RawKernel(SOME_BLOCKS_SKIP, "partial", 10**7, (touched,), grid=64))
+    assert handle.wait(timeout=30), "the broken kernel kept being relaunched"
+    assert time.monotonic() - began < 10
+    with pytest.raises(fr.TaskFailedError, match="for_each_item"):
+        handle.result()
+
+
+STUCK = r"""
+#include <freeride/preempt.cuh>
+// An item that never returns until the host sets *flag (mapped pinned memory).
+extern "C" __global__ void stuck(fr_item_ctx ctx, const volatile unsigned int* flag,
+                                 unsigned int* started) {
+  freeride::for_each_item(ctx, [&](unsigned long long) {
+    if (threadIdx.x == 0) {
+      atomicAdd(started, 1u);
+      while (*flag == 0u) {
+      }
+    }
+  });
+}
+"""
+
+
+def _stuck_task(torch):
+    flag = torch.zeros(1, dtype=torch.int32, pin_memory=True)  # UVA: the kernel reads it
+    started = torch.zeros(1, dtype=torch.int32, device="cuda").view(torch.uint32)
+    task = fr.tasks.RawKernel(STUCK, "stuck", 1, (np.uint64(flag.data_ptr()), started), grid=1)
+    return task, flag, started
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("release_first", [False, True], ids=["stuck", "released"])
+def test_gpu_close_abandons_an_item_that_never_returns(release_first):
+    """Review F9: with no time slice, a side item that never returns held close (and the
+    interpreter's exit) for good. close() now waits CLOSE_DEADLINE_S, then abandons the
+    launch: the task is cancelled, its memory kept, a RuntimeWarning says so, and close
+    returns. Negative control (released): the item returns before close, which then
+    returns at once without a warning."""
+    pytest.importorskip("cupy", reason="RawKernel needs CuPy (pip install 'freeride[cupy]')")
+    torch = pytest.importorskip("torch")
+    from freeride.harvester import CLOSE_DEADLINE_S
+
+    h = fr.Harvester("cuda:0", time_slice=None)
+    task, flag, started = _stuck_task(torch)
+    h.gate.open(stream="host")
+    handle = h.submit(task)
+    wait_until(lambda: int(started.item()) > 0, timeout=30)
+    if release_first:
+        flag[0] = 1
+        assert handle.wait(30)
+    began = time.monotonic()
+    try:
+        if release_first:
+            h.close()
+        else:
+            with pytest.warns(RuntimeWarning, match="abandoned"):
+                finishes_within(CLOSE_DEADLINE_S + 10, h.close, "close() with a stuck item")
+        took = time.monotonic() - began
+    finally:
+        flag[0] = 1  # the kernel ends: the device is free for the next test
+        torch.cuda.synchronize()
+    print(f"close took {took:.3f} s (deadline {CLOSE_DEADLINE_S} s)")
+    if release_first:
+        assert took < 1.0 and handle.state == "done"
+    else:
+        assert CLOSE_DEADLINE_S - 0.5 < took < CLOSE_DEADLINE_S + 2.0
+        assert handle.state == "cancelled"
 
 
 @pytest.mark.gpu

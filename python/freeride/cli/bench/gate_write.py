@@ -10,6 +10,10 @@ mechanism is measured twice: with an event recorded behind every open for the ex
 watcher (FREERIDE_ADMISSION=ring, the default) and with the executor polling instead
 ("poll"), which shows what the ring costs the training stream.
 
+Launch at open: the host time of a close and open pair with a side task running, whose
+runner takes a launch at every stream-ordered open, less the same pair with none: what
+enqueueing a bubble's side launch at its open costs the training thread.
+
 Visibility: a kernel just before the write records %globaltimer as it ends; a one-thread
 watcher on another stream spins on the gate word and records %globaltimer when it sees
 the new value. The difference covers the kernel's retirement, the write and the poll.
@@ -117,6 +121,7 @@ def measure(quick: bool) -> dict:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+    rows += _launch_at_open_rows(cp, train, spin_for, repeats)
     return {
         "rows": rows,
         "settings": {
@@ -139,8 +144,58 @@ def measure(quick: bool) -> dict:
                 "gate write visibility = watcher's globaltimer on seeing the new value -"
                 " globaltimer at the end of the kernel just before the write"
             ),
+            (
+                "launch at open host cost = host time of an open that enqueues the running"
+                " side task's launch (Harvester.launches_at_opens) - of the same open with no"
+                f" task running, per open, {OPENS_AHEAD} opens queued ahead of the GPU"
+            ),
         ],
     }
+
+
+# Opens queued ahead of the GPU per measurement of the launch at open: under the number
+# of launches a runner takes in flight (kLaunchRing), so that every one carries a launch.
+OPENS_AHEAD = 16
+
+
+def _launch_at_open_rows(cp: Any, train: Any, spin_for: Any, repeats: int) -> list[dict]:
+    """The training thread's cost of the launch an open enqueues for the running task:
+    the host time per close and open, with a Spin task running (its runner armed: each
+    open enqueues a launch) and with none, behind a kernel that holds the GPU meanwhile."""
+    from freeride import tasks
+
+    def host_us_per_pair(h: Harvester) -> float:
+        with train:
+            spin_for((1,), (32,), (cp.uint64(OPENS_AHEAD * 200_000), cp.uint64(0)))
+            begin = time.perf_counter()
+            for _ in range(OPENS_AHEAD):
+                h.gate.close(stream=train)
+                spin_for((1,), (32,), (cp.uint64(KERNEL_NS), cp.uint64(0)))
+                h.gate.open(stream=train)
+            took = (time.perf_counter() - begin) * 1e6 / OPENS_AHEAD
+        train.synchronize()
+        return took
+
+    with Harvester("cuda:0") as h:
+        base = {"variant": "launch at open", "mechanism": h.gate.write_mechanism, "gate": "device"}
+        if not h.launches_at_opens:
+            return [{**base, "item_us": 0, "unavailable": "FREERIDE_LAUNCH_AT_OPEN=0"}]
+        idle = [host_us_per_pair(h) for _ in range(repeats)]
+        task = h.submit(tasks.Spin(items=2**40, ns_per_item=KERNEL_NS))
+        h.gate.open(stream="host")
+        deadline = time.monotonic() + 30
+        while task.items_done == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        before = h.launch_counts()
+        busy = [host_us_per_pair(h) for _ in range(repeats)]
+        after = h.launch_counts()
+        task.cancel()
+        h.gate.open(stream="host")
+    extra = [b - i for b, i in zip(busy, idle)]
+    row = _row(base, "launch at open host cost", extra)
+    row["opens_with_launch"] = after.at_opens - before.at_opens
+    row["opens"] = OPENS_AHEAD * repeats
+    return [row, _row(base, "close+open host cost, no task", idle)]
 
 
 def _row(

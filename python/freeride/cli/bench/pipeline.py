@@ -16,7 +16,11 @@ time.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -30,7 +34,58 @@ ITEM_US = 20
 AT_DEFAULT_PRIORITY = ", training at priority 0"
 
 
+# The hardware queues the GPU measurement runs under, each in a fresh process (the
+# variable is read when the CUDA context is made): the default, and one as Megatron-LM sets
+# it, where a side launch made only when the host sees an open would queue behind
+# everything training enqueued meanwhile.
+CONNECTIONS = (None, "1")
+_CHILD = "FREERIDE_BENCH_PIPELINE_CHILD"
+
+
 def measure(mode: str, quick: bool) -> dict:
+    if mode != "gpu" or os.environ.get(_CHILD):
+        return _measure_here(mode, quick)
+    runs = [_measure_in_child(quick, connections) for connections in CONNECTIONS]
+    rows = [row for run in runs for row in run["rows"]]
+    notes = [
+        f"{note} [connections={run['connections']}]" for run in runs for note in run["notes"][:1]
+    ]
+    return {
+        "rows": rows,
+        "settings": {**runs[0]["settings"], "connections": [run["connections"] for run in runs]},
+        "notes": notes + runs[0]["notes"][1:],
+    }
+
+
+def _measure_in_child(quick: bool, connections: str | None) -> dict:
+    """_measure_here in a fresh process with CUDA_DEVICE_MAX_CONNECTIONS as given; its
+    rows carry the setting."""
+    env = dict(os.environ, **{_CHILD: "1"})
+    env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+    if connections is not None:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = connections
+    code = (
+        "import json, sys; from freeride.cli.bench.pipeline import _measure_here; "
+        f"print('RESULT ' + json.dumps(_measure_here('gpu', {quick!r})))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(
+            f"the pipeline benchmark with CUDA_DEVICE_MAX_CONNECTIONS={connections} failed "
+            f"({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}"
+        )
+    result = json.loads(lines[-1][len("RESULT ") :])
+    shown = connections or "default"
+    result["connections"] = shown
+    for row in result["rows"]:
+        row["connections"] = shown
+    return result
+
+
+def _measure_here(mode: str, quick: bool) -> dict:
     schedule, stages, microbatches, stage = "1f1b", 4, 8, 1
     iters = 3 if quick else 20
     t_f_ms = 1.0 if quick else 4.0
@@ -44,8 +99,16 @@ def measure(mode: str, quick: bool) -> dict:
     )
     timeline = sim.ranks[stage]
     dev = _Device(mode)
-    with Harvester("cuda:0" if mode == "gpu" else "cpu", workers=1) as h:
-        variants = _variants(h, mode)
+    with contextlib.ExitStack() as stack:
+        h = stack.enter_context(Harvester("cuda:0" if mode == "gpu" else "cpu", workers=1))
+        seen = None
+        if mode == "gpu":
+            # The same side work with launches made only when the executor sees an open
+            # (FREERIDE_LAUNCH_AT_OPEN=0, read when a harvester is made): what launching at
+            # the opens buys, above all under one hardware queue.
+            with _environ(FREERIDE_LAUNCH_AT_OPEN="0"):
+                seen = stack.enter_context(Harvester("cuda:0", workers=1))
+        variants = _variants(h, mode, seen)
         idle = {name: side.idle_rate() for name, side in variants.items() if side is not None}
         times: dict[str, list[float]] = {name: [] for name in variants}
         items = dict.fromkeys(variants, 0)
@@ -57,9 +120,12 @@ def measure(mode: str, quick: bool) -> dict:
             side = variants[name]
             if side is not None:
                 side.start()
+            gate_of = side.h if side is not None else h
             with dev.training_stream(high=not name.endswith(AT_DEFAULT_PRIORITY)):
                 dev.sync()
-                elapsed, waited = _iteration(h, dev, timeline, gated=name.startswith("freeride"))
+                elapsed, waited = _iteration(
+                    gate_of, dev, timeline, gated=name.startswith("freeride")
+                )
             if side is not None:
                 items[name] += side.stop()
             times[name].append(elapsed)
@@ -164,7 +230,21 @@ class _Side:
             self._items += handle.items_done
 
 
-def _variants(h: Harvester, mode: str) -> dict[str, _Side | None]:
+@contextlib.contextmanager
+def _environ(**values: str) -> Any:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _variants(h: Harvester, mode: str, seen: Harvester | None = None) -> dict[str, _Side | None]:
     gpu = mode == "gpu"
     rng = np.random.default_rng(0)
 
@@ -179,6 +259,8 @@ def _variants(h: Harvester, mode: str) -> dict[str, _Side | None]:
     (images,) = _buffers(gpu, (64, 3, 256, 256) if gpu else (2, 3, 32, 32), 1)
     out: dict[str, _Side | None] = {"baseline": None}
     out["freeride: spin"] = _Side(h, spin)
+    if seen is not None:
+        out["freeride: spin, launched when seen open"] = _Side(seen, spin)
     out["freeride: saxpy"] = _Side(h, lambda: tasks.Saxpy(1e-6, x, y))
     out["freeride: pagerank"] = _Side(
         h, lambda: tasks.PageRank(indptr, indices, iters=10_000 if gpu else 20)
