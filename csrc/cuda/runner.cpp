@@ -329,6 +329,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     uint64_t done = 0;
     uint32_t held = 0;
     int64_t duration_ns = -1;
+    bool broken = false;  // no end record from a task that follows the item protocol
   };
 
   // Whether a training thread's open may enqueue a launch now. Caller holds launch_mu_.
@@ -476,7 +477,8 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     } catch (const Abandoned&) {
       throw;  // still enqueued: ~CudaRunner leaks what it may write
     } catch (...) {
-      // A failed kernel leaves the context broken: nothing enqueued after it runs.
+      // A CUDA error (a kernel that faulted): the context is broken, nothing enqueued
+      // after it runs.
       std::lock_guard<std::mutex> lk(launch_mu_);
       for (const Launch& dead : pending_) s.release_mark(dead.start_mark);
       pending_.clear();
@@ -511,6 +513,15 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
         marks.start = 0;
       }
     }
+    if (end.broken) {
+      // This launch has ended; those enqueued after it still run (the executor takes
+      // them before the task fails, its memory still in use until then).
+      FR_THROW(RuntimeFailure,
+               task_->name() << ": a launch of phase " << phase_ << " ended without every "
+                             << "block leaving through freeride::for_each_item: the kernel "
+                                "must call freeride::for_each_item(ctx, ...) in every block and "
+                                "not return before it ends, or it would be relaunched for ever");
+    }
     check_protocol(end.done, end.held, l.n_items, marks.stale);
     return marks;
   }
@@ -540,8 +551,12 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
           const auto turn = s_->green_turn(green_);
           idle = stream_idle(stream_);
         }
+        // The next launch begins only once this one has completed, after its record was
+        // written: looked at before the record, so a record that arrived meanwhile is
+        // seen below, not taken for a missing one.
+        const bool next_began = !idle && started(l.number + 1);
         if (end_published(l.number)) return read_end(ring);
-        if (idle || started(l.number + 1)) return ended_without_record(l, idle);
+        if (idle || next_began) return ended_without_record(l, idle);
         next_query = now + kStreamQueryEvery;
       }
       if (now - started_wait < kEndSpin) {
@@ -592,18 +607,17 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   // Launch `l` ended without its end record: some block left without leave_launch (a
   // kernel that returned before for_each_item or left it early). For a task that follows
   // the item protocol that is a broken kernel, and relaunching it would repeat that for
-  // ever: it fails. Otherwise (the kernel-slicing baseline) its counts are read back, on
-  // the stream once idle, and its launch counters cleared there for their next launch.
+  // ever: it fails (finish_oldest). Otherwise (the kernel-slicing baseline) its counts
+  // are read back, on the stream once idle, and its launch counters cleared there for
+  // their next launch.
   LaunchEnd ended_without_record(const Launch& l, bool stream_is_idle) {
-    if (task_->follows_item_protocol()) {
-      FR_THROW(RuntimeFailure,
-               task_->name() << ": a launch of phase " << phase_ << " ended without every "
-                             << "block leaving through freeride::for_each_item: the kernel "
-                                "must call freeride::for_each_item(ctx, ...) in every block and "
-                                "not return before it ends, or it would be relaunched for ever");
+    if (task_->follows_item_protocol() || !stream_is_idle) {
+      // (Without the protocol and with later launches enqueued, nothing may be read back
+      // behind them: it fails too.)
+      LaunchEnd broken;
+      broken.broken = true;
+      return broken;
     }
-    FR_CHECK(stream_is_idle, task_->name() << ": a launch ended without its end record while "
-                                              "later launches were enqueued");
     return read_back(l.number % kLaunchRing);
   }
 
