@@ -24,6 +24,8 @@ void preload_image_kernels();
 void launch_gate_write(volatile unsigned int* gate, unsigned int value, void* stream);
 void launch_gate_wait(const volatile unsigned int* gate, const volatile unsigned int* stop,
                       void* stream);
+// One thread writes %globaltimer to `out` (mapped host memory) and fences system-wide.
+void launch_clock_stamp(volatile unsigned long long* out, void* stream);
 
 // Built-in tasks. Each enqueues one preemptible kernel for launch.ctx's phase.
 void launch_spin(const CudaLaunch& launch, uint64_t ns_per_item);

@@ -331,3 +331,55 @@ def test_process_exits_while_an_open_is_still_ahead_of_the_gpu():
         f"the process took {waited:.3f} s to exit with an open still ahead of the GPU "
         f"(waiting for the GPU takes {control:.3f} s): it waited for the GPU"
     )
+
+
+_FILL_SRC = r"""
+extern "C" __global__ void fill_for(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
+"""
+
+
+def test_a_launch_is_recorded_where_its_first_block_began():
+    """Review F12: a launch's start mark was an event recorded before its kernel, so a
+    launch whose blocks found every SM busy was drawn as starting when the stream reached
+    it, early by the wait. Its marks now come from its own %globaltimer times, placed on
+    the marks' timeline by the clock anchor. Every SM is held for 10 ms by a full grid on
+    another stream from 1 ms before a recorded iteration opens the gate (a launch at its
+    open): the side launch must be drawn starting about 9 ms into the bubble, not at its
+    start."""
+    cp = pytest.importorskip("cupy")
+    fill = cp.RawModule(code=_FILL_SRC).get_function("fill_for")
+    sms = fr.backend_info()["devices"][0]["sm_count"]
+    hold_ms = 10.0
+    other = cp.cuda.Stream(non_blocking=True)
+    train = torch.cuda.Stream()
+    with fr.Harvester("cuda:0", reserve=None) as h:
+        h.gate.close(stream="host")
+        task = h.submit(fr.tasks.Spin(items=2**40, ns_per_item=20_000))
+        time.sleep(0.05)
+        with torch.cuda.stream(train):
+            torch.cuda._sleep(50_000_000)  # ~25 ms: the host queues what follows first
+            reached = torch.cuda.Event()
+            reached.record()
+            other_torch = torch.cuda.ExternalStream(other.ptr)
+            other_torch.wait_event(reached)
+            with other:
+                # 16 blocks of 128 threads fill an SM's 2048 threads, from `reached` on.
+                fill((sms * 16,), (128,), (cp.uint64(int(hold_ms * 1e6)),))
+            torch.cuda._sleep(2_000_000)  # ~1 ms: the full grid holds every SM by the open
+            with h.iteration():
+                torch.cuda._sleep(60_000_000)  # ~30 ms of bubble
+        train.synchronize()
+        other.synchronize()
+        rep = h.report()
+        task.cancel()
+    bubble = rep.iterations[0].bubbles[0]
+    inside = [x for x in rep.launches if x.end_ns > bubble.start_ns]
+    assert inside, "no side launch was recorded in the bubble"
+    first = min(x.start_ns for x in inside)
+    late_ms = (first - bubble.start_ns) / 1e6
+    print(f"first side launch drawn {late_ms:.3f} ms into the bubble (SMs held {hold_ms} ms)")
+    assert late_ms > 0.5 * hold_ms, "the launch was drawn before its blocks could start"

@@ -162,6 +162,7 @@ class CudaBackend final : public Backend {
       std::lock_guard<std::mutex> lk(s.pool_mu);
       s.staging = s.words.acquire();
       s.zeros = s.words.acquire();
+      s.clock_slot = s.words.acquire();
     }
     if (s.green_side != nullptr) {
       kernels::preload_gate_kernels();  // a lazy load would synchronise the context mid-trial
@@ -196,6 +197,7 @@ class CudaBackend final : public Backend {
       s.gate_write = cuda_driver::GateWrite::kCopy;
     }
     kernels::preload_all();
+    s.anchor_clock();
   }
 
   ~CudaBackend() override {

@@ -13,6 +13,7 @@
 #include <shared_mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "check.hpp"
@@ -175,7 +176,6 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     {
       std::lock_guard<std::mutex> lk(launch_mu_);
       if (!pending_.empty()) idle = quietly_idle();
-      for (const Launch& l : pending_) s.release_mark(l.start_mark);
     }
     try {
       DeviceGuard guard(s.device);
@@ -318,7 +318,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     uint64_t number = 0;
     uint64_t epoch = 0;    // the phase it was enqueued for (epoch_ then)
     uint64_t n_items = 0;  // that phase's items
-    uint64_t start_mark = 0;
+    bool record = false;   // marks wanted
     uint32_t gate_seq = 0;  // the open it was enqueued at (or seen under)
     bool at_open = false;
   };
@@ -329,6 +329,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     uint64_t done = 0;
     uint32_t held = 0;
     int64_t duration_ns = -1;
+    uint64_t start_ns = 0;  // %globaltimer (with duration_ns >= 0)
     bool broken = false;  // no end record from a task that follows the item protocol
   };
 
@@ -389,9 +390,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     l.n_items = n_items_;
     l.gate_seq = seq;
     l.at_open = at_open;
-    // Before the kernel, on a stream whose previous work is this runner's own: it takes
-    // effect once that work and the open are done.
-    if (record) l.start_mark = s.mark(stream_);
+    l.record = record;
     fr_item_ctx ctx{};
     ctx.gate = s.gate.dev;
     ctx.state = state_;
@@ -412,7 +411,6 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
       FR_CUDA_CHECK(cudaGetLastError());
     } catch (...) {
       (void)cudaGetLastError();
-      s.release_mark(l.start_mark);
       if (s.stream_wait) drain_side();
       throw;
     }
@@ -480,7 +478,6 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
       // A CUDA error (a kernel that faulted): the context is broken, nothing enqueued
       // after it runs.
       std::lock_guard<std::mutex> lk(launch_mu_);
-      for (const Launch& dead : pending_) s.release_mark(dead.start_mark);
       pending_.clear();
       throw;
     }
@@ -488,7 +485,6 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     marks.admitted = true;
     marks.gate_seq = l.gate_seq;
     marks.at_open = l.at_open;
-    marks.start = l.start_mark;
     {
       std::lock_guard<std::mutex> lk(launch_mu_);
       pending_.pop_front();
@@ -501,17 +497,10 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
       // retiring now that its last block has written the record: microseconds.
       if (pending_.empty()) settle_locked();
     }
-    if (marks.start != 0) {
-      if (end.duration_ns >= 0) {
-        // The end is the start mark plus the kernel's own duration: the start mark is
-        // taken when the stream reaches the launch, its first block may start a little
-        // later (the launch's latency, or SMs still busy), so the launch is drawn that
-        // much early in the record.
-        marks.end = s.derive_mark(marks.start, end.duration_ns);
-      } else {
-        s.release_mark(marks.start);  // no end record: no times either
-        marks.start = 0;
-      }
+    if (l.record && end.duration_ns >= 0) {
+      // Where its first block began and its last block left (no end record: no times).
+      std::tie(marks.start, marks.end) =
+          s.launch_marks(end.start_ns, end.start_ns + static_cast<uint64_t>(end.duration_ns));
     }
     if (end.broken) {
       // This launch has ended; those enqueued after it still run (the executor takes
@@ -594,6 +583,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     const uint64_t start = std::atomic_ref<const unsigned long long>(e.start_ns).load();
     const uint64_t stop = std::atomic_ref<const unsigned long long>(e.end_ns).load();
     end.duration_ns = start != 0 && stop >= start ? static_cast<int64_t>(stop - start) : -1;
+    end.start_ns = start;
     return end;
   }
 

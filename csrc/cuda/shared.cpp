@@ -208,6 +208,10 @@ void CudaShared::launch_at_open(cudaStream_t stream, uint32_t seq) noexcept {
 uint64_t CudaShared::mark(cudaStream_t stream) {
   const RelaxedCaptureScope relaxed;  // beside a capture on another thread
   std::lock_guard<std::mutex> lk(marks_mu);
+  return mark_locked(stream);
+}
+
+uint64_t CudaShared::mark_locked(cudaStream_t stream) {
   cudaEvent_t ev = nullptr;
   if (free_events.empty()) {
     FR_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDefault));
@@ -230,6 +234,7 @@ uint64_t CudaShared::derive_mark(uint64_t base, int64_t offset_ns) {
   FR_ARG(marks.count(base) != 0, "unknown mark " << base);
   const uint64_t id = next_mark++;
   derived.emplace(id, std::make_pair(base, offset_ns));
+  ++bases[base];
   return id;
 }
 
@@ -253,7 +258,24 @@ int64_t CudaShared::elapsed_ns(uint64_t from_id, uint64_t to_id) {
 
 void CudaShared::release_mark(uint64_t id) noexcept {
   std::lock_guard<std::mutex> lk(marks_mu);
-  if (derived.erase(id) != 0) return;
+  release_locked(id);
+}
+
+void CudaShared::release_locked(uint64_t id) noexcept {
+  auto d = derived.find(id);
+  if (d != derived.end()) {
+    const uint64_t base = d->second.first;
+    derived.erase(d);
+    auto b = bases.find(base);
+    if (b != bases.end() && --b->second == 0) {
+      bases.erase(b);
+      // An anchor no longer current: it went on for the marks standing on it.
+      if (base != anchor.mark && base != pending_anchor.before) release_locked(base);
+    }
+    return;
+  }
+  // Derived marks still stand on it: it is released with the last of them.
+  if (bases.count(id) != 0 || id == anchor.mark || id == pending_anchor.before) return;
   auto it = marks.find(id);
   if (it == marks.end()) return;
   free_events.push_back(it->second);
@@ -266,6 +288,9 @@ void CudaShared::destroy_events() noexcept {
   for (cudaEvent_t ev : free_events) (void)cudaEventDestroy(ev);
   marks.clear();
   derived.clear();
+  bases.clear();
+  anchor = ClockAnchor{};
+  pending_anchor = PendingAnchor{};
   free_events.clear();
   (void)cudaGetLastError();
 }

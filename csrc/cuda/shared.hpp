@@ -297,14 +297,51 @@ struct CudaShared {
   const unsigned int* closes_dev() const { return gate.mirror_dev + kMirrorCloses; }
 
   // Marks: pooled timing events. Their ids are the executor's and Python's handles. A
-  // derived mark is another mark plus an offset measured on the device (a launch's end:
-  // its start mark plus the kernel's own %globaltimer duration), so that no event has to
-  // be recorded behind a kernel that may still run.
+  // derived mark is another mark plus an offset in nanoseconds (a launch's start and end:
+  // the clock anchor's mark plus where its first block began and its last block left on
+  // %globaltimer), so that no event has to be recorded for a launch at all, neither
+  // behind a kernel that may still run nor, for a launch at an open, by the training
+  // thread. A mark that derived marks stand on lives until the last of them is released.
   std::mutex marks_mu;
   std::unordered_map<uint64_t, cudaEvent_t> marks;
   std::unordered_map<uint64_t, std::pair<uint64_t, int64_t>> derived;  // id -> (mark, ns)
+  std::unordered_map<uint64_t, int> bases;  // mark -> derived marks standing on it
   std::vector<cudaEvent_t> free_events;
   uint64_t next_mark = 1;
+
+  // The clock anchor: where %globaltimer (the clock kernels read, which end records
+  // carry) stands on the marks' event timeline. A one-thread kernel on the control stream
+  // writes %globaltimer between two events; the stamp is placed halfway between them
+  // (at most half their distance off). Made when the backend starts, and made anew
+  // (without waiting: adopted once it has run, if its events are close enough) when
+  // launches end more than kReanchorNs from it, since a mark's elapsed time is a float of
+  // milliseconds and loses precision with distance. Guarded by marks_mu.
+  struct ClockAnchor {
+    uint64_t mark = 0;         // the event before the stamp; 0: none
+    uint64_t timer_ns = 0;     // the stamp
+    int64_t offset_ns = 0;     // the stamp's place after `mark`
+  };
+  struct PendingAnchor {
+    uint64_t before = 0;  // event marks around the stamp; 0: none enqueued
+    uint64_t after = 0;
+  };
+  ClockAnchor anchor;
+  PendingAnchor pending_anchor;
+  SlotPool::Slot clock_slot;  // the stamp's host word
+  static constexpr int64_t kReanchorNs = 1'000'000'000;
+  static constexpr int64_t kAnchorBracketNs = 50'000;  // a later anchor's events, at most
+
+  // The first anchor, waited for: at construction, on the idle control stream. Where it
+  // cannot be made (the stamp never ran within a second) launches get no marks.
+  void anchor_clock();
+  // Marks of a launch that ran from `start_ns` to `end_ns` on %globaltimer: (0, 0) without
+  // an anchor. Caller holds `life` shared with the device current.
+  std::pair<uint64_t, uint64_t> launch_marks(uint64_t start_ns, uint64_t end_ns);
+  // Caller holds marks_mu.
+  void enqueue_anchor_locked();
+  bool adopt_anchor_locked();
+  uint64_t mark_locked(cudaStream_t stream);
+  void release_locked(uint64_t id) noexcept;
 
   uint64_t mark(cudaStream_t stream);
 

@@ -31,11 +31,25 @@ __global__ void gate_wait_kernel(const volatile unsigned int* gate,
   }
 }
 
+// Writes %globaltimer to host-visible memory: where the device clock kernels read stands
+// against the marks' event timeline (CudaShared::anchor_clock).
+__global__ void clock_stamp_kernel(volatile unsigned long long* out) {
+  *out = globaltimer_ns();
+  __threadfence_system();
+}
+
 }  // namespace
 
 void preload_gate_kernels() {
   preload(gate_write_kernel);
   preload(gate_wait_kernel);
+  preload(clock_stamp_kernel);
+}
+
+void launch_clock_stamp(volatile unsigned long long* out, void* stream) {
+  FR_ARG(out != nullptr, "clock stamp: word must not be null");
+  clock_stamp_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(out);
+  FR_CUDA_CHECK(cudaGetLastError());
 }
 
 void preload_all() {
