@@ -131,7 +131,9 @@ class Backend {
   // computes. For waiters that already looked at the bubble `seq` and found nothing to
   // do in it: the executor after a launch that ran no item, the iterative runner after a
   // bubble without room for a step. (CUDA with FREERIDE_ADMISSION=poll: nothing rings,
-  // the wait lasts its timeout.)
+  // the wait lasts its timeout. CUDA also looks at the mirror every millisecond, and a
+  // mirror seen closed and then open again counts as a newer open: a CUDA graph's
+  // replayed opens repeat their captured numbers and ring nothing.)
   virtual bool wait_next_open(uint32_t seq, double timeout_s) const = 0;
   // Ends every wait_next_open() in progress and makes wait_open() look again: the
   // executor's submit, cancel and close, so that a wait for a new bubble does not hold

@@ -262,12 +262,32 @@ class CudaBackend final : public Backend {
                          [] { return false; }, [&] { return s.mirror() == FREERIDE_GATE_OPEN; });
   }
   // The mirror, then the number: an open writes its number first, so an open mirror
-  // read before a number that differs from `seq` belongs to a newer open.
+  // read before a number that differs from `seq` belongs to a newer open. An open
+  // replayed from a CUDA graph repeats the number it was captured with and rings nothing,
+  // so the wait also looks at the mirror every kAdmissionPoll, and a mirror seen closed
+  // and then open again is a new bubble too (one shorter than that is missed, and the
+  // wait lasts its timeout, as before). A ring that finds neither ends the wait (a
+  // submit, cancel or close: interrupt_waits).
   bool wait_next_open(uint32_t seq, double timeout_s) const override {
     const CudaShared& s = *s_;
-    return wait_for_ring(*s.gate.bell, timeout_s, [&] {
-      return s.mirror() == FREERIDE_GATE_OPEN && s.mirror_seq() != seq;
-    });
+    Doorbell& bell = *s.gate.bell;
+    const auto deadline = std::chrono::steady_clock::now() + clamp_timeout(timeout_s);
+    bool closed_seen = false;
+    while (true) {
+      const uint64_t seen = bell.rings();  // before the look: a ring in between counts
+      if (s.mirror() != FREERIDE_GATE_OPEN) {
+        closed_seen = true;
+      } else if (closed_seen || s.mirror_seq() != seq) {
+        return true;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) return false;
+      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
+      if (bell.wait_for(seen, std::min(kAdmissionPoll, left + std::chrono::microseconds(1))) !=
+          seen) {
+        return s.mirror() == FREERIDE_GATE_OPEN && (closed_seen || s.mirror_seq() != seq);
+      }
+    }
   }
 
   // The executor thread queries and synchronises events while training may be capturing
