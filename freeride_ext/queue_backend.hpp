@@ -40,6 +40,7 @@ struct QueuedLaunches {
   bool abandoned = false;
   std::string failure;  // the next run() throws it (see fail())
   bool failure_drops = true;
+  bool stop_fails = false;  // stop() throws, as a stop write does on a broken context
   uint64_t runs = 0;    // run() calls
   uint64_t stops = 0;   // stop() calls
 
@@ -131,6 +132,7 @@ class QueuedRunner final : public PhaseRunner {
 
   void stop() override {
     std::lock_guard<std::mutex> lk(q_->mu);
+    if (q_->stop_fails) throw RuntimeFailure("the stop write failed (test backend)");
     q_->stopped = true;
     ++q_->stops;
     q_->cv.notify_all();

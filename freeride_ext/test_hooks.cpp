@@ -69,6 +69,13 @@ void register_test_hooks(py::module_& m) {
                                std::lock_guard<std::mutex> lk(q.mu);
                                return q.abandoned;
                              })
+      .def(
+          "make_stop_fail",
+          [](QueuedLaunches& q) {
+            std::lock_guard<std::mutex> lk(q.mu);
+            q.stop_fails = true;
+          },
+          "From now on stop() throws, as a stop write does on a broken CUDA context.")
       .def_property_readonly("begun",
                              [](QueuedLaunches& q) {
                                std::lock_guard<std::mutex> lk(q.mu);

@@ -208,3 +208,20 @@ def test_close_abandons_nothing_without_launches_in_flight():
     assert ex.take_abandoned() == []
     assert not _C._testing.queue_abandoned_work(ex)
     assert _state(ex, task) == "cancelled"
+
+
+def test_close_joins_its_thread_when_the_stop_fails():
+    """Review F8: close() stopped the running task outside the code that makes it join its
+    thread and finish every task whatever fails, so a stop that threw (a sticky CUDA
+    error) left the thread running and the harvester half closed. Now close() joins, makes
+    every task final, and then raises the stop's error."""
+    ex = _C._testing.queue_executor()
+    task = ex.submit(_task(100), 0)
+    q = _launches(ex, 0)
+    wait_until(lambda: q.runs >= 1)  # the executor waits in run() for a launch
+    q.make_stop_fail()
+    with pytest.raises(RuntimeError, match="stop write failed"):
+        ex.close(0.3)
+    assert ex.closed
+    assert _state(ex, task) == "cancelled"
+    ex.close(0.3)  # idempotent: nothing left to raise
