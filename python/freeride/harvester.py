@@ -193,8 +193,10 @@ class Harvester:
         time_slice: CUDA only: seconds after which a side launch claims no further item
             and is relaunched (if the gate is still open), so that a device-wide
             synchronisation issued while the gate is open (torch.cuda.synchronize,
-            cudaFree, empty_cache) waits at most this long, and higher-priority tasks get
-            the GPU between launches. None: a launch runs until the gate closes.
+            cudaFree, empty_cache) waits at most this long. Once the host has enqueued
+            the close that ends the launch's bubble, a synchronisation waits for that close
+            anyway, and the launch runs on until it. None: a launch runs until the gate
+            closes.
 
     Use it as a context manager, or call close().
 
