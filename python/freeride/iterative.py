@@ -207,10 +207,11 @@ class IterativeRunner:
         # as far as this thread can tell: a second step in it has only what is left of it.
         self._bubble_seq: int | None = None
         self._bubble_seen_ns = 0
-        # This thread has seen the gate closed since that bubble opened: the next open is
-        # another bubble, whatever its number. Replays of a captured CUDA graph write the
-        # numbers of capture time again, so a number alone cannot tell bubbles apart.
-        self._left_bubble = False
+        # When this thread last saw the gate closed, since that bubble opened (None: it has
+        # not): the next open is another bubble, whatever its number. Replays of a captured
+        # CUDA graph write the numbers of capture time again, so a number alone cannot
+        # tell bubbles apart.
+        self._closed_seen_ns: int | None = None
         # Only where opens ring (the open watcher, the host backend) does a wait for one
         # end at the open; FREERIDE_ADMISSION=poll polls the mirror in the extension.
         self._rings = executor.admission != "poll"
@@ -464,20 +465,19 @@ class IterativeRunner:
         A bubble is new when its open carries a number other than the last one judged
         (eager training: every write has a new number, and its open rings), or when this
         thread saw the gate closed since (a replayed CUDA graph repeats the numbers it
-        was captured with and its opens ring nothing: they are noticed by a look at the
-        mirror after each sleep that no ring ended, at most _WAIT_S late). An open that
-        did not ring is counted from the last moment it was known not to have happened,
-        so a replayed bubble is never thought longer than it is."""
+        was captured with and its opens ring nothing: the close and the reopening are
+        noticed by a look at the mirror after each sleep, at most _WAIT_S late). An open
+        that did not ring is counted from the last moment it was known not to have
+        happened, so a replayed bubble is never thought longer than it is."""
         judged = False  # the bubble self._bubble_seq was judged here and had no room
         opened_after: int | None = None  # where the open seen next did not ring
-        closed_at = 0  # when a look last saw the gate closed
         while not handle._cancel and not self._closing:
             if not judged:
                 look = time.monotonic_ns()
                 if self._ex.gate_read() == GATE_OPEN:
                     seq = self._ex.gate_seq()
                     now = time.monotonic_ns()
-                    reopened = self._left_bubble and _REOPEN_IS_NEW_BUBBLE
+                    reopened = self._closed_seen_ns is not None and _REOPEN_IS_NEW_BUBBLE
                     if seq != self._bubble_seq or reopened:
                         self._new_bubble(seq, now if opened_after is None else opened_after)
                     opened_after = None
@@ -486,7 +486,7 @@ class IterativeRunner:
                         return None if self._preempted(handle) else seq
                     judged = True
                     continue
-                self._left_bubble, closed_at = True, look
+                self._closed_seen_ns = look
                 if not self._rings:
                     # Nothing rings: the extension polls the mirror, so an open is seen
                     # within microseconds.
@@ -506,19 +506,20 @@ class IterativeRunner:
                 continue
             look = time.monotonic_ns()
             if self._ex.gate_read() != GATE_OPEN:
-                self._left_bubble, closed_at = True, look
-            elif self._left_bubble and _REOPEN_IS_NEW_BUBBLE:
+                self._closed_seen_ns = look
+            elif self._closed_seen_ns is not None and _REOPEN_IS_NEW_BUBBLE:
                 # Open again after a close, with the number judged last: a replayed graph's
                 # open, which rang nothing. It took effect after the look that saw the
                 # gate closed.
-                judged, opened_after = False, closed_at
+                judged, opened_after = False, self._closed_seen_ns
                 continue
             if self._preempted(handle):
                 return None
         return None
 
     def _new_bubble(self, seq: int, opened_ns: int) -> None:
-        self._bubble_seq, self._bubble_seen_ns, self._left_bubble = seq, opened_ns, False
+        self._bubble_seq, self._bubble_seen_ns = seq, opened_ns
+        self._closed_seen_ns = None
         if self._recorder.recording:
             # A new bubble: learn from the iterations the device has finished.
             self._recorder.flush(block=False)
