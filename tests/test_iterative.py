@@ -7,6 +7,7 @@ import pytest
 
 import freeride as fr
 from conftest import os_threads, wait_until
+from freeride import _C
 
 LONG_S, SHORT_S, COMPUTE_S = 0.040, 0.002, 0.003
 
@@ -350,7 +351,8 @@ def _runner_with_no_room(h):
 def test_an_open_bubble_without_room_is_not_polled(host):
     """Property: while the gate stays open on a bubble a step does not fit, the runner
     judges that bubble once and then sleeps in the extension until a newer open, waking
-    only every few ms to look for cancel/close: no 50 us polling beside training."""
+    only every few ms to look for cancel/close (and at the mirror, for a close a graph
+    replay would not announce): no 50 us polling beside training."""
     handle, _, counting, judged = _runner_with_no_room(host)
     host.gate.open()
     wait_until(lambda: judged)
@@ -360,10 +362,12 @@ def test_an_open_bubble_without_room_is_not_polled(host):
     calls = dict(counting.calls)
     assert len(judged) == 1, f"one bubble judged {len(judged)} times"
     assert handle.items_done == 0
-    # One wait per _WAIT_S (2 ms) at most, nothing else; polling made thousands of calls.
+    # One wait per _WAIT_S (2 ms) at most, and one look at the mirror after each: polling
+    # made thousands of calls.
     waits = calls.get("gate_wait_next_open", 0)
     assert 0 < waits <= 0.5 / fr.iterative._WAIT_S * 1.5 + 10, calls
-    assert calls.get("gate_read", 0) <= 1 and calls.get("gate_seq", 0) <= 1, calls
+    assert calls.get("gate_read", 0) <= waits + 1 and calls.get("gate_seq", 0) <= 1, calls
+    assert set(calls) <= {"gate_wait_next_open", "gate_read", "gate_seq"}, calls
     # The runner thread's own CPU time over those 0.5 s: sleeping, not spinning.
     cpu = counting.cpu_last - (cpu_before if cpu_before is not None else counting.cpu_first)
     assert cpu < 0.1, f"runner thread used {cpu:.3f} s of CPU in 0.5 s"
@@ -406,3 +410,85 @@ def test_cancel_and_close_are_prompt_while_waiting_in_a_bubble_without_room():
         h.close()
         assert time.monotonic() - start < 0.5
         assert other.state == "cancelled"
+
+
+REPLAY_BUBBLE_S, REPLAY_COMPUTE_S, REPLAYS = 0.040, 0.010, 12
+
+
+def _replay_steps(h, task, handle):
+    """Records 3 iterations (one compute action, then a 40 ms bubble: slot 1), then plays
+    REPLAYS replays of that compute action and bubble the way a replayed CUDA graph writes
+    the gate: the numbers of the eager iteration's close and open, again and again.
+    Returns, for each replayed bubble, the steps that started in it, the steps that
+    started while the gate was closed, and the bubbles the runner took for new ones."""
+    for _ in range(3):
+        with h.iteration():
+            with h.compute(label="F"):
+                time.sleep(REPLAY_COMPUTE_S)
+            time.sleep(REPLAY_BUBBLE_S)
+    # The last iteration wrote: open (slot 0), close, open (slot 1), close (its end).
+    close_seq, open_seq = h.gate.seq - 2, h.gate.seq - 1
+    assert h.gate.slot_of(open_seq) == 1 and h.gate.slot_of(close_seq) is None
+    h.bubble_stats()  # resolves the record: slot 1's length is predicted
+    predicted = h._recorder.predicted_slot_ns(1)
+    assert predicted is not None and predicted >= 0.8 * REPLAY_BUBBLE_S * 1e9
+    assert handle.step_ns is not None, "no step measured in the eager iterations"
+
+    runner = h._iterative
+    new_bubbles = []
+    real_new_bubble = runner._new_bubble
+
+    def counted(seq, opened_ns):
+        new_bubbles.append(seq)
+        real_new_bubble(seq, opened_ns)
+
+    runner._new_bubble = counted
+    first = len(task.starts)
+    opens, closed = [], []
+    closed_at = time.monotonic_ns()
+    for _ in range(REPLAYS):
+        h._ex.gate_write(_C.GATE_CLOSED, _C.IMMEDIATE, close_seq)
+        closed_at = time.monotonic_ns()
+        time.sleep(REPLAY_COMPUTE_S)
+        opened_at = time.monotonic_ns()
+        h._ex.gate_write(_C.GATE_OPEN, _C.IMMEDIATE, open_seq)
+        closed.append((closed_at, opened_at))
+        time.sleep(REPLAY_BUBBLE_S)
+        opens.append((opened_at, time.monotonic_ns()))
+    h._ex.gate_write(_C.GATE_CLOSED, _C.IMMEDIATE, close_seq)
+    time.sleep(0.02)  # a step in flight ends
+    runner._new_bubble = real_new_bubble
+    starts = task.starts[first:]
+    per_bubble = [sum(s <= t < e for t in starts) for s, e in opens]
+    # The close that ends a bubble is written after `e`: a start racing it counts there.
+    in_closed = sum(any(s < t < e for s, e in closed) for t in starts)
+    return per_bubble, in_closed, [seq for seq in new_bubbles if seq == open_seq]
+
+
+def test_steps_keep_running_across_graph_replays(host):
+    """F10. Property: when the gate is written with repeating sequence numbers (a replayed
+    CUDA graph writes the numbers of capture time every time), the runner still takes
+    each reopening for a new bubble and steps where the step fits the slot's predicted
+    length; it never starts a step while the gate is closed, and never takes one bubble
+    for several."""
+    task = Stepper(step_s=0.004)
+    handle = host.submit(task)
+    per_bubble, in_closed, new_bubbles = _replay_steps(host, task, handle)
+    handle.cancel()
+    assert handle.state == "cancelled", handle.state
+    # Every replayed bubble has room for several steps; allow a loaded machine a few misses.
+    assert sum(n > 0 for n in per_bubble) >= REPLAYS - 2, per_bubble
+    assert in_closed <= handle.overruns, (in_closed, handle.overruns)
+    assert len(new_bubbles) <= REPLAYS, "one bubble taken for several"
+
+
+def test_without_noticing_reopens_the_runner_starves_across_replays(host, monkeypatch):
+    """Negative control for the test above: judged by sequence number alone (before the
+    F10 fix), the replayed bubbles all look like the one last judged, whose time ran out:
+    after the first replays, no step starts."""
+    monkeypatch.setattr(fr.iterative, "_REOPEN_IS_NEW_BUBBLE", False)
+    task = Stepper(step_s=0.004)
+    handle = host.submit(task)
+    per_bubble, _, _ = _replay_steps(host, task, handle)
+    handle.cancel()
+    assert sum(per_bubble[2:]) == 0, per_bubble

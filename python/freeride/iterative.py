@@ -43,8 +43,14 @@ _RECENT_STEPS = 3
 # bubble once every this many such bubbles, instead of waiting forever.
 _REMEASURE_EVERY = 8
 # Longest sleep in the extension (GIL released) while waiting for a bubble, between
-# checks for cancel, close and a more urgent task: what bounds how late they are noticed.
+# checks for cancel, close and a more urgent task: what bounds how late they are noticed,
+# and how late an open that rings nothing (a graph replay's) is noticed.
 _WAIT_S = 2e-3
+_WAIT_NS = int(_WAIT_S * 1e9)
+# Whether an open seen after the gate was seen closed is a new bubble even when it carries
+# the number of the bubble judged last (what a replayed CUDA graph writes). Tests turn it
+# off to show the runner starving across replays without it.
+_REOPEN_IS_NEW_BUBBLE = True
 # How long close() waits for a running step before abandoning it.
 CLOSE_TIMEOUT_S = 5.0
 
@@ -197,10 +203,18 @@ class IterativeRunner:
         self._seq = itertools.count()
         self._closing = False
         self._reserved = 0
-        # The bubble (gate sequence number) this thread last looked at, and when it first
-        # saw it open: a second step in the same bubble has only what is left of it.
+        # The bubble (gate sequence number) this thread last looked at, and when it opened
+        # as far as this thread can tell: a second step in it has only what is left of it.
         self._bubble_seq: int | None = None
         self._bubble_seen_ns = 0
+        # When this thread last saw the gate closed, since that bubble opened (None: it has
+        # not): the next open is another bubble, whatever its number. Replays of a captured
+        # CUDA graph write the numbers of capture time again, so a number alone cannot
+        # tell bubbles apart.
+        self._closed_seen_ns: int | None = None
+        # Only where opens ring (the open watcher, the host backend) does a wait for one
+        # end at the open; FREERIDE_ADMISSION=poll polls the mirror in the extension.
+        self._rings = executor.admission != "poll"
         # Set here when torch is already loaded, else by the runner's thread before the
         # first setup(); only that thread writes it afterwards.
         self._stream: Any = None
@@ -445,34 +459,70 @@ class IterativeRunner:
         Each bubble is judged once: within a bubble the answer only gets worse (less of
         it is left, and the prediction it is judged against is learnt from finished
         iterations, not from this one), so a bubble without room is slept through in the
-        extension until a newer open, not polled. Every sleep is at most _WAIT_S, so
-        cancel(), close() and a more urgent task are noticed within that."""
-        no_room: int | None = None  # the open bubble found without room for a step
+        extension until the next one, not polled. Every sleep is at most _WAIT_S, so
+        cancel(), close() and a more urgent task are noticed within that.
+
+        A bubble is new when its open carries a number other than the last one judged
+        (eager training: every write has a new number, and its open rings), or when this
+        thread saw the gate closed since (a replayed CUDA graph repeats the numbers it
+        was captured with and its opens ring nothing: the close and the reopening are
+        noticed by a look at the mirror after each sleep, at most _WAIT_S late). An open
+        that did not ring is counted from the last moment it was known not to have
+        happened, so a replayed bubble is never thought longer than it is."""
+        judged = False  # the bubble self._bubble_seq was judged here and had no room
+        opened_after: int | None = None  # where the open seen next did not ring
         while not handle._cancel and not self._closing:
-            if no_room is not None:
-                # Never woken by the closes in between: nothing runs here during compute.
-                if self._ex.gate_wait_next_open(no_room, _WAIT_S):
-                    no_room = None
-                elif self._preempted(handle):
-                    return None
+            if not judged:
+                look = time.monotonic_ns()
+                if self._ex.gate_read() == GATE_OPEN:
+                    seq = self._ex.gate_seq()
+                    now = time.monotonic_ns()
+                    reopened = self._closed_seen_ns is not None and _REOPEN_IS_NEW_BUBBLE
+                    if seq != self._bubble_seq or reopened:
+                        self._new_bubble(seq, now if opened_after is None else opened_after)
+                    opened_after = None
+                    if self._fits(handle, seq, now - self._bubble_seen_ns):
+                        # A more urgent task submitted meanwhile gets this bubble instead.
+                        return None if self._preempted(handle) else seq
+                    judged = True
+                    continue
+                self._closed_seen_ns = look
+                if not self._rings:
+                    # Nothing rings: the extension polls the mirror, so an open is seen
+                    # within microseconds.
+                    if not self._ex.gate_wait_open(_WAIT_S) and self._preempted(handle):
+                        return None
+                    continue
+            # Sleep until a newer open rings. Never woken by closes, so nothing runs here
+            # during compute while training runs eagerly.
+            last = self._bubble_seq if self._bubble_seq is not None else self._ex.gate_seq()
+            since = time.monotonic_ns()
+            if self._ex.gate_wait_next_open(last, _WAIT_S):
+                # Ended early: by the open's ring, at the open (or by an interrupt from a
+                # submit or cancel). At its end: an open that rang nothing, some time
+                # after the wait began.
+                rang = time.monotonic_ns() - since < _WAIT_NS
+                judged, opened_after = False, None if rang else since
                 continue
+            look = time.monotonic_ns()
             if self._ex.gate_read() != GATE_OPEN:
-                # Closed: sleep in the extension (GIL released, woken by the open) rather
-                # than poll beside the training thread; an open is looked at at once.
-                if not self._ex.gate_wait_open(_WAIT_S) and self._preempted(handle):
-                    return None
+                self._closed_seen_ns = look
+            elif self._closed_seen_ns is not None and _REOPEN_IS_NEW_BUBBLE:
+                # Open again after a close, with the number judged last: a replayed graph's
+                # open, which rang nothing. It took effect after the look that saw the
+                # gate closed.
+                judged, opened_after = False, self._closed_seen_ns
                 continue
-            seq = self._ex.gate_seq()
-            if seq != self._bubble_seq:
-                self._bubble_seq, self._bubble_seen_ns = seq, time.monotonic_ns()
-                if self._recorder.recording:
-                    # A new bubble: learn from the iterations the device has finished.
-                    self._recorder.flush(block=False)
-            if self._fits(handle, seq, time.monotonic_ns() - self._bubble_seen_ns):
-                # A more urgent task submitted meanwhile gets this bubble instead.
-                return None if self._preempted(handle) else seq
-            no_room = seq
+            if self._preempted(handle):
+                return None
         return None
+
+    def _new_bubble(self, seq: int, opened_ns: int) -> None:
+        self._bubble_seq, self._bubble_seen_ns = seq, opened_ns
+        self._closed_seen_ns = None
+        if self._recorder.recording:
+            # A new bubble: learn from the iterations the device has finished.
+            self._recorder.flush(block=False)
 
     def _fits(self, handle: IterativeHandle, seq: int, elapsed_ns: int) -> bool:
         recorder = self._recorder

@@ -28,7 +28,7 @@ class Agent(Serving):
     """One per rank; its thread reads the rank's box."""
 
     def __init__(self, harvester: Any, rank: int, outbox: Outbox, inbox: Inbox) -> None:
-        super().__init__("freeride-jobqueue")
+        super().__init__("freeride-jobqueue", cuda=harvester.backend == "cuda")
         self._h = harvester
         self.rank = rank
         self._out = outbox

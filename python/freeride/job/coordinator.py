@@ -46,7 +46,8 @@ class _Placed:
 
 class Coordinator(Serving):
     """Rank `ranks[0]`'s placement loop. `outbox` sends to agents and clients; `inbox`
-    reads "fr-coord"."""
+    reads "fr-coord". `cuda`: this rank's harvester is on a GPU, so the thread is relaxed
+    for graph capture (unpickling a spec whose arguments hold CUDA tensors allocates)."""
 
     def __init__(
         self,
@@ -55,8 +56,9 @@ class Coordinator(Serving):
         inbox: Inbox,
         ranks: list[int],
         rank_timeout: float,
+        cuda: bool = False,
     ) -> None:
-        super().__init__("freeride-jobqueue-coord")
+        super().__init__("freeride-jobqueue-coord", cuda=cuda)
         self._policy = policy
         self._out = outbox
         self._inbox = inbox

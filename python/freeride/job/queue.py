@@ -30,6 +30,7 @@ from datetime import timedelta
 from typing import Any
 
 from .. import _shutdown
+from .._C import _relax_capture_mode
 from .._checks import check_count, check_float
 from ..errors import HarvesterClosedError, RankLostError
 from . import files, mailbox
@@ -84,6 +85,7 @@ class JobQueue:
         if harvester.closed:
             raise HarvesterClosedError("the harvester is closed")
         self._h = harvester
+        self._cuda = harvester.backend == "cuda"
         self._policy = Policy(check_count(depth, "depth", 1, 1024))
         timeout = check_float(timeout, "timeout")
         self._rank_timeout = check_float(rank_timeout, "rank_timeout")
@@ -137,7 +139,7 @@ class JobQueue:
                 mailbox.connect(host, port, timeout), secret, m.COORD, gap_s=_GAP_S
             )
             self._coordinator = Coordinator(
-                self._policy, self._out, coord_inbox, ranks, self._rank_timeout
+                self._policy, self._out, coord_inbox, ranks, self._rank_timeout, cuda=self._cuda
             )
         self._ids = 0
         self._lock = threading.Lock()
@@ -382,6 +384,11 @@ class JobQueue:
     def _beat_loop(self) -> None:
         """Every 100 ms: raises this rank's beat counter (its liveness) and sends its
         stats; watches the leader's counter to notice a lost leader."""
+        if self._cuda:
+            # Each beat reads the bubble record (CUDA event timings) while training may be
+            # capturing a CUDA graph on its own thread: in the default (global) capture
+            # mode that call from this thread would invalidate the capture.
+            _relax_capture_mode()
         is_leader = self._rank == self._leader
         leader_beat = m.beat_key(self._leader)
         last_value, last_change = -1, time.monotonic()

@@ -8,6 +8,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from .._C import _relax_capture_mode
+
 log = logging.getLogger("freeride.job")
 
 
@@ -15,13 +17,19 @@ class Serving:
     """A daemon thread that calls `step()` until stopped: again at once while a step was
     busy, else after a pause that doubles from 1 ms up to `max_idle`. A step that raises
     is logged (the first time) and the thread keeps serving: one fault, one malformed
-    message or one store hiccup never ends it."""
+    message or one store hiccup never ends it. With `cuda` (a rank whose harvester is on a
+    GPU), the thread puts itself into relaxed CUDA graph capture mode first."""
 
     def __init__(
-        self, name: str, step: Callable[[], bool] | None = None, max_idle: float = 0.01
+        self,
+        name: str,
+        step: Callable[[], bool] | None = None,
+        max_idle: float = 0.01,
+        cuda: bool = False,
     ) -> None:
         if step is not None:
             self.step = step  # type: ignore[method-assign]
+        self._cuda = cuda
         self._max_idle = max_idle
         self._stop = threading.Event()
         self._failures = 0
@@ -50,6 +58,12 @@ class Serving:
         return not self._thread.is_alive()
 
     def _serve(self) -> None:
+        if self._cuda:
+            # Steps reach CUDA (bubble stats read event timings; building and submitting a
+            # task allocates and records events) while training may be capturing a CUDA
+            # graph on its own thread: in the default (global) capture mode any of those
+            # calls from this thread would invalidate that capture.
+            _relax_capture_mode()
         idle = 0.001
         while not self._stop.is_set():
             try:
