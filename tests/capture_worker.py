@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -81,24 +80,11 @@ def capture_and_replay(
 
 
 def run_worker(mode: str, args: dict | None = None, timeout: float = 300.0) -> dict:
-    """Runs MODE in a fresh Python process and returns its RESULT dict; fails the calling
-    test, with the child's output, if it does not finish in time or prints no result."""
-    import pytest
+    """Runs MODE of this file in a fresh Python process (gpu_worker.run_worker) and
+    returns its RESULT dict."""
+    from gpu_worker import run_worker as run
 
-    cmd = [sys.executable, os.path.join(HERE, "capture_worker.py"), mode, json.dumps(args or {})]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or "") + (exc.stderr or "")
-        out = out.decode() if isinstance(out, bytes) else out
-        pytest.fail(f"capture_worker {mode} did not finish within {timeout} s:\n{out[-4000:]}")
-    out = proc.stdout + proc.stderr
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
-    if proc.returncode != 0 or not lines:
-        pytest.fail(f"capture_worker {mode} exited with {proc.returncode}:\n{out[-4000:]}")
-    result = json.loads(lines[-1][len(RESULT) :])
-    print(f"capture_worker {mode} args={args}: {json.dumps(result)}")
-    return result
+    return run(mode, args, timeout=timeout, worker="capture_worker.py")
 
 
 # -- modes (in the child) --------------------------------------------------------------------

@@ -31,8 +31,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # -- helpers for the tests -------------------------------------------------------------------
 
 
-def run_worker(mode: str, args: dict | None = None, env: dict | None = None, timeout=120.0):
-    """Runs MODE in a fresh Python process with `env` added to this environment (and
+def run_worker(
+    mode: str,
+    args: dict | None = None,
+    env: dict | None = None,
+    timeout=120.0,
+    worker: str = "gpu_worker.py",
+):
+    """Runs MODE of `worker` (a file of this folder that dispatches its modes as this one
+    does) in a fresh Python process with `env` added to this environment (and
     CUDA_DEVICE_MAX_CONNECTIONS, FREERIDE_ADMISSION and FREERIDE_GATE_WRITE removed unless
     given), and returns its RESULT dict. Fails the calling test, with the child's output,
     if the child does not finish within `timeout` seconds or exits without a result."""
@@ -43,20 +50,20 @@ def run_worker(mode: str, args: dict | None = None, env: dict | None = None, tim
         child_env.pop(key, None)
     child_env.update({k: str(v) for k, v in (env or {}).items()})
     child_env["PYTHONFAULTHANDLER"] = "1"
-    cmd = [sys.executable, os.path.join(HERE, "gpu_worker.py"), mode, json.dumps(args or {})]
+    cmd = [sys.executable, os.path.join(HERE, worker), mode, json.dumps(args or {})]
     try:
         proc = subprocess.run(
             cmd, env=child_env, capture_output=True, text=True, timeout=timeout, check=False
         )
     except subprocess.TimeoutExpired as e:
         out = _text(e.stdout) + _text(e.stderr)
-        pytest.fail(f"gpu_worker {mode} {env} did not finish within {timeout} s:\n{out[-4000:]}")
+        pytest.fail(f"{worker} {mode} {env} did not finish within {timeout} s:\n{out[-4000:]}")
     out = proc.stdout + proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
     if proc.returncode != 0 or not lines:
-        pytest.fail(f"gpu_worker {mode} {env} exited with {proc.returncode}:\n{out[-4000:]}")
+        pytest.fail(f"{worker} {mode} {env} exited with {proc.returncode}:\n{out[-4000:]}")
     result = json.loads(lines[-1][len(RESULT) :])
-    print(f"gpu_worker {mode} env={env} args={args}: {json.dumps(result)}")
+    print(f"{worker} {mode} env={env} args={args}: {json.dumps(result)}")
     return result
 
 

@@ -7,11 +7,12 @@ number in the output is a number that was measured in this run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -137,6 +138,22 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.2f}"
     return str(value)
+
+
+@contextlib.contextmanager
+def environ(**values: str) -> Iterator[None]:
+    """The environment with `values` set for the block, as it was after: for settings a
+    harvester reads when it is made (FREERIDE_GATE_WRITE, FREERIDE_LAUNCH_AT_OPEN, ...)."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def percentiles(values_us: list[float]) -> dict[str, float]:

@@ -21,13 +21,12 @@ the new value. The difference covers the kernel's retirement, the write and the 
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 from freeride import Harvester
 
-from . import DEVICE_CLOCK_SRC, percentiles
+from . import DEVICE_CLOCK_SRC, environ, percentiles
 
 MECHANISMS = ("batch", "memop", "copy", "kernel")
 # (gate write mechanism, admission): every mechanism as by default, and batch polling.
@@ -74,11 +73,8 @@ def measure(quick: bool) -> dict:
     repeats = 5 if quick else 40
     trials = 30 if quick else 300
     rows: list[dict[str, Any]] = []
-    saved = {k: os.environ.get(k) for k in ("FREERIDE_GATE_WRITE", "FREERIDE_ADMISSION")}
-    try:
-        for mechanism, admission in CONFIGS:
-            os.environ["FREERIDE_GATE_WRITE"] = mechanism
-            os.environ["FREERIDE_ADMISSION"] = admission
+    for mechanism, admission in CONFIGS:
+        with environ(FREERIDE_GATE_WRITE=mechanism, FREERIDE_ADMISSION=admission):
             for placement, host_gate in PLACEMENTS:
                 with Harvester("cuda:0", gate_in_host_memory=host_gate) as h:
                     used = h.gate.write_mechanism
@@ -115,12 +111,6 @@ def measure(quick: bool) -> dict:
                     if seen_close:
                         rows.append(_row(base, "close visibility", seen_close, missed))
                         rows.append(_row(base, "open visibility", seen_open, missed))
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     rows += _launch_at_open_rows(cp, train, spin_for, repeats)
     return {
         "rows": rows,

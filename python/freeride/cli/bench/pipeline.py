@@ -30,6 +30,8 @@ import numpy as np
 
 from freeride import Harvester, simulate, tasks
 
+from . import environ
+
 ITEM_US = 20
 AT_DEFAULT_PRIORITY = ", training at priority 0"
 
@@ -106,7 +108,7 @@ def _measure_here(mode: str, quick: bool) -> dict:
             # The same side work with launches made only when the executor sees an open
             # (FREERIDE_LAUNCH_AT_OPEN=0, read when a harvester is made): what launching at
             # the opens buys, above all under one hardware queue.
-            with _environ(FREERIDE_LAUNCH_AT_OPEN="0"):
+            with environ(FREERIDE_LAUNCH_AT_OPEN="0"):
                 seen = stack.enter_context(Harvester("cuda:0", workers=1))
         variants = _variants(h, mode, seen)
         idle = {name: side.idle_rate() for name, side in variants.items() if side is not None}
@@ -228,20 +230,6 @@ class _Side:
                     handle.cancel()
                     break
             self._items += handle.items_done
-
-
-@contextlib.contextmanager
-def _environ(**values: str) -> Any:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _variants(h: Harvester, mode: str, seen: Harvester | None = None) -> dict[str, _Side | None]:
