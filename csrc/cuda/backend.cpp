@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "backend.hpp"
+#include "capture_mode.hpp"
 #include "check.hpp"
 #include "cuda/admission.hpp"
 #include "cuda/device_guard.hpp"
@@ -391,6 +392,8 @@ class CudaBackend final : public Backend {
     if (s.shut_down) return;
     s.shut_down = true;
     DeviceGuard guard(s.device);
+    // Whichever thread closes (a user's, the SIGTERM closer), beside a capture elsewhere.
+    const RelaxedCaptureScope relaxed;
     // Side launches have ended (the executor took every end) unless some were abandoned;
     // stop-word writes still pending on control land before the pools may be freed. Each
     // wait is bounded: a stream that does not drain in time (one hardware queue stalled
