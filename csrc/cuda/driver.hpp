@@ -3,12 +3,23 @@
 // runtime, so the extension still imports (and reports "no CUDA") on a machine without
 // a driver. <cuda.h> is included for types and constants only: nothing here may call a
 // cu* symbol directly, or the link would need libcuda.
+//
+// Toolkits: CUDA 12.5 or later (cmake/FreerideCudaFloor.cmake says why). Entry points are
+// asked for by the CUDA version that introduced the ABI each PFN_*_vNNNNN type names, so
+// what a pointer means does not depend on the toolkit, and a driver older than that
+// version answers "not sufficient": each Api member below is then null. The minimum
+// driver is the runtime's (CUDA minor version compatibility: r525 for a 12.x build, r580
+// for 13.x); newer entry points (green contexts, kernel parameter sizes) are optional.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include <cudaTypedefs.h>
+
+#if CUDA_VERSION < 12050
+#error "freeride needs CUDA 12.5 or later: see cmake/FreerideCudaFloor.cmake"
+#endif
 
 namespace freeride::cuda_driver {
 

@@ -11,8 +11,8 @@ namespace freeride::cuda {
 void CudaShared::try_green_context(int reserved_wanted, int least_priority) {
   const cuda_driver::Api& a = cuda_driver::api();
   if (!a.has_green_contexts()) {
-    reserve_fallback = "the driver offers no green contexts (CUDA 12.5 or later needed): " +
-                       a.green_error;
+    reserve_fallback = "the driver offers no green contexts (a CUDA 12.5 driver, r555, or "
+                       "later needed): " + a.green_error;
     return;
   }
   auto failed = [&](const char* call, int res) {
@@ -24,16 +24,22 @@ void CudaShared::try_green_context(int reserved_wanted, int least_priority) {
   CUdevResource all{};
   res = a.device_get_dev_resource(dev, &all, CU_DEV_RESOURCE_TYPE_SM);
   if (res != CUDA_SUCCESS) return failed("cuDeviceGetDevResource", res);
-  // Drivers before CUDA 13 leave the partition rules zero: plan_green_context applies
-  // their documented guideline then.
+  // The partition rules: CUDA 13 headers have the fields, and drivers before CUDA 13
+  // leave them zero. A 12.x build cannot read them at all. Zero either way means
+  // plan_green_context applies the documented guideline for the compute capability.
+  int min_partition = 0;
+  int alignment = 0;
+#if CUDA_VERSION >= 13000
+  min_partition = static_cast<int>(all.sm.minSmPartitionSize);
+  alignment = static_cast<int>(all.sm.smCoscheduledAlignment);
+#endif
   int major = 0;
   int minor = 0;
   FR_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   FR_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   const int total = static_cast<int>(all.sm.smCount);
-  const GreenContextStep plan = plan_green_context(
-      total, reserved_wanted, static_cast<int>(all.sm.minSmPartitionSize),
-      static_cast<int>(all.sm.smCoscheduledAlignment), major * 10 + minor, device);
+  const GreenContextStep plan = plan_green_context(total, reserved_wanted, min_partition,
+                                                   alignment, major * 10 + minor, device);
   FR_ARG(plan.action != GreenContextStep::Action::kRefuse, plan.message);
   if (plan.action != GreenContextStep::Action::kAsk) {
     reserve_fallback = plan.message;
