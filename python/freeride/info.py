@@ -45,6 +45,11 @@ def backend_info() -> dict[str, Any]:
     return info
 
 
+# The oldest CUDA toolkit the CUDA backend builds with (cmake/FreerideCudaFloor.cmake says
+# why; tests/test_cuda_toolkits.py checks the two agree).
+CUDA_TOOLKIT_FLOOR = "12.5"
+
+
 def include_dir() -> str:
     """Folder holding freeride/preempt.cuh, for compiling user kernels
     (``-I`` + this path, then ``#include <freeride/preempt.cuh>``)."""
