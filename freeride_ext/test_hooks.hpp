@@ -6,7 +6,8 @@
 
 namespace freeride_ext {
 
-// Adds the submodule `_testing` to `m`: Latch, submit_after_latch, items_see_gate_closed.
+// Adds the submodule `_testing` to `m`: Latch, submit_after_latch, items_see_gate_closed,
+// FakeWatcher.
 void register_test_hooks(pybind11::module_& m);
 
 }  // namespace freeride_ext

@@ -77,6 +77,7 @@ const Api& api() {
       resolve("cuFuncGetAttribute", 2020, &a.func_get_attribute, &a.kernel_error);
       resolve("cuFuncSetAttribute", 9000, &a.func_set_attribute, &a.kernel_error);
       resolve("cuFuncGetParamInfo", 12040, &a.func_get_param_info, &a.kernel_error);
+      resolve("cuEventSynchronize", 2000, &a.event_synchronize, &a.error);
       resolve("cuDeviceGetDevResource", 12040, &a.device_get_dev_resource, &a.green_error);
       resolve("cuDevSmResourceSplitByCount", 12040, &a.sm_resource_split_by_count,
               &a.green_error);

@@ -38,6 +38,8 @@ struct Api {
   PFN_cuFuncGetAttribute_v2020 func_get_attribute = nullptr;
   PFN_cuFuncSetAttribute_v9000 func_set_attribute = nullptr;
   PFN_cuFuncGetParamInfo_v12040 func_get_param_info = nullptr;  // null before CUDA 12.4
+  // The open watcher's wait (cuda/open_watcher.cpp): in the driver, not the runtime.
+  PFN_cuEventSynchronize_v2000 event_synchronize = nullptr;
   // Green contexts (Reserve(mechanism="green-context")): 12.4 drivers have the context
   // calls, the stream inside one needs 12.5, so a driver before 12.5 has none of it.
   PFN_cuDeviceGetDevResource_v12040 device_get_dev_resource = nullptr;
