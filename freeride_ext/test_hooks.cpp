@@ -18,6 +18,7 @@
 #include "doorbell.hpp"
 #include "executor.hpp"
 #include "latch_dependency.hpp"
+#include "test_switches.hpp"
 
 namespace py = pybind11;
 
@@ -127,6 +128,10 @@ void register_test_hooks(py::module_& m) {
       py::arg("executor"), py::arg("on"),
       "Host backend: items see the gate closed while admission sees it open (the CUDA "
       "race of a stale open mirror over a closed gate).");
+
+  t.def("fail_green_preload", &freeride::test_switches::set_fail_green_preload, py::arg("on"),
+        "CUDA backends made from now on fail to load the built-in kernels into their green "
+        "context (and fall back to the occupancy cap).");
 
   py::class_<FakeWatcher>(t, "FakeWatcher",
                           "An open watcher (csrc/cuda/open_watcher.hpp) with fake events: "

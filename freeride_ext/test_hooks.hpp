@@ -7,7 +7,7 @@
 namespace freeride_ext {
 
 // Adds the submodule `_testing` to `m`: Latch, submit_after_latch, items_see_gate_closed,
-// FakeWatcher.
+// fail_green_preload, FakeWatcher.
 void register_test_hooks(pybind11::module_& m);
 
 }  // namespace freeride_ext

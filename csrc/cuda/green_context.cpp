@@ -5,6 +5,7 @@
 
 #include "cuda/green_context_plan.hpp"
 #include "cuda/shared.hpp"
+#include "test_switches.hpp"
 
 namespace freeride::cuda {
 
@@ -157,27 +158,41 @@ void CudaShared::try_green_stream() {
 }
 
 void CudaShared::preload_in_green_context() {
-  const cuda_driver::Api& a = cuda_driver::api();
-  if (a.ctx_from_green_ctx == nullptr || a.ctx_get_current == nullptr ||
-      a.ctx_set_current == nullptr) {
-    return;
-  }
+  const cuda_driver::Api& a = cuda_driver::api();  // has_green_contexts(): all three there
+  std::string failed;
+  auto give_up = [&](const char* call, int res) {
+    failed = std::string(call) + " failed: " + cuda_driver::error_name(res);
+  };
   CUcontext green_ctx = nullptr;
   CUcontext previous = nullptr;
-  if (a.ctx_from_green_ctx(&green_ctx, green) != CUDA_SUCCESS ||
-      a.ctx_get_current(&previous) != CUDA_SUCCESS ||
-      a.ctx_set_current(green_ctx) != CUDA_SUCCESS) {
-    return;
+  int res = a.ctx_from_green_ctx(&green_ctx, green);
+  if (res != CUDA_SUCCESS) {
+    give_up("cuCtxFromGreenCtx", res);
+  } else if ((res = a.ctx_get_current(&previous)) != CUDA_SUCCESS) {
+    give_up("cuCtxGetCurrent", res);
+  } else if ((res = a.ctx_set_current(green_ctx)) != CUDA_SUCCESS) {
+    give_up("cuCtxSetCurrent", res);
+  } else {
+    try {
+      if (test_switches::fail_green_preload()) {
+        FR_THROW(RuntimeFailure, "forced by freeride._C._testing.fail_green_preload");
+      }
+      kernels::preload_all();
+    } catch (const std::exception& e) {
+      failed = e.what();
+    }
+    (void)a.ctx_set_current(previous);
   }
-  std::exception_ptr error;
-  try {
-    kernels::preload_all();
-  } catch (...) {
-    error = std::current_exception();
-  }
-  (void)a.ctx_set_current(previous);
   (void)cudaGetLastError();
-  if (error) std::rethrow_exception(error);
+  if (failed.empty()) return;
+  // A green context the built-in kernels cannot be loaded into would fail, or load lazily
+  // (synchronising the context mid-training), at every task's first launch there: the
+  // occupancy cap serves every task instead, and says why.
+  destroy_green();
+  (void)cudaGetLastError();
+  green_sms = 0;
+  reserve_mechanism = "occupancy-cap";
+  reserve_fallback = "preload in the green context failed: " + failed;
 }
 
 }  // namespace freeride::cuda
