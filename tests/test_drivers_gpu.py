@@ -4,8 +4,10 @@ parts are in test_device_fallback.py and test_open_watcher.py).
 FREERIDE_DRIVER_API_MAX=<CUDA_VERSION> makes the CUDA backend treat every driver entry
 point newer than that version as missing, as a driver of that version would (read once
 per process, so each case runs in a child): 12040 is a CUDA 12.4 driver (r550: green
-contexts but no stream in one), 12030 one without cuFuncGetParamInfo. A test hook forces
-the one failure no driver version selects: loading the built-in kernels into the green
+contexts but no stream in one), 12030 one without cuFuncGetParamInfo.
+FREERIDE_DRIVER_HIDE=<names> takes single entry points away (the gate writes' batch and
+stream memory operations, which every driver freeride runs on has). A test hook forces
+the one failure no entry point selects: loading the built-in kernels into the green
 context (F6). Each checks that the harvester still does its work and says what it fell
 back to and why, beside a control without the switch.
 """
@@ -48,7 +50,8 @@ _HARVEST = textwrap.dedent(
 
 
 def _child(script: str, env: dict | None = None, timeout: float = 180) -> dict:
-    child_env = {k: v for k, v in os.environ.items() if k != "FREERIDE_DRIVER_API_MAX"}
+    switches = ("FREERIDE_DRIVER_API_MAX", "FREERIDE_DRIVER_HIDE", "FREERIDE_GATE_WRITE")
+    child_env = {k: v for k, v in os.environ.items() if k not in switches}
     child_env.update(env or {})
     proc = subprocess.run(
         [sys.executable, "-c", script],
@@ -88,6 +91,59 @@ def test_a_driver_without_green_context_streams_falls_back_to_the_occupancy_cap(
     assert "cuGreenCtxStreamCreate: the driver is older than CUDA 12.5" in old["fallback"]
     assert "FREERIDE_DRIVER_API_MAX=12040" in old["fallback"]
     assert old["info_fallback"] == old["fallback"]
+
+
+# The gate written in stream order on a training stream by whatever mechanism the driver
+# leaves: side work waits while it is closed and runs once it opens.
+_GATE = textwrap.dedent(
+    """
+    import json, time
+    import torch
+    import freeride as fr
+    with fr.Harvester("cuda:0") as h:
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            h.gate.close()
+        s.synchronize()
+        t = h.submit(fr.tasks.ItemCounter(20_000, phases=2))
+        time.sleep(0.2)
+        while_closed = t.items_done
+        with torch.cuda.stream(s):
+            h.gate.open()
+        counts = t.result(60)
+        dev = fr.backend_info()["devices"][0]
+        print("RESULT " + json.dumps({
+            "mechanism": h.gate.write_mechanism,
+            "info": dev["gate_write"],
+            "stream_mem_ops": dev["stream_mem_ops"],
+            "while_closed": while_closed,
+            "counts": [int(counts.counts.min()), int(counts.counts.max())],
+            "violations": int(counts.violations),
+        }))
+    """
+)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("hide", "expected"),
+    [("cuStreamBatchMemOp", "memop"), ("cuStreamWriteValue32", "copy")],
+    ids=["no-batch", "no-memops"],
+)
+def test_gate_writes_fall_back_where_the_driver_lacks_the_entry_point(hide, expected):
+    """batch falls back to memop without cuStreamBatchMemOp, memop to copy without the
+    stream memory operations (no driver freeride runs on lacks them: FREERIDE_DRIVER_HIDE
+    takes them away). The gate still holds side work while closed. Control: batch."""
+    pytest.importorskip("torch")
+    control = _child(_GATE)
+    assert control["mechanism"] == control["info"] == "batch", control
+    assert control["while_closed"] == 0
+    _every_item_once(control)
+    old = _child(_GATE, {"FREERIDE_DRIVER_HIDE": hide})
+    assert old["mechanism"] == old["info"] == expected, old
+    assert old["stream_mem_ops"] is (expected == "memop")
+    assert old["while_closed"] == 0
+    _every_item_once(old)
 
 
 _RAW = textwrap.dedent(

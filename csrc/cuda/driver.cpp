@@ -14,6 +14,8 @@ namespace {
 
 // Entry points newer than this count as missing (FREERIDE_DRIVER_API_MAX); 0: none hidden.
 int g_api_max = 0;
+// Entry points named here count as missing (FREERIDE_DRIVER_HIDE): ",name,name,".
+std::string g_hide;
 
 // cudaEnableLegacyStream: a stream handle of 0 must mean the legacy default stream, as it
 // does for PyTorch and CuPy, not the per-thread default stream.
@@ -23,8 +25,11 @@ void resolve(const char* symbol, unsigned int version, Fn* out, std::string* err
   cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
   cudaError_t err = cudaSuccess;
   const bool hidden = g_api_max > 0 && version > static_cast<unsigned int>(g_api_max);
+  const bool named = g_hide.find("," + std::string(symbol) + ",") != std::string::npos;
   if (hidden) {
     status = cudaDriverEntryPointVersionNotSufficent;  // what an older driver answers
+  } else if (named) {
+    status = cudaDriverEntryPointSymbolNotFound;
   } else {
     err = cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableLegacyStream,
                                            &status);
@@ -46,6 +51,7 @@ void resolve(const char* symbol, unsigned int version, Fn* out, std::string* err
     if (hidden) os << " (FREERIDE_DRIVER_API_MAX=" << g_api_max << ")";
   } else {
     os << "not found in the driver";
+    if (named) os << " (FREERIDE_DRIVER_HIDE)";
   }
   if (!error->empty()) *error += "; ";
   *error += os.str();
@@ -65,6 +71,9 @@ const Api& api() {
   std::call_once(g_api_once, [] {
     Api a;
     g_api_max = driver_api_max_from_env();
+    if (const char* hide = std::getenv("FREERIDE_DRIVER_HIDE")) {
+      g_hide = "," + std::string(hide) + ",";
+    }
     try {
       resolve("cuStreamWriteValue32", 11070, &a.stream_write_value32, &a.error);
       resolve("cuStreamWaitValue32", 11070, &a.stream_wait_value32, &a.error);

@@ -75,7 +75,10 @@ struct Api {
 // once per process) makes every entry point newer than that CUDA version count as missing,
 // as on an older driver: the fallbacks of older drivers are then reachable on a new one
 // (tests force them so). A value that is not a CUDA version number is ignored here; the
-// Python API refuses it before a harvester is made.
+// Python API refuses it before a harvester is made. FREERIDE_DRIVER_HIDE (comma-separated
+// names, e.g. cuStreamBatchMemOp) does the same for the entry points it names: for the
+// fallbacks no driver freeride runs on selects by its version (every r525+ driver has the
+// stream memory operations and their batch).
 const Api& api();
 
 // FREERIDE_DRIVER_API_MAX as the number CUDA_VERSION writes (12040 for CUDA 12.4), 0 where
