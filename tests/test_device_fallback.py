@@ -107,13 +107,16 @@ def test_a_driver_older_than_the_runtime_is_named_with_what_is_needed(fresh):
     assert "The NVIDIA driver 535.104.05 supports CUDA 12.2." in text
     assert "built with the CUDA 13.0 runtime, which needs an NVIDIA driver r580 or newer" in text
     assert "install an NVIDIA driver r580 or newer" in text
-    assert f"CUDA {info.CUDA_TOOLKIT_FLOOR}+ toolkit that this driver supports" in text
+    assert f"a CUDA 12.x toolkit ({info.CUDA_TOOLKIT_FLOOR} or later)" in text
+    assert "runs on r525+ drivers" in text
     assert "FREERIDE_CUDA=1" in text and "device='cpu'" in text
 
 
 def test_a_cuda_12_build_names_its_own_driver_floor():
     text = info.gpu_unused({**OLD_DRIVER, "runtime_version": 12050, "driver_version": 11080}, 1)
     assert "built with the CUDA 12.5 runtime, which needs an NVIDIA driver r525 or newer" in text
+    assert "install an NVIDIA driver r525 or newer;" in text
+    assert "CUDA 12.x toolkit" not in text  # no older build to fall back to
 
 
 def test_an_old_driver_warns_without_torch(fresh):
@@ -146,7 +149,8 @@ def test_a_host_build_on_a_gpu_machine_says_to_rebuild(fresh):
     text = str(warning.message)
     assert "The NVIDIA driver 580.65.06 is loaded." in text
     assert "has no CUDA backend" in text
-    assert "FREERIDE_CUDA=1" in text
+    assert f"CUDA {info.CUDA_TOOLKIT_FLOOR}+ toolkit whose runtime this driver runs" in text
+    assert "(12.x: r525+, 13.x: r580+;" in text and "FREERIDE_CUDA=1" in text
 
 
 @pytest.mark.skipif(HAS_GPU, reason="the host backend is what auto picks only without a GPU")

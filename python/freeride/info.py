@@ -120,13 +120,14 @@ def gpu_unused(
     if driver > 0 or kernel_driver:
         supports = f" supports CUDA {_cuda_version(driver)}" if driver > 0 else " is loaded"
         parts.append(f"The NVIDIA driver{f' {kernel_driver}' if kernel_driver else ''}{supports}.")
-    rebuild = (
-        f"build freeride with a CUDA {CUDA_TOOLKIT_FLOOR}+ toolkit that this driver supports "
-        "(its nvcc on PATH, then FREERIDE_CUDA=1 pip install . from a clone)"
-    )
+    how = "its nvcc on PATH, then FREERIDE_CUDA=1 pip install . from a clone"
     if not info.get("cuda_built"):
         parts.append("This build of freeride has no CUDA backend (no nvcc when it was built).")
-        todo = rebuild
+        drivers = ", ".join(f"{v}.x: {b}+" for v, b in sorted(_DRIVER_FOR_RUNTIME.items()))
+        todo = (
+            f"build freeride with a CUDA {CUDA_TOOLKIT_FLOOR}+ toolkit whose runtime this "
+            f"driver runs ({drivers}; {how})"
+        )
     else:
         runtime = int(info.get("runtime_version") or 0)
         major = runtime // 1000
@@ -137,7 +138,12 @@ def gpu_unused(
             f"needs an NVIDIA {needs}; its CUDA backend says: {info.get('reason') or error}."
         )
         if error == "cudaErrorInsufficientDriver":
-            todo = f"install an NVIDIA {needs}, or {rebuild}"
+            todo = f"install an NVIDIA {needs}"
+            if major > 12:  # a 12.x build runs on older drivers
+                todo += (
+                    f", or build freeride with a CUDA 12.x toolkit ({CUDA_TOOLKIT_FLOOR} or "
+                    f"later), whose runtime runs on {_DRIVER_FOR_RUNTIME[12]}+ drivers ({how})"
+                )
         else:
             todo = "fix what the CUDA backend says"
     parts.append(
