@@ -24,8 +24,8 @@ function(freeride_check_cuda_floor version)
       "freeride needs CUDA ${FREERIDE_CUDA_FLOOR} or later, found CUDA ${version}: "
       "cudaGetDriverEntryPointByVersion and cuGreenCtxStreamCreate are new in 12.5 "
       "(cmake/FreerideCudaFloor.cmake says why). Put a CUDA ${FREERIDE_CUDA_FLOOR}+ nvcc "
-      "on PATH (any toolkit your driver supports: 12.x needs an r525+ driver, 13.x r580+), "
-      "or build without the CUDA backend: FREERIDE_CUDA=0.")
+      "on PATH (a 12.x build runs on r525+ drivers, a 13.x build needs r580+), or build "
+      "without the CUDA backend: FREERIDE_CUDA=0.")
   endif()
 endfunction()
 
