@@ -65,8 +65,9 @@ Registry& registry() {
 // - The wait is cuEventSynchronize through the driver's entry point (cuda_wait), not
 //   cudaEventSynchronize: the thread sleeps in libcuda, not in the static runtime, whose
 //   teardown frees the runtime's own state, which a thread inside the runtime's call
-//   would still use. libcuda itself stays mapped until the process ends (the runtime
-//   opens it with dlopen, torch's and NCCL's runtimes hold it too).
+//   would still use. libcuda is assumed to stay loaded until the process ends: the
+//   runtime loads it with dlopen (so do torch's and NCCL's), and glibc unmaps a library
+//   only at its last dlclose.
 // - Once the flag is set the thread makes no CUDA call: its events are left to the
 //   process's end rather than destroyed, and flag and destruction are both under the
 //   state's mutex, so no destruction runs beside the runtime's teardown. The thread
@@ -75,9 +76,11 @@ Registry& registry() {
 // - What is not guaranteed: the runtime's teardown releases the primary context, and
 //   where that was the last reference (no torch in the process) the context is destroyed
 //   while the thread sleeps on one of its events. cuCtxDestroy leaves concurrent calls to
-//   the caller; the driver's usual answer is an error (CUDA_ERROR_DEINITIALIZED) from the
-//   wait, after which the thread leaves, or no answer before exit_group. The handler this
-//   one replaced left the thread in the same place after waiting 2 s for it.
+//   the caller, so what the wait then does is the driver's: return an error (the thread
+//   then leaves, as above) or sleep on until exit_group. The handler this one replaced
+//   left the thread in the same place after waiting 2 s for it. Neither this nor the
+//   assumption above has been seen on a GPU yet (tests/test_gpu.py's exit test is the
+//   check).
 void end_watchers_at_exit() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
