@@ -58,6 +58,7 @@ void query_cuda(BackendInfo& info) {
     // last error.
     (void)cudaGetLastError();
     info.reason = no_device_reason(err, info.driver_version, info.runtime_version);
+    info.cuda_error = cudaGetErrorName(err);
     return;
   }
   if (count <= 0) {

@@ -25,6 +25,9 @@ struct BackendInfo {
   int driver_version = 0;      // 0 where no driver is installed
   std::vector<DeviceInfo> devices;
   std::string reason;          // why cuda is false, when it is
+  // The CUDA runtime's name for the error that made CUDA unusable ("" otherwise), e.g.
+  // cudaErrorInsufficientDriver: a driver older than the runtime freeride was built with.
+  std::string cuda_error;
 };
 
 BackendInfo query_backend_info();

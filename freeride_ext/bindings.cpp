@@ -56,6 +56,7 @@ py::dict backend_info() {
   out["driver_version"] = info.driver_version;
   out["devices"] = devices;
   out["reason"] = info.reason;
+  out["cuda_error"] = info.cuda_error;
   return out;
 }
 

@@ -3,18 +3,101 @@
 // FREERIDE_TEST_HOOKS=1 at import (tests/conftest.py sets it).
 #include "test_hooks.hpp"
 
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <utility>
 
 #include "backend.hpp"
 #include "check.hpp"
+#include "cuda/open_watcher.hpp"
+#include "doorbell.hpp"
 #include "executor.hpp"
 #include "latch_dependency.hpp"
 #include "queue_backend.hpp"
+#include "test_switches.hpp"
 
 namespace py = pybind11;
 
 namespace freeride_ext {
+namespace {
+
+// The open watcher with fake events, whose waits end only when the test releases them:
+// its queue, thread and exit handling run as with CUDA's, on any machine. One set of
+// counters per process (the events' calls carry no context); leaked, because a watcher
+// thread may still be inside a wait when the process exits.
+struct FakeEvents {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t made = 0;
+  uint64_t waits = 0;     // waits begun
+  uint64_t released = 0;  // the first `released` waits may end
+};
+
+FakeEvents& fake_events() {
+  static auto* f = new FakeEvents();
+  return *f;
+}
+
+const freeride::WatcherEvents& fake_watcher_events() {
+  static const freeride::WatcherEvents events{
+      [](int) {},
+      [](void** event, std::string*) {
+        FakeEvents& f = fake_events();
+        std::lock_guard<std::mutex> lk(f.mu);
+        *event = reinterpret_cast<void*>(static_cast<uintptr_t>(++f.made));
+        return true;
+      },
+      [](void*, void*) { return true; },
+      [](void*) {
+        FakeEvents& f = fake_events();
+        std::unique_lock<std::mutex> lk(f.mu);
+        const uint64_t ticket = ++f.waits;
+        f.cv.notify_all();
+        f.cv.wait(lk, [&] { return f.released >= ticket; });
+      },
+      [](void*) {}};
+  return events;
+}
+
+class FakeWatcher {
+ public:
+  FakeWatcher()
+      : bell_(new freeride::Doorbell()),  // leaked: the thread may ring it after this ends
+        watcher_(std::make_unique<freeride::OpenWatcher>(0, fake_watcher_events())) {}
+
+  bool ring_after() { return watcher_->ring_after(nullptr, bell_); }
+  uint64_t rings() const { return bell_->rings(); }
+
+  // Whether `count` waits (of this process's fake watchers) have begun within `timeout_s`.
+  static bool waits_begun(uint64_t count, double timeout_s) {
+    FakeEvents& f = fake_events();
+    std::unique_lock<std::mutex> lk(f.mu);
+    return f.cv.wait_for(lk, freeride::clamp_timeout(timeout_s),
+                         [&] { return f.waits >= count; });
+  }
+  // Lets the first `count` waits end.
+  static void release(uint64_t count) {
+    FakeEvents& f = fake_events();
+    {
+      std::lock_guard<std::mutex> lk(f.mu);
+      f.released = std::max(f.released, count);
+    }
+    f.cv.notify_all();
+  }
+  // Retires the watcher, as a backend's shutdown does.
+  void retire() { watcher_.reset(); }
+
+ private:
+  freeride::Doorbell* bell_;
+  std::unique_ptr<freeride::OpenWatcher> watcher_;
+};
+
+}  // namespace
 
 void register_test_hooks(py::module_& m) {
   using freeride::Executor;
@@ -119,6 +202,21 @@ void register_test_hooks(py::module_& m) {
       py::arg("executor"), py::arg("on"),
       "Host backend: items see the gate closed while admission sees it open (the CUDA "
       "race of a stale open mirror over a closed gate).");
+
+  t.def("fail_green_preload", &freeride::test_switches::set_fail_green_preload, py::arg("on"),
+        "CUDA backends made from now on fail to load the built-in kernels into their green "
+        "context (and fall back to the occupancy cap).");
+
+  py::class_<FakeWatcher>(t, "FakeWatcher",
+                          "An open watcher (csrc/cuda/open_watcher.hpp) with fake events: "
+                          "each wait ends only once release() lets it.")
+      .def(py::init<>())
+      .def("ring_after", &FakeWatcher::ring_after, "Queues one fake event; rings once it ends.")
+      .def("rings", &FakeWatcher::rings)
+      .def("retire", &FakeWatcher::retire, py::call_guard<py::gil_scoped_release>())
+      .def_static("waits_begun", &FakeWatcher::waits_begun, py::arg("count"),
+                  py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
+      .def_static("release", &FakeWatcher::release, py::arg("count"));
 }
 
 }  // namespace freeride_ext

@@ -167,8 +167,8 @@ class CudaBackend final : public Backend {
     }
     if (s.green_side != nullptr) {
       kernels::preload_gate_kernels();  // a lazy load would synchronise the context mid-trial
-      s.preload_in_green_context();
-      s.try_green_stream();
+      s.try_green_stream();  // first: it decides whether the green context stays
+      if (s.green_side != nullptr) s.preload_in_green_context();  // falls back on failure
     }
     cuda_driver::record_reserve_mechanism(device, {s.reserve_mechanism, s.reserve_fallback});
     // Fail (and allocate pinned memory) now rather than in a training hook: copies of a

@@ -12,14 +12,28 @@
 namespace freeride::cuda_driver {
 namespace {
 
+// Entry points newer than this count as missing (FREERIDE_DRIVER_API_MAX); 0: none hidden.
+int g_api_max = 0;
+// Entry points named here count as missing (FREERIDE_DRIVER_HIDE): ",name,name,".
+std::string g_hide;
+
 // cudaEnableLegacyStream: a stream handle of 0 must mean the legacy default stream, as it
 // does for PyTorch and CuPy, not the per-thread default stream.
 template <typename Fn>
 void resolve(const char* symbol, unsigned int version, Fn* out, std::string* error) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-  const cudaError_t err =
-      cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableLegacyStream, &status);
+  cudaError_t err = cudaSuccess;
+  const bool hidden = g_api_max > 0 && version > static_cast<unsigned int>(g_api_max);
+  const bool named = g_hide.find("," + std::string(symbol) + ",") != std::string::npos;
+  if (hidden) {
+    status = cudaDriverEntryPointVersionNotSufficent;  // what an older driver answers
+  } else if (named) {
+    status = cudaDriverEntryPointSymbolNotFound;
+  } else {
+    err = cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableLegacyStream,
+                                           &status);
+  }
   if (err == cudaSuccess && status == cudaDriverEntryPointSuccess && fn != nullptr) {
     *out = reinterpret_cast<Fn>(fn);
     return;
@@ -34,8 +48,10 @@ void resolve(const char* symbol, unsigned int version, Fn* out, std::string* err
     os << cudaGetErrorName(err) << " (" << cudaGetErrorString(err) << ")";
   } else if (status == cudaDriverEntryPointVersionNotSufficent) {
     os << "the driver is older than CUDA " << version / 1000 << "." << (version % 1000) / 10;
+    if (hidden) os << " (FREERIDE_DRIVER_API_MAX=" << g_api_max << ")";
   } else {
     os << "not found in the driver";
+    if (named) os << " (FREERIDE_DRIVER_HIDE)";
   }
   if (!error->empty()) *error += "; ";
   *error += os.str();
@@ -54,6 +70,10 @@ std::map<int, ReserveRecord> g_reserve;  // device -> the last backend's reserve
 const Api& api() {
   std::call_once(g_api_once, [] {
     Api a;
+    g_api_max = driver_api_max_from_env();
+    if (const char* hide = std::getenv("FREERIDE_DRIVER_HIDE")) {
+      g_hide = "," + std::string(hide) + ",";
+    }
     try {
       resolve("cuStreamWriteValue32", 11070, &a.stream_write_value32, &a.error);
       resolve("cuStreamWaitValue32", 11070, &a.stream_wait_value32, &a.error);
@@ -66,6 +86,7 @@ const Api& api() {
       resolve("cuFuncGetAttribute", 2020, &a.func_get_attribute, &a.kernel_error);
       resolve("cuFuncSetAttribute", 9000, &a.func_set_attribute, &a.kernel_error);
       resolve("cuFuncGetParamInfo", 12040, &a.func_get_param_info, &a.kernel_error);
+      resolve("cuEventSynchronize", 2000, &a.event_synchronize, &a.error);
       resolve("cuDeviceGetDevResource", 12040, &a.device_get_dev_resource, &a.green_error);
       resolve("cuDevSmResourceSplitByCount", 12040, &a.sm_resource_split_by_count,
               &a.green_error);
@@ -74,16 +95,26 @@ const Api& api() {
       resolve("cuGreenCtxDestroy", 12040, &a.green_ctx_destroy, &a.green_error);
       resolve("cuGreenCtxStreamCreate", 12050, &a.green_ctx_stream_create, &a.green_error);
       resolve("cuStreamDestroy", 4000, &a.stream_destroy, &a.green_error);
-      std::string optional;  // the green context works without these (no preload)
-      resolve("cuCtxFromGreenCtx", 12040, &a.ctx_from_green_ctx, &optional);
-      resolve("cuCtxGetCurrent", 4000, &a.ctx_get_current, &optional);
-      resolve("cuCtxSetCurrent", 4000, &a.ctx_set_current, &optional);
+      resolve("cuCtxFromGreenCtx", 12040, &a.ctx_from_green_ctx, &a.green_error);
+      resolve("cuCtxGetCurrent", 4000, &a.ctx_get_current, &a.green_error);
+      resolve("cuCtxSetCurrent", 4000, &a.ctx_set_current, &a.green_error);
     } catch (...) {
       // Only std::string growth can throw here; keep whatever resolved.
     }
     g_api = std::move(a);
   });
   return g_api;
+}
+
+int driver_api_max_from_env() {
+  const char* v = std::getenv("FREERIDE_DRIVER_API_MAX");
+  if (v == nullptr || v[0] == '\0') return 0;
+  long value = 0;
+  for (const char* c = v; *c != '\0'; ++c) {
+    if (*c < '0' || *c > '9' || value > 1000000) return 0;
+    value = value * 10 + (*c - '0');
+  }
+  return static_cast<int>(value);
 }
 
 bool memops_disabled_by_env() {

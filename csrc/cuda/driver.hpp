@@ -3,12 +3,23 @@
 // runtime, so the extension still imports (and reports "no CUDA") on a machine without
 // a driver. <cuda.h> is included for types and constants only: nothing here may call a
 // cu* symbol directly, or the link would need libcuda.
+//
+// Toolkits: CUDA 12.5 or later (cmake/FreerideCudaFloor.cmake says why). Entry points are
+// asked for by the CUDA version that introduced the ABI each PFN_*_vNNNNN type names, so
+// what a pointer means does not depend on the toolkit, and a driver older than that
+// version answers "not sufficient": each Api member below is then null. The minimum
+// driver is the runtime's (CUDA minor version compatibility: r525 for a 12.x build, r580
+// for 13.x); newer entry points (green contexts, kernel parameter sizes) are optional.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include <cudaTypedefs.h>
+
+#if CUDA_VERSION < 12050
+#error "freeride needs CUDA 12.5 or later: see cmake/FreerideCudaFloor.cmake"
+#endif
 
 namespace freeride::cuda_driver {
 
@@ -27,8 +38,10 @@ struct Api {
   PFN_cuFuncGetAttribute_v2020 func_get_attribute = nullptr;
   PFN_cuFuncSetAttribute_v9000 func_set_attribute = nullptr;
   PFN_cuFuncGetParamInfo_v12040 func_get_param_info = nullptr;  // null before CUDA 12.4
+  // The open watcher's wait (cuda/open_watcher.cpp): in the driver, not the runtime.
+  PFN_cuEventSynchronize_v2000 event_synchronize = nullptr;
   // Green contexts (Reserve(mechanism="green-context")): 12.4 drivers have the context
-  // calls, the stream inside one needs 12.5.
+  // calls, the stream inside one needs 12.5, so a driver before 12.5 has none of it.
   PFN_cuDeviceGetDevResource_v12040 device_get_dev_resource = nullptr;
   PFN_cuDevSmResourceSplitByCount_v12040 sm_resource_split_by_count = nullptr;
   PFN_cuDevResourceGenerateDesc_v12040 resource_generate_desc = nullptr;
@@ -36,7 +49,7 @@ struct Api {
   PFN_cuGreenCtxDestroy_v12040 green_ctx_destroy = nullptr;
   PFN_cuGreenCtxStreamCreate_v12050 green_ctx_stream_create = nullptr;
   PFN_cuStreamDestroy_v4000 stream_destroy = nullptr;
-  // Preloading the built-in kernels into a green context (optional: null where missing).
+  // Loading the built-in kernels into a green context when the harvester is made.
   PFN_cuCtxFromGreenCtx_v12040 ctx_from_green_ctx = nullptr;
   PFN_cuCtxGetCurrent_v4000 ctx_get_current = nullptr;
   PFN_cuCtxSetCurrent_v4000 ctx_set_current = nullptr;
@@ -52,12 +65,25 @@ struct Api {
     return device_get != nullptr && device_get_dev_resource != nullptr &&
            sm_resource_split_by_count != nullptr && resource_generate_desc != nullptr &&
            green_ctx_create != nullptr && green_ctx_destroy != nullptr &&
-           green_ctx_stream_create != nullptr && stream_destroy != nullptr;
+           green_ctx_stream_create != nullptr && stream_destroy != nullptr &&
+           ctx_from_green_ctx != nullptr && ctx_get_current != nullptr &&
+           ctx_set_current != nullptr;
   }
 };
 
-// Thread-safe, resolves on first use; never throws.
+// Thread-safe, resolves on first use; never throws. FREERIDE_DRIVER_API_MAX (read then,
+// once per process) makes every entry point newer than that CUDA version count as missing,
+// as on an older driver: the fallbacks of older drivers are then reachable on a new one
+// (tests force them so). A value that is not a CUDA version number is ignored here; the
+// Python API refuses it before a harvester is made. FREERIDE_DRIVER_HIDE (comma-separated
+// names, e.g. cuStreamBatchMemOp) does the same for the entry points it names: for the
+// fallbacks no driver freeride runs on selects by its version (every r525+ driver has the
+// stream memory operations and their batch).
 const Api& api();
+
+// FREERIDE_DRIVER_API_MAX as the number CUDA_VERSION writes (12040 for CUDA 12.4), 0 where
+// unset or not such a number. Read from the environment at each call.
+int driver_api_max_from_env();
 
 // FREERIDE_NO_STREAM_MEMOPS set to anything but "" or "0": use the fallback kernels.
 // Read on every call, so a test can flip it between backends.

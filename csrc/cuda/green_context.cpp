@@ -5,14 +5,15 @@
 
 #include "cuda/green_context_plan.hpp"
 #include "cuda/shared.hpp"
+#include "test_switches.hpp"
 
 namespace freeride::cuda {
 
 void CudaShared::try_green_context(int reserved_wanted, int least_priority) {
   const cuda_driver::Api& a = cuda_driver::api();
   if (!a.has_green_contexts()) {
-    reserve_fallback = "the driver offers no green contexts (CUDA 12.5 or later needed): " +
-                       a.green_error;
+    reserve_fallback = "the driver offers no green contexts (a CUDA 12.5 driver, r555, or "
+                       "later needed): " + a.green_error;
     return;
   }
   auto failed = [&](const char* call, int res) {
@@ -24,16 +25,22 @@ void CudaShared::try_green_context(int reserved_wanted, int least_priority) {
   CUdevResource all{};
   res = a.device_get_dev_resource(dev, &all, CU_DEV_RESOURCE_TYPE_SM);
   if (res != CUDA_SUCCESS) return failed("cuDeviceGetDevResource", res);
-  // Drivers before CUDA 13 leave the partition rules zero: plan_green_context applies
-  // their documented guideline then.
+  // The partition rules: CUDA 13 headers have the fields, and drivers before CUDA 13
+  // leave them zero. A 12.x build cannot read them at all. Zero either way means
+  // plan_green_context applies the documented guideline for the compute capability.
+  int min_partition = 0;
+  int alignment = 0;
+#if CUDA_VERSION >= 13000
+  min_partition = static_cast<int>(all.sm.minSmPartitionSize);
+  alignment = static_cast<int>(all.sm.smCoscheduledAlignment);
+#endif
   int major = 0;
   int minor = 0;
   FR_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   FR_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   const int total = static_cast<int>(all.sm.smCount);
-  const GreenContextStep plan = plan_green_context(
-      total, reserved_wanted, static_cast<int>(all.sm.minSmPartitionSize),
-      static_cast<int>(all.sm.smCoscheduledAlignment), major * 10 + minor, device);
+  const GreenContextStep plan = plan_green_context(total, reserved_wanted, min_partition,
+                                                   alignment, major * 10 + minor, device);
   FR_ARG(plan.action != GreenContextStep::Action::kRefuse, plan.message);
   if (plan.action != GreenContextStep::Action::kAsk) {
     reserve_fallback = plan.message;
@@ -151,27 +158,41 @@ void CudaShared::try_green_stream() {
 }
 
 void CudaShared::preload_in_green_context() {
-  const cuda_driver::Api& a = cuda_driver::api();
-  if (a.ctx_from_green_ctx == nullptr || a.ctx_get_current == nullptr ||
-      a.ctx_set_current == nullptr) {
-    return;
-  }
+  const cuda_driver::Api& a = cuda_driver::api();  // has_green_contexts(): all three there
+  std::string failed;
+  auto give_up = [&](const char* call, int res) {
+    failed = std::string(call) + " failed: " + cuda_driver::error_name(res);
+  };
   CUcontext green_ctx = nullptr;
   CUcontext previous = nullptr;
-  if (a.ctx_from_green_ctx(&green_ctx, green) != CUDA_SUCCESS ||
-      a.ctx_get_current(&previous) != CUDA_SUCCESS ||
-      a.ctx_set_current(green_ctx) != CUDA_SUCCESS) {
-    return;
+  int res = a.ctx_from_green_ctx(&green_ctx, green);
+  if (res != CUDA_SUCCESS) {
+    give_up("cuCtxFromGreenCtx", res);
+  } else if ((res = a.ctx_get_current(&previous)) != CUDA_SUCCESS) {
+    give_up("cuCtxGetCurrent", res);
+  } else if ((res = a.ctx_set_current(green_ctx)) != CUDA_SUCCESS) {
+    give_up("cuCtxSetCurrent", res);
+  } else {
+    try {
+      if (test_switches::fail_green_preload()) {
+        FR_THROW(RuntimeFailure, "forced by freeride._C._testing.fail_green_preload");
+      }
+      kernels::preload_all();
+    } catch (const std::exception& e) {
+      failed = e.what();
+    }
+    (void)a.ctx_set_current(previous);
   }
-  std::exception_ptr error;
-  try {
-    kernels::preload_all();
-  } catch (...) {
-    error = std::current_exception();
-  }
-  (void)a.ctx_set_current(previous);
   (void)cudaGetLastError();
-  if (error) std::rethrow_exception(error);
+  if (failed.empty()) return;
+  // A green context the built-in kernels cannot be loaded into would fail, or load lazily
+  // (synchronising the context mid-training), at every task's first launch there: the
+  // occupancy cap serves every task instead, and says why.
+  destroy_green();
+  (void)cudaGetLastError();
+  green_sms = 0;
+  reserve_mechanism = "occupancy-cap";
+  reserve_fallback = "preload in the green context failed: " + failed;
 }
 
 }  // namespace freeride::cuda

@@ -1,6 +1,5 @@
 #include "cuda/open_watcher.hpp"
 
-#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
@@ -13,133 +12,205 @@
 #include "check.hpp"
 #include "thread_name.hpp"
 
+#ifdef FREERIDE_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "cuda/driver.hpp"
+#endif
+
 namespace freeride {
 namespace {
 
 // Made up front, so that the training thread's first opens create none.
 constexpr int kSpareEvents = 8;
 
-cudaError_t make_event(cudaEvent_t* event) {
-  return cudaEventCreateWithFlags(event, cudaEventBlockingSync | cudaEventDisableTiming);
-}
-
 }  // namespace
 
 struct OpenWatcher::State {
   int device = 0;
+  WatcherEvents events{};
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<std::pair<cudaEvent_t, Doorbell*>> pending;  // recorded, in recording order
-  std::vector<cudaEvent_t> spare;                         // waited for, to record again
-  bool retired = false;                                   // the backend let go of it
-  bool exiting = false;  // the process is exiting: wait for no further event
+  std::deque<std::pair<void*, Doorbell*>> pending;  // recorded, in recording order
+  std::vector<void*> spare;                         // waited for, to record again
+  bool started = false;                             // the thread is past start_thread
+  bool retired = false;                             // the backend let go of it
+  bool exiting = false;  // the process is exiting: no further wait, no CUDA call
 };
 
 namespace {
 
-// Every watcher thread, so that the process's exit can end them before the statically
-// linked CUDA runtime tears down under a thread still inside cudaEventSynchronize.
-struct Threads {
+// Every watcher's state, so that the process's exit can tell the threads.
+struct Registry {
   std::mutex mu;
-  std::condition_variable cv;
-  int running = 0;
   std::vector<std::weak_ptr<OpenWatcher::State>> states;
 };
 
-Threads& threads() {
-  static auto* t = new Threads();  // leaked: used by the exit handler itself
-  return *t;
+Registry& registry() {
+  static auto* r = new Registry();  // leaked: used by the exit handler itself
+  return *r;
 }
 
-// How long the exit waits for watcher threads: each is at most in one wait for an event
-// its training stream reaches within an iteration; one stuck for good (a peer rank died)
-// is left behind after this.
-constexpr std::chrono::seconds kExitWait{2};
-
-// Registered (once) by the first watcher, after CUDA initialised in this process, so it
-// runs before the runtime's own exit handler (atexit runs them in reverse order).
+// The process's exit does not wait for the watcher threads: one is, at any time, most
+// likely inside a wait for an event its training stream has not reached yet, which may
+// be seconds of queued GPU work away, or never (a peer rank died). So this handler only
+// flags every watcher as exiting and returns; a thread that comes back from its wait sees
+// the flag and leaves at once, and one that does not is ended with the process.
+//
+// Why a thread may be left inside its wait while the process exits. The order at exit:
+// Python's finalizers (the harvester closes: its watcher is retired), the C atexit
+// handlers in reverse order of registration (this one, registered after CUDA initialised,
+// before the statically linked runtime's teardown), the shared libraries' destructors,
+// then exit_group, which ends every remaining thread wherever it is.
+// - The wait is cuEventSynchronize through the driver's entry point (cuda_wait), not
+//   cudaEventSynchronize: the thread sleeps in libcuda, not in the static runtime, whose
+//   teardown frees the runtime's own state, which a thread inside the runtime's call
+//   would still use. libcuda is assumed to stay loaded until the process ends: the
+//   runtime loads it with dlopen (so do torch's and NCCL's), and glibc unmaps a library
+//   only at its last dlclose.
+// - Once the flag is set the thread makes no CUDA call: its events are left to the
+//   process's end rather than destroyed, and flag and destruction are both under the
+//   state's mutex, so no destruction runs beside the runtime's teardown. The thread
+//   touches only memory that outlives it: its state (it holds it), the registry (leaked)
+//   and the gates' bells (never freed).
+// - What is not guaranteed: the runtime's teardown releases the primary context, and
+//   where that was the last reference (no torch in the process) the context is destroyed
+//   while the thread sleeps on one of its events. cuCtxDestroy leaves concurrent calls to
+//   the caller, so what the wait then does is the driver's: return an error (the thread
+//   then leaves, as above) or sleep on until exit_group. The handler this one replaced
+//   left the thread in the same place after waiting 2 s for it. Neither this nor the
+//   assumption above has been seen on a GPU yet (tests/test_gpu.py's exit test is the
+//   check).
 void end_watchers_at_exit() {
-  Threads& t = threads();
-  std::unique_lock<std::mutex> lk(t.mu);
-  for (const auto& weak : t.states) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  for (const auto& weak : r.states) {
     if (auto state = weak.lock()) {
-      std::lock_guard<std::mutex> slk(state->mu);
+      std::lock_guard<std::mutex> slk(state->mu);  // held only for bookkeeping: short
       state->exiting = true;
       state->retired = true;
       state->cv.notify_one();
     }
   }
-  t.cv.wait_for(lk, kExitWait, [&] { return t.running == 0; });
 }
-
-}  // namespace
-
-namespace {
 
 void watch(const std::shared_ptr<OpenWatcher::State>& s) {
   name_this_thread("freeride-watch");
-  (void)cudaSetDevice(s->device);
-  // Its waits must not invalidate a CUDA graph that training captures meanwhile.
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  (void)cudaThreadExchangeStreamCaptureMode(&mode);
-  (void)cudaGetLastError();
+  s->events.start_thread(s->device);
   std::unique_lock<std::mutex> lk(s->mu);
+  s->started = true;
+  s->cv.notify_all();
   while (true) {
     s->cv.wait(lk, [&] { return !s->pending.empty() || s->retired; });
     if (s->pending.empty() || s->exiting) break;  // retired and drained, or exiting
     const auto [event, bell] = s->pending.front();
     s->pending.pop_front();
     lk.unlock();
-    // A blocking-sync event: the thread sleeps in the driver until the GPU gets there.
-    if (cudaEventSynchronize(event) != cudaSuccess) (void)cudaGetLastError();
+    s->events.wait(event);
     bell->ring();  // also after an error: the waiter looks at the gate itself
     lk.lock();
     s->spare.push_back(event);
   }
-  if (!s->exiting) {  // at exit the runtime may already be going: leave the events
-    for (cudaEvent_t event : s->spare) (void)cudaEventDestroy(event);
+  if (!s->exiting) {  // at exit: no CUDA call (see end_watchers_at_exit)
+    for (void* event : s->spare) s->events.destroy(event);
     s->spare.clear();
-    (void)cudaGetLastError();
   }
-  lk.unlock();
-  Threads& t = threads();
-  std::lock_guard<std::mutex> tlk(t.mu);
-  --t.running;
-  t.cv.notify_all();
 }
+
+#ifdef FREERIDE_WITH_CUDA
+void cuda_start_thread(int device) {
+  (void)cudaSetDevice(device);
+  // Its waits must not invalidate a CUDA graph that training captures meanwhile (the
+  // mode is the thread's, for the driver's calls too).
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  (void)cudaGetLastError();
+}
+
+bool cuda_make(void** event, std::string* why) {
+  cudaEvent_t made = nullptr;
+  // Blocking sync: the waiting thread sleeps in the driver instead of spinning.
+  const cudaError_t err =
+      cudaEventCreateWithFlags(&made, cudaEventBlockingSync | cudaEventDisableTiming);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    *why = std::string("cudaEventCreateWithFlags failed: ") + cudaGetErrorName(err);
+    return false;
+  }
+  *event = made;
+  return true;
+}
+
+bool cuda_record(void* event, void* stream) {
+  if (cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)) ==
+      cudaSuccess) {
+    return true;
+  }
+  (void)cudaGetLastError();
+  return false;
+}
+
+void cuda_wait(void* event) {
+  // An error (a context that failed) ends the wait like success: the bell rings and the
+  // executor looks at the gate and its stream itself.
+  (void)cuda_driver::api().event_synchronize(static_cast<CUevent>(event));
+}
+
+void cuda_destroy(void* event) {
+  (void)cudaEventDestroy(static_cast<cudaEvent_t>(event));
+  (void)cudaGetLastError();
+}
+
+const WatcherEvents& cuda_events() {
+  const cuda_driver::Api& a = cuda_driver::api();
+  FR_CHECK(a.event_synchronize != nullptr,
+           "the open watcher needs the driver's cuEventSynchronize: " << a.error);
+  static const WatcherEvents events{cuda_start_thread, cuda_make, cuda_record, cuda_wait,
+                                    cuda_destroy};
+  return events;
+}
+#endif
 
 }  // namespace
 
-OpenWatcher::OpenWatcher(int device) : state_(std::make_shared<State>()) {
-  state_->device = device;
+#ifdef FREERIDE_WITH_CUDA
+OpenWatcher::OpenWatcher(int device) : OpenWatcher(device, cuda_events()) {}
+#endif
+
+OpenWatcher::OpenWatcher(int device, const WatcherEvents& events)
+    : state_(std::make_shared<State>()) {
+  State& s = *state_;
+  s.device = device;
+  s.events = events;
   for (int i = 0; i < kSpareEvents; ++i) {
-    cudaEvent_t event = nullptr;
-    const cudaError_t err = make_event(&event);
-    if (err != cudaSuccess) {
-      for (cudaEvent_t made : state_->spare) (void)cudaEventDestroy(made);
-      FR_CUDA_CHECK(err);
+    void* event = nullptr;
+    std::string why;
+    if (!s.events.make(&event, &why)) {
+      for (void* made : s.spare) s.events.destroy(made);
+      FR_THROW(RuntimeFailure, "the open watcher's events: " << why);
     }
-    state_->spare.push_back(event);
+    s.spare.push_back(event);
   }
-  // Detached: see ~OpenWatcher. The thread holds the state as long as it runs; the exit
-  // handler ends it (end_watchers_at_exit).
   static std::once_flag registered;
   std::call_once(registered, [] { std::atexit(end_watchers_at_exit); });
   {
-    Threads& t = threads();
-    std::lock_guard<std::mutex> lk(t.mu);
-    std::erase_if(t.states, [](const auto& weak) { return weak.expired(); });
-    t.states.push_back(state_);
-    ++t.running;
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    std::erase_if(r.states, [](const auto& weak) { return weak.expired(); });
+    r.states.push_back(state_);
   }
+  // Detached: see ~OpenWatcher. The thread holds the state as long as it runs.
   try {
     std::thread(watch, state_).detach();
   } catch (...) {
-    Threads& t = threads();
-    std::lock_guard<std::mutex> lk(t.mu);
-    --t.running;
+    for (void* made : s.spare) s.events.destroy(made);
+    s.spare.clear();
     throw;
   }
+  // Its runtime calls (device, capture mode) are over before the harvester exists, so
+  // none of them can run beside the runtime's teardown at exit.
+  std::unique_lock<std::mutex> lk(s.mu);
+  s.cv.wait(lk, [&] { return s.started; });
 }
 
 OpenWatcher::~OpenWatcher() {
@@ -150,9 +221,9 @@ OpenWatcher::~OpenWatcher() {
   state_->cv.notify_one();
 }
 
-bool OpenWatcher::ring_after(cudaStream_t stream, Doorbell* bell) noexcept {
+bool OpenWatcher::ring_after(void* stream, Doorbell* bell) noexcept {
   State& s = *state_;
-  cudaEvent_t event = nullptr;
+  void* event = nullptr;
   {
     std::lock_guard<std::mutex> lk(s.mu);
     if (s.pending.size() >= kMaxPending) return false;
@@ -161,12 +232,11 @@ bool OpenWatcher::ring_after(cudaStream_t stream, Doorbell* bell) noexcept {
       s.spare.pop_back();
     }
   }
-  if (event == nullptr && make_event(&event) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
+  if (event == nullptr) {
+    std::string why;
+    if (!s.events.make(&event, &why)) return false;
   }
-  const bool recorded = cudaEventRecord(event, stream) == cudaSuccess;
-  if (!recorded) (void)cudaGetLastError();
+  const bool recorded = s.events.record(event, stream);
   {
     std::lock_guard<std::mutex> lk(s.mu);
     if (recorded) {

@@ -8,22 +8,39 @@
 // Megatron-LM): the training stream could wait for every ring. Here the training stream
 // only records an event; the watcher's thread waits for those events in order
 // (blocking-sync events: it sleeps in the driver) and rings.
+//
+// The queue, the thread and what happens at the process's exit are compiled into every
+// build; only the events are CUDA's (WatcherEvents), so tests drive the rest with fakes.
 #pragma once
 
-#include <cuda_runtime_api.h>
-
 #include <memory>
+#include <string>
 
 #include "doorbell.hpp"
 
 namespace freeride {
 
+// What the watcher does with its events. The CUDA backend's are blocking-sync runtime
+// events waited for in the driver (cuEventSynchronize); tests give fakes.
+struct WatcherEvents {
+  void (*start_thread)(int device);               // on the watcher's thread, first
+  bool (*make)(void** event, std::string* why);   // false: none made, *why says why
+  bool (*record)(void* event, void* stream);      // false: not recorded (error cleared)
+  void (*wait)(void* event);  // until the stream reached it (or the wait failed)
+  void (*destroy)(void* event);
+};
+
 class OpenWatcher {
  public:
-  // Starts the thread; `device` must be current on the calling thread (events are made
-  // there). One watcher per backend: its events come from that harvester's training
-  // streams, which reach them in order, so the first in the queue is the first done.
+#ifdef FREERIDE_WITH_CUDA
+  // With CUDA events; `device` must be current on the calling thread (events are made
+  // there). Throws where the driver lacks cuEventSynchronize.
   explicit OpenWatcher(int device);
+#endif
+  // Starts the thread (returns once it runs). One watcher per backend: its events come
+  // from that harvester's training streams, which reach them in order, so the first in
+  // the queue is the first done.
+  OpenWatcher(int device, const WatcherEvents& events);
   // Never blocks: the thread ends by itself once it has waited for every event queued
   // (it may wait forever for a stream that never gets there, a rank whose peer died; its
   // state lives as long as it does).
@@ -31,11 +48,12 @@ class OpenWatcher {
   OpenWatcher(const OpenWatcher&) = delete;
   OpenWatcher& operator=(const OpenWatcher&) = delete;
 
-  // Records an event on `stream` (the caller's current device must be the watcher's) and
-  // rings `bell` once the GPU has reached it. Never blocks on the GPU. False where no
-  // ring will come: the event could not be recorded (the thread's CUDA error is cleared),
-  // or kMaxPending events are already waiting (a stream far behind, or stuck).
-  bool ring_after(cudaStream_t stream, Doorbell* bell) noexcept;
+  // Records an event on `stream` (a cudaStream_t; the caller's current device must be the
+  // watcher's) and rings `bell` once the GPU has reached it. Never blocks on the GPU.
+  // False where no ring will come: the event could not be recorded (the thread's CUDA
+  // error is cleared), or kMaxPending events are already waiting (a stream far behind, or
+  // stuck). `bell` must outlive the watcher's thread (the gates' bells are never freed).
+  bool ring_after(void* stream, Doorbell* bell) noexcept;
 
   static constexpr size_t kMaxPending = 1024;
 

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import re
+import warnings
 from typing import Any
 
 from ._C import backend_info
-from .errors import CudaUnavailableError
+from .errors import CudaFallbackWarning, CudaUnavailableError
+from .info import gpu_unused, kernel_driver_version, torch_gpus
 
 _CUDA = re.compile(r"^cuda(?::(\d+))?$")
+# The CUDA version newer driver entry points are hidden above (csrc/cuda/driver.hpp).
+_DRIVER_API_MAX = "FREERIDE_DRIVER_API_MAX"
+_warned_fallback = False
 
 
 def resolve_device(device: Any) -> tuple[str, int]:
@@ -31,7 +37,11 @@ def resolve_device(device: Any) -> tuple[str, int]:
     text = device.strip().lower()
     if text == "auto":
         info = backend_info()
-        return ("cuda", 0) if info["cuda"] else ("host", -1)
+        if info["cuda"]:
+            _check_driver_api_max()
+            return "cuda", 0
+        _warn_fallback_once(info)
+        return "host", -1
     if text in ("cpu", "host"):
         return "host", -1
     match = _CUDA.match(text)
@@ -40,7 +50,32 @@ def resolve_device(device: Any) -> tuple[str, int]:
     return "cuda", _check_cuda(int(match.group(1) or 0))
 
 
+def _warn_fallback_once(info: dict[str, Any]) -> None:
+    """Warns (once per process) where "auto" falls back to the host backend although the
+    machine has a GPU: never silently on a GPU machine."""
+    global _warned_fallback
+    if _warned_fallback:
+        return
+    message = gpu_unused(info, torch_gpus(), kernel_driver_version())
+    if message is not None:
+        _warned_fallback = True
+        # resolve_device <- Harvester.__init__ <- the caller
+        warnings.warn(message, CudaFallbackWarning, stacklevel=4)
+
+
+def _check_driver_api_max() -> None:
+    """The CUDA backend ignores a FREERIDE_DRIVER_API_MAX that is not a version number:
+    refuse it before a harvester is made, rather than test a fallback that never runs."""
+    value = os.environ.get(_DRIVER_API_MAX, "")
+    if value and not re.fullmatch(r"[0-9]+", value):
+        raise ValueError(
+            f"{_DRIVER_API_MAX} must be a CUDA version as CUDA_VERSION writes it (12040 for "
+            f"CUDA 12.4), got {value!r}"
+        )
+
+
 def _check_cuda(index: int) -> int:
+    _check_driver_api_max()
     info = backend_info()
     if not info["cuda"]:
         raise CudaUnavailableError(

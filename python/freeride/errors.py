@@ -53,3 +53,10 @@ class StreamCaptureError(FreerideError, RuntimeError):
     """submit() was called while a stream the new task must follow is being captured into
     a CUDA graph: the task's side stream would have to wait on that stream and so be
     pulled into the user's graph. Submit before or after the capture."""
+
+
+class CudaFallbackWarning(RuntimeWarning):
+    """``device="auto"`` chose the host backend on a machine with a GPU that freeride's
+    CUDA backend cannot use (a build without it, or a driver older than its runtime needs).
+    Issued once per process; the message names the driver, what the build needs and what
+    to do. Passing ``device="cpu"`` chooses the host backend without it."""

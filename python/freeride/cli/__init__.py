@@ -286,7 +286,16 @@ def bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
 
 def info(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    print(json.dumps(backend_info(), indent=2))
+    # Asking torch is how a GPU that freeride's CUDA backend cannot use shows (a build
+    # without it sees no GPU at all): a library must not import torch, this command may.
+    try:
+        import torch  # noqa: F401
+    except Exception:  # noqa: BLE001, S110 - no torch, or a broken one: it tells nothing
+        pass
+    found = backend_info()
+    print(json.dumps(found, indent=2))
+    if found["gpu_unused"]:
+        print(found["gpu_unused"], file=sys.stderr)
     return 0
 
 
@@ -482,7 +491,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "info",
         help="print what this build and machine offer",
-        description="Print fr.backend_info() as JSON.",
+        description="Print fr.backend_info() as JSON, and on stderr why a GPU goes unused "
+        "where freeride's CUDA backend cannot use one that torch sees or whose driver is "
+        "installed (the warning device='auto' gives).",
         formatter_class=_HELP,
     )
     p.set_defaults(func=info, parser=p)
