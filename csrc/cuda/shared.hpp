@@ -166,8 +166,9 @@ struct CudaShared {
   // harvester, before any side work runs: with CUDA's lazy loading a kernel is loaded
   // into a context at its first launch there, which synchronises that context, on the
   // executor thread in the middle of side work. cudaFuncGetAttributes loads a kernel
-  // into the current context, so the green context is made current around it. Where the
-  // driver lacks the calls, the first launches load lazily, as before.
+  // into the current context, so the green context is made current around it. Never
+  // throws: where loading fails, the green context goes and the occupancy cap applies
+  // with the reason in reserve_fallback. Runs after try_green_stream.
   void preload_in_green_context();
 
   // Caller holds pool_mu (or is the destructor).

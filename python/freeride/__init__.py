@@ -12,6 +12,7 @@ from . import integrations as integrations
 from . import simulate, tasks
 from ._moved import package_getattr as __getattr__  # noqa: F401 - old module paths
 from .errors import (
+    CudaFallbackWarning,
     CudaUnavailableError,
     FreerideError,
     HarvesterClosedError,
@@ -41,6 +42,7 @@ from .record import (
 from .reserve import Reserve
 
 __all__ = [
+    "CudaFallbackWarning",
     "CudaUnavailableError",
     "FreerideError",
     "Gate",

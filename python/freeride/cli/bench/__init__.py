@@ -79,7 +79,10 @@ def run(
     module = __import__(f"{__name__}.{name}", fromlist=["measure"])
     modes: tuple[str, ...] = getattr(module, "MODES", ("cpu", "gpu"))
     if mode == "auto":
-        mode = "gpu" if backend_info()["cuda"] and "gpu" in modes else "cpu"
+        info = backend_info()
+        mode = "gpu" if info["cuda"] and "gpu" in modes else "cpu"
+        if mode == "cpu" and info.get("gpu_unused"):
+            print(f"note: running on the CPU: {info['gpu_unused']}")
     if mode not in ("cpu", "gpu"):
         raise ValueError(f"mode must be 'auto', 'cpu' or 'gpu', got {mode!r}")
     if mode not in modes:
