@@ -151,3 +151,20 @@ def test_gate_and_stop_loads_are_issued_together(arch):
     either = re.compile(rf"(?:{re.escape(reg_a)}|{re.escape(reg_b)})\b")
     uses = [n for n, i in enumerate(code) if n not in (first, second) and either.search(i)]
     assert uses and min(uses) > second
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_block_leaves_through_a_barrier_then_one_fence_by_its_leader(arch):
+    """Review F13: each thread fenced its own writes before the block's barrier and the
+    leader counted the block out after it; in the PTX memory model the leader's release
+    then covered only its own writes. Now the barrier comes first and the leader fences
+    after it (fences are cumulative: that covers every write the barrier ordered before
+    it), then counts the block out: a device-scope fence between the last barrier and the
+    launch's `exited` count, and none just before that barrier."""
+    code = instructions(_ptx(SCALE, arch), "scale")
+    exited = [n for n, i in enumerate(code) if i.startswith("atom.global.add.u32")][-1]
+    barrier = max(n for n in range(exited) if _BARRIER.match(code[n]))
+    between = code[barrier + 1 : exited]
+    assert any(_ANY_FENCE.match(i) and not _SYSTEM_FENCE.match(i) for i in between), between
+    before = code[max(0, barrier - 3) : barrier]
+    assert not any(_ANY_FENCE.match(i) for i in before), before
