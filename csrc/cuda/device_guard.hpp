@@ -1,4 +1,5 @@
-// Selecting a device for one call without changing the caller's. CUDA builds only.
+// Selecting a device (or keeping a context) for one call without changing the caller's.
+// CUDA builds only.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -29,6 +30,32 @@ class DeviceGuard {
  private:
   int device_;
   int prev_ = -1;
+};
+
+// Keeps the calling thread's current context across a launch into a green context's
+// stream from a thread that is not the executor's (a training thread at its open): the
+// runtime resolves the stream's context itself, and this makes sure that whatever it does
+// to the thread's current context, training's is current again afterwards. Best effort:
+// where the driver lacks the calls there is nothing to restore with.
+class KeepCurrentContext {
+ public:
+  explicit KeepCurrentContext(bool active) {
+    const cuda_driver::Api& a = cuda_driver::api();
+    if (!active || a.ctx_get_current == nullptr || a.ctx_set_current == nullptr) return;
+    if (a.ctx_get_current(&saved_) == CUDA_SUCCESS) armed_ = true;
+  }
+  ~KeepCurrentContext() {
+    if (!armed_) return;
+    const cuda_driver::Api& a = cuda_driver::api();
+    CUcontext now = nullptr;
+    if (a.ctx_get_current(&now) == CUDA_SUCCESS && now != saved_) (void)a.ctx_set_current(saved_);
+  }
+  KeepCurrentContext(const KeepCurrentContext&) = delete;
+  KeepCurrentContext& operator=(const KeepCurrentContext&) = delete;
+
+ private:
+  CUcontext saved_ = nullptr;
+  bool armed_ = false;
 };
 
 }  // namespace freeride

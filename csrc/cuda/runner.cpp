@@ -19,6 +19,8 @@
 #include "check.hpp"
 #include "cuda/admission.hpp"
 #include "cuda/dependency.hpp"
+#include "cuda/launch_ring.hpp"
+#include "cuda/stream_idle.hpp"
 #include "cuda/device_guard.hpp"
 #include "cuda/driver.hpp"
 #include "freeride/item_ctx.h"
@@ -52,45 +54,6 @@ constexpr std::chrono::microseconds kEndSpin{20};
 constexpr std::chrono::microseconds kEndPoll{50};
 constexpr std::chrono::microseconds kEndPollFar{250};
 constexpr std::chrono::microseconds kStreamQueryEvery{1000};
-
-// Whether everything enqueued on `stream` has completed: a question to the driver, never
-// an operation on the stream. Throws the error of a failed kernel (cleared from the
-// thread's last error, which cudaStreamQuery also sets for "not ready").
-bool stream_idle(cudaStream_t stream) {
-  const cudaError_t err = cudaStreamQuery(stream);
-  if (err == cudaSuccess) return true;
-  if (cudaPeekAtLastError() == err) (void)cudaGetLastError();
-  if (err == cudaErrorNotReady) return false;
-  throw_cuda(err, "cudaStreamQuery (side stream)", __FILE__, __LINE__);
-}
-
-// Keeps the calling thread's current context across a launch into a green context's
-// stream from a thread that is not the executor's (a training thread at its open): the
-// runtime resolves the stream's context itself, and this makes sure that whatever it does
-// to the thread's current context, training's is current again afterwards. Best effort:
-// where the driver lacks the calls there is nothing to restore with.
-class KeepCurrentContext {
- public:
-  explicit KeepCurrentContext(bool active) {
-    const cuda_driver::Api& a = cuda_driver::api();
-    if (!active || a.ctx_get_current == nullptr || a.ctx_set_current == nullptr) return;
-    if (a.ctx_get_current(&saved_) == CUDA_SUCCESS) armed_ = true;
-  }
-  ~KeepCurrentContext() {
-    if (!armed_) return;
-    const cuda_driver::Api& a = cuda_driver::api();
-    CUcontext now = nullptr;
-    if (a.ctx_get_current(&now) == CUDA_SUCCESS && now != saved_) (void)a.ctx_set_current(saved_);
-  }
-  KeepCurrentContext(const KeepCurrentContext&) = delete;
-  KeepCurrentContext& operator=(const KeepCurrentContext&) = delete;
-
- private:
-  CUcontext saved_ = nullptr;
-  bool armed_ = false;
-};
-
-// ---------------------------------------------------------------------------------------
 
 // One task's phases on the side (or green-context) stream.
 //
@@ -141,12 +104,10 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
         ++s.runners;
       }
       state_ = reinterpret_cast<fr_phase_state*>(state_slot_.dev);
-      runs_dev_ = reinterpret_cast<fr_launch_run*>(state_slot_.dev + kRunsOffset);
+      ring_.place(state_slot_, word_slot_);
       progress_dev_ = reinterpret_cast<unsigned long long*>(word_slot_.dev);
       progress_host_ = reinterpret_cast<unsigned long long*>(word_slot_.host);
       readback_host_ = reinterpret_cast<unsigned long long*>(word_slot_.host + kReadbackOffset);
-      ends_host_ = reinterpret_cast<fr_launch_end*>(word_slot_.host + kEndsOffset);
-      ends_dev_ = reinterpret_cast<fr_launch_end*>(word_slot_.dev + kEndsOffset);
       try {
         // A reused slot may hold a previous runner's stop flag and launch counters (a
         // launch that failed leaves its own behind). Cleared on the control stream, where
@@ -299,7 +260,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     std::lock_guard<std::mutex> lk(launch_mu_);
     if (pending_.empty()) return false;
     const uint64_t number = pending_.front().number;
-    return started(number) && !end_published(number);
+    return ring_.started(number, launch_no_.load()) && !ring_.published(number);
   }
 
   bool in_flight() const override {
@@ -321,16 +282,6 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     bool record = false;   // marks wanted
     uint32_t gate_seq = 0;  // the open it was enqueued at (or seen under)
     bool at_open = false;
-  };
-
-  // What the host learns of a launch that ended. duration_ns < 0: no end record (the
-  // counts were read back instead).
-  struct LaunchEnd {
-    uint64_t done = 0;
-    uint32_t held = 0;
-    int64_t duration_ns = -1;
-    uint64_t start_ns = 0;  // %globaltimer (with duration_ns >= 0)
-    bool broken = false;  // no end record from a task that follows the item protocol
   };
 
   // Whether a training thread's open may enqueue a launch now. Caller holds launch_mu_.
@@ -362,8 +313,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
                       bool at_open, bool record) {
     CudaShared& s = *s_;
     const uint64_t number = launch_no_ + 1;
-    const size_t ring = number % kLaunchRing;
-    clear_end(ring);  // its previous launch ended: pending_ holds fewer than kLaunchRing
+    ring_.clear(number);
     auto turn = s.green_turn(green_);
     const KeepCurrentContext keep(green_ && at_open);
     {
@@ -398,9 +348,9 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     ctx.n_items = n_items_;
     ctx.phase = phase_;
     ctx.slice_ns = s.slice_ns;
-    ctx.end = ends_dev_ + ring;
+    ctx.end = ring_.end_dev(number);
     ctx.launch = number;
-    ctx.run = runs_dev_ + ring;
+    ctx.run = ring_.run_dev(number);
     ctx.closes = s.closes_dev();
     ctx.closes_at_launch = closes;
     try {
@@ -525,14 +475,13 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     using clock = std::chrono::steady_clock;
     const auto started_wait = clock::now();
     auto next_query = started_wait + kStreamQueryEvery;
-    const size_t ring = l.number % kLaunchRing;
     auto end_is_near = [&] {
       return s_->mirror() != FREERIDE_GATE_OPEN || stop_requested_.load() ||
              std::atomic_ref<unsigned long long>(*progress_host_).load() >= l.n_items;
     };
     while (true) {
       throw_if_abandoned();
-      if (end_published(l.number)) return read_end(ring);
+      if (ring_.published(l.number)) return ring_.read(l.number);
       const auto now = clock::now();
       if (now >= next_query) {
         bool idle = false;
@@ -543,54 +492,22 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
         // The next launch begins only once this one has completed, after its record was
         // written: looked at before the record, so a record that arrived meanwhile is
         // seen below, not taken for a missing one.
-        const bool next_began = !idle && started(l.number + 1);
-        if (end_published(l.number)) return read_end(ring);
+        const bool next_began = !idle && ring_.started(l.number + 1, launch_no_.load());
+        if (ring_.published(l.number)) return ring_.read(l.number);
         if (idle || next_began) return ended_without_record(l, idle);
         next_query = now + kStreamQueryEvery;
       }
       if (now - started_wait < kEndSpin) {
         std::this_thread::yield();
-      } else if (!started(l.number)) {
+      } else if (!ring_.started(l.number, launch_no_.load())) {
         Doorbell& bell = *s_->gate.bell;
         const uint64_t seen = bell.rings();
-        if (!started(l.number) && !abandoned_.load()) bell.wait_for(seen, kEndPollFar);
+        if (!ring_.started(l.number, launch_no_.load()) && !abandoned_.load()) {
+          bell.wait_for(seen, kEndPollFar);
+        }
       } else {
         std::this_thread::sleep_for(end_is_near() ? kEndPoll : kEndPollFar);
       }
-    }
-  }
-
-  bool end_published(uint64_t number) const {
-    return std::atomic_ref<unsigned long long>(ends_host_[number % kLaunchRing].launch)
-               .load(std::memory_order_acquire) == number;
-  }
-
-  // Launch `number` has begun (its first block wrote its start), or has ended.
-  bool started(uint64_t number) const {
-    if (number > launch_no_or_zero()) return false;
-    const fr_launch_end& end = ends_host_[number % kLaunchRing];
-    return std::atomic_ref<const unsigned long long>(end.start_ns).load() != 0 ||
-           end_published(number);
-  }
-
-  uint64_t launch_no_or_zero() const { return launch_no_.load(); }
-
-  LaunchEnd read_end(size_t ring) const {
-    const fr_launch_end& e = ends_host_[ring];
-    LaunchEnd end;
-    end.done = std::atomic_ref<const unsigned long long>(e.done).load();
-    end.held = static_cast<uint32_t>(std::atomic_ref<const unsigned long long>(e.held).load());
-    const uint64_t start = std::atomic_ref<const unsigned long long>(e.start_ns).load();
-    const uint64_t stop = std::atomic_ref<const unsigned long long>(e.end_ns).load();
-    end.duration_ns = start != 0 && stop >= start ? static_cast<int64_t>(stop - start) : -1;
-    end.start_ns = start;
-    return end;
-  }
-
-  void clear_end(size_t ring) {
-    fr_launch_end& e = ends_host_[ring];
-    for (unsigned long long* word : {&e.done, &e.held, &e.start_ns, &e.end_ns, &e.launch}) {
-      std::atomic_ref<unsigned long long>(*word).store(0);
     }
   }
 
@@ -608,14 +525,14 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
       broken.broken = true;
       return broken;
     }
-    return read_back(l.number % kLaunchRing);
+    return read_back(l.number);
   }
 
   // [done, stop, held] copied from the phase state and the launch's counters cleared, on
   // the (idle) stream, waited for on a blocking-sync event.
-  LaunchEnd read_back(size_t ring) {
+  LaunchEnd read_back(uint64_t number) {
     const auto turn = s_->green_turn(green_);
-    FR_CUDA_CHECK(cudaMemsetAsync(runs_dev_ + ring, 0, sizeof(fr_launch_run), stream_));
+    FR_CUDA_CHECK(cudaMemsetAsync(ring_.run_dev(number), 0, sizeof(fr_launch_run), stream_));
     FR_CUDA_CHECK(cudaMemcpyAsync(readback_host_, done_word(), 16, cudaMemcpyDeviceToHost,
                                   stream_));
     FR_CUDA_CHECK(cudaEventRecord(event_, stream_));
@@ -757,12 +674,10 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   SlotPool::Slot state_slot_;
   SlotPool::Slot word_slot_;
   fr_phase_state* state_ = nullptr;               // device memory
-  fr_launch_run* runs_dev_ = nullptr;             // device memory: the launch counters' ring
   unsigned long long* progress_dev_ = nullptr;    // word slot [0], device view
   unsigned long long* progress_host_ = nullptr;   // word slot [0], host view
   unsigned long long* readback_host_ = nullptr;   // word slot: [done, stop, held]
-  fr_launch_end* ends_host_ = nullptr;            // word slot: the end records' ring
-  fr_launch_end* ends_dev_ = nullptr;             // the same, device view
+  LaunchRing ring_;                               // each launch's counters and end record
   std::string nvtx_name_;                         // NvtxRange's message
   cudaEvent_t event_ = nullptr;                   // read_back()'s
   // The stream this task's launches and their bookkeeping go to: the side stream, or the
