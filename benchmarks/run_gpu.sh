@@ -127,7 +127,9 @@ if step bench; then
   for b in preempt items pipeline; do
     extra=()
     [ "$b" = preempt ] && extra=(--plot "$work/preempt.png")
-    budgeted $deadline "bench_$b" 150 $py -m freeride bench "$b" --mode gpu \
+    limit=150
+    [ "$b" = pipeline ] && limit=240  # two runs: the default hardware queues and one
+    budgeted $deadline "bench_$b" $limit $py -m freeride bench "$b" --mode gpu \
       --out "$work/$b.json" "${extra[@]}"
   done
   budgeted $deadline bench_ranks 150 $py -m freeride bench ranks --mode cpu --out "$work/ranks.json"
