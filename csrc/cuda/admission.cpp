@@ -26,20 +26,22 @@ bool single_connection() {
   return value != nullptr && std::strtol(value, nullptr, 10) == 1;
 }
 
-bool launch_at_opens_enabled() {
-  const char* value = std::getenv("FREERIDE_LAUNCH_AT_OPEN");
+namespace {
+
+// Environment variable `name`: unset or `on` (true), `off` (false); anything else is
+// refused, naming the variable and both values.
+bool env_switch(const char* name, const char* on, const char* off) {
+  const char* value = std::getenv(name);
   const std::string wanted = value == nullptr ? "" : value;
-  FR_ARG(wanted.empty() || wanted == "1" || wanted == "0",
-         "FREERIDE_LAUNCH_AT_OPEN must be '1' or '0', got '" << wanted << "'");
-  return wanted != "0";
+  FR_ARG(wanted.empty() || wanted == on || wanted == off,
+         name << " must be '" << on << "' or '" << off << "', got '" << wanted << "'");
+  return wanted != off;
 }
 
-bool admission_rings() {
-  const char* mode = std::getenv("FREERIDE_ADMISSION");
-  const std::string wanted = mode == nullptr ? "" : mode;
-  FR_ARG(wanted.empty() || wanted == "ring" || wanted == "poll",
-         "FREERIDE_ADMISSION must be 'ring' or 'poll', got '" << wanted << "'");
-  return wanted != "poll";
-}
+}  // namespace
+
+bool launch_at_opens_enabled() { return env_switch("FREERIDE_LAUNCH_AT_OPEN", "1", "0"); }
+
+bool admission_rings() { return env_switch("FREERIDE_ADMISSION", "ring", "poll"); }
 
 }  // namespace freeride::cuda
