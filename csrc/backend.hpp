@@ -30,9 +30,6 @@ struct LaunchMarks {
   // nothing then about the gate's mirror (the executor backs off only after one of its
   // own), only that its bubble was short or its phase already done.
   bool at_open = false;
-  // Belongs to a phase the task has finished (enqueued at an open before the host knew):
-  // it claims no item, and its counts are not the current phase's.
-  bool stale = false;
 };
 
 // What a task must wait for before its first launch: the work its submitter's streams had
@@ -80,8 +77,9 @@ class PhaseRunner {
   // Launches enqueued whose end run() has not returned yet (CUDA: launches at opens,
   // queued ahead of the GPU). While there are any the executor keeps calling run() on
   // this runner, one ended launch each, whatever else is queued: nothing else may be
-  // enqueued on the stream behind them, and the task is not final (its memory in use)
-  // until they ended.
+  // enqueued on the stream behind them, the task is not final (its memory in use) until
+  // they ended, and its next phase does not begin (begin_phase() is never called while
+  // any is in flight).
   virtual bool in_flight() const { return false; }
 
   // Close-time, past the executor's deadline (Executor::close): a run() in progress and

@@ -400,11 +400,11 @@ void Executor::loop() {
       continue;
     }
 
-    const bool ran_nothing = marks.admitted && error.empty() && !marks.stale &&
-                             runner->done() == done_before;
+    const bool ran_nothing =
+        marks.admitted && error.empty() && runner->done() == done_before;
     ++launches_;
     if (marks.at_open) ++open_launches_;
-    if (ran_nothing || marks.stale) {
+    if (ran_nothing) {
       ++idle_launches_;
       if (marks.at_open) ++idle_open_launches_;
     }

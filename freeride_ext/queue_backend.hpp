@@ -1,5 +1,5 @@
 // A backend whose launches a test enqueues and ends by hand: the shape of the CUDA
-// backend's launches at opens (queued ahead of the GPU, ended in order, stale once their
+// backend's launches at opens (queued ahead of the GPU, ended in order, idle once their
 // phase is done, abandoned at close) with nothing underneath, so that tests drive the
 // executor through every state those launches put it in without a GPU. Only _C._testing
 // (test_hooks.cpp) uses it, so it lives beside the bindings, not in the core.
@@ -28,11 +28,10 @@ struct QueuedLaunches {
   std::mutex mu;
   std::condition_variable cv;
   struct Launch {
-    uint64_t epoch = 0;
     int64_t items = -1;  // what it ran once ended; -1 while it has not
   };
   std::deque<Launch> pending;
-  uint64_t epoch = 0;  // begin_phase() calls
+  uint64_t phases = 0;  // begin_phase() calls
   uint64_t n_items = 0;
   uint64_t done = 0;
   bool phase_done = false;
@@ -50,9 +49,9 @@ struct QueuedLaunches {
   size_t arrive(size_t count) {
     std::lock_guard<std::mutex> lk(mu);
     size_t taken = 0;
-    while (taken < count && epoch > 0 && !stopped && !phase_done && !abandoned &&
+    while (taken < count && phases > 0 && !stopped && !phase_done && !abandoned &&
            pending.size() < kCapacity) {
-      pending.push_back({epoch, -1});
+      pending.push_back({-1});
       ++taken;
     }
     cv.notify_all();
@@ -90,7 +89,8 @@ class QueuedRunner final : public PhaseRunner {
 
   void begin_phase(uint64_t, uint64_t n_items) override {
     std::lock_guard<std::mutex> lk(q_->mu);
-    ++q_->epoch;
+    FR_CHECK(q_->pending.empty(), "begin_phase() with launches in flight");
+    ++q_->phases;
     q_->n_items = n_items;
     q_->done = 0;
     q_->phase_done = false;
@@ -122,11 +122,8 @@ class QueuedRunner final : public PhaseRunner {
     LaunchMarks marks;
     marks.admitted = true;
     marks.at_open = true;
-    marks.stale = l.epoch != q.epoch;
-    if (!marks.stale) {
-      q.done = std::min<uint64_t>(q.n_items, q.done + static_cast<uint64_t>(l.items));
-      if (q.done >= q.n_items) q.phase_done = true;
-    }
+    q.done = std::min<uint64_t>(q.n_items, q.done + static_cast<uint64_t>(l.items));
+    if (q.done >= q.n_items) q.phase_done = true;
     return marks;
   }
 

@@ -162,7 +162,7 @@ void register_test_hooks(py::module_& m) {
       .def_property_readonly("begun",
                              [](QueuedLaunches& q) {
                                std::lock_guard<std::mutex> lk(q.mu);
-                               return q.epoch > 0;
+                               return q.phases > 0;
                              })
       .def_property_readonly("runs", [](QueuedLaunches& q) {
         std::lock_guard<std::mutex> lk(q.mu);

@@ -69,8 +69,9 @@ constexpr std::chrono::microseconds kStreamQueryEvery{1000};
 // waits behind a launch whose bubble has not come.
 //
 // A phase's launches at opens may be queued ahead of the GPU when the phase ends: they
-// are "stale", claim no item (every item of their phase is claimed) and are taken like
-// any other; the next phase's counters are reset only once the last of them ended.
+// claim no item (every item of their phase is claimed) and are taken like any other; the
+// executor begins the next phase, whose counters are reset on the stream, only once the
+// last of them ended (it never calls begin_phase() with launches in flight).
 class CudaRunner final : public PhaseRunner, public OpenLauncher {
  public:
   CudaRunner(std::shared_ptr<CudaShared> shared, std::shared_ptr<Task> task,
@@ -160,15 +161,14 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
       std::atomic_ref<unsigned long long>(*progress_host_).store(0);
       max_seen_ = 0;
     }
+    // The previous phase's launches would claim this phase's items with that phase's
+    // arguments: the executor begins a phase only once none is in flight.
+    FR_CHECK(pending_.empty(), "begin_phase() with launches of the task in flight");
     phase_ = phase;
     n_items_ = n_items;
-    ++epoch_;
     phase_done_ = false;
     begun_ = true;
-    // The previous phase's launches still enqueued would claim this phase's items with
-    // that phase's arguments: the counters are reset once the last of them has ended.
-    reset_pending_ = true;
-    if (pending_.empty()) reset_counters_locked();
+    reset_counters_locked();
   }
 
   LaunchMarks run(bool record) override {
@@ -184,7 +184,6 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
       std::lock_guard<std::mutex> lk(launch_mu_);
       throw_arrival_error_locked();
       if (pending_.empty()) {
-        if (reset_pending_) reset_counters_locked();
         arm = s.launch_at_opens && !stop_requested_.load() && !phase_done_;
       }
     }
@@ -277,7 +276,6 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   // A launch enqueued and not yet seen to end.
   struct Launch {
     uint64_t number = 0;
-    uint64_t epoch = 0;    // the phase it was enqueued for (epoch_ then)
     uint64_t n_items = 0;  // that phase's items
     bool record = false;   // marks wanted
     uint32_t gate_seq = 0;  // the open it was enqueued at (or seen under)
@@ -286,7 +284,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
 
   // Whether a training thread's open may enqueue a launch now. Caller holds launch_mu_.
   bool accepting_locked() const {
-    return begun_ && !reset_pending_ && !phase_done_ && !stop_requested_.load() &&
+    return begun_ && !phase_done_ && !stop_requested_.load() &&
            !abandoned_.load() && arrival_error_.empty() && pending_.size() < kLaunchRing &&
            !s_->shut_down;
   }
@@ -336,7 +334,6 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     }
     Launch l;
     l.number = number;
-    l.epoch = epoch_;
     l.n_items = n_items_;
     l.gate_seq = seq;
     l.at_open = at_open;
@@ -401,15 +398,14 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
       std::lock_guard<std::mutex> lk(launch_mu_);
       throw_arrival_error_locked();
       if (pending_.empty()) {
-        if (reset_pending_) reset_counters_locked();
         enqueue_locked(nullptr, nullptr, s_->mirror_seq(), s_->closes(), false, record);
       }
     }
     return finish_oldest();
   }
 
-  // Waits for the oldest enqueued launch to end and takes it: its counts (the current
-  // phase's progress, unless it is stale), its marks and the item protocol's check.
+  // Waits for the oldest enqueued launch to end and takes it: its counts (the phase's
+  // progress), its marks and the item protocol's check.
   LaunchMarks finish_oldest() {
     CudaShared& s = *s_;
     Launch l;
@@ -438,11 +434,8 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     {
       std::lock_guard<std::mutex> lk(launch_mu_);
       pending_.pop_front();
-      marks.stale = l.epoch != epoch_;
-      if (!marks.stale) {
-        raise_progress(end.done);
-        if (end.done >= l.n_items) phase_done_ = true;  // no further launch at an open
-      }
+      raise_progress(end.done);
+      if (end.done >= l.n_items) phase_done_ = true;  // no further launch at an open
       // The next thing the executor enqueues must not queue behind this kernel, which is
       // retiring now that its last block has written the record: microseconds.
       if (pending_.empty()) settle_locked();
@@ -461,7 +454,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
                                 "must call freeride::for_each_item(ctx, ...) in every block and "
                                 "not return before it ends, or it would be relaunched for ever");
     }
-    check_protocol(end.done, end.held, l.n_items, marks.stale);
+    check_protocol(end.done, end.held, l.n_items);
     return marks;
   }
 
@@ -549,7 +542,6 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   void reset_counters_locked() {
     const auto turn = s_->green_turn(green_);
     FR_CUDA_CHECK(cudaMemsetAsync(state_, 0, offsetof(fr_phase_state, stop), stream_));
-    reset_pending_ = false;
   }
 
   // Until the stream is idle, asking. Caller holds launch_mu_ with nothing pending: only
@@ -603,12 +595,11 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   // Every block of a launch exits either because no item is left or because the gate or
   // the stop flag held it back (and counted itself in `held`). A launch that ends with
   // its phase unfinished and nobody held back ran a kernel that never entered the item
-  // loop (or left it early): relaunching it would only repeat that, forever. A stale
-  // launch finds its phase finished.
-  void check_protocol(uint64_t done, uint32_t held, uint64_t n_items, bool stale) {
+  // loop (or left it early): relaunching it would only repeat that, forever.
+  void check_protocol(uint64_t done, uint32_t held, uint64_t n_items) {
     const bool held_back = held != last_held_;
     last_held_ = held;
-    if (stale || done >= n_items || held_back || !task_->follows_item_protocol()) return;
+    if (done >= n_items || held_back || !task_->follows_item_protocol()) return;
     FR_THROW(RuntimeFailure,
              "a launch of phase " << phase_ << " ended with " << done << " of " << n_items
                                   << " items done although no block was held back by the gate "
@@ -697,10 +688,8 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   std::string arrival_error_;             // a launch at an open failed: run() raises it
   uint64_t phase_ = 0;
   uint64_t n_items_ = 0;
-  uint64_t epoch_ = 0;          // begin_phase() calls so far
   bool begun_ = false;
   bool phase_done_ = false;     // an ended launch counted every item of the phase
-  bool reset_pending_ = false;  // the phase's counters are zeroed once nothing is pending
 
   std::atomic<bool> abandoned_{false};
   std::atomic<bool> stop_requested_{false};  // host copy of the stop flag, for admission
