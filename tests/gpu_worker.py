@@ -195,6 +195,17 @@ def mode_hardware_queues(args: dict) -> dict:
                 gc.enable()
             running = not t.done()
             launches = t.launches
+            # A long kernel on a second training stream (an NCCL-like one) while side work
+            # relaunches every slice: a kernel on the first stream still starts at once.
+            other = torch.cuda.Stream()
+            with torch.cuda.stream(other):
+                torch.cuda._sleep(int(50 * CYCLES_PER_MS))
+            begin = time.perf_counter()
+            x.add_(1.0)
+            train.synchronize()
+            beside_other = time.perf_counter() - begin
+            other_still_running = not other.query()
+            other.synchronize()
             # A more urgent task preempts the running one: its stop word goes on the
             # control stream (one hardware queue: behind nothing that waits for side work)
             # and the training stream's next copy must not wait for anything.
@@ -217,6 +228,8 @@ def mode_hardware_queues(args: dict) -> dict:
             t.wait(30)
             urgent.wait(30)
             out[label] = {
+                "kernel_beside_other_stream_ms": round(beside_other * 1e3, 4),
+                "other_stream_was_running": other_still_running,
                 "copy_after_preempt_ms": round(copy_after_preempt * 1e3, 4),
                 "copy_after_cancel_ms": round(copy_after_cancel * 1e3, 4),
                 "cancel_ms": round(cancel_s * 1e3, 4),

@@ -81,6 +81,14 @@ def test_training_copy_and_close_complete_beside_a_long_side_task(
     )
     # Review F7: a preemption and a cancel put a stop word and an event on the control
     # stream; the training stream's next copy must not wait behind side work for them.
+    # ... and with a long kernel on a second training stream, a kernel on the first still
+    # starts at once while side work relaunches (nothing of the side's is a queue-wide
+    # wait).
+    assert run["other_stream_was_running"], "the second stream's kernel ended too soon"
+    assert run["kernel_beside_other_stream_ms"] <= BOUND_MS, (
+        f"a training kernel took {run['kernel_beside_other_stream_ms']:.3f} ms beside a long "
+        f"kernel on another training stream (bound {BOUND_MS:.2f} ms)"
+    )
     assert run["urgent_ran"], "the more urgent task never ran"
     for what in ("copy_after_preempt_ms", "copy_after_cancel_ms"):
         assert run[what] <= BOUND_MS, (
