@@ -347,8 +347,9 @@ void Executor::loop() {
     // Picked from the queue: it may run. Draining: its launches in flight end and no
     // further one starts where it must stop (a close, a cancel, a failure, or a more
     // urgent task that could run now).
-    const bool must_stop = closing_ || r->cancel_requested || !r->failure.empty() ||
-                           more_urgent_pickable_locked(*r);
+    const bool must_stop = draining != nullptr &&
+                           (closing_ || r->cancel_requested || !r->failure.empty() ||
+                            more_urgent_pickable_locked(*r));
     active_ = r;
     r->state = TaskState::Running;
     ++r->launches;
@@ -400,8 +401,8 @@ void Executor::loop() {
       continue;
     }
 
-    const bool ran_nothing =
-        marks.admitted && error.empty() && runner->done() == done_before;
+    const bool ran_nothing = marks.admitted && error.empty() && !r->cancel_requested &&
+                             runner->done() == done_before;
     ++launches_;
     if (marks.at_open) ++open_launches_;
     if (ran_nothing) {
@@ -410,7 +411,7 @@ void Executor::loop() {
     }
     // Only a launch of the executor's own, admitted on the gate's mirror, that ran
     // nothing says the mirror may be stale (see kBackoffMinS).
-    const bool idle_launch = ran_nothing && !marks.at_open && !r->cancel_requested;
+    const bool idle_launch = ran_nothing && !marks.at_open;
     if (!error.empty() && r->failure.empty()) r->failure = r->task->name() + ": " + error;
     draining = runner->in_flight() ? r : nullptr;
     if (draining == nullptr) settle_launch_locked(*r);
