@@ -85,12 +85,7 @@ std::pair<uint64_t, uint64_t> CudaShared::launch_marks(uint64_t start_ns, uint64
   const uint64_t base = anchor.mark;
   const int64_t from = anchor.offset_ns + since;
   const int64_t to = from + static_cast<int64_t>(end_ns - start_ns);
-  const uint64_t first = next_mark++;
-  const uint64_t second = next_mark++;
-  derived.emplace(first, std::make_pair(base, from));
-  derived.emplace(second, std::make_pair(base, to));
-  bases[base] += 2;
-  return {first, second};
+  return {derive_locked(base, from), derive_locked(base, to)};
 }
 
 }  // namespace freeride::cuda

@@ -229,9 +229,7 @@ uint64_t CudaShared::mark_locked(cudaStream_t stream) {
   return id;
 }
 
-uint64_t CudaShared::derive_mark(uint64_t base, int64_t offset_ns) {
-  std::lock_guard<std::mutex> lk(marks_mu);
-  FR_ARG(marks.count(base) != 0, "unknown mark " << base);
+uint64_t CudaShared::derive_locked(uint64_t base, int64_t offset_ns) {
   const uint64_t id = next_mark++;
   derived.emplace(id, std::make_pair(base, offset_ns));
   ++bases[base];

@@ -346,7 +346,8 @@ struct CudaShared {
 
   uint64_t mark(cudaStream_t stream);
 
-  uint64_t derive_mark(uint64_t base, int64_t offset_ns);
+  // Caller holds marks_mu: a mark `offset_ns` after the event mark `base`.
+  uint64_t derive_locked(uint64_t base, int64_t offset_ns);
 
   // Caller holds marks_mu: the event mark under `id` and the offset from it.
   std::pair<uint64_t, int64_t> resolve_locked(uint64_t id) const {
