@@ -23,8 +23,10 @@ The CPU tests check what decides which opens carry a launch.
 
 import pytest
 from gpu_worker import run_worker
+from test_recorder import FakeCudaExecutor, _recorder, fake_torch
 
 import freeride as fr
+from freeride import gate
 from freeride._C import GATE_OPEN
 from freeride.record.recorder import MIN_LAUNCH_BUBBLE_NS
 
@@ -78,48 +80,53 @@ def test_negative_control_launches_made_when_the_host_sees_the_open_find_the_bub
     )
 
 
-class _Writes:
-    """Stands in for the gate's executor and notes each write's `launch`."""
+class _Clocked(FakeCudaExecutor):
+    """The fake CUDA executor of test_recorder with a settable time between marks, noting
+    each open's `launch`."""
 
-    def __init__(self, ex):
-        self._ex = ex
+    def __init__(self):
+        super().__init__()
+        self.gap = 1000
         self.opens = []  # (seq, launch)
+
+    def mark(self, stream):
+        self.now += self.gap - 1000  # the base class adds 1000
+        return super().mark(stream)
 
     def gate_write(self, value, stream, seq, launch=True):
         if value == GATE_OPEN:
             self.opens.append((seq, launch))
-        self._ex.gate_write(value, stream, seq, launch)
-
-    def __getattr__(self, name):
-        return getattr(self._ex, name)
+        super().gate_write(value, stream, seq, launch)
 
 
-def test_a_recorded_open_carries_a_launch_only_where_its_slot_pays_for_one(host):
+def test_a_recorded_open_carries_a_launch_only_where_its_slot_pays_for_one(monkeypatch):
     """Slot 0 (the iteration's start to the first compute action) is long and slot 1
     (between two compute actions with nothing in between) short: once their lengths are
     known, opens of slot 1 carry no launch; before that every open does, as do manual
     opens."""
-    import time
-
-    writes = _Writes(host._ex)
-    host.gate._ex = writes
+    fake_torch(monkeypatch, lambda device: (1, 2))
+    monkeypatch.setattr(gate, "stream_is_capturing", lambda handle, device: False)
+    ex = _Clocked()
+    rec = _recorder(ex, "cuda", 0)
     for _ in range(6):
-        with host.iteration():
-            time.sleep(0.003)  # slot 0: ~3 ms
-            with host.compute(label="a"):
-                pass
-            with host.compute(label="b"):  # slot 1: microseconds
-                pass
-        host.report()  # resolves the iteration: the slots' lengths are learnt
-    slot_of = host.gate.slot_of
-    first = [launch for seq, launch in writes.opens[:3]]
-    later = {slot_of(seq): launch for seq, launch in writes.opens[-3:]}
+        ex.gap = 1000
+        rec.begin_iteration(0)
+        ex.gap = 3 * MIN_LAUNCH_BUBBLE_NS  # slot 0 ends this long after its open
+        rec.compute_begin("a", 0)
+        ex.gap = 1000  # slots 1 and 2: a microsecond each
+        rec.compute_end(0)
+        rec.compute_begin("b", 0)
+        rec.compute_end(0)
+        rec.end_iteration(0)
+        rec.flush(block=True, timeout=5)  # the slots' lengths are learnt
+    slot_of = rec._gate.slot_of
+    first = [launch for seq, launch in ex.opens[:3]]
+    later = {slot_of(seq): launch for seq, launch in ex.opens[-3:]}
     assert first == [True, True, True], "opens before any slot length was known"
-    assert host._recorder.predicted_slot_ns(1) < MIN_LAUNCH_BUBBLE_NS
-    assert host._recorder.predicted_slot_ns(0) >= MIN_LAUNCH_BUBBLE_NS
-    assert later[0] is True and later[1] is False, later
-    host.gate.open()
-    assert writes.opens[-1][1] is True
+    assert rec.predicted_slot_ns(1) < MIN_LAUNCH_BUBBLE_NS <= rec.predicted_slot_ns(0)
+    assert later == {0: True, 1: False, 2: False}, later
+    rec._gate.open(0)
+    assert ex.opens[-1][1] is True
 
 
 def test_the_host_backend_makes_no_launches_at_opens(host):

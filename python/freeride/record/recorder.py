@@ -215,7 +215,10 @@ class Recorder:
 
     def _launch_pays(self, slot: int) -> bool:
         """Whether an open of `slot` should carry a side launch (MIN_LAUNCH_BUBBLE_NS):
-        yes until the slot's length is known."""
+        yes until the slot's length is known. The host backend enqueues nothing (its
+        writes are immediate): nothing to look up on its training thread."""
+        if self._kind != "cuda":
+            return True
         predicted = self.predicted_slot_ns(slot)
         return predicted is None or predicted >= MIN_LAUNCH_BUBBLE_NS
 
