@@ -116,6 +116,9 @@ def mode_unsafe_query(args: dict) -> dict:
                     queries["first_error"] = queries["first_error"] or str(exc)
                     time.sleep(0.001)
                 queries["inside"] += inside
+                # Lets the capturing thread have the GIL: a loop that never sleeps holds it
+                # for the whole switch interval at a time, and 20 captures took 100 s.
+                time.sleep(20e-6)
 
         querier = threading.Thread(target=query)
         querier.start()

@@ -18,6 +18,8 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -51,20 +53,44 @@ def run_worker(
     child_env.update({k: str(v) for k, v in (env or {}).items()})
     child_env["PYTHONFAULTHANDLER"] = "1"
     cmd = [sys.executable, os.path.join(HERE, worker), mode, json.dumps(args or {})]
+    proc = subprocess.Popen(
+        cmd, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
-        proc = subprocess.run(
-            cmd, env=child_env, capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired as e:
-        out = _text(e.stdout) + _text(e.stderr)
-        pytest.fail(f"{worker} {mode} {env} did not finish within {timeout} s:\n{out[-4000:]}")
-    out = proc.stdout + proc.stderr
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stacks = _hang_report(proc)
+        pytest.fail(f"{worker} {mode} {env} did not finish within {timeout} s:\n{stacks}")
+    out = stdout + stderr
+    lines = [line for line in stdout.splitlines() if line.startswith(RESULT)]
     if proc.returncode != 0 or not lines:
         pytest.fail(f"{worker} {mode} {env} exited with {proc.returncode}:\n{out[-4000:]}")
     result = json.loads(lines[-1][len(RESULT) :])
     print(f"{worker} {mode} env={env} args={args}: {json.dumps(result)}")
     return result
+
+
+def _hang_report(proc: subprocess.Popen) -> str:
+    """Where a hung child is: its native stacks (py-spy, where installed), then its Python
+    stacks (faulthandler prints them on SIGABRT), then it is killed."""
+    native = ""
+    spy = shutil.which("py-spy")
+    if spy:
+        dumped = subprocess.run(
+            [spy, "dump", "--native", "--pid", str(proc.pid)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        native = dumped.stdout + dumped.stderr
+    proc.send_signal(signal.SIGABRT)
+    try:
+        out, err = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    return f"{_text(out)[-3000:]}{_text(err)[-6000:]}\n--- native stacks ---\n{native[-12000:]}"
 
 
 def _text(data) -> str:
@@ -163,6 +189,11 @@ def mode_hardware_queues(args: dict) -> dict:
     torch.cuda.init()
     x = torch.ones(16, device="cuda")
     x.cpu()
+    # Made before any side work: creating a stream synchronises the device (seen on an
+    # H200, driver 580: cudaStreamCreateWithPriority waited for the running side launch),
+    # so with time_slice=None it would wait for a close this thread never gets to enqueue.
+    # A training process makes its streams up front; the Harvester's docs say why.
+    other = torch.cuda.Stream()
     out: dict = {"connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}
     for label, kwargs in (("none", {"time_slice": None}), ("default", {})):
         with fr.Harvester("cuda:0", reserve=reserve, **kwargs) as h:
@@ -197,7 +228,6 @@ def mode_hardware_queues(args: dict) -> dict:
             launches = t.launches
             # A long kernel on a second training stream (an NCCL-like one) while side work
             # relaunches every slice: a kernel on the first stream still starts at once.
-            other = torch.cuda.Stream()
             with torch.cuda.stream(other):
                 torch.cuda._sleep(int(50 * CYCLES_PER_MS))
             begin = time.perf_counter()

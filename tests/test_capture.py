@@ -57,17 +57,18 @@ def _torch():
 
 @pytest.mark.gpu
 def test_capture_query_sees_torchs_capture():
-    """Property: the query answers True for the capturing stream (and for the legacy
-    default stream, which would join the capture) and False before and after."""
+    """Property: the query answers True for the capturing stream and False before and
+    after. (Not asserted: the legacy default stream. torch captures on a non-blocking
+    stream, which the legacy stream does not synchronise with, so it would not join the
+    capture, and on an H200 with driver 580 the driver answered False for it.)"""
     torch = _torch()
     x = torch.ones(16, device="cuda")
     g = torch.cuda.CUDAGraph()
     assert not _C._stream_is_capturing(int(torch.cuda.current_stream().cuda_stream), 0)
     with torch.cuda.graph(g):
         inside = _C._stream_is_capturing(int(torch.cuda.current_stream().cuda_stream), 0)
-        legacy = _C._stream_is_capturing(0, 0)
         y = x * 2
-    assert inside and legacy
+    assert inside
     assert not _C._stream_is_capturing(int(torch.cuda.current_stream().cuda_stream), 0)
     g.replay()
     torch.cuda.synchronize()

@@ -226,7 +226,11 @@ def test_image_tasks_match_the_host_backend(cuda_harvester):
 
 # Fresh processes for the admission measurements: no other test's threads or streams,
 # and 32 hardware queues, so that no two streams of the measurement share one.
-ADMISSION_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": 32}
+# Launches at opens off: this measures the executor's own admission (the ring and the 1 ms
+# look). With them on, the blocker's open below enqueues a launch that waits for the
+# blocker's stream, and every later launch queues behind it on the side stream, so the
+# side task runs nothing until the blocker is done, ring or no ring.
+ADMISSION_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": 32, "FREERIDE_LAUNCH_AT_OPEN": "0"}
 
 
 def test_admission_sleeps_while_the_gate_is_closed():
@@ -378,7 +382,11 @@ def test_a_launch_is_recorded_where_its_first_block_began():
         task.cancel()
     bubble = rep.iterations[0].bubbles[0]
     inside = [x for x in rep.launches if x.end_ns > bubble.start_ns]
-    assert inside, "no side launch was recorded in the bubble"
+    assert inside, (
+        f"no side launch was recorded in the bubble {bubble}: iterations {rep.iterations}, "
+        f"launches {rep.launches[:8]}, launch counts {rep.launch_counts}, "
+        f"items done {task.items_done}"
+    )
     first = min(x.start_ns for x in inside)
     late_ms = (first - bubble.start_ns) / 1e6
     print(f"first side launch drawn {late_ms:.3f} ms into the bubble (SMs held {hold_ms} ms)")

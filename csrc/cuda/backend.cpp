@@ -395,9 +395,10 @@ class CudaBackend final : public Backend {
     // Whichever thread closes (a user's, the SIGTERM closer), beside a capture elsewhere.
     const RelaxedCaptureScope relaxed;
     // Side launches have ended (the executor took every end) unless some were abandoned;
-    // stop-word writes still pending on control land before the pools may be freed. Each
-    // wait is bounded: a stream that does not drain in time (one hardware queue stalled
-    // behind a peer that died) leaves the pools to leak rather than hang the close.
+    // stop-word writes still pending on control land before the pools' slabs may go to
+    // another pool. Each wait is bounded: a stream that does not drain in time (one
+    // hardware queue stalled behind a peer that died) leaves the slabs to leak rather than
+    // hang the close.
     bool drained = !s.abandoned;
     cudaError_t err = cudaSuccess;
     for (cudaStream_t stream : {s.side, s.green_side, s.control}) {
@@ -420,6 +421,8 @@ class CudaBackend final : public Backend {
     {
       std::lock_guard<std::mutex> plk(s.pool_mu);
       s.orphaned = drained;
+      // Slabs that a launch still on the GPU may write are never handed to another pool.
+      if (!drained) s.pools_freed = true;
       // The backend's own staging slots count as released along with it.
       if (drained && s.runners == 0) s.free_pools();
     }

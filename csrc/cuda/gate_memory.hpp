@@ -89,16 +89,24 @@ GateSlot acquire_gate(int device, bool host_memory);
 // writes by copy on the fallback path. Never freed, for the same reason as the gates.
 const unsigned int* gate_constants();
 
-// ---------------------------------------------------------------------------------------
-// Backend-owned slot pools: one allocation per kSlotsPerSlab slots, reused via a free
-// list. The caller serialises access (CudaShared::pool_mu).
+// Slabs a pool lets go of are kept for later pools of the same device and kind, never
+// given to cudaFree or cudaFreeHost: both synchronise the whole device (CUDA's implicit
+// synchronisation), so freeing at close waited for every stream's queued work, training's
+// included (seen on an H200: close() and process exit took the 2 s of GPU work still
+// queued on a training stream). Process-wide and leaked on purpose, like the gates.
+struct Slab {
+  char* dev = nullptr;   // device address
+  char* host = nullptr;  // host address (mapped host pools only)
+};
+// A kept slab of `bytes` for `device`, or false where none is kept.
+bool take_kept_slab(int device, bool host_memory, size_t bytes, Slab* out);
+void keep_slab(int device, bool host_memory, size_t bytes, Slab slab) noexcept;
 
+// Backend-owned slot pools: one slab per kSlotsPerSlab slots, reused via a free list. The
+// caller serialises access (CudaShared::pool_mu) and makes the pool's device current.
 class SlotPool {
  public:
-  struct Slot {
-    char* dev = nullptr;   // device address
-    char* host = nullptr;  // host address (mapped host pools only)
-  };
+  using Slot = Slab;
 
   SlotPool(bool host_memory, size_t stride) : host_memory_(host_memory), stride_(stride) {}
   SlotPool(const SlotPool&) = delete;
@@ -117,39 +125,31 @@ class SlotPool {
   // Cannot reallocate: every slot came from free_, whose capacity covers all of them.
   void release(Slot slot) noexcept { free_.push_back(slot); }
 
+  // Hands every slab to the process-wide keep (see keep_slab): nothing waits for the GPU.
   void free_all() noexcept {
-    for (void* base : slabs_) {
-      if (host_memory_) {
-        (void)cudaFreeHost(base);
-      } else {
-        (void)cudaFree(base);
-      }
-    }
+    for (const Slab& slab : slabs_) keep_slab(device_, host_memory_, bytes(), slab);
     slabs_.clear();
     free_.clear();
-    // Errors here (e.g. at process exit) must not surface as a later launch's error.
-    (void)cudaGetLastError();
   }
 
  private:
+  size_t bytes() const { return kSlotsPerSlab * stride_; }
+
   void grow() {
     slabs_.reserve(slabs_.size() + 1);
     free_.reserve((slabs_.size() + 1) * kSlotsPerSlab);
-    const size_t bytes = kSlotsPerSlab * stride_;
-    Slot base;
-    if (host_memory_) {
-      char* host = nullptr;
-      char* dev = nullptr;
-      alloc_mapped(bytes, &host, &dev);
-      slabs_.push_back(host);
-      base.host = static_cast<char*>(host);
-      base.dev = static_cast<char*>(dev);
-    } else {
-      void* dev = nullptr;
-      FR_CUDA_CHECK(cudaMalloc(&dev, bytes));
-      slabs_.push_back(dev);
-      base.dev = static_cast<char*>(dev);
+    if (slabs_.empty()) FR_CUDA_CHECK(cudaGetDevice(&device_));
+    Slab base;
+    if (!take_kept_slab(device_, host_memory_, bytes(), &base)) {
+      if (host_memory_) {
+        alloc_mapped(bytes(), &base.host, &base.dev);
+      } else {
+        void* dev = nullptr;
+        FR_CUDA_CHECK(cudaMalloc(&dev, bytes()));
+        base.dev = static_cast<char*>(dev);
+      }
     }
+    slabs_.push_back(base);
     // Reversed, so that slots are handed out in address order.
     for (size_t i = kSlotsPerSlab; i-- > 0;) {
       Slot s;
@@ -161,7 +161,8 @@ class SlotPool {
 
   bool host_memory_;
   size_t stride_;
-  std::vector<void*> slabs_;
+  int device_ = 0;
+  std::vector<Slab> slabs_;
   std::vector<Slot> free_;
 };
 

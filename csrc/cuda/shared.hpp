@@ -108,7 +108,7 @@ struct CudaShared {
   SlotPool words{true, kWordStride};
   int runners = 0;
   bool orphaned = false;  // shut down: free the pools when the last runner goes
-  bool pools_freed = false;
+  bool pools_freed = false;  // or left to leak: an abandoned launch may still write them
 
   std::mutex staging_mu;       // guards `staging`
   SlotPool::Slot staging;      // pinned bounce word for immediate reads and copies

@@ -196,7 +196,10 @@ class Harvester:
             cudaFree, empty_cache) waits at most this long. Once the host has enqueued
             the close that ends the launch's bubble, a synchronisation waits for that close
             anyway, and the launch runs on until it. None: a launch runs until the gate
-            closes.
+            closes; then a call that synchronises the device made by the thread that
+            would enqueue the close never returns (creating a stream, cudaFree,
+            torch.cuda.synchronize while the gate is open: each waits for the side
+            launch). Make streams before side work starts, as a training process does.
 
     Use it as a context manager, or call close().
 
