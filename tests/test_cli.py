@@ -267,7 +267,7 @@ def _write(path, text, mode):
     return str(path)
 
 
-_QUEUE_FILE = json.dumps({"address": "localhost:1", "secret": "ab" * 32})
+_QUEUE_FILE = json.dumps({"address": "localhost:1", "secret": "ab" * 32, "server_key": "k" * 40})
 
 
 @pytest.mark.parametrize("command", ["submit", "status"])
@@ -280,7 +280,7 @@ def test_secret_file_problems_are_argument_errors(command, tmp_path):
         (_write(tmp_path / "others.json", _QUEUE_FILE, 0o604), "has mode 0604"),
         (_write(tmp_path / "gw.json", _QUEUE_FILE, 0o620), "has mode 0620"),
         (_write(tmp_path / "text.json", "address=x", 0o600), "cannot be read as the queue's JSON"),
-        (_write(tmp_path / "nosecret.json", '{"address": "x:1"}', 0o600), "lacks 'address' and"),
+        (_write(tmp_path / "nosecret.json", '{"address": "x:1"}', 0o600), "lacks 'address', 'secret' and"),
     ]
     for path, expected in cases:
         args = ["--queue", path] + (["freeride.tasks:Spin"] if command == "submit" else [])

@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("torch")
 
 import job_fault_worker
+import job_partition_worker
 
 BOUND_S = job_fault_worker.RANK_TIMEOUT + 3.0  # detection, plus a loaded 2-core machine
 
@@ -85,3 +86,55 @@ def test_a_lost_leader_fails_every_handle_and_close_says_so(tmp_path):
     assert r["outcomes"] and all(o["state"] == "lost" and o["rank"] == 0 for o in r["outcomes"])
     assert r["close"] == "lost" and r["close_rank"] == 0
     assert r["threads_after"] == []
+
+
+def _partition(tmp_path, scenario: str) -> dict[int, dict]:
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(target=job_partition_worker.run_rank, args=(rank, 2, str(tmp_path), scenario))
+        for rank in range(2)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(90)
+    alive = [p.pid for p in procs if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert not alive, f"ranks still running after 90 s: {alive}"
+    out = {}
+    for rank in range(2):
+        with open(os.path.join(tmp_path, f"rank{rank}.json")) as f:
+            out[rank] = json.load(f)
+        assert out[rank]["ok"], out[rank].get("error")
+    return out
+
+
+def test_a_rank_declared_lost_that_is_heard_again_cancels_its_task(tmp_path):
+    """Review D3's converse: liveness is the leader's own observation, and a rank it gave
+    up on must not keep running what it was told failed. Rank 1 is cut off for longer than
+    rank_timeout while it runs a placed task: the submitter's handle fails with
+    RankLostError, and rank 1 is told (the leader sends "lost" to the lost rank too, and
+    again whenever it is heard from) and cancels the task."""
+    out = _partition(tmp_path, "resume")
+    assert out[0]["outcome"] == "lost", out[0]
+    assert "rank 1 was lost" in out[0]["error"]
+    assert out[1]["final_within_10s"], out[1]
+    assert set(out[1]["local_states"].values()) == {"cancelled"}, out[1]
+    assert out[0]["close"] == "lost" and out[0]["close_rank"] == 1
+    for rank in (0, 1):
+        assert out[rank]["threads_after"] == [], out[rank]
+
+
+def test_close_returns_within_its_bound_when_another_rank_never_closes(tmp_path):
+    """Item 4: the leader's close() waits close_timeout (2 s) for rank 1, which never
+    closes, then closes the queue for it: it returns within the bound, not for ever, and
+    rank 1's next submit() raises a clear freeride error instead of hanging."""
+    out = _partition(tmp_path, "no_close")
+    bound = job_partition_worker.CLOSE_TIMEOUT + 1.5
+    assert out[0]["close"] == "ok" and out[0]["close_s"] < bound, out[0]
+    assert out[1]["submit_after"] in ("HarvesterClosedError", "RankLostError"), out[1]
+    assert out[1]["close_s"] < bound, out[1]
+    for rank in (0, 1):
+        assert out[rank]["threads_after"] == [], out[rank]

@@ -7,32 +7,33 @@ from __future__ import annotations
 import logging
 import pickle
 import threading
+import time
 from collections import OrderedDict
 from typing import Any
 
 from ..errors import HarvesterClosedError, TaskCancelledError
 from ..handle import FINAL_STATES
 from . import messages as m
+from .channel import MAX_MESSAGE, Link
 from .files import write_atomically
 from .handle import RemoteHandle
-from .mailbox import Inbox, Outbox
 from .placement import TaskSpec, map_nested
 from .serving import Serving
 
 log = logging.getLogger("freeride.job")
 
 _KEEP_HISTORY = 2_000
+MAX_RESULT = MAX_MESSAGE - (1 << 20)  # room for the rest of the message
 
 
 class Agent(Serving):
-    """One per rank; its thread reads the rank's box."""
+    """One per rank; its thread reads what the coordinator sends this rank."""
 
-    def __init__(self, harvester: Any, rank: int, outbox: Outbox, inbox: Inbox) -> None:
+    def __init__(self, harvester: Any, rank: int, link: Link) -> None:
         super().__init__("freeride-jobqueue", cuda=harvester.backend == "cuda")
         self._h = harvester
         self.rank = rank
-        self._out = outbox
-        self._inbox = inbox
+        self._link = link
         self.lock = threading.Lock()
         self._report_lock = threading.Lock()
         self.submitted: dict[str, RemoteHandle] = {}
@@ -46,23 +47,19 @@ class Agent(Serving):
         self.bye = threading.Event()
         self.malformed = 0
 
-    def release(self) -> None:
-        """Drops the agent's store connection (its thread has ended)."""
-        self._inbox.release()
-
     @property
     def dropped(self) -> int:
-        return self._inbox.dropped
+        return self._link.dropped
 
     @property
     def unreadable(self) -> int:
-        return self._inbox.malformed
+        return self._link.malformed
 
     def _send_coord(self, message: tuple) -> None:
-        self._out.send(m.COORD, message)
+        self._link.send(message)
 
     def step(self) -> bool:
-        message = self._inbox.poll()
+        message = self._link.poll()
         if message is not None:
             self.handle(message)
             return True
@@ -96,7 +93,15 @@ class Agent(Serving):
             self._update(*message[1:])
         elif kind == "lost":
             self.lost.add(message[1])
-            if message[1] == self.rank:  # the queue gave up on this rank: stop waiting
+            if message[1] == self.rank:
+                # The queue gave up on this rank (it was not heard from for rank_timeout)
+                # and failed what runs here: nothing of it may go on running.
+                log.warning(
+                    "freeride job queue: rank %d was declared lost; cancelling its tasks",
+                    self.rank,
+                )
+                self.left = True
+                self.cancel_hosted(wait=False)
                 self.bye.set()
         elif kind == "bye":
             self.bye.set()
@@ -109,7 +114,7 @@ class Agent(Serving):
         if handle is None:
             return
         update = m.Update(*fields)
-        handle._apply(self._inbox, update)
+        handle._apply(update)
         if update.state in FINAL_STATES:
             with self.lock:
                 self.submitted.pop(task_id, None)
@@ -184,10 +189,17 @@ class Agent(Serving):
             back.append(task_id)
         self._send_coord(("handback", self.rank, back))
 
-    def cancel_hosted(self, wait: bool = True) -> None:
-        """Cancels every hosted task (items in flight finish, no new one starts)."""
-        for handle in self.hosted().values():
-            handle.cancel(wait=wait)
+    def cancel_hosted(self, wait: bool = True, timeout: float | None = 30.0) -> None:
+        """Cancels every hosted task (items in flight finish, no new one starts); with
+        `wait`, waits up to `timeout` s in all."""
+        handles = list(self.hosted().values())
+        for handle in handles:
+            handle.cancel(wait=False)
+        if wait:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            for handle in handles:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                handle.wait(left)
 
     def _moved(self, task_id: str) -> None:
         with self.lock:
@@ -237,8 +249,8 @@ class Agent(Serving):
             ("state", task_id, self.rank, state, handle.items_done, total, error, kind, blob)
         )
 
-    def _outcome(self, task_id: str, handle: Any) -> tuple[str | None, str | None, tuple | None]:
-        """(error, error kind, result blob) of a final hosted task."""
+    def _outcome(self, task_id: str, handle: Any) -> tuple[str | None, str | None, bytes | None]:
+        """(error, error kind, pickled result) of a final hosted task."""
         spec = self._hosted_specs.get(task_id)
         try:
             value = handle.result(timeout=0)
@@ -260,8 +272,13 @@ class Agent(Serving):
                 payload = pickle.dumps(path)
         except Exception as exc:  # noqa: BLE001 - a result that cannot travel fails the task
             return (f"on rank {self.rank}: the result could not be returned: {exc}", "failed", None)
-        key = f"fr-result/{task_id}"
-        return None, None, (key, self._out.put_blob(key, payload))
+        if len(payload) > MAX_RESULT:
+            error = (
+                f"on rank {self.rank}: the result is {len(payload)} bytes pickled, more than "
+                f"the queue carries ({MAX_RESULT}); give the TaskSpec result='<path>' instead"
+            )
+            return error, "failed", None
+        return None, None, payload
 
     def stats_message(self) -> tuple:
         """("stats", ...) with this rank's bubbles and free budget: also its heartbeat, so

@@ -11,10 +11,9 @@ import time
 from typing import Any
 
 from .._checks import check_count, check_float
-from ..errors import QueueAuthError, RankLostError
-from . import mailbox
+from . import channel
 from . import messages as m
-from .files import read_secret_file, secret_bytes
+from .files import read_secret_file, secret_bytes, server_key_bytes
 from .handle import RemoteHandle
 from .placement import TaskSpec
 from .serving import Serving
@@ -46,33 +45,35 @@ class JobClient:
         address: str | None = None,
         secret: bytes | str | None = None,
         *,
+        server_key: bytes | str | None = None,
         secret_file: str | os.PathLike | None = None,
         timeout: float = 10.0,
     ) -> None:
         if secret_file is not None:
-            if address is not None or secret is not None:
-                raise TypeError("give either secret_file or address and secret, not both")
-            address, key = read_secret_file(secret_file)
+            if address is not None or secret is not None or server_key is not None:
+                raise TypeError("give either secret_file or address, secret and server_key")
+            address, key, public = read_secret_file(secret_file)
         else:
-            if address is None or secret is None:
-                raise TypeError("JobQueue.connect needs address and secret, or secret_file")
+            if address is None or secret is None or server_key is None:
+                raise TypeError(
+                    "JobQueue.connect needs address, secret and server_key, or secret_file"
+                )
             key = secret_bytes(secret, "secret")
+            public = server_key_bytes(server_key, "server_key")
         host, port = _split_address(address)
-        timeout = check_float(timeout, "timeout")
+        self._timeout = check_float(timeout, "timeout")
+        if self._timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
         self.address = address
         try:
-            store = mailbox.connect(host, port, timeout)
-            reader = mailbox.connect(host, port, timeout)
-        except Exception as exc:  # noqa: BLE001 - torch raises several kinds
+            ip = channel.resolve(host)
+        except ValueError as exc:
             raise ConnectionError(f"no job queue answers at {address}: {exc}") from None
-        if not mailbox.check_proof(store, key):
-            raise QueueAuthError(
-                f"refused: the secret does not match the job queue at {address}; nothing was sent"
-            )
-        self._out = mailbox.Outbox(store, key)
-        self._n = self._out.add("fr-clients", 1)
-        self._box = m.client_box(self._n)
-        self._inbox = mailbox.Inbox(reader, key, self._box)
+        # QueueAuthError (a wrong secret, or a server that does not prove it holds it) and
+        # ConnectionError (no queue with this key answers) come from here.
+        self._link = channel.Link(ip, port, key, public, b"client", self._timeout, address)
+        self._box = self._link.box
+        self._prefix = m.task_prefix(self._box)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._handles: dict[str, RemoteHandle] = {}
@@ -81,7 +82,7 @@ class JobClient:
         self._requests = itertools.count(1)
         self.closed_by_job = False
         self._closed = False
-        self._out.send(m.COORD, ("hello", self._box))
+        self._link.send(("hello", self._box))
         self._reader = Serving("freeride-jobclient", self._step, max_idle=0.02)
         self._reader.start()
 
@@ -95,7 +96,7 @@ class JobClient:
         read_secret_file(path)
 
     def _send_coord(self, message: tuple) -> None:
-        self._out.send(m.COORD, message)
+        self._link.send(message)
 
     def submit(self, spec: TaskSpec, priority: int = 0) -> RemoteHandle:
         """Queues `spec` in the job; returns a handle that follows it."""
@@ -105,18 +106,11 @@ class JobClient:
         data = spec.dumps()
         if self._closed or self.closed_by_job:
             raise RuntimeError("the client is closed" if self._closed else "the job queue closed")
-        task_id = f"c{self._n}:{next(self._ids)}"
+        task_id = f"{self._prefix}{next(self._ids)}"
         handle = RemoteHandle(self, task_id, spec)
         with self._lock:
             self._handles[task_id] = handle
-        try:
-            self._send_coord(("submit", task_id, data, priority, self._box))
-        except Exception as exc:  # noqa: BLE001
-            with self._lock:
-                self._handles.pop(task_id, None)
-            raise RankLostError(
-                f"the job queue at {self.address} cannot be reached: {exc}"
-            ) from None
+        self._send_coord(("submit", task_id, data, priority, self._box))
         return handle
 
     def status(self, timeout: float = 5.0) -> list[dict[str, Any]]:
@@ -144,16 +138,12 @@ class JobClient:
         self._closed = True
         with self._lock:
             handles = [h for h in self._handles.values() if not h.done()]
-        try:
-            if cancel:
-                for handle in handles:
-                    handle.cancel(wait=False)
-            self._send_coord(("bye", self._box))
-        except Exception:  # noqa: BLE001, S110 - the job may be gone already
-            pass
-        self._reader.stop()
-        self._inbox.release()
-        self._out.release()
+        if cancel:
+            for handle in handles:
+                handle.cancel(wait=False)
+        self._send_coord(("bye", self._box))
+        self._reader.stop(1.0)
+        self._link.close()  # sends what is queued (the bye) first, briefly
 
     def __enter__(self) -> JobClient:  # noqa: PYI034
         return self
@@ -162,13 +152,11 @@ class JobClient:
         self.close()
 
     def _step(self) -> bool:
-        try:
-            message = self._inbox.poll()
-        except Exception:  # noqa: BLE001 - the job is gone
-            self._job_gone()
-            self._reader.halt()
-            return False
+        message = self._link.poll()
         if message is None:
+            if not self.closed_by_job and self._link.silent_for() > self._timeout:
+                self._job_gone()  # the hub beats every 100 ms: it is gone
+                self._reader.halt()
             return False
         try:
             self._handle(m.to_agent(message))
@@ -182,7 +170,7 @@ class JobClient:
             with self._lock:
                 handle = self._handles.get(message[1])
             if handle is not None:
-                handle._apply(self._inbox, m.Update(*message[2:]))
+                handle._apply(m.Update(*message[2:]))
         elif kind == "status":
             with self._replied:
                 self._replies[message[1]] = message[2]

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..handle import FINAL_STATES
 from . import messages as m
-from .mailbox import Inbox, Outbox
+from .channel import Hub
 from .placement import Decision, Policy, RankState, TaskSpec
 from .serving import Serving
 
@@ -45,29 +45,29 @@ class _Placed:
 
 
 class Coordinator(Serving):
-    """Rank `ranks[0]`'s placement loop. `outbox` sends to agents and clients; `inbox`
-    reads "fr-coord". `cuda`: this rank's harvester is on a GPU, so the thread is relaxed
-    for graph capture (unpickling a spec whose arguments hold CUDA tensors allocates)."""
+    """The leader's placement loop, on the messages of `hub` (whose sessions say who
+    sent each). `leader`: this rank, whose liveness is never in question here. `cuda`:
+    this rank's harvester is on a GPU, so the thread is relaxed for graph capture
+    (unpickling a spec whose arguments hold CUDA tensors allocates)."""
 
     def __init__(
         self,
         policy: Policy,
-        outbox: Outbox,
-        inbox: Inbox,
+        hub: Hub,
         ranks: list[int],
+        leader: int,
         rank_timeout: float,
         cuda: bool = False,
     ) -> None:
         super().__init__("freeride-jobqueue-coord", cuda=cuda)
         self._policy = policy
-        self._out = outbox
-        self._inbox = inbox
+        self._hub = hub
         self._ranks = {r: RankState(r) for r in ranks}
+        self._leader = leader
         self._rank_timeout = rank_timeout
-        now = time.monotonic()
-        self._seen = dict.fromkeys(ranks, now)
-        self._beats = dict.fromkeys(ranks, -1)
-        self._beats_read = 0.0
+        self._started = time.monotonic()
+        self._liveness_read = 0.0
+        self._told_lost: dict[int, float] = {}
         self._lost: set[int] = set()
         self._closing: set[int] = set()
         self._gone: set[int] = set()
@@ -78,6 +78,7 @@ class Coordinator(Serving):
         self._pending: list[tuple[int, int, str]] = []
         self._seq = itertools.count()
         self._finished = threading.Event()  # close ran: every final state sent
+        self._finish_now = threading.Event()  # the leader's close() ran out of time
         self._bye_at: float | None = None
         self._first_measured: float | None = None
         self.decisions: deque[Decision] = deque(maxlen=_KEEP_DECISIONS)
@@ -85,9 +86,16 @@ class Coordinator(Serving):
 
     # -- lifetime ----------------------------------------------------------------------------
 
-    def release(self) -> None:
-        """Drops the coordinator's store connection (its thread has ended)."""
-        self._inbox.release()
+    def finish(self) -> None:
+        """Closes the queue now, whichever ranks have not closed yet (the leader's close()
+        waited as long as it may): what is not final ends cancelled, and every rank and
+        client is told. Returns at once; the thread does it."""
+        self._finish_now.set()
+
+    @property
+    def finished(self) -> bool:
+        """True once every final state has been sent."""
+        return self._finished.is_set()
 
     @property
     def lost(self) -> set[int]:
@@ -96,13 +104,13 @@ class Coordinator(Serving):
     def step(self) -> bool:
         """Handles one message, or (with none waiting) checks liveness and places; ends
         the thread once the close is over."""
-        message = self._inbox.poll()
-        if message is not None:
-            self.handle(message)
+        received = self._hub.poll()
+        if received is not None:
+            self.handle(*received)
             return True
         self._check_liveness()
         if not self._finished.is_set():
-            if self._closing | self._lost >= set(self._ranks):
+            if self._finish_now.is_set() or self._closing | self._lost >= set(self._ranks):
                 self._finish()
             else:
                 self._place()
@@ -119,15 +127,31 @@ class Coordinator(Serving):
 
     # -- messages ----------------------------------------------------------------------------
 
-    def handle(self, message: Any) -> None:
-        """Acts on one verified message; a malformed one is counted and logged."""
+    def handle(self, sender: str, message: Any) -> None:
+        """Acts on one message from `sender`'s authenticated session; a malformed one,
+        or one whose fields speak for someone else, is counted and logged."""
         try:
             message = m.to_coordinator(message)
-            if message[0] in ("stats", "state", "handback", "closing", "gone"):
-                rank = message[1] if message[0] != "state" else message[2]
-                if rank not in self._ranks:
-                    raise m.Malformed(f"unknown rank {rank}")
-            getattr(self, "_on_" + message[0])(*message[1:])
+            kind = message[0]
+            rank = m.rank_of(sender)
+            if rank is not None and rank in self._lost and kind != "gone":
+                self._tell_lost(rank, sender)
+                return
+            if kind in ("stats", "state", "handback", "closing", "gone"):
+                claimed = message[1] if kind != "state" else message[2]
+                if claimed != rank or rank not in self._ranks:
+                    raise m.Malformed(f"{kind!r} for rank {claimed} from {sender}")
+            elif kind in ("submit", "hello", "status", "bye"):
+                box = message[4] if kind == "submit" else message[1]
+                if box != sender:
+                    raise m.Malformed(f"{kind!r} names box {box!r} but came from {sender}")
+                if kind == "submit" and not message[1].startswith(m.task_prefix(sender)):
+                    raise m.Malformed(f"task id {message[1]!r} is not of {sender}'s")
+            elif kind == "cancel" and rank is None:
+                task = self._tasks.get(message[1])
+                if task is not None and task.reply != sender:
+                    raise m.Malformed(f"{sender} cancels {message[1]!r}, a task not its own")
+            getattr(self, "_on_" + kind)(*message[1:])
         except m.Malformed as exc:
             self.malformed += 1
             log.warning("freeride job queue: coordinator dropped a malformed message: %s", exc)
@@ -177,15 +201,13 @@ class Coordinator(Serving):
         total: int | None,
         error: str | None,
         kind: str | None,
-        blob: tuple | None,
+        result: bytes | None,
     ) -> None:
         task = self._tasks.get(task_id)
         if task is None or task.state in FINAL_STATES or task.rank != rank:
-            if blob is not None:
-                self._out.delete_blob(*blob)  # nobody will read it
             return
         if state in FINAL_STATES:
-            self._final(task, m.Update(state, rank, done, total, error, kind, blob))
+            self._final(task, m.Update(state, rank, done, total, error, kind, result))
         else:
             task.state, task.done, task.total = state, done, total
             self._notify(task, m.Update(state, rank, done, total))
@@ -216,8 +238,8 @@ class Coordinator(Serving):
     def _on_closing(self, rank: int) -> None:
         self._closing.add(rank)
         self._ranks[rank].alive = False
-        if self._finished.is_set():  # late (it was declared lost): it still gets its bye
-            self._out.send(m.agent_box(rank), ("bye",))
+        if self._finished.is_set():  # late: it still gets its bye
+            self._hub.send(m.agent_box(rank), ("bye",))
 
     def _on_gone(self, rank: int) -> None:
         self._gone.add(rank)
@@ -252,20 +274,27 @@ class Coordinator(Serving):
     # -- ranks that go away -------------------------------------------------------------------
 
     def _check_liveness(self) -> None:
-        """Reads every rank's beat counter (4 times a second); a rank whose counter did
-        not move for rank_timeout is lost."""
+        """4 times a second: a rank the hub has not heard from for rank_timeout (each
+        sends its stats every 100 ms) is lost. The leader's own rank is never checked:
+        this thread running is its liveness."""
         now = time.monotonic()
-        if now - self._beats_read < 0.25:
+        if now - self._liveness_read < 0.25:
             return
-        self._beats_read = now
+        self._liveness_read = now
         for rank in self._ranks:
-            if rank in self._lost or rank in self._gone:
+            if rank == self._leader or rank in self._lost or rank in self._gone:
                 continue
-            beat = self._out.add(m.beat_key(rank), 0)
-            if beat != self._beats[rank]:
-                self._beats[rank], self._seen[rank] = beat, now
-            elif now - self._seen[rank] > self._rank_timeout:
+            heard = self._hub.heard(m.agent_box(rank))
+            if now - (self._started if heard is None else heard) > self._rank_timeout:
                 self._depart(rank, lost=True)
+
+    def _tell_lost(self, rank: int, box: str) -> None:
+        """A lost rank is heard from again: it is told (once a second at most), and
+        cancels what it runs; its messages are not acted on."""
+        now = time.monotonic()
+        if now - self._told_lost.get(rank, 0.0) >= 1.0:
+            self._told_lost[rank] = now
+            self._hub.send(box, ("lost", rank))
 
     def _depart(self, rank: int, lost: bool) -> None:
         """`rank` is gone for good: its unstarted tasks go elsewhere, its started ones fail
@@ -302,7 +331,7 @@ class Coordinator(Serving):
         if lost:  # the lost rank too: if it lives after all, it must not wait for us
             for other in self._ranks:
                 if other == rank or (other not in self._lost and other not in self._gone):
-                    self._out.send(m.agent_box(other), ("lost", rank))
+                    self._hub.send(m.agent_box(other), ("lost", rank))
 
     def _requeue(self, task: _Placed) -> None:
         task.rank, task.state = None, "queued"
@@ -375,8 +404,10 @@ class Coordinator(Serving):
                     task,
                     m.Update("cancelled", task.rank, task.done, task.total, closed, "cancelled"),
                 )
-        for rank in self._closing - self._gone:
-            self._out.send(m.agent_box(rank), ("bye",))
+        # Every rank still there, closing or not (a forced finish): a rank that has not
+        # closed yet learns the queue is closed, and its close() returns at once.
+        for rank in set(self._ranks) - self._gone - self._lost:
+            self._hub.send(m.agent_box(rank), ("bye",))
         for box in self._clients:
             self._send(box, ("closed",))
         self._bye_at = time.monotonic()
@@ -397,14 +428,10 @@ class Coordinator(Serving):
         self._notify(task, update)
 
     def _notify(self, task: _Placed, update: m.Update) -> None:
-        if task.reply in self._closed_boxes:
-            if update.blob is not None:
-                self._out.delete_blob(*update.blob)
-            return
         self._send(task.reply, ("update", task.task_id, *update))
 
     def _send(self, box: str, message: tuple) -> None:
         """Sends unless `box` is closed (a lost or departed rank, a client that left);
-        "lost" and "bye" go through the outbox directly, closed or not."""
+        "lost" and "bye" go through the hub directly, closed or not."""
         if box not in self._closed_boxes:
-            self._out.send(box, message)
+            self._hub.send(box, message)

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Callable
 from typing import IO
 
-from .mailbox import SECRET_BYTES
+from .auth import SECRET_BYTES
 
 
 def write_atomically(
@@ -47,40 +47,117 @@ def _new_file_mode() -> int:
     return 0o644
 
 
-def write_secret_file(path: str | os.PathLike, address: str, secret: bytes) -> None:
-    """Writes {"address", "secret"} to `path`, readable by its owner only (0600)."""
-    data = json.dumps({"address": address, "secret": secret.hex()}).encode()
-    write_atomically(path, lambda f: f.write(data), mode=0o600)
-
-
-def read_secret_file(path: str | os.PathLike) -> tuple[str, bytes]:
-    """(address, secret) from a file JobQueue(secret_file=...) wrote. Refuses a file
-    that others than its owner can read: the secret lets its holder run code as the job."""
+def write_secret_file(
+    path: str | os.PathLike, address: str, secret: bytes, server_key: bytes
+) -> tuple[int, int, bytes]:
+    """Writes {"address", "secret", "server_key"} to `path`, readable by its owner only
+    (0600); returns what remove_secret_file needs to know the file again. A path someone
+    else's file holds in a directory others may write (sticky /tmp) cannot be replaced:
+    PermissionError naming the file, its owner and what to do."""
     path = os.fspath(path)
+    data = json.dumps(
+        {"address": address, "secret": secret.hex(), "server_key": server_key.decode()}
+    ).encode()
     try:
-        mode = os.stat(path).st_mode
-        with open(path) as f:
-            data = json.load(f)
+        write_atomically(path, lambda f: f.write(data), mode=0o600)
+    except PermissionError as exc:
+        owner = _owner_of(path)
+        raise PermissionError(
+            f"secret_file {path!r} cannot be written ({exc.strerror})"
+            + (f": a file of uid {owner} is there" if owner is not None else "")
+            + "; give JobQueue(secret_file=...) a path in a directory only you can write "
+            "(mkdir -m 700 DIR)"
+        ) from None
+    st = os.stat(path, follow_symlinks=False)
+    return st.st_dev, st.st_ino, data
+
+
+def remove_secret_file(path: str | os.PathLike, written: tuple[int, int, bytes]) -> None:
+    """Removes `path` if it is still the file write_secret_file wrote (same device, inode
+    and content: an inode number alone may be reused by a file made since): once the
+    queue has closed, nobody should find its address and secret."""
+    path = os.fspath(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            ours = (st.st_dev, st.st_ino) == written[:2] and f.read(1 << 16) == written[2]
+        if ours:
+            os.unlink(path)
+    except OSError:
+        pass  # gone already, or not ours to remove
+
+
+def _owner_of(path: str) -> int | None:
+    try:
+        return os.stat(path, follow_symlinks=False).st_uid
+    except OSError:
+        return None
+
+
+def read_secret_file(path: str | os.PathLike) -> tuple[str, bytes, bytes]:
+    """(address, secret, server_key) from a file JobQueue(secret_file=...) wrote.
+
+    Opened without following a symbolic link and checked on the open descriptor (so
+    what is checked is what is read): it must be a regular file owned by this user (or
+    by root), which nobody else may read or write. Its secret lets the holder run code
+    as the job, and whoever supplies the file chooses the queue the client talks to.
+    """
+    path = os.fspath(path)
+    # O_NONBLOCK: a FIFO planted at the path would otherwise hold open() until someone
+    # writes to it; a regular file reads the same either way.
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise FileNotFoundError(f"secret_file {path!r} does not exist") from None
-    except (OSError, ValueError) as exc:
-        raise ValueError(
-            f"secret_file {path!r} cannot be read as the queue's JSON: {exc}"
-        ) from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise PermissionError(
-            f"secret_file {path!r} has mode {stat.S_IMODE(mode):04o}: others than its owner "
-            f"can read the job's secret; chmod 600 {path}"
-        )
+    except OSError as exc:
+        if os.path.islink(path):
+            raise PermissionError(
+                f"secret_file {path!r} is a symbolic link: give the file's own path"
+            ) from None
+        raise PermissionError(f"secret_file {path!r} cannot be opened: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise PermissionError(f"secret_file {path!r} is not a regular file")
+        if st.st_uid not in (os.geteuid(), 0):
+            raise PermissionError(
+                f"secret_file {path!r} belongs to uid {st.st_uid}, not to this user "
+                f"({os.geteuid()}) or root: whoever wrote it chooses the queue you talk to"
+            )
+        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise PermissionError(
+                f"secret_file {path!r} has mode {stat.S_IMODE(st.st_mode):04o}: others than "
+                f"its owner can read or write the job's secret; chmod 600 {path}"
+            )
+        try:
+            data = json.loads(f.read(1 << 16))
+        except ValueError as exc:
+            raise ValueError(
+                f"secret_file {path!r} cannot be read as the queue's JSON: {exc}"
+            ) from None
     if not (
         isinstance(data, dict)
         and isinstance(data.get("address"), str)
         and isinstance(data.get("secret"), str)
+        and isinstance(data.get("server_key"), str)
     ):
         raise ValueError(  # noqa: TRY004 - a bad file's content, not a bad argument
-            f"secret_file {path!r} lacks 'address' and 'secret'"
+            f"secret_file {path!r} lacks 'address', 'secret' and 'server_key'"
         )
-    return data["address"], secret_bytes(data["secret"], "secret_file's secret")
+    key = server_key_bytes(data["server_key"], "secret_file's server_key")
+    return data["address"], secret_bytes(data["secret"], "secret_file's secret"), key
+
+
+def server_key_bytes(key: bytes | str, name: str) -> bytes:
+    """A CurveZMQ public key in its 40-character Z85 text, as bytes."""
+    if isinstance(key, str):
+        key = key.encode()
+    if not isinstance(key, bytes) or len(key) != 40:
+        raise ValueError(f"{name} must be the queue's public key: 40 Z85 characters")
+    return key
 
 
 def secret_bytes(secret: bytes | str, name: str) -> bytes:

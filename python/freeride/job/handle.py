@@ -133,18 +133,14 @@ class RemoteHandle:
             self._result = result
             self._cv.notify_all()
 
-    def _apply(self, inbox: Any, update: Update) -> None:
-        """Applies an "update" message, reading its result blob (if any) from `inbox`; a
-        result that is missing or does not verify fails the task."""
-        state, rank, done, total, error, kind, blob = update
+    def _apply(self, update: Update) -> None:
+        """Applies an "update" message; a result that does not unpickle fails the task."""
+        state, rank, done, total, error, kind, data = update
         result = None
-        if blob is not None:
-            data = inbox.take_blob(*blob)
+        if data is not None:
             try:
-                result = pickle.loads(data) if data is not None else None
+                result = pickle.loads(data)
             except Exception:  # noqa: BLE001 - the result, not the reader, is broken
-                data = None
-            if data is None:
                 state, error, kind = "failed", "its result could not be read back", "failed"
         self._update(state, rank, done, total, error, result, kind)
 

@@ -5,27 +5,35 @@ checked against its kind's shape before anything acts on it, so a malformed one 
 a version mismatch, a holder of the secret sending nonsense) is rejected with a reason
 instead of raising inside a serving thread.
 
-To the coordinator (box "fr-coord"):
+Every message travels over an authenticated connection (channel.py), and the hub tells
+the coordinator whose box it came from: a rank's ("fr-agent/<rank>") or an outside
+client's ("fr-client/<random>"). The coordinator acts on a message only where its fields
+agree with its sender (a rank speaks for itself, a submitter names its own box and task
+ids of its own prefix, see `task_prefix`).
+
+To the coordinator:
     ("submit", task_id, spec_bytes, priority, reply_box)
     ("cancel", task_id)
     ("stats", rank, bubble_ns, longest_bubble_ns, free_bytes | None, iterations)
     ("state", task_id, rank, state, items_done, items_total | None, error | None,
-        error_kind | None, blob | None)
+        error_kind | None, result | None)
     ("handback", rank, [task_id, ...])
     ("closing", rank)       the rank is closing: place nothing more there
     ("gone", rank)          the rank's agent has stopped (after close, or abort)
-    ("hello", reply_box)    an outside client opened `reply_box`
+    ("hello", reply_box)    an outside client connected
     ("status", reply_box, request)   asks for the task table
     ("bye", reply_box)      the client closed: send nothing more there
-To a rank's agent ("fr-agent/<rank>") or a client ("fr-client/<n>"):
+To a rank's agent or a client:
     ("run", task_id, spec_bytes, priority)
     ("cancel", task_id)
     ("update", task_id, state, rank | None, items_done, items_total | None, error | None,
-        error_kind | None, blob | None)
-    ("lost", rank)
+        error_kind | None, result | None)
+    ("lost", rank)          the queue declared `rank` lost (sent to the rank itself too,
+                            if it is heard from again: it cancels what it runs)
     ("bye",)                every final state the coordinator will send has been sent
     ("status", request, rows)
     ("closed",)             (to clients) the queue closed
+`result` is the pickled result of a final "done" (TaskSpec.result "return" or a path).
 """
 
 from __future__ import annotations
@@ -35,7 +43,6 @@ from typing import Any, NamedTuple
 
 from ..handle import FINAL_STATES
 
-COORD = "fr-coord"
 # A tuple: membership of an unhashable value (a fuzzed message) is False, not an error.
 STATES = ("queued", "running", "paused", *sorted(FINAL_STATES))
 ERROR_KINDS = ("failed", "cancelled", "rank_lost")
@@ -45,14 +52,24 @@ def agent_box(rank: int) -> str:
     return f"fr-agent/{rank}"
 
 
-def client_box(n: int) -> str:
-    return f"fr-client/{n}"
+def rank_of(box: str) -> int | None:
+    """The rank whose agent box `box` is; None for a client's."""
+    if box.startswith("fr-agent/"):
+        try:
+            return int(box[len("fr-agent/") :])
+        except ValueError:
+            return None
+    return None
 
 
-def beat_key(rank: int) -> str:
-    """A counter the rank raises every 100 ms while it lives: liveness apart from the
-    message stream, so a stalled box never makes a live rank look dead."""
-    return f"fr-beat/{rank}"
+def task_prefix(box: str) -> str:
+    """What the ids of tasks submitted from `box` begin with: "<rank>:" for a rank,
+    "c<random>:" for a client (its box's random name), so ids never collide and nobody
+    names a task of another's."""
+    rank = rank_of(box)
+    if rank is not None:
+        return f"{rank}:"
+    return f"c{box.rsplit('/', 1)[-1]}:"
 
 
 class Update(NamedTuple):
@@ -65,7 +82,7 @@ class Update(NamedTuple):
     total: int | None
     error: str | None = None
     kind: str | None = None  # one of ERROR_KINDS, with an error
-    blob: tuple | None = None  # (key, parts) of the result, with a final "done"
+    result: bytes | None = None  # the pickled result, with a final "done"
 
 
 class Malformed(ValueError):
@@ -104,17 +121,6 @@ def _error_kind(v: Any) -> bool:
     return v is None or v in ERROR_KINDS
 
 
-def _blob(v: Any) -> bool:
-    return (
-        v is None
-        or isinstance(v, tuple)
-        and len(v) == 2
-        and _str(v[0])
-        and _int(v[1])
-        and 1 <= v[1] <= 1 << 16
-    )
-
-
 def _ids(v: Any) -> bool:
     return isinstance(v, list) and all(_str(x) for x in v)
 
@@ -132,7 +138,7 @@ _TO_COORD: dict[str, tuple[Callable[[Any], bool], ...]] = {
     "submit": (_str, _bytes, _int, _box),
     "cancel": (_str,),
     "stats": (_RANK, _count, _count, _opt(_count), _count),
-    "state": (_str, _RANK, _state, _count, _opt(_count), _opt(_text), _error_kind, _blob),
+    "state": (_str, _RANK, _state, _count, _opt(_count), _opt(_text), _error_kind, _opt(_bytes)),
     "handback": (_RANK, _ids),
     "closing": (_RANK,),
     "gone": (_RANK,),
@@ -143,7 +149,16 @@ _TO_COORD: dict[str, tuple[Callable[[Any], bool], ...]] = {
 _TO_AGENT: dict[str, tuple[Callable[[Any], bool], ...]] = {
     "run": (_str, _bytes, _int),
     "cancel": (_str,),
-    "update": (_str, _state, _opt(_RANK), _count, _opt(_count), _opt(_text), _error_kind, _blob),
+    "update": (
+        _str,
+        _state,
+        _opt(_RANK),
+        _count,
+        _opt(_count),
+        _opt(_text),
+        _error_kind,
+        _opt(_bytes),
+    ),
     "lost": (_RANK,),
     "bye": (),
     "status": (_int, _rows),

@@ -7,12 +7,14 @@ re-evaluating as tasks finish and bubbles change; that rank builds the task from
 and runs it on its own Harvester; states and the result come back to the submitter's
 handle.
 
-Messages travel through a TCPStore of the queue's own, listening only on the address the
-job uses, and every message carries an HMAC under a secret the leader makes and shares
-over a gloo group of the queue's own (never through the store): a message that does not
-verify is dropped unread. Each rank heartbeats every 100 ms; a rank silent for
-`rank_timeout` is declared lost: the tasks it had not started go elsewhere, the ones it
-ran fail with RankLostError, and the others' close() says so instead of hanging.
+Messages travel over a channel whose server is the leader (channel.py): ZeroMQ
+connections encrypted with CurveZMQ, each authenticated by challenge and response under
+a secret the leader makes and shares over a gloo group of the queue's own, so only the
+job's ranks and clients holding the secret talk to the queue, and the leader alone keeps
+its state (task ids, placements, liveness). Each rank sends its stats every 100 ms and the
+leader beats back; a rank the leader has not heard from for `rank_timeout` is declared
+lost: the tasks it had not started go elsewhere, the ones it ran fail with RankLostError
+(and are cancelled there if it is heard from again), and close() says so.
 
 A rank that leaves (leave(), or its harvester closes) hands the tasks it has not started
 back to the queue; a task that has started stays where it runs until it is final, so no
@@ -26,6 +28,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -33,7 +36,7 @@ from .. import _shutdown
 from .._C import _relax_capture_mode
 from .._checks import check_count, check_float
 from ..errors import HarvesterClosedError, RankLostError
-from . import files, mailbox
+from . import auth, channel, files
 from . import messages as m
 from .agent import Agent
 from .coordinator import Coordinator
@@ -43,8 +46,9 @@ from .placement import Decision, Policy, TaskSpec
 log = logging.getLogger("freeride.job")
 
 _BEAT_S = 0.1
-_GAP_S = 2.0  # a number taken and not written for this long is skipped (see mailbox)
 _HOST_BYTES = 256
+_KEY_BYTES = 40  # a CurveZMQ public key, Z85 text
+_WILDCARDS = ("0.0.0.0", "::", "", "*")
 
 
 class JobQueue:
@@ -57,14 +61,19 @@ class JobQueue:
             gloo group of these ranks for its own setup.
         depth: tasks a rank holds at once (running or waiting in its harvester); more
             wait at the coordinator, so placement follows bubbles as they change.
-        host: address the leader's control store listens on and the others connect to
-            (default: MASTER_ADDR, else this host's name); it listens there only.
-        timeout: seconds for setup and each store operation.
-        rank_timeout: a rank (or the leader) that sends nothing for this long is
-            declared lost.
-        secret_file: if given, the leader writes the queue's address and secret there
-            (JSON, mode 0600) for outside clients (fr.JobQueue.connect, `freeride
-            submit`). Whoever can read it can run code as the job.
+        host: the address the leader's channel listens on and the others connect to
+            (default: MASTER_ADDR, else this host's name); it listens there only. A
+            wildcard ("0.0.0.0", "::") would listen on every interface: refused where it
+            comes from MASTER_ADDR, allowed with a warning where given here.
+        timeout: seconds for setup (each rank's connection included).
+        rank_timeout: a rank (or the leader) not heard from for this long is declared
+            lost.
+        close_timeout: how long close() waits for the other ranks to close too; it
+            returns within this plus about a second whatever the others do.
+        secret_file: if given, the leader writes the queue's address, secret and public
+            key there (JSON, mode 0600) for outside clients (fr.JobQueue.connect,
+            `freeride submit`), and removes it at close() or abort(). Whoever can read
+            it can run code as the job: put it in a directory only you can write.
     """
 
     def __init__(
@@ -76,6 +85,7 @@ class JobQueue:
         host: str | None = None,
         timeout: float = 60.0,
         rank_timeout: float = 5.0,
+        close_timeout: float = 5.0,
         secret_file: str | os.PathLike | None = None,
     ) -> None:
         import torch.distributed as dist
@@ -89,8 +99,12 @@ class JobQueue:
         self._policy = Policy(check_count(depth, "depth", 1, 1024))
         timeout = check_float(timeout, "timeout")
         self._rank_timeout = check_float(rank_timeout, "rank_timeout")
-        if timeout <= 0 or self._rank_timeout <= 0:
-            raise ValueError("timeout and rank_timeout must be positive numbers of seconds")
+        self._close_timeout = check_float(close_timeout, "close_timeout")
+        if timeout <= 0 or self._rank_timeout <= 0 or self._close_timeout < 0:
+            raise ValueError(
+                "timeout and rank_timeout must be positive numbers of seconds, close_timeout "
+                "at least 0"
+            )
         ranks = (
             list(range(dist.get_world_size()))
             if group is None
@@ -101,45 +115,56 @@ class JobQueue:
         self._rank = dist.get_rank()
         self._leader = ranks[0]
         is_leader = self._rank == self._leader
-        server, secret, port = None, b"", 0
+        hub, secret, port, key = None, b"", 0, b""
         error: BaseException | None = None
+        self._secret_file: tuple[str, tuple[int, int, bytes]] | None = None
         if is_leader:
-            host = host or os.environ.get("MASTER_ADDR") or socket.gethostname()
             try:
-                secret = mailbox.new_secret()
-                server = mailbox.serve(host, timeout)
-                port = server.port
-                mailbox.publish_proof(server, secret)
+                host, ip = _listen_address(host)
+                secret = auth.new_secret()
+                hub = channel.Hub(ip, secret, ranks)
+                port, key = hub.port, hub.public_key
                 if secret_file is not None:
-                    files.write_secret_file(secret_file, f"{_url_host(host)}:{port}", secret)
+                    path = os.fspath(secret_file)
+                    written = files.write_secret_file(
+                        path, f"{_url_host(host)}:{port}", secret, key
+                    )
+                    self._secret_file = (path, written)
             except BaseException as exc:  # noqa: BLE001 - the others must hear of it
                 error, port = exc, 0
-        host, port, secret = self._share(host or "", port, secret)
+                if hub is not None:
+                    hub.close()
+                    hub = None
+        host, port, secret, key = self._share(host or "", port, secret, key)
         if error is not None:
             raise error
         if port == 0:
             raise RuntimeError(
-                f"the job queue's leader (rank {self._leader}) could not start its store; "
+                f"the job queue's leader (rank {self._leader}) could not start its channel; "
                 "its error says why"
             )
-        self._server = server  # the leader keeps the server alive until close()
-        self._secret = secret
+        self._hub = hub  # the leader's; closed last
         self.address = f"{_url_host(host)}:{port}"
-        self._out = mailbox.Outbox(mailbox.connect(host, port, timeout), secret)
-        inbox = mailbox.Inbox(
-            mailbox.connect(host, port, timeout),
-            secret,
-            m.agent_box(self._rank),
-            gap_s=_GAP_S,
-        )
-        self._agent = Agent(harvester, self._rank, self._out, inbox)
-        self._coordinator: Coordinator | None = None
-        if is_leader:
-            coord_inbox = mailbox.Inbox(
-                mailbox.connect(host, port, timeout), secret, m.COORD, gap_s=_GAP_S
+        self.server_key = key.decode()
+        try:
+            self._link = channel.Link(
+                channel.resolve(host),
+                port,
+                secret,
+                key,
+                f"rank:{self._rank}".encode(),
+                timeout,
+                self.address,
             )
+        except BaseException:
+            if hub is not None:
+                hub.close()
+            raise
+        self._agent = Agent(harvester, self._rank, self._link)
+        self._coordinator: Coordinator | None = None
+        if hub is not None:
             self._coordinator = Coordinator(
-                self._policy, self._out, coord_inbox, ranks, self._rank_timeout, cuda=self._cuda
+                self._policy, hub, ranks, self._rank, self._rank_timeout, cuda=self._cuda
             )
         self._ids = 0
         self._lock = threading.Lock()
@@ -156,23 +181,32 @@ class JobQueue:
         self._beat.start()
         _shutdown.register(self, self.abort)
 
-    def _share(self, host: str, port: int, secret: bytes) -> tuple[str, int, bytes]:
-        """The leader's store address and the secret, to every rank over the queue's own
-        gloo group: raw bytes, nothing unpickled."""
+    def _share(
+        self, host: str, port: int, secret: bytes, key: bytes
+    ) -> tuple[str, int, bytes, bytes]:
+        """The leader's address, the secret and the channel's public key, to every rank
+        over the queue's own gloo group: raw bytes, nothing unpickled."""
         import torch
         import torch.distributed as dist
 
-        buf = torch.zeros(mailbox.SECRET_BYTES + 2 + _HOST_BYTES, dtype=torch.uint8)
+        size = auth.SECRET_BYTES + _KEY_BYTES + 2 + _HOST_BYTES
+        buf = torch.zeros(size, dtype=torch.uint8)
         if self._rank == self._leader:
             name = host.encode()[:_HOST_BYTES]
-            raw = secret.ljust(mailbox.SECRET_BYTES, b"\0") + port.to_bytes(2, "little") + name
+            raw = (
+                secret.ljust(auth.SECRET_BYTES, b"\0")
+                + key.ljust(_KEY_BYTES, b"\0")
+                + port.to_bytes(2, "little")
+                + name
+            )
             buf[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
         dist.broadcast(buf, src=self._leader, group=self._gloo)
         raw = bytes(buf.tolist())
-        secret = raw[: mailbox.SECRET_BYTES]
-        port = int.from_bytes(raw[mailbox.SECRET_BYTES : mailbox.SECRET_BYTES + 2], "little")
-        host = raw[mailbox.SECRET_BYTES + 2 :].rstrip(b"\0").decode()
-        return host, port, secret
+        secret, raw = raw[: auth.SECRET_BYTES], raw[auth.SECRET_BYTES :]
+        key, raw = raw[:_KEY_BYTES], raw[_KEY_BYTES:]
+        port = int.from_bytes(raw[:2], "little")
+        host = raw[2:].rstrip(b"\0").decode()
+        return host, port, secret, key
 
     # -- the public API ----------------------------------------------------------------------
 
@@ -181,16 +215,20 @@ class JobQueue:
         address: str | None = None,
         secret: bytes | str | None = None,
         *,
+        server_key: bytes | str | None = None,
         secret_file: str | os.PathLike | None = None,
         timeout: float = 10.0,
     ) -> Any:
         """A client of a running job's queue from a process that is not one of its ranks
-        (fr.JobClient): `address` ("host:port") and `secret` (bytes or hex), or the
-        `secret_file` the job wrote (JobQueue(secret_file=...)). A wrong secret raises
-        fr.QueueAuthError before anything is sent."""
+        (fr.JobClient): `address` ("host:port"), `secret` (bytes or hex) and `server_key`
+        (the queue's public key, JobQueue.server_key), or the `secret_file` the job wrote
+        (JobQueue(secret_file=...)). A wrong secret raises fr.QueueAuthError before
+        anything but the proof is sent."""
         from .client import JobClient
 
-        return JobClient(address, secret, secret_file=secret_file, timeout=timeout)
+        return JobClient(
+            address, secret, server_key=server_key, secret_file=secret_file, timeout=timeout
+        )
 
     @property
     def rank(self) -> int:
@@ -211,18 +249,12 @@ class JobQueue:
         with self._lock:
             self._ids += 1
             task_id = f"{self._rank}:{self._ids}"
+        if self._agent.bye.is_set():
+            raise HarvesterClosedError("the job queue was closed by its leader")
         handle = RemoteHandle(self, task_id, spec)
         with self._agent.lock:
             self._agent.submitted[task_id] = handle
-        try:
-            self._send_coord(("submit", task_id, data, priority, m.agent_box(self._rank)))
-        except Exception as exc:  # noqa: BLE001 - torch raises several kinds
-            with self._agent.lock:
-                self._agent.submitted.pop(task_id, None)
-            raise RankLostError(
-                f"the job queue's leader (rank {self._leader}) cannot be reached: {exc}",
-                self._leader,
-            ) from None
+        self._send_coord(("submit", task_id, data, priority, m.agent_box(self._rank)))
         return handle
 
     def leave(self) -> None:
@@ -260,94 +292,129 @@ class JobQueue:
         return {tid: h.state for tid, h in self._agent.hosted().items()}
 
     def stats(self) -> dict[str, Any]:
-        """What the queue turned away on this rank: "dropped" (messages whose tag did not
-        verify, never unpickled), "malformed" (verified but of no known shape), and
-        "lost_ranks" (ranks declared lost)."""
+        """What the queue turned away on this rank: "dropped" (frames of no authenticated
+        session or of no known shape, never unpickled), "refused" (connections whose proof
+        did not verify, on the leader), "malformed" (authenticated but of no known shape,
+        or speaking for someone else), and "lost_ranks" (ranks declared lost)."""
         dropped = self._agent.dropped
         malformed = self._agent.malformed + self._agent.unreadable
+        refused = 0
         lost = set(self._agent.lost)
         coord = self._coordinator
-        if coord is not None:
-            dropped += coord._inbox.dropped
-            malformed += coord.malformed + coord._inbox.malformed
+        if coord is not None and self._hub is not None:
+            dropped += self._hub.dropped
+            refused += self._hub.refused
+            malformed += coord.malformed + self._hub.malformed
             lost |= coord.lost
         if self._broken is not None and self._broken.rank is not None:
             lost.add(self._broken.rank)
-        return {"dropped": dropped, "malformed": malformed, "lost_ranks": sorted(lost)}
+        return {
+            "dropped": dropped,
+            "refused": refused,
+            "malformed": malformed,
+            "lost_ranks": sorted(lost),
+        }
 
     def close(self) -> None:
         """Collective. Stops placing, cancels what has not finished (on every rank), and
-        marks every handle final; returns once the whole job has done so. A rank that was
-        lost is not waited for: close() then finishes here and raises RankLostError
-        naming it."""
+        marks every handle final. Waits up to close_timeout for the other ranks to close
+        too and returns within about a second more whatever they do: a rank that has not
+        closed by then finds the queue closed (its submit() raises), and the leader
+        cancels what was left. Raises RankLostError naming ranks that were lost."""
         if self._closed:
             return
         self._closed = True
         _shutdown.unregister(self)
+        deadline = time.monotonic() + self._close_timeout
+        abandoned: list[str] = []
         try:
-            self._quietly(self._agent.leave)
-            self._agent.cancel_hosted(wait=True)
-            self._quietly(self._agent.report_hosted)
-            self._quietly(self._send_coord, ("closing", self._rank))
-            while not self._agent.bye.wait(0.05):  # every rank closing (or lost)
+            self._agent.leave()
+            self._agent.cancel_hosted(wait=True, timeout=self._left(deadline))
+            self._agent.report_hosted()
+            self._send_coord(("closing", self._rank))
+            coord = self._coordinator
+            while not self._agent.bye.wait(0.02):  # every rank closing (or lost)
                 if self._broken is not None:
                     break
-            self._agent.stop()
-            self._quietly(self._send_coord, ("gone", self._rank))
-            if self._coordinator is not None:
-                self._coordinator.join(self._rank_timeout + 1.0)
+                if time.monotonic() >= deadline:
+                    if coord is not None:
+                        coord.finish()  # closes it for the others now
+                        if self._agent.bye.wait(1.0):
+                            break
+                    abandoned = self._unfinished()
+                    break
+            self._agent.stop(1.0)
+            self._send_coord(("gone", self._rank))
+            if coord is not None:
+                coord.join(max(0.0, min(1.0, self._left(deadline + 1.0))))
         finally:
             self._teardown("cancelled: the job queue closed")
+        if abandoned:
+            log.warning(
+                "freeride job queue: close() on rank %d waited %.1f s for the other ranks and "
+                "left without them; tasks cancelled here: %s",
+                self._rank,
+                self._close_timeout,
+                ", ".join(abandoned) or "none",
+            )
         lost = self.stats()["lost_ranks"]
         if lost:
             names = ", ".join(str(r) for r in lost)
             raise RankLostError(
                 f"the job queue closed without rank(s) {names}, which stopped answering "
-                f"(silent for more than {self._rank_timeout:g} s); their running tasks "
-                "failed with RankLostError",
+                f"(not heard from for more than {self._rank_timeout:g} s); their running "
+                "tasks failed with RankLostError",
                 lost[0],
             )
+
+    @staticmethod
+    def _left(deadline: float) -> float:
+        return max(0.0, deadline - time.monotonic())
+
+    def _unfinished(self) -> list[str]:
+        """Ids of this rank's submissions not final yet (teardown cancels them)."""
+        with self._agent.lock:
+            return sorted(t for t, h in self._agent.submitted.items() if not h.done())
 
     def abort(self) -> None:
         """Leaves the queue now, without waiting for the other ranks (what an exception or
         a signal does): tasks placed here that have not started go back to the queue,
-        started ones are cancelled (items in flight finish), this rank's own submissions
-        end cancelled, and every queue thread on this rank is joined. If this rank leads
-        the queue, the others find it lost."""
+        started ones are cancelled (items in flight finish, waited for up to
+        close_timeout), this rank's own submissions end cancelled, and every queue thread
+        on this rank is joined. If this rank leads the queue, the others find it lost."""
         if self._closed:
             return
         self._closed = True
         _shutdown.unregister(self)
         try:
             self._agent.left = True
-            self._quietly(self._agent.hand_back, list(self._agent.hosted()))
-            self._agent.cancel_hosted(wait=True)
-            self._quietly(self._agent.report_hosted)
-            self._agent.stop()
-            self._quietly(self._send_coord, ("gone", self._rank))
+            self._agent.hand_back(list(self._agent.hosted()))
+            self._agent.cancel_hosted(wait=True, timeout=self._close_timeout)
+            self._agent.report_hosted()
+            self._agent.stop(1.0)
+            self._send_coord(("gone", self._rank))
         finally:
             self._teardown("cancelled: this rank left the job queue")
 
     def _teardown(self, why: str) -> None:
-        """Joins this rank's queue threads and makes every handle here final."""
-        self._agent.stop()
+        """Joins this rank's queue threads, makes every handle here final, closes the
+        connections (the leader's channel last) and removes the secret file."""
+        self._agent.stop(1.0)
         if self._coordinator is not None:
-            self._coordinator.stop()
+            self._coordinator.stop(1.0)
         self._stop_beat.set()
         if self._beat is not threading.current_thread():
-            self._beat.join()
+            self._beat.join(1.0)
         with self._agent.lock:
             pending = list(self._agent.submitted.values())
             self._agent.submitted.clear()
         for handle in pending:
             handle._final("cancelled", why, "cancelled")
-        # Let go of every store connection now (sockets, torch's threads for them), not
-        # whenever the queue object is collected; the leader's server goes last.
-        self._agent.release()
-        if self._coordinator is not None:
-            self._coordinator.release()
-        self._out.release()
-        self._server = None
+        self._link.close()
+        if self._hub is not None:
+            self._hub.close()
+        if self._secret_file is not None:
+            files.remove_secret_file(*self._secret_file)
         try:
             import torch.distributed as dist
 
@@ -370,40 +437,24 @@ class JobQueue:
     # -- this rank's threads ----------------------------------------------------------------
 
     def _send_coord(self, message: tuple) -> None:
-        self._out.send(m.COORD, message)
-
-    def _quietly(self, fn: Any, *args: Any) -> None:
-        """fn(*args) unless the leader is gone already; a store that fails means it is."""
-        if self._broken is not None:
-            return
-        try:
-            fn(*args)
-        except Exception as exc:  # noqa: BLE001 - torch raises several kinds
-            self._leader_lost(f"cannot be reached ({type(exc).__name__})")
+        self._link.send(message)  # never waits, never raises for the network's sake
 
     def _beat_loop(self) -> None:
-        """Every 100 ms: raises this rank's beat counter (its liveness) and sends its
-        stats; watches the leader's counter to notice a lost leader."""
+        """Every 100 ms: sends this rank's stats (its liveness, as the leader sees it);
+        notices a leader not heard from (it beats every 100 ms) for rank_timeout."""
         if self._cuda:
             # Each beat reads the bubble record (CUDA event timings) while training may be
             # capturing a CUDA graph on its own thread: in the default (global) capture
             # mode that call from this thread would invalidate the capture.
             _relax_capture_mode()
         is_leader = self._rank == self._leader
-        leader_beat = m.beat_key(self._leader)
-        last_value, last_change = -1, time.monotonic()
         while not self._stop_beat.wait(_BEAT_S):
             try:
-                self._out.add(m.beat_key(self._rank), 1)
                 self._send_coord(self._agent.stats_message())
-                value = last_value if is_leader else self._out.add(leader_beat, 0)
-            except Exception:  # noqa: BLE001 - an unreachable leader is a silent one
-                value = last_value
-            now = time.monotonic()
-            if value != last_value:
-                last_value, last_change = value, now
-            elif not is_leader and now - last_change > self._rank_timeout:
-                self._leader_lost(f"was silent for {self._rank_timeout:g} s")
+            except Exception:
+                log.debug("freeride job queue: a beat failed", exc_info=True)
+            if not is_leader and self._link.silent_for() > self._rank_timeout:
+                self._leader_lost(f"was not heard from for {self._rank_timeout:g} s")
                 return
 
     def _leader_lost(self, how: str) -> None:
@@ -422,6 +473,29 @@ class JobQueue:
         self._agent.cancel_hosted(wait=False)
         self._agent.bye.set()
         self._agent.halt()  # its store is gone: nothing more to read
+
+
+def _listen_address(host: str | None) -> tuple[str, str]:
+    """(the name the others connect to, the address to listen on) for the leader: `host`,
+    else MASTER_ADDR, else this host's name. A wildcard from MASTER_ADDR is refused (it
+    would listen on every interface); one given as `host` is allowed, with a warning, and
+    the others connect to this host's name."""
+    explicit = host is not None
+    name = host if explicit else os.environ.get("MASTER_ADDR") or socket.gethostname()
+    if name.strip("[]") in _WILDCARDS:
+        if not explicit:
+            raise ValueError(
+                f"MASTER_ADDR is {name!r}, a wildcard: the job queue would listen on every "
+                "interface. Give JobQueue(host=...) the address the ranks reach each other "
+                f"on (or host={name!r} to listen on every interface after all)"
+            )
+        warnings.warn(
+            f"JobQueue(host={name!r}) listens on every interface: anyone who reaches this "
+            "machine can open connections to the queue (they still need its secret)",
+            stacklevel=3,
+        )
+        return socket.gethostname(), name.strip("[]") or "0.0.0.0"
+    return name, channel.resolve(name)
 
 
 def _url_host(host: str) -> str:

@@ -1,0 +1,53 @@
+"""The job queue's secret and the proofs built on it.
+
+Both ends of every connection prove they hold the queue's secret by challenge and
+response over fresh nonces (see channel.py): the client's nonce comes first, the server
+answers with its own nonce and a tag over both (and over its public key), then the client
+answers with a tag over both in the other order and the role it asks for. A tag is
+HMAC-SHA256 under the secret over length-prefixed fields with a label, so no tag of one
+kind verifies as another, and a tag seen on one connection is worth nothing on the next
+(the other side's nonce is new). Tags are compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+SECRET_BYTES = 32
+NONCE_BYTES = 32
+TAG_BYTES = hashlib.sha256().digest_size
+
+
+def new_secret() -> bytes:
+    return secrets.token_bytes(SECRET_BYTES)
+
+
+def new_nonce() -> bytes:
+    return secrets.token_bytes(NONCE_BYTES)
+
+
+def tag(secret: bytes, *fields: bytes) -> bytes:
+    """HMAC-SHA256 under `secret` over length-prefixed `fields` (no two field lists give
+    the same input)."""
+    mac = hmac.new(secret, digestmod=hashlib.sha256)
+    for field in fields:
+        mac.update(len(field).to_bytes(8, "little"))
+        mac.update(field)
+    return mac.digest()
+
+
+def server_proof(secret: bytes, client_nonce: bytes, server_nonce: bytes, key: bytes) -> bytes:
+    """The server's answer to a client's nonce: it holds the secret, now, under `key`."""
+    return tag(secret, b"freeride-queue-server", client_nonce, server_nonce, key)
+
+
+def client_proof(secret: bytes, client_nonce: bytes, server_nonce: bytes, role: bytes) -> bytes:
+    """The client's answer to the server's nonce, for the role it asks for."""
+    return tag(secret, b"freeride-queue-client", server_nonce, client_nonce, role)
+
+
+def same(expected: bytes, got: object) -> bool:
+    """Constant-time equality of a tag and whatever arrived."""
+    return isinstance(got, bytes) and len(got) == TAG_BYTES and hmac.compare_digest(expected, got)

@@ -1,0 +1,599 @@
+"""The job queue's message channel: the leader's Hub (a ZeroMQ ROUTER socket) and a Link
+(a DEALER socket) for each rank and each outside client, over CurveZMQ.
+
+The leader owns the queue's state: every message goes to it or comes from it, over a
+connection only the two ends can read or write, so nothing anyone else sends can change
+what it counts, whom it hears from or where a reply goes. Why this shape and not a shared
+key-value store: a store's keys (counters, boxes, beats) can be written by whoever
+reaches its port, and one bad write could break the connection the whole queue shared.
+
+- CurveZMQ encrypts and authenticates every frame of a connection (pyzmq bundles it:
+  nothing more to install). A Link pins the hub's public key, shared over the queue's own
+  gloo group or written in its secret file, so a server without the hub's private key
+  cannot even finish the transport handshake: it never sees a byte of the queue's.
+- Curve alone lets anyone connect. The queue's secret decides who may talk: a connection
+  is authenticated by mutual challenge and response over fresh nonces (auth.py), and a
+  Link sends nothing but its nonce before the hub has proved it holds the secret too.
+- A Link picks a random 128-bit routing id, which travels inside Curve's encrypted
+  handshake: the hub keys its sessions by it, so nobody else can present it (a reconnect
+  of the same Link keeps its session), and gives each outside client a box of its own
+  with a random name.
+- Nothing from a connection that has not authenticated is unpickled or kept: handshake
+  frames have fixed shapes and sizes, anything else is dropped (answered "who" at most
+  once a second, so a Link whose session the hub lost authenticates again). At most
+  `_MAX_PENDING` handshakes wait at once, each at most `_HANDSHAKE_S`; a new one pushes
+  out the oldest.
+- One thread owns each socket. Sends never wait: what a peer does not read within its
+  queue (`_HWM` messages) is dropped and counted, so no peer can stall the hub.
+- Liveness is what the leader observes: the hub notes when it last heard from each
+  session, and beats to every session every `BEAT_S`, which is how Links notice a silent
+  leader. Nobody else can move either clock.
+
+Not protected: anyone who reaches the port can open connections (each costs a handshake
+slot for `_HANDSHAKE_S`), and anyone on the path can drop or delay the queue's packets.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import pickle
+import secrets
+import socket
+import threading
+import time
+from typing import Any
+
+from ..errors import QueueAuthError
+from . import auth
+from .messages import agent_box
+
+log = logging.getLogger("freeride.job")
+
+BEAT_S = 0.1  # the hub beats to every session this often
+_ROUTING_ID_BYTES = 16
+_MAX_PENDING = 256  # handshakes in progress at once
+_HANDSHAKE_S = 10.0  # a handshake not finished by then is forgotten
+_WHO_EVERY_S = 1.0
+_HWM = 100_000  # messages queued per peer before new ones are dropped
+_LINGER_MS = 200  # how long a closing socket may still send what it queued
+MAX_MESSAGE = 256 << 20  # bytes; zmq drops a connection that sends more at once
+_ids = itertools.count()
+
+
+def _zmq() -> Any:
+    try:
+        import zmq
+    except ImportError as exc:  # pragma: no cover - a dependency of freeride
+        raise RuntimeError(
+            "the job queue needs pyzmq (pip install pyzmq), a dependency of freeride"
+        ) from exc
+    if not zmq.has("curve"):  # pragma: no cover - pyzmq's wheels all have it
+        raise RuntimeError("the job queue needs a pyzmq built with CurveZMQ")
+    return zmq
+
+
+def _tcp(ip: str, port: int | None = None) -> str:
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"tcp://{host}" if port is None else f"tcp://{host}:{port}"
+
+
+def resolve(host: str) -> str:
+    """The first address `host` resolves to (ValueError naming it if none)."""
+    try:
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ValueError(f"host {host!r} does not resolve: {exc}") from None
+    return infos[0][4][0]
+
+
+def _socket(ctx: Any, kind: int, ip: str) -> Any:
+    zmq = _zmq()
+    sock = ctx.socket(kind)
+    sock.linger = 0
+    sock.sndhwm = sock.rcvhwm = _HWM
+    sock.maxmsgsize = MAX_MESSAGE
+    if ":" in ip:
+        sock.setsockopt(zmq.IPV6, 1)
+    return sock
+
+
+class _Waker:
+    """Wakes a socket-owning thread from any thread (an inproc pair; sends under a
+    lock, since a zmq socket is not thread-safe)."""
+
+    def __init__(self, ctx: Any) -> None:
+        zmq = _zmq()
+        name = f"inproc://freeride-wake-{next(_ids)}"
+        self.rx = ctx.socket(zmq.PULL)
+        self.rx.linger = 0
+        self.rx.bind(name)
+        self._tx = ctx.socket(zmq.PUSH)
+        self._tx.linger = 0
+        self._tx.connect(name)
+        self._lock = threading.Lock()
+
+    def ring(self) -> None:
+        zmq = _zmq()
+        with self._lock:
+            try:
+                self._tx.send(b"", zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass  # already ringing, or closed
+
+    def clear(self) -> None:
+        zmq = _zmq()
+        while True:
+            try:
+                self.rx.recv(zmq.NOBLOCK)
+            except zmq.ZMQError:
+                return
+
+    def close(self) -> None:
+        with self._lock:
+            self._tx.close(0)
+        self.rx.close(0)
+
+
+class _Session:
+    __slots__ = ("box", "heard")
+
+    def __init__(self, box: str, heard: float) -> None:
+        self.box = box
+        self.heard = heard
+
+
+class Hub:
+    """The leader's end: listens on `ip` (an address, not a name), authenticates each
+    connection, and hands the coordinator (box, message) pairs from authenticated
+    sessions. `ranks`: the ranks that may connect as ranks."""
+
+    def __init__(self, ip: str, secret: bytes, ranks: list[int]) -> None:
+        zmq = _zmq()
+        self._secret = secret
+        self._ranks = set(ranks)
+        self._ctx = zmq.Context()  # its own: term() ends its I/O thread
+        public, private = zmq.curve_keypair()
+        self.public_key: bytes = public
+        self._router = _socket(self._ctx, zmq.ROUTER, ip)
+        self._router.curve_server = True
+        self._router.curve_publickey = public
+        self._router.curve_secretkey = private
+        try:
+            self.port: int = self._router.bind_to_random_port(_tcp(ip))
+        except zmq.ZMQError as exc:
+            self._router.close(0)
+            self._ctx.term()
+            raise ValueError(
+                f"cannot listen on {ip} ({exc}): give JobQueue(host=...) an address of this "
+                "machine that the other ranks reach"
+            ) from None
+        self._waker = _Waker(self._ctx)
+        self._lock = threading.Lock()
+        self._out: collections.deque[tuple[str, bytes]] = collections.deque()
+        self._in: collections.deque[tuple[str, bytes]] = collections.deque()
+        self._sessions: dict[bytes, _Session] = {}
+        self._boxes: dict[str, bytes] = {}
+        self._pending: dict[bytes, tuple[bytes, bytes, float]] = {}
+        self._who: dict[bytes, float] = {}
+        self._stop = threading.Event()
+        self.dropped = 0  # frames of no session, or of no known shape
+        self.refused = 0  # handshakes whose proof did not verify
+        self.unsent = 0  # messages to a box nobody holds, or beyond a peer's queue
+        self.malformed = 0  # authenticated messages that did not unpickle
+        self._thread = threading.Thread(target=self._serve, name="freeride-jobqueue-hub")
+        self._thread.daemon = True
+        self._thread.start()
+
+    # -- the coordinator's side ------------------------------------------------------------
+
+    def send(self, box: str, message: Any) -> None:
+        """Queues `message` for whoever holds `box` (dropped, counted, if nobody does by
+        the time the hub's thread sends it). Never waits."""
+        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            self._out.append((box, payload))
+        self._waker.ring()
+
+    def poll(self) -> tuple[str, Any] | None:
+        """The next (sender's box, message) from an authenticated session, or None."""
+        while True:
+            with self._lock:
+                if not self._in:
+                    return None
+                box, payload = self._in.popleft()
+            try:
+                return box, pickle.loads(payload)
+            except Exception:  # noqa: BLE001 - authenticated, but unreadable
+                self.malformed += 1
+                log.warning("freeride job queue: a message from %s did not unpickle", box)
+
+    def heard(self, box: str) -> float | None:
+        """When (time.monotonic()) the hub last heard from `box`'s session; None if no
+        session holds it."""
+        with self._lock:
+            rid = self._boxes.get(box)
+            session = self._sessions.get(rid) if rid is not None else None
+            return None if session is None else session.heard
+
+    def close(self) -> None:
+        """Ends the thread and closes the socket (nothing lingers)."""
+        self._stop.set()
+        self._waker.ring()
+        if self._thread is not threading.current_thread():
+            self._thread.join(5.0)
+        if not self._thread.is_alive():
+            self._router.close(_LINGER_MS)  # what the last round sent still goes out
+            self._waker.close()
+            self._ctx.term()
+
+    # -- the hub's thread ------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        zmq = _zmq()
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._waker.rx, zmq.POLLIN)
+        next_beat = 0.0
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                events = dict(poller.poll(int(BEAT_S * 1000 / 2)))
+                if self._waker.rx in events:
+                    self._waker.clear()
+                if self._router in events:
+                    for _ in range(1024):  # bounded: sends and beats go on under a flood
+                        try:
+                            frames = self._router.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._on_frames(frames)
+                self._flush()
+                now = time.monotonic()
+                if now >= next_beat:
+                    next_beat = now + BEAT_S
+                    self._beat(now)
+            except Exception:
+                failures += 1
+                if failures == 1:
+                    log.exception("freeride job queue: the hub's thread failed a round")
+        try:
+            self._flush()  # the last messages (byes, "closed") before the socket closes
+        except Exception:
+            log.debug("freeride job queue: the hub's last sends failed", exc_info=True)
+
+    def _send(self, rid: bytes, *frames: bytes) -> bool:
+        zmq = _zmq()
+        try:
+            self._router.send_multipart([rid, *frames], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:
+            return False
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        rid, body = frames[0], frames[1:]
+        if len(rid) != _ROUTING_ID_BYTES or not body:
+            self.dropped += 1
+            return
+        kind, now = body[0], time.monotonic()
+        with self._lock:
+            session = self._sessions.get(rid)
+        if kind == b"msg" and len(body) == 2 and session is not None:
+            with self._lock:
+                session.heard = now
+                self._in.append((session.box, body[1]))
+        elif kind == b"hello" and len(body) == 2 and len(body[1]) == auth.NONCE_BYTES:
+            self._challenge(rid, body[1], now)
+        elif kind == b"auth" and len(body) == 3 and len(body[2]) <= 64:
+            self._authenticate(rid, body[1], body[2], now)
+        elif kind == b"ping" and len(body) == 1 and session is not None:
+            with self._lock:
+                session.heard = now
+        else:
+            self.dropped += 1
+            if session is None and kind in (b"msg", b"ping"):
+                self._ask_who(rid, now)
+
+    def _ask_who(self, rid: bytes, now: float) -> None:
+        """Tells a Link the hub has no session for it (it authenticates again)."""
+        if now - self._who.get(rid, 0.0) < _WHO_EVERY_S:
+            return
+        if len(self._who) > 4096:
+            self._who.clear()
+        self._who[rid] = now
+        self._send(rid, b"who")
+
+    def _challenge(self, rid: bytes, client_nonce: bytes, now: float) -> None:
+        if rid not in self._pending and len(self._pending) >= _MAX_PENDING:
+            self._expire(now)
+            if len(self._pending) >= _MAX_PENDING:
+                # The oldest goes (dicts keep insertion order): handshakes left half done
+                # by the hundred cannot keep a real peer out, only race it.
+                del self._pending[next(iter(self._pending))]
+                self.dropped += 1
+        server_nonce = auth.new_nonce()
+        self._pending[rid] = (client_nonce, server_nonce, now)
+        proof = auth.server_proof(self._secret, client_nonce, server_nonce, self.public_key)
+        self._send(rid, b"challenge", server_nonce, proof)
+
+    def _authenticate(self, rid: bytes, proof: bytes, role: bytes, now: float) -> None:
+        pending = self._pending.pop(rid, None)
+        if pending is None or now - pending[2] > _HANDSHAKE_S:
+            self.dropped += 1
+            return
+        client_nonce, server_nonce, _ = pending
+        expected = auth.client_proof(self._secret, client_nonce, server_nonce, role)
+        box = self._box_for(role) if auth.same(expected, proof) else None
+        if box is None:
+            self.refused += 1
+            if self.refused == 1:
+                log.warning("freeride job queue: refused a connection whose proof did not verify")
+            self._send(rid, b"refused")
+            return
+        with self._lock:
+            old = self._boxes.get(box)
+            if old is not None and old != rid:
+                self._sessions.pop(old, None)  # the rank connected again: the new one holds it
+            self._sessions[rid] = _Session(box, now)
+            self._boxes[box] = rid
+        self._send(rid, b"welcome", box.encode())
+
+    def _box_for(self, role: bytes) -> str | None:
+        if role == b"client":
+            return f"fr-client/{secrets.token_hex(8)}"
+        if role.startswith(b"rank:"):
+            try:
+                rank = int(role[5:])
+            except ValueError:
+                return None
+            return agent_box(rank) if rank in self._ranks else None
+        return None
+
+    def _expire(self, now: float) -> None:
+        for rid, (_, _, begun) in list(self._pending.items()):
+            if now - begun > _HANDSHAKE_S:
+                del self._pending[rid]
+
+    def _flush(self) -> None:
+        while True:
+            with self._lock:
+                if not self._out:
+                    return
+                box, payload = self._out.popleft()
+                rid = self._boxes.get(box)
+            if rid is None or not self._send(rid, b"msg", payload):
+                self.unsent += 1
+
+    def _beat(self, now: float) -> None:
+        with self._lock:
+            rids = list(self._sessions)
+        for rid in rids:
+            self._send(rid, b"beat")
+        self._expire(now)
+
+
+class Link:
+    """One end of a connection to the hub at `ip`:`port` whose public key is
+    `server_key`, as `role` (b"rank:<n>" or b"client"). Authenticates before it returns:
+    QueueAuthError if the hub refuses the secret (or fails to prove it holds it),
+    ConnectionError if no hub with that key answers within `timeout` s. `address` names
+    the hub in errors."""
+
+    def __init__(
+        self,
+        ip: str,
+        port: int,
+        secret: bytes,
+        server_key: bytes,
+        role: bytes,
+        timeout: float,
+        address: str,
+    ) -> None:
+        zmq = _zmq()
+        self._secret = secret
+        self._server_key = server_key
+        self._role = role
+        self._address = address
+        self._ctx = zmq.Context()
+        self._dealer = _socket(self._ctx, zmq.DEALER, ip)
+        public, private = zmq.curve_keypair()
+        try:
+            self._dealer.curve_serverkey = server_key
+        except zmq.ZMQError:
+            self._dealer.close(0)
+            self._ctx.term()
+            raise ValueError(
+                "server_key is not a CurveZMQ public key (40 Z85 characters)"
+            ) from None
+        self._dealer.curve_publickey = public
+        self._dealer.curve_secretkey = private
+        self._dealer.routing_id = secrets.token_bytes(_ROUTING_ID_BYTES)
+        self._dealer.connect(_tcp(ip, port))
+        self._lock = threading.Lock()
+        self._in: collections.deque[bytes] = collections.deque()
+        self._out: collections.deque[bytes] = collections.deque(maxlen=_HWM)
+        self._nonce: bytes | None = None
+        self._ready = False
+        self._held = threading.Event()
+        self.heard = time.monotonic()
+        self.dropped = 0  # frames of no known shape, or a challenge that did not verify
+        self.malformed = 0  # messages that did not unpickle
+        self.box = ""
+        try:
+            self._handshake(time.monotonic() + timeout)
+        except BaseException:
+            self._dealer.close(0)
+            self._ctx.term()
+            raise
+        self._waker = _Waker(self._ctx)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="freeride-jobqueue-link")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def _handshake(self, deadline: float) -> None:
+        zmq = _zmq()
+        self._hello()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._dealer.poll(int(left * 1000) + 1):
+                if time.monotonic() < deadline:
+                    continue
+                raise ConnectionError(
+                    f"no job queue answers at {self._address} (none with this queue's server "
+                    "key, or none at all); nothing was sent"
+                )
+            frames = self._dealer.recv_multipart(zmq.NOBLOCK)
+            outcome = self._on_handshake(frames)
+            if outcome == "refused":
+                raise QueueAuthError(
+                    f"refused: the secret does not match the job queue at {self._address}; "
+                    "nothing but the proof was sent"
+                )
+            if outcome == "forged":
+                # The server holds the queue's private key (Curve's handshake passed), so
+                # most likely this secret is not the queue's; either way the two ends do
+                # not share one, and the client has sent nothing but its nonce.
+                raise QueueAuthError(
+                    f"refused: the secret does not match the job queue at {self._address} "
+                    "(its proof does not verify under this secret); nothing was sent"
+                )
+            if self._ready:
+                return
+
+    def _hello(self) -> None:
+        self._nonce = auth.new_nonce()
+        self._ready = False
+        self._dealer.send_multipart([b"hello", self._nonce])
+
+    def _on_handshake(self, frames: list[bytes]) -> str:
+        """Steps the handshake on a frame; "refused", "forged" or "" (go on)."""
+        kind = frames[0] if frames else b""
+        if kind == b"challenge" and len(frames) == 3 and self._nonce is not None:
+            expected = auth.server_proof(self._secret, self._nonce, frames[1], self._server_key)
+            if not auth.same(expected, frames[2]):
+                self._nonce = None
+                return "forged"
+            proof = auth.client_proof(self._secret, self._nonce, frames[1], self._role)
+            self._dealer.send_multipart([b"auth", proof, self._role])
+            self._nonce = None
+        elif kind == b"welcome" and len(frames) == 2 and not self._ready:
+            self.box = frames[1].decode(errors="replace")
+            self._ready = True
+        elif kind == b"refused":
+            return "refused"
+        return ""
+
+    # -- any thread ------------------------------------------------------------------------
+
+    def send(self, message: Any) -> None:
+        """Queues `message` for the hub; never waits (held while the Link authenticates
+        again, up to its queue's length)."""
+        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            self._out.append(payload)
+        self._waker.ring()
+
+    def poll(self) -> Any | None:
+        """The next message from the hub, or None."""
+        while True:
+            with self._lock:
+                if not self._in:
+                    return None
+                payload = self._in.popleft()
+            try:
+                return pickle.loads(payload)
+            except Exception:  # noqa: BLE001 - authenticated, but unreadable
+                self.malformed += 1
+                log.warning("freeride job queue: a message from the hub did not unpickle")
+
+    def hold(self, on: bool) -> None:
+        """While held, the Link sends nothing (what it is given waits): how tests cut a
+        rank off from the leader without killing it."""
+        if on:
+            self._held.set()
+        else:
+            self._held.clear()
+            self._waker.ring()
+
+    def silent_for(self) -> float:
+        """Seconds since the hub was last heard from (it beats every BEAT_S)."""
+        return time.monotonic() - self.heard
+
+    def close(self) -> None:
+        """Ends the thread and closes the socket."""
+        self._stop.set()
+        self._waker.ring()
+        if self._thread is not threading.current_thread():
+            self._thread.join(5.0)
+        if not self._thread.is_alive():
+            self._dealer.close(_LINGER_MS)  # what the last round sent still goes out
+            self._waker.close()
+            self._ctx.term()
+
+    # -- the Link's thread -----------------------------------------------------------------
+
+    def _serve(self) -> None:
+        zmq = _zmq()
+        poller = zmq.Poller()
+        poller.register(self._dealer, zmq.POLLIN)
+        poller.register(self._waker.rx, zmq.POLLIN)
+        failures = 0
+        last_ping = 0.0
+        while not self._stop.is_set():
+            try:
+                events = dict(poller.poll(int(BEAT_S * 1000)))
+                if self._waker.rx in events:
+                    self._waker.clear()
+                if self._dealer in events:
+                    for _ in range(1024):
+                        try:
+                            frames = self._dealer.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._on_frames(frames)
+                now = time.monotonic()
+                if self._ready and not self._held.is_set() and now - last_ping >= 1.0:
+                    last_ping = now  # a client with nothing to say still has a session
+                    self._dealer.send_multipart([b"ping"], zmq.NOBLOCK)
+                self._flush()
+            except Exception:
+                failures += 1
+                if failures == 1:
+                    log.exception("freeride job queue: a link's thread failed a round")
+        try:
+            self._flush()  # the last messages ("gone", "bye") before the socket closes
+        except Exception:
+            log.debug("freeride job queue: a link's last sends failed", exc_info=True)
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        kind = frames[0] if frames else b""
+        if kind == b"msg" and len(frames) == 2 and self._ready:
+            self.heard = time.monotonic()
+            with self._lock:
+                self._in.append(frames[1])
+        elif kind == b"beat" and len(frames) == 1:
+            self.heard = time.monotonic()
+        elif kind == b"who" and len(frames) == 1:
+            self._hello()  # the hub lost this session (it restarted its count): again
+        elif kind in (b"challenge", b"welcome", b"refused"):
+            if self._on_handshake(frames):
+                self.dropped += 1
+                log.warning("freeride job queue: authenticating again with the hub failed")
+        else:
+            self.dropped += 1
+
+    def _flush(self) -> None:
+        zmq = _zmq()
+        while self._ready and not self._held.is_set():
+            with self._lock:
+                if not self._out:
+                    return
+                payload = self._out.popleft()
+            try:
+                self._dealer.send_multipart([b"msg", payload], zmq.NOBLOCK)
+            except zmq.Again:
+                with self._lock:
+                    self._out.appendleft(payload)  # the hub is not reading: later
+                return
