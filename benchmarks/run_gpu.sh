@@ -21,8 +21,8 @@
 #
 # Every test file runs under its own hard limit (benchmarks/watchdog.py) with faulthandler
 # on, so a hang costs that file and prints its stacks: native ones too where py-spy is
-# there (carry its wheel in .whl/: `pip download --no-deps --only-binary=:all: -d .whl
-# py-spy` here, and name .whl in the call's carry); a step stops starting files when
+# there (its wheel carried in .whl/, below: name .whl in the call's carry); a step stops
+# starting files when
 # its budget (STEP_BUDGET s, 480) is nearly spent and lists what it did not run, so a call
 # never reaches the machine's limit. Everything lands in $OUT as two files: summary.txt
 # (one line per file or benchmark: status, seconds, pytest's last line) and results.tgz
@@ -43,9 +43,13 @@ export FREERIDE_CUDA_ARCHS=${FREERIDE_CUDA_ARCHS:-90}
 export FREERIDE_COMMIT=${FREERIDE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 py=python3
-if ls .whl/py_spy-*.whl >/dev/null 2>&1 && ! command -v py-spy >/dev/null; then
-  $py -m pip install -q --no-index --no-deps --target /tmp/fr-tools .whl/py_spy-*.whl \
-    && export PATH=$PATH:/tmp/fr-tools/bin
+# Wheels carried in .whl/ (the machine has no network): pyzmq, which the job queue needs
+# and the image lacks, and py-spy for the watchdog. Fetch them here with
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl pyzmq py-spy
+if ls .whl/*.whl >/dev/null 2>&1; then
+  $py -m pip install -q --no-index --no-deps --target /tmp/fr-tools .whl/*.whl \
+    && export PATH=$PATH:/tmp/fr-tools/bin PYTHONPATH=/tmp/fr-tools${PYTHONPATH:+:$PYTHONPATH}
 fi
 step() { [[ "$steps" == *" $1 "* ]]; }
 summary="$out/summary.txt"

@@ -17,13 +17,12 @@ import job_partition_worker
 BOUND_S = job_fault_worker.RANK_TIMEOUT + 3.0  # detection, plus a loaded 2-core machine
 
 
-def _run(tmp_path, world: int, victim: int, submitter: int) -> dict[int, dict]:
+def _spawn(tmp_path, world: int, target, *args) -> tuple[list, dict[int, dict]]:
+    """Runs target(rank, world, outdir, *args) in `world` spawned processes; returns them
+    (ended) and each rank's rank<N>.json."""
     ctx = multiprocessing.get_context("spawn")
     procs = [
-        ctx.Process(
-            target=job_fault_worker.run_rank,
-            args=(rank, world, str(tmp_path), victim, submitter),
-        )
+        ctx.Process(target=target, args=(rank, world, str(tmp_path), *args))
         for rank in range(world)
     ]
     for p in procs:
@@ -35,11 +34,17 @@ def _run(tmp_path, world: int, victim: int, submitter: int) -> dict[int, dict]:
         if p.is_alive():
             p.kill()
     assert not alive, f"ranks still running after 120 s: {alive}"
-    assert procs[victim].exitcode == -9, procs[victim].exitcode
     out = {}
     for rank in range(world):
         with open(os.path.join(tmp_path, f"rank{rank}.json")) as f:
             out[rank] = json.load(f)
+    return procs, out
+
+
+def _run(tmp_path, world: int, victim: int, submitter: int) -> dict[int, dict]:
+    procs, out = _spawn(tmp_path, world, job_fault_worker.run_rank, victim, submitter)
+    assert procs[victim].exitcode == -9, procs[victim].exitcode
+    for rank in range(world):
         if rank != victim:
             assert out[rank]["ok"], out[rank].get("error")
     return out
@@ -89,24 +94,8 @@ def test_a_lost_leader_fails_every_handle_and_close_says_so(tmp_path):
 
 
 def _partition(tmp_path, scenario: str) -> dict[int, dict]:
-    ctx = multiprocessing.get_context("spawn")
-    procs = [
-        ctx.Process(target=job_partition_worker.run_rank, args=(rank, 2, str(tmp_path), scenario))
-        for rank in range(2)
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(90)
-    alive = [p.pid for p in procs if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert not alive, f"ranks still running after 90 s: {alive}"
-    out = {}
+    _, out = _spawn(tmp_path, 2, job_partition_worker.run_rank, scenario)
     for rank in range(2):
-        with open(os.path.join(tmp_path, f"rank{rank}.json")) as f:
-            out[rank] = json.load(f)
         assert out[rank]["ok"], out[rank].get("error")
     return out
 

@@ -43,6 +43,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import QueueAuthError
@@ -136,6 +137,58 @@ class _Waker:
         self.rx.close(0)
 
 
+def _pump(
+    sock: Any,
+    waker: _Waker,
+    stop: threading.Event,
+    on_frames: Callable[[list[bytes]], None],
+    after_round: Callable[[], None],
+    what: str,
+) -> None:
+    """The loop of a socket's owning thread until `stop`: waits (at most BEAT_S / 2) for
+    frames or a ring, hands each frame list to `on_frames` (at most 1024 a round, so sends
+    and beats go on under a flood), then calls `after_round`. A round that raises is
+    logged the first time; the loop goes on."""
+    zmq = _zmq()
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(waker.rx, zmq.POLLIN)
+    failures = 0
+    while not stop.is_set():
+        try:
+            events = dict(poller.poll(int(BEAT_S * 1000 / 2)))
+            if waker.rx in events:
+                waker.clear()
+            if sock in events:
+                for _ in range(1024):
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    on_frames(frames)
+            after_round()
+        except Exception:
+            failures += 1
+            if failures == 1:
+                log.exception("freeride job queue: the %s's thread failed a round", what)
+
+
+def _end(
+    stop: threading.Event, waker: _Waker, thread: threading.Thread, sock: Any, ctx: Any
+) -> None:
+    """Stops a socket's owning thread, joins it (5 s at most), then closes the socket,
+    lingering _LINGER_MS so that what its last round sent still goes out, and the
+    context (its I/O thread ends). A thread that would not end keeps them."""
+    stop.set()
+    waker.ring()
+    if thread is not threading.current_thread():
+        thread.join(5.0)
+    if not thread.is_alive():
+        sock.close(_LINGER_MS)
+        waker.close()
+        ctx.term()
+
+
 class _Session:
     __slots__ = ("box", "heard")
 
@@ -218,46 +271,23 @@ class Hub:
             return None if session is None else session.heard
 
     def close(self) -> None:
-        """Ends the thread and closes the socket (nothing lingers)."""
-        self._stop.set()
-        self._waker.ring()
-        if self._thread is not threading.current_thread():
-            self._thread.join(5.0)
-        if not self._thread.is_alive():
-            self._router.close(_LINGER_MS)  # what the last round sent still goes out
-            self._waker.close()
-            self._ctx.term()
+        """Ends the thread and closes the socket (what it sent last still goes out)."""
+        _end(self._stop, self._waker, self._thread, self._router, self._ctx)
 
     # -- the hub's thread ------------------------------------------------------------------
 
     def _serve(self) -> None:
-        zmq = _zmq()
-        poller = zmq.Poller()
-        poller.register(self._router, zmq.POLLIN)
-        poller.register(self._waker.rx, zmq.POLLIN)
         next_beat = 0.0
-        failures = 0
-        while not self._stop.is_set():
-            try:
-                events = dict(poller.poll(int(BEAT_S * 1000 / 2)))
-                if self._waker.rx in events:
-                    self._waker.clear()
-                if self._router in events:
-                    for _ in range(1024):  # bounded: sends and beats go on under a flood
-                        try:
-                            frames = self._router.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        self._on_frames(frames)
-                self._flush()
-                now = time.monotonic()
-                if now >= next_beat:
-                    next_beat = now + BEAT_S
-                    self._beat(now)
-            except Exception:
-                failures += 1
-                if failures == 1:
-                    log.exception("freeride job queue: the hub's thread failed a round")
+
+        def after_round() -> None:
+            nonlocal next_beat
+            self._flush()
+            now = time.monotonic()
+            if now >= next_beat:
+                next_beat = now + BEAT_S
+                self._beat(now)
+
+        _pump(self._router, self._waker, self._stop, self._on_frames, after_round, "hub")
         try:
             self._flush()  # the last messages (byes, "closed") before the socket closes
         except Exception:
@@ -522,46 +552,24 @@ class Link:
         return time.monotonic() - self.heard
 
     def close(self) -> None:
-        """Ends the thread and closes the socket."""
-        self._stop.set()
-        self._waker.ring()
-        if self._thread is not threading.current_thread():
-            self._thread.join(5.0)
-        if not self._thread.is_alive():
-            self._dealer.close(_LINGER_MS)  # what the last round sent still goes out
-            self._waker.close()
-            self._ctx.term()
+        """Ends the thread and closes the socket (what it sent last still goes out)."""
+        _end(self._stop, self._waker, self._thread, self._dealer, self._ctx)
 
     # -- the Link's thread -----------------------------------------------------------------
 
     def _serve(self) -> None:
         zmq = _zmq()
-        poller = zmq.Poller()
-        poller.register(self._dealer, zmq.POLLIN)
-        poller.register(self._waker.rx, zmq.POLLIN)
-        failures = 0
         last_ping = 0.0
-        while not self._stop.is_set():
-            try:
-                events = dict(poller.poll(int(BEAT_S * 1000)))
-                if self._waker.rx in events:
-                    self._waker.clear()
-                if self._dealer in events:
-                    for _ in range(1024):
-                        try:
-                            frames = self._dealer.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        self._on_frames(frames)
-                now = time.monotonic()
-                if self._ready and not self._held.is_set() and now - last_ping >= 1.0:
-                    last_ping = now  # a client with nothing to say still has a session
-                    self._dealer.send_multipart([b"ping"], zmq.NOBLOCK)
-                self._flush()
-            except Exception:
-                failures += 1
-                if failures == 1:
-                    log.exception("freeride job queue: a link's thread failed a round")
+
+        def after_round() -> None:
+            nonlocal last_ping
+            now = time.monotonic()
+            if self._ready and not self._held.is_set() and now - last_ping >= 1.0:
+                last_ping = now  # a client with nothing to say still has a session
+                self._dealer.send_multipart([b"ping"], zmq.NOBLOCK)
+            self._flush()
+
+        _pump(self._dealer, self._waker, self._stop, self._on_frames, after_round, "link")
         try:
             self._flush()  # the last messages ("gone", "bye") before the socket closes
         except Exception:
