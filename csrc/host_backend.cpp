@@ -21,6 +21,7 @@
 #include "backend.hpp"
 #include "check.hpp"
 #include "doorbell.hpp"
+#include "test_switches.hpp"
 #include "thread_name.hpp"
 
 namespace freeride {
@@ -359,6 +360,7 @@ LaunchMarks HostRunner::run(bool record) {
   begin_launch(seq);
   executing_.store(true);
   backend_.launch(*this);
+  test_switches::delay_launch_end();
   executing_.store(false);
   std::lock_guard<std::mutex> lock(error_mutex_);
   if (error_) {
