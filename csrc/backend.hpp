@@ -82,6 +82,18 @@ class PhaseRunner {
   // any is in flight).
   virtual bool in_flight() const { return false; }
 
+  // For the bubble record (Executor::wait_launches_taken); any thread, never blocking.
+  // launches_taken(): launches whose end run() has taken so far (returned it, or thrown
+  // its error, or dropped it with a failure that ended every launch enqueued).
+  // launches_ending(): that count plus the launches whose end has come and run() has not
+  // taken yet (the host's workers all left, the GPU published its end record), and those
+  // whose end comes without a further gate open: a launch that has begun, or is enqueued
+  // to begin, while the gate reads closed, a stop is requested, or a time slice ends it.
+  // A launch running on in an open bubble is not among them, nor one held back on the
+  // device until the gate opens.
+  virtual uint64_t launches_taken() const { return 0; }
+  virtual uint64_t launches_ending() const { return launches_taken(); }
+
   // Close-time, past the executor's deadline (Executor::close): a run() in progress and
   // every later one throws Abandoned (check.hpp) at its next look instead of waiting on for a launch
   // that may never end. The runner then must not free what such a launch may still write.

@@ -185,6 +185,31 @@ std::vector<LaunchRecord> Executor::take_launch_log() {
   return out;
 }
 
+bool Executor::wait_launches_taken(double timeout_s) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto deadline = std::chrono::steady_clock::now() + clamp_timeout(timeout_s);
+  // The launches ending now, per task: (id, how many ends must have been logged). Not
+  // those that begin later: on CUDA a task relaunches at every time slice while the gate
+  // stays open, and each of those launches ends by itself too.
+  std::vector<std::pair<uint64_t, uint64_t>> ending;
+  for (const auto& [id, r] : records_) {
+    if (!r->runner) continue;
+    const uint64_t n = r->runner->launches_ending();
+    if (n > r->ends_logged) ending.emplace_back(id, n);
+  }
+  return done_cv_.wait_until(lock, deadline, [&] {
+    if (closing_) return true;  // close() takes or abandons them; nothing is logged after
+    for (const auto& [id, n] : ending) {
+      auto it = records_.find(id);
+      // A task final (its runner gone) took all its launches' ends first.
+      if (it != records_.end() && it->second->runner && it->second->ends_logged < n) {
+        return false;
+      }
+    }
+    return true;
+  });
+}
+
 uint64_t Executor::launches() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return launches_;
@@ -379,6 +404,8 @@ void Executor::loop() {
     }
     if (!lock.owns_lock()) lock.lock();
     active_ = nullptr;
+    // Logged below, or dropped with its marks (not recording, or no item ran).
+    r->ends_logged = runner->launches_taken();
     if (marks.start != 0 && !recording_) {
       backend_->release_mark(marks.start);
       backend_->release_mark(marks.end);
@@ -458,6 +485,7 @@ void Executor::close(double deadline_s) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (closed_) return;
   closing_ = true;
+  done_cv_.notify_all();  // wait_launches_taken() waits no more
   // Whatever fails, the executor thread is joined and every record made final before the
   // error is raised: a joinable std::thread destroyed later would std::terminate the
   // process. So a stop that fails (a sticky CUDA error) is kept for later, as is a nudge.

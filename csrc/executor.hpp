@@ -103,6 +103,16 @@ class Executor {
   void set_recording(bool on);
   std::vector<LaunchRecord> take_launch_log();
   static constexpr size_t kMaxLaunchLog = 1 << 20;
+  // Blocks until this thread has taken every launch whose end has come, or comes without
+  // a further gate open, at the time of the call (PhaseRunner::launches_ending: on the
+  // host its workers left or the gate reads closed; on CUDA its end record is published,
+  // or the gate reads closed, or its time slice ends it), so that the launch log holds
+  // them; true then, or once closing; false after timeout_s. This thread takes a launch's
+  // end, and may wait for a core to do so (idle priority on a busy machine): a report
+  // taken right after an iteration must not miss the iteration's last launches for it.
+  // A launch running on in an open bubble, and launches begun after the call, are not
+  // waited for.
+  bool wait_launches_taken(double timeout_s);
 
   // Launches so far, and those among them that the gate let in but that ran no item.
   uint64_t launches() const;
@@ -125,6 +135,9 @@ class Executor {
     uint64_t items_total = 0;
     uint64_t memory_bytes = 0;
     uint64_t launches = 0;
+    // The runner's launches_taken() when this thread last took a launch's end: the ends
+    // it has taken and logged (wait_launches_taken).
+    uint64_t ends_logged = 0;
     bool admitted = false;
     bool cancel_requested = false;
     // A launch failed while others were still in flight: the task fails with `failure`

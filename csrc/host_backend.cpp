@@ -21,6 +21,7 @@
 #include "backend.hpp"
 #include "check.hpp"
 #include "doorbell.hpp"
+#include "test_switches.hpp"
 #include "thread_name.hpp"
 
 namespace freeride {
@@ -76,15 +77,29 @@ class HostRunner final : public PhaseRunner {
   // Called by run() before the workers start: the launch belongs to the bubble opened by
   // the gate write `seq`.
   void begin_launch(uint32_t seq) {
+    std::lock_guard<std::mutex> lock(take_mutex_);
     launch_seq_ = seq;
     first_start_ns_.store(INT64_MAX);
     last_end_ns_.store(INT64_MIN);
+    workers_left_.store(false);
+    live_ = true;
   }
+  // The last worker out of a launch (HostBackend::worker_main): its end has come, whenever
+  // the executor thread, at idle priority, gets a core to take it.
+  void workers_left() { workers_left_.store(true); }
   LaunchMarks run(bool record) override;
   void stop() override;
   void resume() override { stop_.store(false); }
   uint64_t done() const override { return done_.load(); }
   bool executing() const override { return executing_.load(); }
+  uint64_t launches_taken() const override {
+    std::lock_guard<std::mutex> lock(take_mutex_);
+    return taken_;
+  }
+  uint64_t launches_ending() const override {
+    std::lock_guard<std::mutex> lock(take_mutex_);
+    return taken_ + (live_ && end_has_come() ? 1 : 0);
+  }
 
   // The claim loop of one worker: exits when the gate closes, stop is set, an item
   // failed or no item is left. A claimed item always runs to completion, even when the
@@ -139,6 +154,16 @@ class HostRunner final : public PhaseRunner {
 
  private:
   bool backend_items_see_closed() const;
+  // Whether the launch in progress has ended or ends at its workers' next look: they
+  // have all left, or each leaves before its next item (see work()). Caller holds
+  // take_mutex_ with a launch live.
+  bool end_has_come() const;
+  // run(), once the workers have left: the launch's end is taken.
+  void take_end() {
+    std::lock_guard<std::mutex> lock(take_mutex_);
+    ++taken_;
+    live_ = false;
+  }
 
   HostBackend& backend_;
   std::shared_ptr<Task> task_;
@@ -155,6 +180,13 @@ class HostRunner final : public PhaseRunner {
   uint32_t launch_seq_ = 0;
   std::atomic<int64_t> first_start_ns_{INT64_MAX};
   std::atomic<int64_t> last_end_ns_{INT64_MIN};
+  // launches_taken() / launches_ending(): live_ from the launch's start (begin_launch)
+  // until run() takes its end; taken_ counts the ends taken. Written on the executor
+  // thread, read by whoever waits for the launch log.
+  mutable std::mutex take_mutex_;
+  bool live_ = false;
+  uint64_t taken_ = 0;
+  std::atomic<bool> workers_left_{false};
 };
 
 class HostBackend final : public Backend {
@@ -240,6 +272,7 @@ class HostBackend final : public Backend {
     }
   }
 
+  bool shutting_down() const { return closed_.load(); }
   void unblock() override { wake_waiters(); }
   void interrupt_waits() override { wake_waiters(); }
   void test_items_see_gate_closed(bool on) override { items_see_closed_.store(on); }
@@ -322,7 +355,10 @@ class HostBackend final : public Backend {
       lock.unlock();
       job->work(gate_, seq_);
       lock.lock();
-      if (--running_ == 0) done_cv_.notify_all();
+      if (--running_ == 0) {
+        job->workers_left();
+        done_cv_.notify_all();
+      }
     }
   }
 
@@ -345,6 +381,12 @@ class HostBackend final : public Backend {
 
 bool HostRunner::backend_items_see_closed() const { return backend_.items_see_closed(); }
 
+bool HostRunner::end_has_come() const {
+  return workers_left_.load() || backend_.gate_read() != FREERIDE_GATE_OPEN ||
+         backend_.gate_seq() != launch_seq_ || stop_.load() || backend_.shutting_down() ||
+         backend_items_see_closed();
+}
+
 // A launch's marks are its first item's start and its last item's end, taken by the
 // workers: not when this thread gets around to it. The workers run SCHED_IDLE, so after a
 // close they (and then this thread) may wait for a core until training pauses, and marks
@@ -359,7 +401,9 @@ LaunchMarks HostRunner::run(bool record) {
   begin_launch(seq);
   executing_.store(true);
   backend_.launch(*this);
+  test_switches::delay_launch_end();
   executing_.store(false);
+  take_end();
   std::lock_guard<std::mutex> lock(error_mutex_);
   if (error_) {
     std::exception_ptr error = error_;

@@ -1,16 +1,40 @@
 #include "test_switches.hpp"
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 
 namespace freeride::test_switches {
 namespace {
 
 std::atomic<bool> g_fail_green_preload{false};
 
+// delay_launch_end: the delay, and what a release wakes.
+std::atomic<unsigned> g_delay_launch_end_ms{0};
+std::mutex g_delay_mutex;
+std::condition_variable g_delay_cv;
+
 }  // namespace
 
 void set_fail_green_preload(bool on) noexcept { g_fail_green_preload.store(on); }
 
 bool fail_green_preload() noexcept { return g_fail_green_preload.load(); }
+
+void set_delay_launch_end_ms(unsigned ms) {
+  {
+    std::lock_guard<std::mutex> lock(g_delay_mutex);
+    g_delay_launch_end_ms.store(ms);
+  }
+  g_delay_cv.notify_all();
+}
+
+void delay_launch_end() {
+  const unsigned ms = g_delay_launch_end_ms.load();
+  if (ms == 0) return;
+  std::unique_lock<std::mutex> lock(g_delay_mutex);
+  g_delay_cv.wait_for(lock, std::chrono::milliseconds(ms),
+                      [] { return g_delay_launch_end_ms.load() == 0; });
+}
 
 }  // namespace freeride::test_switches

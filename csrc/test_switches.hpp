@@ -11,4 +11,12 @@ namespace freeride::test_switches {
 void set_fail_green_preload(bool on) noexcept;
 bool fail_green_preload() noexcept;
 
+// The host backend's executor thread takes a launch's end up to this many milliseconds
+// after the launch's workers have left it (HostRunner::run), as on a loaded machine where
+// that idle-priority thread waits for a core while the training thread asks for its
+// report. Setting 0 ends the delays under way: a long delay is a hold the test releases.
+void set_delay_launch_end_ms(unsigned ms);
+// Called where the end is taken: returns at once unless a delay is set.
+void delay_launch_end();
+
 }  // namespace freeride::test_switches

@@ -494,6 +494,11 @@ PYBIND11_MODULE(_C, m) {
              }
              return out;
            })
+      .def("wait_launches_taken", &Executor::wait_launches_taken, py::arg("timeout"),
+           release_gil(),
+           "Waits until every launch whose end has come, or comes without a further gate "
+           "open, has been taken into the launch log (True), or timeout seconds passed "
+           "(False). A launch running on in an open bubble is not waited for.")
       .def_property_readonly("gate_address",
                              [](Executor& ex) { return ex.backend().gate_address(); })
       .def_property_readonly("side_stream",

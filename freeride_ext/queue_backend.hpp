@@ -41,6 +41,7 @@ struct QueuedLaunches {
   bool failure_drops = true;
   bool stop_fails = false;  // stop() throws, as a stop write does on a broken context
   uint64_t runs = 0;    // run() calls
+  uint64_t taken = 0;   // ends run() took (or dropped with a failure)
   uint64_t stops = 0;   // stop() calls
 
   // Launches enqueued at opens, as the CUDA runner takes them: none before its first
@@ -110,8 +111,10 @@ class QueuedRunner final : public PhaseRunner {
       std::string failure;
       failure.swap(q.failure);
       if (q.failure_drops) {
+        q.taken += q.pending.size();
         q.pending.clear();
       } else {
+        ++q.taken;
         q.pending.pop_front();
       }
       throw RuntimeFailure(failure);
@@ -119,6 +122,7 @@ class QueuedRunner final : public PhaseRunner {
     if (q.pending.front().items < 0) throw Abandoned("abandoned at close (test backend)");
     const QueuedLaunches::Launch l = q.pending.front();
     q.pending.pop_front();
+    ++q.taken;
     LaunchMarks marks;
     marks.admitted = true;
     marks.at_open = true;
@@ -146,6 +150,16 @@ class QueuedRunner final : public PhaseRunner {
   bool in_flight() const override {
     std::lock_guard<std::mutex> lk(q_->mu);
     return !q_->pending.empty();
+  }
+  // Every launch enqueued counts as ending, as CUDA's launches at opens with a time slice
+  // do (here the test ends them).
+  uint64_t launches_taken() const override {
+    std::lock_guard<std::mutex> lk(q_->mu);
+    return q_->taken;
+  }
+  uint64_t launches_ending() const override {
+    std::lock_guard<std::mutex> lk(q_->mu);
+    return q_->taken + q_->pending.size();
   }
   void abandon() override {
     std::lock_guard<std::mutex> lk(q_->mu);

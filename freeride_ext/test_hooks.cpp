@@ -207,6 +207,11 @@ void register_test_hooks(py::module_& m) {
         "CUDA backends made from now on fail to load the built-in kernels into their green "
         "context (and fall back to the occupancy cap).");
 
+  t.def("delay_launch_end", &freeride::test_switches::set_delay_launch_end_ms, py::arg("ms"),
+        "Host backend: the executor thread takes each launch's end up to `ms` "
+        "milliseconds after its workers left it, as an idle-priority thread waiting for a "
+        "core on a loaded machine does; 0 takes them at once, ending the delays under way.");
+
   py::class_<FakeWatcher>(t, "FakeWatcher",
                           "An open watcher (csrc/cuda/open_watcher.hpp) with fake events: "
                           "each wait ends only once release() lets it.")

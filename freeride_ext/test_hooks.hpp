@@ -8,7 +8,7 @@ namespace freeride_ext {
 
 // Adds the submodule `_testing` to `m`: Latch, submit_after_latch, items_see_gate_closed,
 // the test queue backend (queue_executor, queue_launches, queue_abandoned_work),
-// fail_green_preload, FakeWatcher.
+// fail_green_preload, delay_launch_end, FakeWatcher.
 void register_test_hooks(pybind11::module_& m);
 
 }  // namespace freeride_ext

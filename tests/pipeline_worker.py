@@ -161,6 +161,12 @@ def _rank_body(
             result["items_straddling_compute"] = straddling
             result["items_timed"] = len(ran)
             result["side_launch_items"] = sum(report.items_per_task.values())
+            # Items that began inside a recorded iteration: each ran in a launch the report
+            # must list (the launches begun before attach() closed the gate are not).
+            windows = [(origin + it.start_ns, origin + it.end_ns) for it in report.iterations]
+            result["items_in_iterations"] = sum(
+                any(w0 <= start < w1 for w0, w1 in windows) for start, _ in ran.tolist()
+            )
         else:
             handle.wait(30)
             result["side_state"] = handle.state

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -55,6 +56,11 @@ def freeride_threads() -> dict[str, list[str]]:
 
 def main() -> None:
     out, mode = sys.argv[1], sys.argv[2]
+    # Ctrl-C as a terminal delivers it, whoever started the suite: a shell without job
+    # control (a script's `cmd &`, CI runners, batch systems) starts background commands
+    # with SIGINT ignored, every process below inherits that, and Python then installs no
+    # KeyboardInterrupt handler, so the signal the test sends would be dropped.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     state: dict = {}
 
     def report() -> None:

@@ -157,6 +157,43 @@ def test_a_failure_with_launches_in_flight(ex, drop_pending):
     assert state == "failed" and "broken launch" in error
 
 
+def test_the_launch_log_waits_for_every_launch_in_flight(ex):
+    """Executor.wait_launches_taken, which report() calls before taking the launch log:
+    launches enqueued at opens end by themselves (at the close after their open, or their
+    time slice), so it waits until the executor has taken every one of them, in order;
+    a task merely waiting for a launch holds nothing up."""
+    task = ex.submit(_task(100), 0)
+    q = _launches(ex, 0)
+    wait_until(lambda: q.runs >= 1)
+    assert ex.wait_launches_taken(0.0)
+    assert q.arrive(3) == 3
+    assert not ex.wait_launches_taken(0.0)
+    q.end(4)
+    q.end(5)
+    assert not ex.wait_launches_taken(0.05)  # the third is still in flight
+    q.end(6)
+    assert ex.wait_launches_taken(10.0)
+    assert ex.open_launches == 3  # all three taken when the wait returned
+    assert _items(ex, task) == 15
+
+
+def test_a_close_ends_the_wait_for_the_launch_log():
+    """A launch in flight that never ends (a stalled stream) holds the wait only until
+    the harvester closes: the wait and close() never wait for each other."""
+    ex = _C._testing.queue_executor()
+    ex.submit(_task(100), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(1) == 1
+    result = []
+    waiter = threading.Thread(target=lambda: result.append(ex.wait_launches_taken(60.0)))
+    waiter.start()
+    time.sleep(0.05)
+    assert waiter.is_alive()
+    ex.close(0.3)
+    waiter.join(10.0)
+    assert not waiter.is_alive() and result == [True]
+
+
 def test_close_waits_for_launches_that_end_in_time():
     ex = _C._testing.queue_executor()
     task = ex.submit(_task(100), 0)

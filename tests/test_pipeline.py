@@ -48,9 +48,10 @@ def check_items_run_only_in_bubbles(results, steps):
         late = res["items_started_in_compute"]
         assert late <= max(2, res["items_done"] // 100), f"{late} items started in compute"
         assert res["items_timed"] == res["items_done"]
+        # The report lists every launch that ran items in the recorded iterations.
+        assert res["side_launch_items"] >= res["items_in_iterations"]
     # Side work progressed in the bubbles.
-    assert sum(res["items_done"] for res in results) > 0
-    assert sum(res["side_launch_items"] for res in results) > 0
+    assert sum(res["items_in_iterations"] for res in results) > 0
 
 
 @pytest.mark.parametrize(

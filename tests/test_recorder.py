@@ -9,6 +9,7 @@ import types
 import pytest
 
 import freeride as fr
+from conftest import wait_until
 from freeride import _C, gate
 from freeride.record import recorder
 from freeride.record.recorder import Recorder
@@ -49,6 +50,9 @@ class FakeCudaExecutor:
 
     def take_launch_log(self):
         return []
+
+    def wait_launches_taken(self, timeout):
+        return True
 
 
 def _recorder(ex, kind, device):
@@ -240,3 +244,69 @@ def test_submit_names_a_task_in_the_report(host):
     assert names[plain.id] == repr(plain.task)
     with pytest.raises(TypeError, match="name must be a str"):
         host.submit(fr.tasks.Spin(1, 1), name=5)
+
+
+# -- side launches whose end the executor takes late -----------------------------------------
+
+# How late the executor takes each launch's end where a test asks for it: far longer than
+# a training thread takes from closing the gate to asking for its report.
+LATE_END_MS = 500
+
+
+@pytest.fixture
+def late_launch_ends():
+    """The host executor takes every launch's end LATE_END_MS after its workers left it
+    (_C._testing.delay_launch_end), as its idle-priority thread does on a machine whose
+    cores are all busy."""
+    _C._testing.delay_launch_end(LATE_END_MS)
+    try:
+        yield
+    finally:
+        _C._testing.delay_launch_end(0)
+
+
+def _items_in_a_bubble(h, handle, at_least=10):
+    """One recorded iteration, one bubble: open until the task has run `at_least` items."""
+    with h.iteration():
+        wait_until(lambda: handle.items_done >= at_least, timeout=30.0)
+
+
+def test_report_has_the_launches_whose_end_the_executor_has_not_taken(late_launch_ends):
+    """Property: every item a launch ran in a recorded bubble is in the report taken right
+    after the iteration, although the executor takes the launch's end only later (under
+    load the report used to list no launch while items_done > 0)."""
+    with fr.Harvester("cpu", workers=1) as h:
+        h.gate.close()
+        handle = h.submit(fr.tasks.ItemCounter(10**6, ns_per_item=20_000))
+        _items_in_a_bubble(h, handle)
+        rep = h.report()
+        done = handle.items_done  # the gate is closed: no item runs any more
+        assert done >= 10
+        assert rep.launches, "the bubble's launch is missing from the report"
+        assert rep.items_per_task == {handle.id: done}
+        [it] = rep.iterations
+        assert all(it.start_ns <= x.start_ns < it.end_ns for x in rep.launches)
+        # Drawn in the bubble (pro-rated: its last item may end after the close).
+        side = sum(b.side.get(handle.id, (0.0, 0))[0] for b in it.bubbles)
+        assert 0 < side <= done
+
+
+def test_the_report_waits_only_for_launches_whose_end_has_come():
+    """Executor.wait_launches_taken, which report() calls, on the host: a launch running
+    on in an open bubble is not waited for (a report taken then does not wait for the
+    task to finish); once the gate closes its end has come, and the wait lasts until the
+    executor has taken it, here held back until the test lets it go."""
+    with fr.Harvester("cpu", workers=1) as h:
+        handle = h.submit(fr.tasks.ItemCounter(10**6, ns_per_item=20_000))
+        wait_until(lambda: handle.items_done > 0)  # the gate is open: it runs on
+        _C._testing.delay_launch_end(60_000)
+        try:
+            assert h._ex.wait_launches_taken(0.0)
+            h.gate.close()
+            assert not h._ex.wait_launches_taken(0.0)  # ended, its end not taken
+            assert not h._ex.wait_launches_taken(0.05)
+            assert h.launch_counts().launches == 0
+        finally:
+            _C._testing.delay_launch_end(0)
+        assert h._ex.wait_launches_taken(30.0)
+        assert h.launch_counts().launches == 1  # taken by the time the wait returned

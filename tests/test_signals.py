@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -158,6 +159,60 @@ def test_sigterm_with_main_thread_stuck_in_native_code(tmp_path):
     assert proc.returncode == -signal.SIGTERM, err
     assert exited < _shutdown.SIGTERM_GRACE_S + 1.5
     assert not out.exists()  # no cleanup was possible
+
+
+# The Ctrl-C tests above, as the suite runs them when it is started the way CI runners,
+# batch systems and scripts start commands: in the background of a shell without job
+# control (which ignores SIGINT and SIGQUIT in its background children), under nohup
+# (SIGHUP ignored), in a session of its own (no controlling terminal), with no input.
+_BACKGROUND_JOB = ["sh", "-c", 'nohup "$@" </dev/null & wait $!', "sh"]
+_CTRL_C_TESTS = [
+    "test_sigint_in_training_loop",
+    f"test_signal_in_training_loop_with_a_job_queue[{int(signal.SIGINT)}]",
+    "test_sigint_in_handle_wait",
+]
+
+
+def _run_as_background_job(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*_BACKGROUND_JOB, *args],
+        check=False,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        timeout=timeout,
+    )
+
+
+@linux_only
+@pytest.mark.skipif(shutil.which("nohup") is None, reason="no nohup here")
+def test_ctrl_c_tests_pass_started_as_a_background_job():
+    """The Ctrl-C tests set up the disposition they test: they pass where the suite
+    itself was started with SIGINT ignored and no terminal."""
+    pytest.importorskip("torch")
+    probe = (
+        "import json, os, signal\n"
+        "try:\n"
+        "    os.close(os.open('/dev/tty', os.O_RDWR))\n"
+        "    tty = True\n"
+        "except OSError:\n"
+        "    tty = False\n"
+        "print(json.dumps([signal.getsignal(signal.SIGINT) == signal.SIG_IGN,\n"
+        "                  signal.getsignal(signal.SIGHUP) == signal.SIG_IGN, tty]))\n"
+    )
+    seen = _run_as_background_job([sys.executable, "-c", probe], timeout=60.0)
+    assert seen.returncode == 0, seen.stdout
+    # What the run below starts with: SIGINT and SIGHUP ignored, no terminal.
+    assert json.loads(seen.stdout.strip().splitlines()[-1]) == [True, True, False]
+    here = Path(__file__)
+    ids = [f"{here}::{name}" for name in _CTRL_C_TESTS]
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ids]
+    run = _run_as_background_job(args, timeout=600.0)
+    tail = "\n".join(run.stdout.splitlines()[-30:])
+    assert run.returncode == 0, tail
+    assert f"{len(ids)} passed" in tail, tail
 
 
 # -- the registry, in this process ----------------------------------------------------------

@@ -267,6 +267,22 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     return !pending_.empty();
   }
 
+  uint64_t launches_taken() const override {
+    std::lock_guard<std::mutex> lk(launch_mu_);
+    return taken_;
+  }
+
+  // Launches end in order on the stream: those from the oldest on whose end has come.
+  uint64_t launches_ending() const override {
+    std::lock_guard<std::mutex> lk(launch_mu_);
+    uint64_t n = taken_;
+    for (const Launch& l : pending_) {
+      if (!end_has_come_locked(l)) break;
+      ++n;
+    }
+    return n;
+  }
+
   void abandon() override {
     abandoned_.store(true);
     s_->gate.bell->ring();
@@ -287,6 +303,19 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     return begun_ && !phase_done_ && !stop_requested_.load() &&
            !abandoned_.load() && arrival_error_.empty() && pending_.size() < kLaunchRing &&
            !s_->shut_down;
+  }
+
+  // Whether launch `l` (enqueued, not taken) has ended or ends without a further gate
+  // open: its end record is published; or the gate's mirror reads closed (blocks that
+  // began leave at their next item, one not begun finds the gate closed, one enqueued at
+  // an open ends by the close enqueued after it), a stop is requested, or the time slice
+  // ends it. Not a launch held on the GPU by stream_wait's wait for an open that has not
+  // begun: it begins only once the gate opens. Caller holds launch_mu_.
+  bool end_has_come_locked(const Launch& l) const {
+    if (ring_.published(l.number)) return true;
+    const bool open = s_->mirror() == FREERIDE_GATE_OPEN;
+    if (s_->stream_wait && !open && !ring_.started(l.number, launch_no_.load())) return false;
+    return !open || stop_requested_.load() || s_->slice_ns > 0;
   }
 
   // Only with a launch in flight: a runner abandoned with none has nothing on the GPU.
@@ -424,6 +453,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
       // A CUDA error (a kernel that faulted): the context is broken, nothing enqueued
       // after it runs.
       std::lock_guard<std::mutex> lk(launch_mu_);
+      taken_ += pending_.size();  // none of them ends now: their failure is taken instead
       pending_.clear();
       throw;
     }
@@ -434,6 +464,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     {
       std::lock_guard<std::mutex> lk(launch_mu_);
       pending_.pop_front();
+      ++taken_;
       raise_progress(end.done);
       if (end.done >= l.n_items) phase_done_ = true;  // no further launch at an open
       // The next thing the executor enqueues must not queue behind this kernel, which is
@@ -683,6 +714,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   // settle_locked's microseconds.
   mutable std::mutex launch_mu_;
   std::deque<Launch> pending_;            // enqueued, end not taken yet; oldest first
+  uint64_t taken_ = 0;                    // launches_taken(): ends taken from pending_
   std::atomic<uint64_t> launch_no_{0};    // the last launch enqueued (written under launch_mu_)
   std::unique_ptr<CudaDependency> after_;  // waited for by the first launch, then dropped
   std::string arrival_error_;             // a launch at an open failed: run() raises it

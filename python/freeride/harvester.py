@@ -530,7 +530,9 @@ class Harvester:
     def report(self, timeout: float = 30.0) -> Report:
         """The bubble record so far: every recorded iteration's compute actions and
         bubbles, the side launches and what they did in each bubble, and totals. Waits
-        (up to `timeout` s) for the device to pass what was recorded."""
+        (up to `timeout` s) for the device to pass what was recorded and for the executor
+        to take every side launch that ended in it (or ends at the gate's last close); a
+        launch still running in an open bubble is in a later report."""
         self._check_open()
         self._reap()
         self._recorder.flush(block=True, timeout=timeout)

@@ -122,7 +122,10 @@ def gpu_unused(
         parts.append(f"The NVIDIA driver{f' {kernel_driver}' if kernel_driver else ''}{supports}.")
     how = "its nvcc on PATH, then FREERIDE_CUDA=1 pip install . from a clone"
     if not info.get("cuda_built"):
-        parts.append("This build of freeride has no CUDA backend (no nvcc when it was built).")
+        reason = info.get("reason") or "built without CUDA"
+        parts.append(
+            f"This build of freeride has no CUDA backend ({reason}: no nvcc when it was built)."
+        )
         drivers = ", ".join(f"{v}.x: {b}+" for v, b in sorted(_DRIVER_FOR_RUNTIME.items()))
         todo = (
             f"build freeride with a CUDA {CUDA_TOOLKIT_FLOOR}+ toolkit whose runtime this "

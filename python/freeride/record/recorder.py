@@ -259,15 +259,31 @@ class Recorder:
 
     def flush(self, block: bool, timeout: float = 30.0) -> None:
         """Resolves every iteration and launch the device has passed. With `block`, waits
-        (up to `timeout` s) until everything recorded so far is resolved."""
+        (up to `timeout` s) until everything recorded so far is resolved: the device has
+        passed every recorded iteration, and the executor has taken every launch whose
+        end has come or comes without a further open (Executor.wait_launches_taken), in
+        that order (a launch the executor starts in a recorded bubble once the device
+        gets there is among them). A launch still running on in an open bubble is not
+        waited for: a later flush has it once it ended."""
         deadline = time.monotonic() + timeout
+        taken = not block
         while True:
             with self._resolving:
                 log = self._ex.take_launch_log()
                 with self._shared:
                     self._raw_launches.extend(log)
-                done = self._resolve_iterations() and self._resolve_launches()
-            if done or not block or time.monotonic() > deadline:
+                iterations_done = self._resolve_iterations()
+                done = iterations_done and self._resolve_launches()
+            if not block or time.monotonic() > deadline:
+                return
+            if iterations_done and not taken:
+                # The executor takes a launch's end on its own thread, which may wait for a
+                # core long after the launch ended: a report taken right after an iteration
+                # lost the iteration's last launches (all of them, under load).
+                self._ex.wait_launches_taken(max(0.0, deadline - time.monotonic()))
+                taken = True
+                continue
+            if done:
                 return
             time.sleep(0.001)
 
