@@ -11,4 +11,9 @@ namespace freeride::test_switches {
 void set_fail_green_preload(bool on) noexcept;
 bool fail_green_preload() noexcept;
 
+// Host backends made from now on find no idle cgroup (HostIdle), as where the cgroup
+// hierarchy is not writable: the fallback chosen then is what runs for unprivileged users.
+void set_refuse_idle_cgroup(bool on) noexcept;
+bool refuse_idle_cgroup() noexcept;
+
 }  // namespace freeride::test_switches

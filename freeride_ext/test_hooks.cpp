@@ -207,6 +207,10 @@ void register_test_hooks(py::module_& m) {
         "CUDA backends made from now on fail to load the built-in kernels into their green "
         "context (and fall back to the occupancy cap).");
 
+  t.def("refuse_idle_cgroup", &freeride::test_switches::set_refuse_idle_cgroup, py::arg("on"),
+        "Host backends made from now on find no idle cgroup, as an unprivileged user's "
+        "(and fall back to backoff in a session leader, sched-idle elsewhere).");
+
   py::class_<FakeWatcher>(t, "FakeWatcher",
                           "An open watcher (csrc/cuda/open_watcher.hpp) with fake events: "
                           "each wait ends only once release() lets it.")

@@ -317,6 +317,22 @@ class Harvester:
         return str(self._ex.reserve_mechanism)
 
     @property
+    def host_idle(self) -> str:
+        """Host backend: how side threads stay out of training's way in every scheduling
+        group of the machine, not only their own: "sched-idle" (idle priority alone:
+        autogroup is off, or leaves this process alone), "idle-cgroup" (idle priority in
+        a cpu cgroup with cpu.idle=1) or "backoff" (idle priority, and they sleep while
+        more threads are runnable than there are cores); FREERIDE_HOST_IDLE forces one.
+        host_idle_reason says why. "" on CUDA. See "The host backend's cost" in
+        docs/guide.md."""
+        return str(self._ex.host_idle)
+
+    @property
+    def host_idle_reason(self) -> str:
+        """Why host_idle is what it is, in words ("" on CUDA)."""
+        return str(self._ex.host_idle_reason)
+
+    @property
     def admission(self) -> str:
         """How a side launch is let in once the gate opens: "ring" (the executor thread
         sleeps until a watcher thread, waiting for an event recorded behind the open,
@@ -548,7 +564,8 @@ class Harvester:
             iterations=iterations,
             launches=launches,
             tasks=tasks,
-            settings={"memory_budget": self.memory_budget},
+            settings={"memory_budget": self.memory_budget}
+            | ({"host_idle": self.host_idle} if self._kind == "host" else {}),
             clock_origin_unix_ns=self._recorder.clock_origin_unix_ns,
             launch_counts=self.launch_counts()._asdict(),
         )
