@@ -224,7 +224,16 @@ HostIdle::HostIdle() {
       reason_ = alone;
       return;
     }
-    why = "autogroup is on: each session is a scheduling group";
+    // A process that shares its session (the demo's one-session launch, a test runner's
+    // children) most likely shares it, and so its group, with the ranks it was started
+    // with, and SCHED_IDLE alone keeps out of their way; one that leads its session
+    // (torchrun's workers) is a group of its own.
+    if (getsid(0) != getpid()) {
+      mechanism_ = "sched-idle";
+      reason_ = "autogroup is on, and this process shares its session and so its group";
+      return;
+    }
+    why = "autogroup is on, and this process leads its session: a scheduling group of its own";
   }
   if (asked == "sched-idle") {
     mechanism_ = asked;
@@ -242,16 +251,6 @@ HostIdle::HostIdle() {
       return;
     }
     why += "; no idle cgroup (" + failure + ")";
-    // Backing off costs side work whenever the machine is busy, so auto takes it only
-    // where other ranks are surely in other groups: a session leader's group is its own
-    // (torchrun's workers); a process that shares its session (the demo's one-session
-    // launch, a test runner's children) most likely shares it with the ranks it was
-    // started with, and SCHED_IDLE alone keeps out of their way.
-    if (asked == "auto" && getsid(0) != getpid()) {
-      mechanism_ = "sched-idle";
-      reason_ = why + "; this process shares its session, and so its group";
-      return;
-    }
   }
   loadavg_fd_ = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
   if (loadavg_fd_ < 0) {

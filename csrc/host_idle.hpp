@@ -10,21 +10,24 @@
 // slow it in its own session.
 //
 // The mechanisms, chosen once per backend (FREERIDE_HOST_IDLE: auto, the default, or one
-// of the names below to force it; a forced "idle-cgroup" that cannot be had falls back):
-//   "sched-idle"   SCHED_IDLE alone: where autogroup is off, or does not apply (the
-//                  process is in a cpu cgroup of its own, which autogroup leaves alone).
-//   "idle-cgroup"  SCHED_IDLE, and the side threads join a cpu cgroup with cpu.idle=1
+// of the names below to force it; a forced "idle-cgroup" that cannot be had falls back to
+// "backoff"):
+//   "sched-idle"   SCHED_IDLE alone: where autogroup is off, or does not decide this
+//                  process's group (it is in a cpu cgroup of its own), or the process
+//                  shares its session, most likely with the ranks it was started with
+//                  (the demo's one-session launch, a test runner's children), which then
+//                  share its group. Idle against them, not against other sessions.
+//   "idle-cgroup"  in a session leader (as torchrun's workers are) under autogroup:
+//                  SCHED_IDLE, and the side threads join a cpu cgroup with cpu.idle=1
 //                  beside the autogroups (cgroup v1's cpu hierarchy, as root or where an
 //                  administrator made the group writable): idle against every group, and
 //                  a waking training thread takes the core back at once.
-//   "backoff"      SCHED_IDLE, and between items a side thread that sees more runnable
-//                  threads than this process's cores sleeps until fewer are
-//                  (/proc/loadavg, about a microsecond to read): unprivileged, at the
-//                  cost of side work whenever the machine is busy (another rank's side
-//                  thread, or a training thread spinning in a wait, counts too). Auto
-//                  takes it, where no idle cgroup can be had, only in a session leader
-//                  (as torchrun's workers are): a process that shares its session most
-//                  likely shares it with its fellow ranks, and keeps "sched-idle".
+//   "backoff"      the same where no idle cgroup can be had: SCHED_IDLE, and between
+//                  items a side thread that sees more runnable threads than this
+//                  process's cores sleeps until fewer are (/proc/loadavg, about a
+//                  microsecond to read): unprivileged, at the cost of side work whenever
+//                  the machine is busy (another rank's side thread, or a training thread
+//                  spinning in a wait, counts too).
 #pragma once
 
 #include <sys/types.h>

@@ -12,7 +12,7 @@ void set_fail_green_preload(bool on) noexcept;
 bool fail_green_preload() noexcept;
 
 // Host backends made from now on find no idle cgroup (HostIdle), as where the cgroup
-// hierarchy is not writable: the fallback chosen then is what runs for unprivileged users.
+// hierarchy is not writable: the fallback chosen then is what unprivileged users get.
 void set_refuse_idle_cgroup(bool on) noexcept;
 bool refuse_idle_cgroup() noexcept;
 

@@ -209,7 +209,7 @@ void register_test_hooks(py::module_& m) {
 
   t.def("refuse_idle_cgroup", &freeride::test_switches::set_refuse_idle_cgroup, py::arg("on"),
         "Host backends made from now on find no idle cgroup, as an unprivileged user's "
-        "(and fall back to backoff in a session leader, sched-idle elsewhere).");
+        "(a session leader's then backs off).");
 
   py::class_<FakeWatcher>(t, "FakeWatcher",
                           "An open watcher (csrc/cuda/open_watcher.hpp) with fake events: "

@@ -13,7 +13,6 @@ from autogroup import why_sessions_share_a_group
 
 import freeride as fr
 from conftest import wait_until
-from freeride import _C
 
 # A Spin item's length: short against the measuring window.
 ITEM_NS = 50_000
@@ -22,11 +21,6 @@ WINDOW_S = 1.0
 
 def _cores() -> int:
     return len(os.sched_getaffinity(0))
-
-
-def _auto() -> tuple[str, str]:
-    with fr.Harvester("cpu", workers=1) as h:
-        return h.host_idle, h.host_idle_reason
 
 
 def _skip_unless_autogroup_applies() -> None:
@@ -98,8 +92,9 @@ def test_forced_mechanisms_and_their_reasons(monkeypatch):
         fr.Harvester("cpu", workers=1)
 
 
-def test_side_threads_join_the_idle_cgroup_and_training_does_not():
+def test_side_threads_join_the_idle_cgroup_and_training_does_not(monkeypatch):
     _skip_unless_autogroup_applies()
+    monkeypatch.setenv("FREERIDE_HOST_IDLE", "idle-cgroup")
     before = _workers()
     with fr.Harvester("cpu", workers=2) as h:
         if h.host_idle != "idle-cgroup":
@@ -118,27 +113,16 @@ def test_side_threads_join_the_idle_cgroup_and_training_does_not():
             assert "freeride-idle" not in f.read()
 
 
-def test_without_an_idle_cgroup_a_session_leader_backs_off_and_others_keep_sched_idle():
-    """Auto's fallback where the cgroup hierarchy is not writable (as for unprivileged
-    users): backing off costs side work on a busy machine, so only a process that leads
-    its session (torchrun's workers) takes it; one that shares its session most likely
-    shares its group with its fellow ranks."""
-    _skip_unless_autogroup_applies()
-    if os.getsid(0) == os.getpid():
-        pytest.skip("this test process leads its session")
-    _C._testing.refuse_idle_cgroup(True)
-    try:
-        with fr.Harvester("cpu", workers=1) as h:
-            assert h.host_idle == "sched-idle"
-            assert "shares its session" in h.host_idle_reason
-    finally:
-        _C._testing.refuse_idle_cgroup(False)
+def _auto_in_a_session_leader(refuse_idle_cgroup: bool) -> tuple[str, str]:
+    """Auto's choice in a process that leads its session, as torchrun's workers do."""
     code = (
-        "import os, freeride as fr; from freeride import _C;"
-        "_C._testing.refuse_idle_cgroup(True);"
-        "h = fr.Harvester('cpu', workers=1); print(h.host_idle, os.getsid(0) == os.getpid());"
-        "h.close()"
+        "import os, sys, freeride as fr; from freeride import _C\n"
+        f"_C._testing.refuse_idle_cgroup({refuse_idle_cgroup})\n"
+        "assert os.getsid(0) == os.getpid()\n"
+        "with fr.Harvester('cpu', workers=1) as h: print(h.host_idle, h.host_idle_reason)"
     )
+    env = {**os.environ, "FREERIDE_TEST_HOOKS": "1"}
+    env.pop("FREERIDE_HOST_IDLE", None)
     out = subprocess.run(
         [sys.executable, "-c", code],
         check=False,
@@ -146,25 +130,47 @@ def test_without_an_idle_cgroup_a_session_leader_backs_off_and_others_keep_sched
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "FREERIDE_TEST_HOOKS": "1"},
+        env=env,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["backoff", "True"]
+    mechanism, _, reason = out.stdout.strip().partition(" ")
+    return mechanism, reason
 
 
-@pytest.mark.parametrize("mechanism", ["auto", "backoff"])
+def test_auto_guards_a_session_leader_and_leaves_a_shared_session_at_sched_idle(monkeypatch):
+    """Under autogroup, a rank that leads its session (torchrun's) is a group of its own:
+    its side threads join the idle cgroup, or back off where none can be joined (as for
+    unprivileged users). A process that shares its session most likely shares its group
+    with the ranks it was started with, against which SCHED_IDLE alone is idle: it keeps
+    that, and the side work it gets on a busy machine."""
+    _skip_unless_autogroup_applies()
+    monkeypatch.delenv("FREERIDE_HOST_IDLE", raising=False)
+    if os.getsid(0) != os.getpid():
+        with fr.Harvester("cpu", workers=1) as h:
+            assert h.host_idle == "sched-idle"
+            assert "shares its session" in h.host_idle_reason
+    mechanism, reason = _auto_in_a_session_leader(refuse_idle_cgroup=False)
+    assert mechanism in ("idle-cgroup", "backoff"), reason
+    assert "leads its session" in reason
+    mechanism, reason = _auto_in_a_session_leader(refuse_idle_cgroup=True)
+    assert mechanism == "backoff", reason
+    assert "forced by freeride._C._testing.refuse_idle_cgroup" in reason
+
+
+@pytest.mark.parametrize("mechanism", ["idle-cgroup", "backoff"])
 def test_side_worker_gives_busy_processes_in_other_sessions_their_cores(monkeypatch, mechanism):
     """The condition of issue 30, without a pipeline: with every core busy in other
-    sessions, SCHED_IDLE alone still gets the worker a group's share (the control, about
-    1 / (cores + 1) of the cores); the idle cgroup or backing off gets it next to
-    nothing."""
+    sessions, SCHED_IDLE alone still gets the worker a group's share of the cores (the
+    control); the idle cgroup or backing off gets it next to nothing."""
     _skip_unless_autogroup_applies()
     chosen, share = side_share_beside_other_sessions(monkeypatch, mechanism)
-    if chosen == "sched-idle":
-        pytest.skip(f"auto kept sched-idle here: {_auto()[1]}")
+    if chosen != mechanism:
+        pytest.skip(f"{mechanism} cannot be had here: {chosen} instead")
     _, control = side_share_beside_other_sessions(monkeypatch, "sched-idle")
-    assert control > 0.15, f"sched-idle's control got {control:.0%} of a core: no condition"
-    assert share < 0.05, (
+    if control < 0.05:
+        # Measured 6% to 50% on a shared 2-core VM, depending on what else ran there.
+        pytest.skip(f"too busy a machine to show the condition: sched-idle got {control:.1%}")
+    assert share < min(0.05, control / 3), (
         f"{chosen}: the side worker got {share:.1%} of a core beside busy processes in "
         f"other sessions (sched-idle: {control:.0%})"
     )

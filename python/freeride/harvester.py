@@ -318,13 +318,15 @@ class Harvester:
 
     @property
     def host_idle(self) -> str:
-        """Host backend: how side threads stay out of training's way in every scheduling
-        group of the machine, not only their own: "sched-idle" (idle priority alone:
-        autogroup is off, or leaves this process alone), "idle-cgroup" (idle priority in
-        a cpu cgroup with cpu.idle=1) or "backoff" (idle priority, and they sleep while
-        more threads are runnable than there are cores); FREERIDE_HOST_IDLE forces one.
-        host_idle_reason says why. "" on CUDA. See "The host backend's cost" in
-        docs/guide.md."""
+        """Host backend: how side threads stay out of other ranks' training, whose
+        scheduling group may not be theirs: "sched-idle" (idle priority alone: autogroup
+        is off or leaves this process alone, or the process shares its session and so
+        its group with the ranks it was started with), or, in a process that leads its
+        session as torchrun's workers do, "idle-cgroup" (idle priority in a cpu cgroup
+        with cpu.idle=1, idle against every group) or, where none can be joined,
+        "backoff" (idle priority, and they sleep while more threads are runnable than
+        there are cores). FREERIDE_HOST_IDLE forces one; host_idle_reason says why.
+        "" on CUDA. See "The host backend's cost" in docs/guide.md."""
         return str(self._ex.host_idle)
 
     @property
