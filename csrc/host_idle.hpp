@@ -6,8 +6,8 @@
 // cgroup is a group of its own, and the kernel first shares the cores between groups: a
 // rank started in its own session (as torchrun starts them) whose side workers run gets
 // a group's share of the cores, taken from the other ranks' training. Measured on 2 cores:
-// idle-priority spinners in their own sessions slow a torch.rand loop by 40-50% and do not
-// slow it in its own session.
+// idle-priority spinners in their own sessions slowed a torch.rand loop by a quarter to a
+// half, and did not slow it in its own session.
 //
 // The mechanisms, chosen once per backend (FREERIDE_HOST_IDLE: auto, the default, or one
 // of the names below to force it; a forced "idle-cgroup" that cannot be had falls back to
