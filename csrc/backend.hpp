@@ -119,6 +119,11 @@ class Backend {
   // why green-context was asked for and not used, else "".
   virtual std::string reserve_mechanism() const { return "none"; }
   virtual std::string reserve_fallback() const { return ""; }
+  // Host backend: how its side threads stay out of training's way in every scheduling
+  // group, not only their own ("sched-idle", "idle-cgroup" or "backoff": see
+  // host_idle.hpp), and why that one; "" on CUDA.
+  virtual std::string host_idle() const { return ""; }
+  virtual std::string host_idle_reason() const { return ""; }
 
   // Gate. `stream` is a CUDA stream handle (0 = legacy default stream) or kImmediate.
   // `seq` is written beside the gate in the same order (before the value), so a reader of

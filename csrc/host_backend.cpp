@@ -1,11 +1,6 @@
 // The host backend: the gate is an atomic word and a "kernel" is a pool of worker
 // threads running the same claim-then-check loop as preempt.cuh, so the whole protocol
 // runs and is tested on a machine without a GPU.
-#ifdef __linux__
-#include <pthread.h>
-#include <sched.h>
-#endif
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -21,6 +16,7 @@
 #include "backend.hpp"
 #include "check.hpp"
 #include "doorbell.hpp"
+#include "host_idle.hpp"
 #include "test_switches.hpp"
 #include "thread_name.hpp"
 
@@ -33,17 +29,6 @@ int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-// The host's equivalent of the lowest-priority side stream: a SCHED_IDLE thread gets a
-// core only when nothing else wants it, and a waking training thread takes the core back
-// at once. Best effort: where the policy is refused, the thread runs at normal priority.
-void run_at_idle_priority() {
-#ifdef __linux__
-  sched_param param{};
-  param.sched_priority = 0;
-  (void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &param);
-#endif
 }
 
 void atomic_min(std::atomic<int64_t>& word, int64_t value) {
@@ -113,6 +98,8 @@ class HostRunner final : public PhaseRunner {
     int64_t first = INT64_MAX;
     int64_t last = INT64_MIN;
     int64_t yielded = steady_ns();
+    // Before the first item too: a worker woken by an open may find the cores wanted.
+    int64_t looked = yielded - kYieldEveryNs;
     while (true) {
       // Read before the gate: an item that passes the check started before any later
       // close was stored, so a launch's first mark lies inside the bubble it ran in (its
@@ -121,6 +108,17 @@ class HostRunner final : public PhaseRunner {
       if (gate.load() != FREERIDE_GATE_OPEN || seq.load() != launch_seq_ || stop_.load() ||
           backend_items_see_closed()) {
         break;
+      }
+      // HostIdle "backoff": across scheduling groups SCHED_IDLE does not make this thread
+      // give way, so it steps aside itself while a thread waits for a core. Checked as
+      // often as the yield below (the read costs about a microsecond).
+      if (start - looked >= kYieldEveryNs) {
+        looked = start;
+        if (backend_crowded()) {
+          std::this_thread::sleep_for(std::chrono::nanoseconds(HostIdle::kStepAsideNs));
+          looked = steady_ns() - kYieldEveryNs;  // and look again at once
+          continue;
+        }
       }
       const uint64_t item = next_.fetch_add(1);
       if (item >= n_items_) break;
@@ -164,6 +162,7 @@ class HostRunner final : public PhaseRunner {
     ++taken_;
     live_ = false;
   }
+  bool backend_crowded() const;
 
   HostBackend& backend_;
   std::shared_ptr<Task> task_;
@@ -201,6 +200,9 @@ class HostBackend final : public Backend {
   std::string kind() const override { return "host"; }
   int device() const override { return -1; }
   std::string gate_write_mechanism() const override { return "host"; }
+  std::string host_idle() const override { return idle_.mechanism(); }
+  std::string host_idle_reason() const override { return idle_.reason(); }
+  const HostIdle& idle() const { return idle_; }
 
   // Lock-free, and a close does not wait for the items in flight: the training thread
   // must never wait on a side thread. The workers run SCHED_IDLE, so one preempted
@@ -280,7 +282,7 @@ class HostBackend final : public Backend {
   // Measured on 2 cores (4-rank gloo 1F1B): a normal-priority executor thread, woken at
   // every gate open and again when the workers leave after a close, preempted training
   // threads often enough to triple the time spent in the hooks.
-  void on_executor_thread() override { run_at_idle_priority(); }
+  void on_executor_thread() override { idle_.enter(); }
   uintptr_t side_stream() const override { return 0; }
 
   // The workers leave as soon as they are idle: one still in a launch finishes its item,
@@ -292,6 +294,7 @@ class HostBackend final : public Backend {
       closed_ = true;
     }
     for (auto& t : threads_) leave_idle_priority(t);
+    idle_.leave_all();
     work_cv_.notify_all();
     wake_waiters();
   }
@@ -344,7 +347,7 @@ class HostBackend final : public Backend {
  private:
   void worker_main() {
     name_this_thread("freeride-work");
-    run_at_idle_priority();
+    idle_.enter();
     uint64_t seen = 0;
     std::unique_lock<std::mutex> lock(mutex_);
     while (true) {
@@ -362,6 +365,7 @@ class HostBackend final : public Backend {
     }
   }
 
+  HostIdle idle_;
   std::atomic<uint32_t> gate_{FREERIDE_GATE_OPEN};
   std::atomic<uint32_t> seq_{0};
   std::atomic<uint64_t> wake_epoch_{0};  // bumped by gate opens, stops and shutdown
@@ -380,6 +384,7 @@ class HostBackend final : public Backend {
 };
 
 bool HostRunner::backend_items_see_closed() const { return backend_.items_see_closed(); }
+bool HostRunner::backend_crowded() const { return backend_.idle().crowded(); }
 
 bool HostRunner::end_has_come() const {
   return workers_left_.load() || backend_.gate_read() != FREERIDE_GATE_OPEN ||

@@ -18,6 +18,7 @@
 #include <new>
 #include <thread>
 
+#include "host_idle.hpp"
 #include "thread_name.hpp"
 #endif
 
@@ -66,7 +67,7 @@ bool is_chain(const struct sigaction& action) {
 // Every thread of a dying process must run to exit, and one at idle priority (the host
 // backend's side threads) gets a core only when no other thread wants one: on a busy
 // machine the process would take seconds to go. Where the OS allows it, they leave idle
-// priority first (see leave_idle_priority).
+// priority first (see leave_idle_priority), and freeride's idle cgroup (host_idle.hpp).
 void leave_idle_priority_all() {
   DIR* dir = opendir("/proc/self/task");
   if (dir == nullptr) return;
@@ -75,6 +76,7 @@ void leave_idle_priority_all() {
     if (tid <= 0 || sched_getscheduler(tid) != SCHED_IDLE) continue;
     sched_param param{};
     (void)sched_setscheduler(tid, SCHED_OTHER, &param);
+    leave_idle_cgroup(tid);
   }
   closedir(dir);
 }

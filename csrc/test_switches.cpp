@@ -9,6 +9,7 @@ namespace freeride::test_switches {
 namespace {
 
 std::atomic<bool> g_fail_green_preload{false};
+std::atomic<bool> g_refuse_idle_cgroup{false};
 
 // delay_launch_end: the delay, and what a release wakes.
 std::atomic<unsigned> g_delay_launch_end_ms{0};
@@ -36,5 +37,9 @@ void delay_launch_end() {
   g_delay_cv.wait_for(lock, std::chrono::milliseconds(ms),
                       [] { return g_delay_launch_end_ms.load() == 0; });
 }
+
+void set_refuse_idle_cgroup(bool on) noexcept { g_refuse_idle_cgroup.store(on); }
+
+bool refuse_idle_cgroup() noexcept { return g_refuse_idle_cgroup.load(); }
 
 }  // namespace freeride::test_switches

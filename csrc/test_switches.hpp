@@ -19,4 +19,9 @@ void set_delay_launch_end_ms(unsigned ms);
 // Called where the end is taken: returns at once unless a delay is set.
 void delay_launch_end();
 
+// Host backends made from now on find no idle cgroup (HostIdle), as where the cgroup
+// hierarchy is not writable: the fallback chosen then is what unprivileged users get.
+void set_refuse_idle_cgroup(bool on) noexcept;
+bool refuse_idle_cgroup() noexcept;
+
 }  // namespace freeride::test_switches

@@ -515,6 +515,9 @@ PYBIND11_MODULE(_C, m) {
                              [](Executor& ex) { return ex.backend().reserve_mechanism(); })
       .def_property_readonly("reserve_fallback",
                              [](Executor& ex) { return ex.backend().reserve_fallback(); })
+      .def_property_readonly("host_idle", [](Executor& ex) { return ex.backend().host_idle(); })
+      .def_property_readonly("host_idle_reason",
+                             [](Executor& ex) { return ex.backend().host_idle_reason(); })
       .def_property_readonly("device", [](Executor& ex) { return ex.backend().device(); });
 
   // Test-only hooks, as _C._testing, only where the environment asks for them at import

@@ -212,6 +212,10 @@ void register_test_hooks(py::module_& m) {
         "milliseconds after its workers left it, as an idle-priority thread waiting for a "
         "core on a loaded machine does; 0 takes them at once, ending the delays under way.");
 
+  t.def("refuse_idle_cgroup", &freeride::test_switches::set_refuse_idle_cgroup, py::arg("on"),
+        "Host backends made from now on find no idle cgroup, as an unprivileged user's "
+        "(a session leader's then backs off).");
+
   py::class_<FakeWatcher>(t, "FakeWatcher",
                           "An open watcher (csrc/cuda/open_watcher.hpp) with fake events: "
                           "each wait ends only once release() lets it.")

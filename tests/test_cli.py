@@ -66,6 +66,7 @@ def error_line(proc):
         (["demo", "--device", "gpu"], "--device", "invalid choice: 'gpu'"),
         (["demo", "--device", "cuda:3"], "--device", "invalid choice: 'cuda:3'"),
         (["demo", "--device", "banana"], "--device", "invalid choice: 'banana'"),
+        (["demo", "--launch", "torchrun"], "--launch", "invalid choice: 'torchrun'"),
         (["bench", "items", "--plot", "x.png"], "--plot", "only preempt draws a plot"),
         (["bench", "items", "--minutes", "1"], "--minutes", "only soak runs for a set time"),
         (["bench", "soak", "--minutes", "0"], "--minutes", "must be > 0 and <= 1440, got 0"),
@@ -248,6 +249,9 @@ def test_demo_records_only_the_harvesting_steps(tmp_path):
         :4
     ] == [f"step {i}/4" for i in range(1, 5)]
     assert "Spin, 20 us items" in proc.stdout
+    assert "each rank in its own session (as torchrun starts them)" in proc.stdout
+    side = next(line for line in proc.stdout.splitlines() if "host side threads" in line)
+    assert side.split()[-1] in ("sched-idle", "idle-cgroup", "backoff"), side
     assert "2 harvesting steps per rank, warm-up excluded" in proc.stdout
     harvesting = next(line for line in proc.stdout.splitlines() if "iteration, harvesting" in line)
     assert "median over 2 step pairs, 95% interval" in harvesting, harvesting
@@ -259,6 +263,28 @@ def test_demo_records_only_the_harvesting_steps(tmp_path):
         losses = [e for e in mine if e["cat"] == "compute" and e["name"].startswith("loss")]
         assert bool(losses) == (rank == 1), losses[:3]  # stage 1 is the last
     assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _note_session(rank, folder):
+    with open(os.path.join(folder, f"{rank}.json"), "w") as f:
+        json.dump({"sid": os.getsid(0), "leader": os.getsid(0) == os.getpid()}, f)
+
+
+@pytest.mark.parametrize("sessions", [True, False])
+def test_ranks_start_in_their_own_sessions_as_under_torchrun(sessions, tmp_path):
+    """The demo's and bench ranks' default launch, each rank leading a session of its
+    own as torchrun's workers do (where autogroup is on, a scheduling group of its own),
+    and the launch with every rank in the launcher's session."""
+    pytest.importorskip("torch")
+    from freeride.cli.spawn import run_ranks
+
+    run_ranks(_note_session, 2, str(tmp_path), timeout=120, sessions=sessions)
+    seen = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
+    if sessions:
+        assert all(s["leader"] for s in seen), seen
+        assert seen[0]["sid"] != seen[1]["sid"]
+    else:
+        assert [s["sid"] for s in seen] == [os.getsid(0)] * 2
 
 
 def _write(path, text, mode):

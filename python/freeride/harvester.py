@@ -317,6 +317,24 @@ class Harvester:
         return str(self._ex.reserve_mechanism)
 
     @property
+    def host_idle(self) -> str:
+        """Host backend: how side threads stay out of other ranks' training, whose
+        scheduling group may not be theirs: "sched-idle" (idle priority alone: autogroup
+        is off or leaves this process alone, or the process shares its session and so
+        its group with the ranks it was started with), or, in a process that leads its
+        session as torchrun's workers do, "idle-cgroup" (idle priority in a cpu cgroup
+        with cpu.idle=1, idle against every group) or, where none can be joined,
+        "backoff" (idle priority, and they sleep while more threads are runnable than
+        there are cores). FREERIDE_HOST_IDLE forces one; host_idle_reason says why.
+        "" on CUDA. See "The host backend's cost" in docs/guide.md."""
+        return str(self._ex.host_idle)
+
+    @property
+    def host_idle_reason(self) -> str:
+        """Why host_idle is what it is, in words ("" on CUDA)."""
+        return str(self._ex.host_idle_reason)
+
+    @property
     def admission(self) -> str:
         """How a side launch is let in once the gate opens: "ring" (the executor thread
         sleeps until a watcher thread, waiting for an event recorded behind the open,
@@ -550,7 +568,8 @@ class Harvester:
             iterations=iterations,
             launches=launches,
             tasks=tasks,
-            settings={"memory_budget": self.memory_budget},
+            settings={"memory_budget": self.memory_budget}
+            | ({"host_idle": self.host_idle} if self._kind == "host" else {}),
             clock_origin_unix_ns=self._recorder.clock_origin_unix_ns,
             launch_counts=self.launch_counts()._asdict(),
         )

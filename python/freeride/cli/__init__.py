@@ -237,6 +237,7 @@ def demo_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         task=args.task,
         item_us=args.item_us,
         placement=args.placement,
+        launch=args.launch,
         device=args.device,
         outdir=args.outdir,
     )
@@ -301,7 +302,7 @@ def info(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: sub-commands demo, bench, submit, status and info."""
-    from .demo import DEVICES, MAX_ITEM_US, MAX_STAGES, TASKS, DemoConfig
+    from .demo import DEVICES, LAUNCHES, MAX_ITEM_US, MAX_STAGES, TASKS, DemoConfig
 
     parser = argparse.ArgumentParser(
         prog="freeride",
@@ -355,6 +356,14 @@ def build_parser() -> argparse.ArgumentParser:
         "cuda:i, or fail",
     )
     p.add_argument("--outdir", default=".", help="where trace.json and timeline.png go")
+    p.add_argument(
+        "--launch",
+        default=DemoConfig.launch,
+        choices=list(LAUNCHES),
+        help="sessions: each rank in its own session, as torchrun starts its workers; "
+        "one-session: all ranks in this one (where autogroup is on, the kernel shares the "
+        "cores between sessions first)",
+    )
     p.add_argument(
         "--placement",
         action="store_true",

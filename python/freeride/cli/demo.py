@@ -1,9 +1,10 @@
 """`freeride demo`: a real multi-process pipeline with a side task in its bubbles.
 
-Spawns one process per stage (no torchrun), trains a small transformer split into
-stages with a torch.distributed.pipelining schedule over gloo (NCCL on GPUs), and
-alternates steps with and without harvesting, so the two iteration times are measured
-side by side in one run. Rank 0 prints the table and writes trace.json and timeline.png.
+Spawns one process per stage (no torchrun; by default each in its own session, as
+torchrun starts them), trains a small transformer split into stages with a
+torch.distributed.pipelining schedule over gloo (NCCL on GPUs), and alternates steps with
+and without harvesting, so the two iteration times are measured side by side in one run.
+Rank 0 prints the table and writes trace.json and timeline.png.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from .spawn import join_group, run_ranks
 
 TASKS = ("spin", "saxpy", "none")
 DEVICES = ("auto", "cpu", "cuda")
+# How the ranks are started: each in its own session, as torchrun's workers are, or all in
+# this process's session. Where autogroup is on, every session is a scheduling group of
+# its own, which is what decides whose threads compete for the cores as equals.
+LAUNCHES = ("sessions", "one-session")
 # Bounds of the command line's numbers; the demo spawns one process per stage.
 MAX_STAGES = 64
 MAX_ITEM_US = 1_000_000  # Spin's longest item (fr.tasks.Spin: 1 s)
@@ -49,6 +54,7 @@ class DemoConfig:
     device: str = "auto"
     outdir: str = "."
     placement: bool = False
+    launch: str = "sessions"
     d_model: int = 64
     seq_len: int = 32
     micro_batch: int = 4
@@ -98,6 +104,8 @@ def check_config(cfg: DemoConfig) -> None:
                 f"({cfg.microbatches} // {cfg.stages} = {rounds} rounds), e.g. "
                 f"{rounds * cfg.stages}, got {cfg.microbatches}",
             )
+    if cfg.launch not in LAUNCHES:
+        raise ConfigError("--launch", f"must be one of {list(LAUNCHES)}, got {cfg.launch!r}")
     if cfg.placement and cfg.task != "spin":
         raise ConfigError("--placement", f"places Spin tasks: use --task spin, got {cfg.task!r}")
     if cfg.steps < 2:
@@ -194,6 +202,13 @@ def describe_task(cfg: DemoConfig) -> str:
     if cfg.task == "saxpy":
         return f"Saxpy over {_SAXPY_N:,} floats"
     return "none (--task none)"
+
+
+def describe_launch(cfg: DemoConfig) -> str:
+    """How the ranks were started, for the summary."""
+    if cfg.launch == "sessions":
+        return "each rank in its own session (as torchrun starts them)"
+    return "all ranks in one session"
 
 
 def describe_work(cfg: DemoConfig, items: int) -> str:
@@ -389,6 +404,7 @@ def _print_summary(fr: Any, cfg: DemoConfig, reports: list[Any], times_all: list
                 f"{reports[0].backend} backend"
             ),
         ),
+        ("launch", describe_launch(cfg)),
         ("side task", describe_task(cfg)),
         (
             "bubble fraction",
@@ -404,6 +420,11 @@ def _print_summary(fr: Any, cfg: DemoConfig, reports: list[Any], times_all: list
         ("trace", trace),
         ("timeline", png),
     ]
+    if reports[0].backend == "host":
+        # How the side threads kept out of other ranks' way (Harvester.host_idle): the
+        # launch decides which ranks share a scheduling group.
+        used = sorted({str(r.settings.get("host_idle", "?")) for r in reports})
+        rows.insert(2, ("host side threads", ", ".join(used)))
     width = max(len(k) for k, _ in rows)
     print()
     for key, value in rows:
@@ -454,4 +475,12 @@ def spawn_ranks(cfg: DemoConfig, use_cuda: bool, result_path: str | None = None)
     `result_path` writes the gathered reports (Report.to_dict) and every rank's step times
     ({"with": [s, ...], "without": [...]}) there as JSON."""
     with tempfile.TemporaryDirectory() as tmp:
-        run_ranks(_rank_main, cfg.stages, cfg, tmp, use_cuda, result_path)
+        run_ranks(
+            _rank_main,
+            cfg.stages,
+            cfg,
+            tmp,
+            use_cuda,
+            result_path,
+            sessions=cfg.launch == "sessions",
+        )

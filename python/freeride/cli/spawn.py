@@ -1,6 +1,8 @@
 """Rank processes on this machine, without torchrun: the one way the demo, the benchmarks
 that train (bench ranks, bench soak) and the tests' multi-process jobs start their ranks
-and bring them into one torch.distributed group.
+and bring them into one torch.distributed group. With `sessions`, each rank runs in its
+own session, as torchrun starts its workers: where the kernel groups scheduling by
+session (autogroup), that decides which threads compete for the cores as equals.
 
 The parent calls run_ranks(target, world, ...); each rank, in target, calls
 join_group(rank, world, folder) with the folder the parent gave every rank: they meet
@@ -33,8 +35,19 @@ def join_group(rank: int, world: int, folder: str, backend: str = "gloo", **opti
     )
 
 
+def _in_own_session(rank: int, target: Callable[..., None], *args: Any) -> None:
+    # torchrun's workers are started with start_new_session=True; a spawned rank is no
+    # process group's leader, so setsid() cannot fail here.
+    os.setsid()
+    target(rank, *args)
+
+
 def run_ranks(
-    target: Callable[..., None], world: int, *args: Any, timeout: float | None = None
+    target: Callable[..., None],
+    world: int,
+    *args: Any,
+    timeout: float | None = None,
+    sessions: bool = False,
 ) -> None:
     """Runs target(rank, *args) in `world` new processes, rank 0 to world-1, and returns
     once all of them have ended. They are spawned (each imports its modules afresh, as CUDA
@@ -45,9 +58,13 @@ def run_ranks(
     exit non-zero ends the others, and its error is raised here (ProcessRaisedException with
     the rank's traceback, or ProcessExitedException with its exit code or signal). With
     `timeout` (seconds), the ranks still running then are killed (SIGKILL) and TimeoutError
-    names them; None waits for good."""
+    names them; None waits for good. `sessions`: each rank calls setsid() before target,
+    as torchrun's workers run (each its own session, and so its own scheduling group
+    where autogroup is on); False: they stay in this process's session."""
     import torch.multiprocessing as mp
 
+    if sessions:
+        target, args = _in_own_session, (target, *args)
     context = mp.start_processes(target, args=args, nprocs=world, join=False, start_method="spawn")
     deadline = None if timeout is None else time.monotonic() + timeout
     while not context.join(None if deadline is None else max(0.0, deadline - time.monotonic())):
