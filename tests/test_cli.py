@@ -306,7 +306,10 @@ def test_secret_file_problems_are_argument_errors(command, tmp_path):
         (_write(tmp_path / "others.json", _QUEUE_FILE, 0o604), "has mode 0604"),
         (_write(tmp_path / "gw.json", _QUEUE_FILE, 0o620), "has mode 0620"),
         (_write(tmp_path / "text.json", "address=x", 0o600), "cannot be read as the queue's JSON"),
-        (_write(tmp_path / "nosecret.json", '{"address": "x:1"}', 0o600), "lacks 'address', 'secret' and"),
+        (
+            _write(tmp_path / "nosecret.json", '{"address": "x:1"}', 0o600),
+            "lacks 'address', 'secret' and",
+        ),
     ]
     for path, expected in cases:
         args = ["--queue", path] + (["freeride.tasks:Spin"] if command == "submit" else [])
