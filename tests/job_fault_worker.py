@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
-import traceback
 from datetime import timedelta
 
-from rank_result import write_result
+from rank_result import report_and_exit, write_result
 
 import freeride as fr
 from freeride.cli.spawn import join_group
@@ -40,8 +38,8 @@ def _die_once_running(queue: fr.JobQueue, outdir: str, rank: int) -> None:
 def run_rank(rank: int, world: int, outdir: str, victim: int, submitter: int) -> None:
     """`submitter` submits 2 tasks per rank (depth 2: one runs, one waits on each rank);
     `victim` dies once its first one runs."""
-    result: dict = {"rank": rank}
-    try:
+
+    def body(result: dict) -> None:
         join_group(rank, world, outdir, timeout=timedelta(seconds=60))
         with fr.Harvester("cpu", workers=1) as h:
             h.gate.open(stream="host")
@@ -81,13 +79,5 @@ def run_rank(rank: int, world: int, outdir: str, victim: int, submitter: int) ->
             result["close_s"] = time.monotonic() - started
             result["close_ended"] = time.time()
             result["stats"] = queue.stats()
-        result["threads_after"] = sorted(
-            t.name for t in threading.enumerate() if t.name.startswith("freeride")
-        )
-        result["ok"] = True
-    except Exception:  # noqa: BLE001 - reported to the parent test
-        result["ok"] = False
-        result["error"] = traceback.format_exc()
-    finally:
-        write_result(outdir, rank, result)
-        os._exit(0)  # the world lost a rank: no collective teardown
+
+    report_and_exit(rank, outdir, {"rank": rank}, body)

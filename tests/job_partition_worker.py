@@ -12,13 +12,10 @@ Each rank writes what it saw to rank<N>.json."""
 
 from __future__ import annotations
 
-import os
-import threading
 import time
-import traceback
 from datetime import timedelta
 
-from rank_result import write_result
+from rank_result import report_and_exit
 
 import freeride as fr
 from freeride.cli.spawn import join_group
@@ -75,8 +72,7 @@ def _no_close(queue: fr.JobQueue, rank: int, result: dict) -> None:
 
 
 def run_rank(rank: int, world: int, outdir: str, scenario: str) -> None:
-    result: dict = {"rank": rank, "scenario": scenario}
-    try:
+    def body(result: dict) -> None:
         join_group(rank, world, outdir, timeout=timedelta(seconds=60))
         with fr.Harvester("cpu", workers=1) as h:
             h.gate.open(stream="host")
@@ -93,13 +89,5 @@ def run_rank(rank: int, world: int, outdir: str, scenario: str) -> None:
                 result["close_rank"] = exc.rank
             result["close_s"] = time.monotonic() - started
             result["stats"] = queue.stats()
-        result["threads_after"] = sorted(
-            t.name for t in threading.enumerate() if t.name.startswith("freeride")
-        )
-        result["ok"] = True
-    except Exception:  # noqa: BLE001 - reported to the parent test
-        result["ok"] = False
-        result["error"] = traceback.format_exc()
-    finally:
-        write_result(outdir, rank, result)
-        os._exit(0)  # no collective teardown: the other rank may be gone
+
+    report_and_exit(rank, outdir, {"rank": rank, "scenario": scenario}, body)

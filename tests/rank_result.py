@@ -29,3 +29,24 @@ def run_and_report(rank: int, outdir: str, body: Callable[[dict], None]) -> None
         write_result(outdir, rank, result)
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def report_and_exit(rank: int, outdir: str, result: dict, body: Callable[[dict], None]) -> None:
+    """Runs body(result), adds the freeride threads still alive ("threads_after") and "ok"
+    (or "error", the traceback), writes rank<N>.json and ends the process at once: a rank
+    of a job that lost a rank (or whose peer never closes) must not wait in a collective
+    teardown."""
+    import threading
+
+    try:
+        body(result)
+        result["threads_after"] = sorted(
+            t.name for t in threading.enumerate() if t.name.startswith("freeride")
+        )
+        result["ok"] = True
+    except Exception:  # noqa: BLE001 - reported to the parent test through the JSON
+        result["ok"] = False
+        result["error"] = traceback.format_exc()
+    finally:
+        write_result(outdir, rank, result)
+        os._exit(0)
