@@ -233,7 +233,6 @@ class Hub:
         self._stop = threading.Event()
         self.dropped = 0  # frames of no session, or of no known shape
         self.refused = 0  # handshakes whose proof did not verify
-        self.unsent = 0  # messages to a box nobody holds, or beyond a peer's queue
         self.malformed = 0  # authenticated messages that did not unpickle
         self._thread = threading.Thread(target=self._serve, name="freeride-jobqueue-hub")
         self._thread.daemon = True
@@ -293,13 +292,14 @@ class Hub:
         except Exception:
             log.debug("freeride job queue: the hub's last sends failed", exc_info=True)
 
-    def _send(self, rid: bytes, *frames: bytes) -> bool:
+    def _send(self, rid: bytes, *frames: bytes) -> None:
+        """Sends without waiting: beyond the peer's queue (or to a peer gone) it is
+        dropped."""
         zmq = _zmq()
         try:
             self._router.send_multipart([rid, *frames], zmq.NOBLOCK)
-            return True
         except zmq.ZMQError:
-            return False
+            pass
 
     def _on_frames(self, frames: list[bytes]) -> None:
         rid, body = frames[0], frames[1:]
@@ -392,8 +392,8 @@ class Hub:
                     return
                 box, payload = self._out.popleft()
                 rid = self._boxes.get(box)
-            if rid is None or not self._send(rid, b"msg", payload):
-                self.unsent += 1
+            if rid is not None:
+                self._send(rid, b"msg", payload)
 
     def _beat(self, now: float) -> None:
         with self._lock:

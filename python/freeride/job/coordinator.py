@@ -93,11 +93,6 @@ class Coordinator(Serving):
         self._finish_now.set()
 
     @property
-    def finished(self) -> bool:
-        """True once every final state has been sent."""
-        return self._finished.is_set()
-
-    @property
     def lost(self) -> set[int]:
         return set(self._lost)
 

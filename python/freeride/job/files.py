@@ -14,6 +14,11 @@ from typing import IO
 
 from .auth import SECRET_BYTES
 
+# How the secret file is opened to read: never through a symbolic link (the checks are
+# made on the descriptor), and without blocking, since a FIFO planted at the path would
+# otherwise hold open() until someone writes to it (a regular file reads the same).
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
+
 
 def write_atomically(
     path: str | os.PathLike, write: Callable[[IO[bytes]], None], mode: int | None = None
@@ -77,9 +82,8 @@ def remove_secret_file(path: str | os.PathLike, written: tuple[int, int, bytes])
     and content: an inode number alone may be reused by a file made since): once the
     queue has closed, nobody should find its address and secret."""
     path = os.fspath(path)
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, _READ_FLAGS)
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())
             ours = (st.st_dev, st.st_ino) == written[:2] and f.read(1 << 16) == written[2]
@@ -105,11 +109,8 @@ def read_secret_file(path: str | os.PathLike) -> tuple[str, bytes, bytes]:
     as the job, and whoever supplies the file chooses the queue the client talks to.
     """
     path = os.fspath(path)
-    # O_NONBLOCK: a FIFO planted at the path would otherwise hold open() until someone
-    # writes to it; a regular file reads the same either way.
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, _READ_FLAGS)
     except FileNotFoundError:
         raise FileNotFoundError(f"secret_file {path!r} does not exist") from None
     except OSError as exc:
