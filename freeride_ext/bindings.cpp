@@ -20,6 +20,7 @@
 #include "cuda/step_stream.hpp"
 #include "doorbell.hpp"
 #include "executor.hpp"
+#include "freeride/slice.h"
 #include "raw_kernel_task.hpp"
 #include "runtime_info.hpp"
 #include "sigterm_guard.hpp"
@@ -310,6 +311,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("bytes"));
 
   m.attr("ITEM_CTX_BYTES") = py::int_(sizeof(fr_item_ctx));
+  // How many time slices a launch may claim items for while a close is pending.
+  m.attr("MAX_SLICES") = py::int_(FREERIDE_MAX_SLICES);
   m.def(
       "side_blocks_per_sm",
       [](const LimitsTuple& sm, const ReserveTuple& reserve, const std::tuple<int, int, int>& use) {

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -14,6 +16,7 @@
 
 #include "backend.hpp"
 #include "check.hpp"
+#include "cuda/close_ledger.hpp"
 #include "cuda/open_watcher.hpp"
 #include "doorbell.hpp"
 #include "executor.hpp"
@@ -95,6 +98,45 @@ class FakeWatcher {
  private:
   freeride::Doorbell* bell_;
   std::unique_ptr<freeride::OpenWatcher> watcher_;
+};
+
+// The host's close ledger (csrc/cuda/close_ledger.hpp) against a model of the device:
+// streams whose closes execute when the test says, each writing its ordinal to its slot as
+// a close's batch does, and a kernel's decision at a claim (freeride/slice.h) over what
+// the ledger published and the slots hold.
+class CloseModel {
+ public:
+  CloseModel() { ledger_.place(&latest_); }
+
+  // A stream-ordered close enqueued on `stream`, as CudaBackend::gate_write makes it:
+  // `captured`, written into a graph capture; `fail`, its enqueue throws.
+  void enqueue_close(int stream, bool captured, bool fail) {
+    ledger_.close(!captured, [&](uint32_t ordinal) {
+      if (fail) FR_THROW(freeride::RuntimeFailure, "the close's enqueue failed (test)");
+      streams_[stream].push_back(ordinal);
+    });
+  }
+
+  // The oldest close still queued on `stream` takes effect on the device.
+  void execute(int stream) {
+    auto it = streams_.find(stream);
+    FR_ARG(it != streams_.end() && !it->second.empty(), "no close is queued on stream " << stream);
+    const uint32_t ordinal = it->second.front();
+    it->second.pop_front();
+    if (ordinal != 0u) slots_[freeride::cuda::CloseLedger::slot(ordinal)] = ordinal;
+  }
+
+  bool pending() const { return freeride::close_pending(ledger_.latest(), slots_); }
+  bool may_claim(bool gate_open, uint64_t ran_ns, uint64_t slice_ns) const {
+    return freeride::may_claim(gate_open, ran_ns, slice_ns, ledger_.latest(), slots_);
+  }
+  uint32_t latest() const { return ledger_.latest(); }
+
+ private:
+  freeride::cuda::CloseLedger ledger_;
+  unsigned int latest_ = 0;
+  unsigned int slots_[FREERIDE_CLOSE_SLOTS] = {};
+  std::map<int, std::deque<uint32_t>> streams_;
 };
 
 }  // namespace
@@ -215,6 +257,25 @@ void register_test_hooks(py::module_& m) {
   t.def("refuse_idle_cgroup", &freeride::test_switches::set_refuse_idle_cgroup, py::arg("on"),
         "Host backends made from now on find no idle cgroup, as an unprivileged user's "
         "(a session leader's then backs off).");
+
+  py::class_<CloseModel>(t, "CloseModel",
+                         "The host's close ledger against a model of the device's close "
+                         "slots, and the kernels' claim decision over them (freeride/slice.h).")
+      .def(py::init<>())
+      .def("enqueue_close", &CloseModel::enqueue_close, py::arg("stream") = 0,
+           py::arg("captured") = false, py::arg("fail") = false)
+      .def("execute", &CloseModel::execute, py::arg("stream") = 0)
+      .def_property_readonly("pending", &CloseModel::pending)
+      .def_property_readonly("latest", &CloseModel::latest)
+      .def("may_claim", &CloseModel::may_claim, py::arg("gate_open"), py::arg("ran_ns"),
+           py::arg("slice_ns"));
+  t.def(
+      "slice_time",
+      [](uint64_t ran_ns, uint64_t slice_ns) {
+        return static_cast<int>(freeride::slice_time(ran_ns, slice_ns));
+      },
+      py::arg("ran_ns"), py::arg("slice_ns"),
+      "freeride/slice.h's slice_time: 0 within the slice, 1 extendable, 2 over.");
 
   py::class_<FakeWatcher>(t, "FakeWatcher",
                           "An open watcher (csrc/cuda/open_watcher.hpp) with fake events: "

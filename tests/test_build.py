@@ -43,7 +43,8 @@ def test_include_dir_ships_preempt_header():
     assert os.path.isfile(path)
     with open(path) as f:
         assert "for_each_item" in f.read()
-    assert os.path.isfile(os.path.join(fr.include_dir(), "freeride", "item_ctx.h"))
+    for header in ("item_ctx.h", "slice.h"):  # what preempt.cuh includes
+        assert os.path.isfile(os.path.join(fr.include_dir(), "freeride", header))
 
 
 _HOOKS_PROBE = (

@@ -141,8 +141,8 @@ def test_gate_and_stop_loads_are_issued_together(arch):
     put anything between them; ptxas keeps volatile loads in order.)"""
     code = instructions(_ptx(SCALE, arch), "scale")
     loads = [(n, m.group(1)) for n, i in enumerate(code) if (m := _VOLATILE_U32_LOAD.match(i))]
-    # The body has none: one claim path's two loads, the read of the closes enqueued
-    # (close_enqueued: only once the slice is over, behind a branch), and leave_launch's
+    # The body has none: one claim path's two loads, the read of the latest close's
+    # ordinal (close_pending: only past the slice, behind a branch), and leave_launch's
     # read of `held` for the end record, once per launch, after the loop.
     assert len(loads) == 4, loads
     (first, reg_a), (second, reg_b) = loads[:2]
@@ -168,3 +168,18 @@ def test_a_block_leaves_through_a_barrier_then_one_fence_by_its_leader(arch):
     assert any(_ANY_FENCE.match(i) and not _SYSTEM_FENCE.match(i) for i in between), between
     before = code[max(0, barrier - 3) : barrier]
     assert not any(_ANY_FENCE.match(i) for i in before), before
+
+
+_VOLATILE_V4_LOAD = re.compile(r"ld\.volatile\.global\.v4\.u32\s")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_close_pending_reads_both_words_in_one_round_trip(arch):
+    """Past its slice a block asks, at each claim, whether the close ending its bubble is
+    pending (freeride/slice.h): the latest close's ordinal (host memory, across the bus)
+    and the executed slots (one 16-byte load) are issued together, so the question costs
+    one round trip, and there is one such pair in the claim path (no second copy)."""
+    code = instructions(_ptx(SCALE, arch), "scale")
+    vectors = [n for n, i in enumerate(code) if _VOLATILE_V4_LOAD.match(i)]
+    assert len(vectors) == 1, vectors
+    assert _VOLATILE_U32_LOAD.match(code[vectors[0] - 1]), code[vectors[0] - 2 : vectors[0] + 1]

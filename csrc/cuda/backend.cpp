@@ -178,7 +178,7 @@ class CudaBackend final : public Backend {
 
     const uint32_t open = FREERIDE_GATE_OPEN;
     std::atomic_ref<unsigned int>(*s.gate.mirror).store(open);
-    std::atomic_ref<unsigned int>(s.gate.mirror[kMirrorCloses]).store(0);
+    s.clear_close_slots();
     if (cuda_driver::memops_disabled_by_env()) {
       s.memops = false;
       s.memops_reason = "disabled by FREERIDE_NO_STREAM_MEMOPS";
@@ -221,12 +221,13 @@ class CudaBackend final : public Backend {
   std::string reserve_mechanism() const override { return s_->reserve_mechanism; }
   std::string reserve_fallback() const override { return s_->reserve_fallback; }
 
+  // An immediate close carries no ordinal (freeride/slice.h): it has taken effect when it
+  // returns, so it is never pending.
   void gate_write(uint32_t value, uintptr_t stream, uint32_t seq, bool launch) override {
     CudaShared& s = *s_;
     const bool open = value == FREERIDE_GATE_OPEN;
     if (stream == kImmediate && s.host_gate) {
       s.write_gate_now(value, seq);
-      if (!open) s.count_close();
       return;
     }
     std::shared_lock<std::shared_mutex> lk(s.life);
@@ -234,20 +235,22 @@ class CudaBackend final : public Backend {
     if (stream == kImmediate) {
       FR_CHECK(!s.shut_down, "immediate gate write after the CUDA backend was shut down");
       s.write_gate_now(value, seq);
-      if (!open) s.count_close();
       return;
     }
     // Still allowed after shutdown (the gate is never freed): a training hook that fires
     // after close must not fail the training step.
     const auto handle = reinterpret_cast<cudaStream_t>(stream);
-    s.enqueue_gate_write(value, handle, seq);
-    // A write captured into a graph takes effect only when (if ever) the graph is
-    // replayed: it rings nothing, carries no launch and counts as no close.
-    if (CudaShared::captures(handle)) return;
     if (!open) {
-      s.count_close();
+      // Asked before the close is enqueued: a close captured into a graph takes effect only
+      // when (if ever) the graph is replayed, and carries no ordinal.
+      s.closes.close(!CudaShared::captures(handle), [&](uint32_t ordinal) {
+        s.enqueue_gate_write(value, handle, seq, ordinal);
+      });
       return;
     }
+    s.enqueue_gate_write(value, handle, seq);
+    // An open captured into a graph rings nothing and carries no launch.
+    if (CudaShared::captures(handle)) return;
     // Neither after shutdown: the watcher is gone, and so is every runner.
     if (s.shut_down) return;
     s.enqueue_ring(handle);

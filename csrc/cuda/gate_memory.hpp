@@ -15,6 +15,7 @@
 #include "check.hpp"
 #include "doorbell.hpp"
 #include "freeride/item_ctx.h"
+#include "freeride/slice.h"
 
 namespace freeride::cuda {
 
@@ -34,10 +35,16 @@ constexpr size_t kLaunchRing = 32;
 constexpr size_t kGateStride = 128;           // one gate per 128-byte line: no false sharing
 constexpr size_t kGateSlabBytes = 64 * 1024;  // 512 gates per allocation
 // Words of a gate's line in mapped host memory (GateSlot::mirror): the gate's mirror, the
-// sequence number of the last write that took effect, and the count of closes the host
-// has enqueued (fr_item_ctx.closes).
+// sequence number of the last write that took effect, and the ordinal of the latest
+// stream-ordered close the host has enqueued (fr_item_ctx.latest_close).
 constexpr size_t kMirrorSeq = 1;
 constexpr size_t kMirrorCloses = 2;
+// Words of a gate's own line (GateSlot::dev): the gate, then from kCloseSlots the slots
+// closes write their ordinals to as they execute (fr_item_ctx.closes_executed), 16-byte
+// aligned for the kernels' one vector load.
+constexpr size_t kCloseSlots = 4;
+static_assert(kCloseSlots * sizeof(unsigned int) % 16 == 0 &&
+              (kCloseSlots + FREERIDE_CLOSE_SLOTS) * sizeof(unsigned int) <= kGateStride);
 // A runner's device memory: its fr_phase_state, then its ring of fr_launch_run.
 constexpr size_t kRunsOffset = 64;
 constexpr size_t kStateStride = 1024;

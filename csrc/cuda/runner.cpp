@@ -206,19 +206,18 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
       if (pending_.empty()) {
         if (stop_requested_.load() || abandoned_.load()) return LaunchMarks{};
         const uint32_t seq = s.mirror_seq();  // after the open mirror: the open's, or newer
-        enqueue_locked(nullptr, nullptr, seq, s.closes(), false, record);
+        enqueue_locked(nullptr, nullptr, seq, false, record);
       }
     }
     return finish_oldest();
   }
 
-  void launch_at_open(cudaStream_t training, cudaEvent_t opened, uint32_t seq,
-                      uint32_t closes) noexcept override {
+  void launch_at_open(cudaStream_t training, cudaEvent_t opened, uint32_t seq) noexcept override {
     bool rang = false;
     try {
       std::lock_guard<std::mutex> lk(launch_mu_);
       if (!accepting_locked()) return;
-      enqueue_locked(training, opened, seq, closes, true, true);
+      enqueue_locked(training, opened, seq, true, true);
       rang = true;
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> lk(launch_mu_);
@@ -336,8 +335,8 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   // Enqueues one launch of the current phase on stream_; caller holds launch_mu_. With
   // `training`, after the work enqueued there so far (`opened` is recorded there and
   // waited for). stream_wait: held by a memory wait on the gate's mirror first.
-  void enqueue_locked(cudaStream_t training, cudaEvent_t opened, uint32_t seq, uint32_t closes,
-                      bool at_open, bool record) {
+  void enqueue_locked(cudaStream_t training, cudaEvent_t opened, uint32_t seq, bool at_open,
+                      bool record) {
     CudaShared& s = *s_;
     const uint64_t number = launch_no_ + 1;
     ring_.clear(number);
@@ -377,8 +376,8 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     ctx.end = ring_.end_dev(number);
     ctx.launch = number;
     ctx.run = ring_.run_dev(number);
-    ctx.closes = s.closes_dev();
-    ctx.closes_at_launch = closes;
+    ctx.latest_close = s.latest_close_dev();
+    ctx.closes_executed = s.close_slots();
     try {
       // An error a previous task's failure left as this thread's last error (a handled
       // one: a sticky error fails every call anyway) must not be taken for this launch's.
@@ -427,7 +426,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
       std::lock_guard<std::mutex> lk(launch_mu_);
       throw_arrival_error_locked();
       if (pending_.empty()) {
-        enqueue_locked(nullptr, nullptr, s_->mirror_seq(), s_->closes(), false, record);
+        enqueue_locked(nullptr, nullptr, s_->mirror_seq(), false, record);
       }
     }
     return finish_oldest();

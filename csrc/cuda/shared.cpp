@@ -113,9 +113,10 @@ void CudaShared::write_now(unsigned int* word, uint32_t value) {
   finish_on_control("an immediate write");
 }
 
-void CudaShared::enqueue_gate_write(uint32_t value, cudaStream_t stream, uint32_t seq) const {
+void CudaShared::enqueue_gate_write(uint32_t value, cudaStream_t stream, uint32_t seq,
+                                    uint32_t ordinal) const {
   if (gate_write == cuda_driver::GateWrite::kBatch) {
-    const CUresult res = enqueue_gate_batch(value, stream, seq, batch_flags);
+    const CUresult res = enqueue_gate_batch(value, stream, seq, batch_flags, ordinal);
     if (res != CUDA_SUCCESS) {
       cuda_driver::throw_driver_error(res, "cuStreamBatchMemOp (gate write)", __FILE__, __LINE__);
     }
@@ -125,11 +126,14 @@ void CudaShared::enqueue_gate_write(uint32_t value, cudaStream_t stream, uint32_
   enqueue_write(gate.dev, value, stream, gate_write);
   if (!host_gate) enqueue_write(gate.mirror_dev, value, stream, gate_write);
   if (value != FREERIDE_GATE_OPEN) enqueue_write(gate.mirror_dev + kMirrorSeq, seq, stream, gate_write);
+  if (ordinal != 0u) {
+    enqueue_write(close_slots() + CloseLedger::slot(ordinal), ordinal, stream, gate_write);
+  }
 }
 
 CUresult CudaShared::enqueue_gate_batch(uint32_t value, cudaStream_t stream, uint32_t seq,
-                                        unsigned int relaxed_flags) const {
-  CUstreamBatchMemOpParams ops[3];
+                                        unsigned int relaxed_flags, uint32_t ordinal) const {
+  CUstreamBatchMemOpParams ops[4];
   unsigned int count = 0;
   auto add = [&](unsigned int* word, uint32_t v, unsigned int flags) {
     CUstreamBatchMemOpParams& op = ops[count++];
@@ -144,7 +148,23 @@ CUresult CudaShared::enqueue_gate_batch(uint32_t value, cudaStream_t stream, uin
   add(gate.dev, value, CU_STREAM_WRITE_VALUE_DEFAULT);
   if (!host_gate) add(gate.mirror_dev, value, open ? CU_STREAM_WRITE_VALUE_DEFAULT : relaxed_flags);
   if (!open) add(gate.mirror_dev + kMirrorSeq, seq, CU_STREAM_WRITE_VALUE_DEFAULT);
+  // Either side of the gate's write is safe (see enqueue_gate_write): no fence of its own.
+  if (ordinal != 0u) add(close_slots() + CloseLedger::slot(ordinal), ordinal, relaxed_flags);
   return cuda_driver::api().stream_batch_mem_op(stream, count, ops, 0);
+}
+
+void CudaShared::clear_close_slots() {
+  closes.place(gate.mirror + kMirrorCloses);
+  if (host_gate) {  // the gate's line is the mirror's: its host view
+    for (unsigned int i = 0; i < FREERIDE_CLOSE_SLOTS; ++i) {
+      std::atomic_ref<unsigned int>(gate.mirror[kCloseSlots + i]).store(0u);
+    }
+    return;
+  }
+  // A copy from the pinned zeros: no SM, and no memory operation the driver may refuse.
+  FR_CUDA_CHECK(cudaMemcpyAsync(close_slots(), zeros.host, FREERIDE_CLOSE_SLOTS * sizeof(unsigned int),
+                                cudaMemcpyHostToDevice, control));
+  finish_on_control("clearing the close slots");
 }
 
 bool CudaShared::try_batch() {
@@ -202,7 +222,7 @@ void CudaShared::launch_at_open(cudaStream_t stream, uint32_t seq) noexcept {
   const RelaxedCaptureScope relaxed;  // beside a capture on another thread
   std::lock_guard<std::mutex> lk(arm_mu);
   if (armed == nullptr || opened == nullptr) return;
-  armed->launch_at_open(stream, opened, seq, closes());
+  armed->launch_at_open(stream, opened, seq);
 }
 
 uint64_t CudaShared::mark(cudaStream_t stream) {

@@ -18,6 +18,7 @@
 
 #include "backend.hpp"
 #include "check.hpp"
+#include "cuda/close_ledger.hpp"
 #include "cuda/device_guard.hpp"
 #include "cuda/driver.hpp"
 #include "cuda/gate_memory.hpp"
@@ -38,10 +39,9 @@ class OpenLauncher {
   // on `training` (a stream not being captured), with CudaShared::arm_mu held and the
   // device current: enqueues one launch on the runner's stream, ordered after that point
   // of `training` by `opened` (an event this call records there). `seq` is the open's
-  // sequence number, `closes` the closes enqueued so far. Never throws: a failure is the
-  // task's, and the executor's next run() of the runner raises it.
-  virtual void launch_at_open(cudaStream_t training, cudaEvent_t opened, uint32_t seq,
-                              uint32_t closes) noexcept = 0;
+  // sequence number. Never throws: a failure is the task's, and the executor's next run()
+  // of the runner raises it.
+  virtual void launch_at_open(cudaStream_t training, cudaEvent_t opened, uint32_t seq) noexcept = 0;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -203,8 +203,11 @@ struct CudaShared {
   // Stream-ordered gate write: the word kernels read, then its host mirror, so that a
   // mirror reading open implies the gate is open. The sequence word (beside the mirror)
   // goes before an open and after a close: a close is never held behind it, and an open
-  // is seen with its own sequence number.
-  void enqueue_gate_write(uint32_t value, cudaStream_t stream, uint32_t seq) const;
+  // is seen with its own sequence number. A close with an ordinal (closes.close) writes it
+  // to its slot last: executed, it no longer reads as pending (freeride/slice.h), and
+  // whether its slot lands before or after the gate, a kernel past its slice stops.
+  void enqueue_gate_write(uint32_t value, cudaStream_t stream, uint32_t seq,
+                          uint32_t ordinal = 0) const;
 
   // The same writes, in the same order, as one batch: one operation for the stream to
   // execute instead of three. Every write of a batch is fenced by default (all of the
@@ -217,7 +220,16 @@ struct CudaShared {
   // the iterative runner reads the mirror, then the number, and a number seen before the
   // closed mirror would make a closing bubble look like a new one.
   CUresult enqueue_gate_batch(uint32_t value, cudaStream_t stream, uint32_t seq,
-                              unsigned int relaxed_flags) const;
+                              unsigned int relaxed_flags, uint32_t ordinal = 0) const;
+
+  // Stream-ordered closes and their ordinals (freeride/slice.h). The latest ordinal is the
+  // mirror line's kMirrorCloses word; the slots are in the gate's own line.
+  CloseLedger closes;
+  unsigned int* close_slots() const { return gate.dev + kCloseSlots; }
+  const unsigned int* latest_close_dev() const { return gate.mirror_dev + kMirrorCloses; }
+  // The constructor's: the latest ordinal and the slots read zero (no close yet). Caller
+  // holds nothing; the control stream is idle.
+  void clear_close_slots();
 
   // Whether the driver takes the batch of an open, tried on the control stream with the
   // gate's current words (the constructor's state: nothing else writes them yet). The
@@ -273,7 +285,7 @@ struct CudaShared {
   cudaEvent_t opened = nullptr;
   void arm(OpenLauncher* runner) {
     std::lock_guard<std::mutex> lk(arm_mu);
-    armed = runner;
+    if (!refusing) armed = runner;
   }
   void disarm(OpenLauncher* runner) {
     std::lock_guard<std::mutex> lk(arm_mu);
@@ -282,20 +294,19 @@ struct CudaShared {
   // After an open's writes on `stream` (not capturing), on the writing thread; caller
   // holds `life` shared with the device current. Never throws.
   void launch_at_open(cudaStream_t stream, uint32_t seq) noexcept;
+  // Close-time (Backend::begin_shutdown): no launch at an open from now on, whatever is
+  // armed. Launches already enqueued are the executor's to drain or abandon.
+  void refuse_launches_at_opens() {
+    std::lock_guard<std::mutex> lk(arm_mu);
+    armed = nullptr;
+    refusing = true;
+  }
+  bool refusing = false;  // under arm_mu
 
   uint32_t mirror() const { return std::atomic_ref<unsigned int>(*gate.mirror).load(); }
   uint32_t mirror_seq() const {
     return std::atomic_ref<unsigned int>(gate.mirror[kMirrorSeq]).load();
   }
-  // Closes the host has enqueued (or made): counted after each one is in a stream (never
-  // one captured into a graph, which runs only if the graph is replayed), so a launch that
-  // reads a larger count than at its enqueue knows that the close ending its bubble will
-  // take effect without the host (see close_enqueued in freeride/preempt.cuh).
-  uint32_t closes() const {
-    return std::atomic_ref<unsigned int>(gate.mirror[kMirrorCloses]).load();
-  }
-  void count_close() { std::atomic_ref<unsigned int>(gate.mirror[kMirrorCloses]).fetch_add(1); }
-  const unsigned int* closes_dev() const { return gate.mirror_dev + kMirrorCloses; }
 
   // Marks: pooled timing events. Their ids are the executor's and Python's handles. A
   // derived mark is another mark plus an offset in nanoseconds (a launch's start and end:

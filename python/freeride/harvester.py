@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from . import _shutdown
-from ._C import Executor
+from ._C import MAX_SLICES, Executor
 from ._checks import check_count, check_float, parse_memory
 from ._device import resolve_device
 from ._streams import current_streams, refuse_capturing, stream_handle
@@ -193,9 +193,12 @@ class Harvester:
         time_slice: CUDA only: seconds after which a side launch claims no further item
             and is relaunched (if the gate is still open), so that a device-wide
             synchronisation issued while the gate is open (torch.cuda.synchronize,
-            cudaFree, empty_cache) waits at most this long. Once the host has enqueued
-            the close that ends the launch's bubble, a synchronisation waits for that close
-            anyway, and the launch runs on until it. None: a launch runs until the gate
+            cudaFree, empty_cache) waits at most this long. While the close that ends the
+            launch's bubble is already enqueued and has not yet taken effect, a
+            synchronisation waits for that close anyway, and the launch runs on until it,
+            for at most ``slice_bound`` in all (the longest a training kernel larger than
+            the reserve, launched in a bubble on another stream, is confined to the
+            reserve). None: a launch runs until the gate
             closes; then a call that synchronises the device made by the thread that
             would enqueue the close never returns (creating a stream, cudaFree,
             torch.cuda.synchronize while the gate is open: each waits for the side
@@ -369,8 +372,15 @@ class Harvester:
 
     @property
     def time_slice(self) -> float | None:
-        """Longest a side launch keeps claiming items, in seconds (CUDA; None: no bound)."""
+        """Longest a side launch keeps claiming items, in seconds (CUDA; None: no bound),
+        unless the close that ends its bubble is already enqueued (see slice_bound)."""
         return self._time_slice
+
+    @property
+    def slice_bound(self) -> float | None:
+        """Longest a side launch keeps claiming items when the close that ends its bubble
+        is already enqueued, in seconds: ``MAX_SLICES`` time slices (CUDA; None: no bound)."""
+        return None if self._time_slice is None else self._time_slice * MAX_SLICES
 
     @property
     def memory_budget(self) -> int | None:

@@ -56,16 +56,18 @@ typedef struct fr_item_ctx {
   unsigned long long n_items;            /* items in this phase */
   unsigned long long phase;              /* index of this phase within the task */
   unsigned long long slice_ns;           /* no block claims an item once the launch has
-                                            run this long (its time slice), unless a close
-                                            was enqueued since the launch (see closes);
-                                            0: no limit */
+                                            run this long (its time slice), unless the
+                                            close ending its bubble is pending (see
+                                            freeride/slice.h); 0: no limit */
   volatile fr_launch_end* end;           /* host-visible end record, or 0 (plain runs) */
   unsigned long long launch;             /* this launch's number, written to end->launch */
   fr_launch_run* run;                    /* this launch's own counters (device memory) */
-  const volatile unsigned int* closes;   /* host-visible count of the gate closes the host
-                                            has enqueued so far, or 0 */
-  unsigned int closes_at_launch;         /* *closes when this launch was enqueued */
-  unsigned int pad_;
+  const volatile unsigned int* latest_close; /* host-visible: the ordinal of the latest
+                                                stream-ordered close the host enqueued,
+                                                or 0: no launch runs past its slice */
+  const volatile unsigned int* closes_executed; /* FREERIDE_CLOSE_SLOTS words, 16-byte
+                                                   aligned: the ordinals closes wrote as
+                                                   they executed (freeride/slice.h) */
 } fr_item_ctx;
 
 #endif /* FREERIDE_ITEM_CTX_H_ */

@@ -42,12 +42,14 @@
 // A launch's time slice counts from its first block's start (enter_launch): a block that
 // becomes resident only when an earlier one leaves gets what is left of the slice, so a
 // launch ends about one slice (plus an item) after it started, whatever its grid, unless
-// the host has enqueued the close of its bubble by then (close_enqueued): then it runs
-// until that close. A launch's own counters (fr_launch_run) are its alone, so launches
-// queued back to back on a stream need nothing reset between them.
+// the close that ends its bubble is pending by then: then it runs until that close, for at
+// most FREERIDE_MAX_SLICES slices in all (freeride/slice.h has the rule and why). A
+// launch's own counters (fr_launch_run) are its alone, so launches queued back to back on
+// a stream need nothing reset between them.
 #pragma once
 
 #include "item_ctx.h"
+#include "slice.h"
 
 namespace freeride {
 
@@ -148,47 +150,44 @@ __device__ __forceinline__ void leave_launch(const fr_item_ctx& ctx) {
   ctx.end->launch = ctx.launch;
 }
 
-// Leader only, once the launch's time slice is over: whether the host has enqueued a gate
-// close since the launch was enqueued. Then the close that ends this bubble is in the
-// GPU's queues already and will take effect without anything more from the host: a
-// device-wide synchronisation the host issues now waits for training's queued work up to
-// that close, with or without this launch, so the slice (which bounds such a wait while
-// the host has not yet enqueued the close) has nothing left to bound, and the launch runs
-// on until the close. Read across the bus, at most once per block (the answer, once yes,
-// stays yes: the count only grows).
-__device__ __forceinline__ bool close_enqueued(const fr_item_ctx& ctx) {
-  return ctx.closes != 0 && *ctx.closes != ctx.closes_at_launch;
+// Leader only, past the launch's time slice: whether the close that ends the current
+// bubble is pending (freeride/slice.h). Read afresh at every claim past the slice, never
+// remembered: the latest close's ordinal (host memory, across the bus) and the slots of
+// the ordinals executed (device memory), both loads issued together, so one round trip.
+__device__ __forceinline__ bool close_pending(const fr_item_ctx& ctx) {
+  if (ctx.latest_close == 0) return false;
+  unsigned int latest;
+  unsigned int executed[FREERIDE_CLOSE_SLOTS];
+  static_assert(FREERIDE_CLOSE_SLOTS == 4u, "one 16-byte load reads every slot");
+  asm volatile(
+      "ld.volatile.global.u32 %0, [%5];\n\t"
+      "ld.volatile.global.v4.u32 {%1, %2, %3, %4}, [%6];"
+      : "=r"(latest), "=r"(executed[0]), "=r"(executed[1]), "=r"(executed[2]),
+        "=r"(executed[3])
+      : "l"(__cvta_generic_to_global(const_cast<const unsigned int*>(ctx.latest_close))),
+        "l"(__cvta_generic_to_global(const_cast<const unsigned int*>(ctx.closes_executed)))
+      : "memory");
+  return close_pending(latest, executed);
 }
 
 // Leader only: claim the next item, or kNoItem when paused, out of time or the phase is
 // drained. A block held back by the gate, the stop flag or the end of the launch's time
-// slice says so in `held` (once, as it exits). The slice bounds every launch while the
-// host has not enqueued the close of its bubble yet (see close_enqueued; `unbounded`
-// remembers a yes): a device-wide synchronisation (torch.cuda.synchronize, cudaFree)
-// issued then waits at most a slice, and between launches the executor may pick another
-// task.
+// (freeride/slice.h: the slice, or past it no close pending, or the bound on running on)
+// says so in `held` (once, as it exits): a device-wide synchronisation the host issues
+// (torch.cuda.synchronize, cudaFree) while it has not enqueued the close of the bubble
+// waits at most a slice, and between launches the executor may pick another task.
 __device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx,
-                                                         unsigned long long started_ns,
-                                                         bool& unbounded) {
+                                                         unsigned long long started_ns) {
   const bool open = may_run(ctx);
-  bool in_slice = unbounded || ctx.slice_ns == 0ull ||
-                  globaltimer_ns() - started_ns < ctx.slice_ns;
-  if (open && !in_slice) in_slice = unbounded = close_enqueued(ctx);
-  if (!(open && in_slice)) {
+  const SliceTime t = slice_time(globaltimer_ns() - started_ns, ctx.slice_ns);
+  const bool in_time = t == kWithinSlice || (open && t == kExtendable && close_pending(ctx));
+  if (!(open && in_time)) {
     atomicAdd(&ctx.state->held, 1u);
     return kNoItem;
   }
   // Relaxed, device scope (atomicAdd): the claim orders nothing but itself.
   const unsigned long long item = atomicAdd(leader_word(&ctx.state->next), 1ull);
   return item < ctx.n_items ? item : kNoItem;
-}
-
-// The same for a kernel that claims items itself (a block that claims once, or keeps no
-// state between claims): past the slice, each such claim asks close_enqueued() again.
-__device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx,
-                                                         unsigned long long started_ns) {
-  bool unbounded = false;
-  return claim_item(ctx, started_ns, unbounded);
 }
 
 // Leader only, after the whole block finished an item (a __syncthreads in between):
@@ -256,11 +255,10 @@ __device__ __forceinline__ void for_each_item(const fr_item_ctx& ctx, Body&& bod
   __shared__ unsigned long long s_item[2];
   const bool leader = leader_thread();
   const unsigned long long started_ns = leader ? enter_launch(ctx) : 0ull;
-  bool unbounded = false;  // leader only: see claim_item
   bool ran = false;  // the previous pass ran an item: the leader counts it after the barrier
   unsigned int slot = 0;
   while (true) {
-    if (leader) s_item[slot] = claim_item(ctx, started_ns, unbounded);
+    if (leader) s_item[slot] = claim_item(ctx, started_ns);
     __syncthreads();  // every thread finished the previous item; s_item[slot] is set
     const unsigned long long item = s_item[slot];
     const bool count = leader && ran;

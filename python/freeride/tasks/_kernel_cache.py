@@ -60,8 +60,8 @@ def _headers_define(folder: str) -> str:
     kernel compiled against an older preempt.cuh (another fr_item_ctx, another item
     protocol) would be loaded from the cache after an upgrade."""
     digest = hashlib.sha256()
-    for name in ("preempt.cuh", "item_ctx.h"):
-        digest.update(pathlib.Path(folder, "freeride", name).read_bytes())
+    for path in sorted(pathlib.Path(folder, "freeride").iterdir()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return f"-DFREERIDE_HEADERS=0x{digest.hexdigest()[:16]}"
 
 
