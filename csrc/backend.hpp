@@ -205,6 +205,11 @@ class Backend {
   // Side stream handle (0 on the host backend).
   virtual uintptr_t side_stream() const = 0;
 
+  // Close-time, first of all (before the executor's loop may see that it is closing): no
+  // launch is enqueued at an open from now on (CUDA); one in progress has been enqueued
+  // when this returns, so the loop, looking after it, sees every launch it must drain.
+  virtual void refuse_launches_at_opens() {}
+
   // Close-time, before the executor waits for its thread (which may still be in run()):
   // no launch starts after this, and the backend's own threads exit as soon as their
   // current item is done, at normal priority where the OS allows it (see

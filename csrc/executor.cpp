@@ -30,6 +30,10 @@ constexpr std::chrono::milliseconds kDependencyPoll{1};
 constexpr double kBackoffMinS = 100e-6;
 constexpr double kBackoffMaxS = 10e-3;
 
+constexpr const char* kAbandonedMessage =
+    "cancelled: the harvester was closed while a launch of the task was still enqueued or "
+    "running on the GPU (abandoned)";
+
 }  // namespace
 
 const char* state_name(TaskState state) {
@@ -143,10 +147,14 @@ bool Executor::cancel(uint64_t id, bool wait) {
   std::unique_lock<std::mutex> lock(mutex_);
   Record& r = record_locked(id);
   if (is_final(r.state)) return false;
+  // Stopped first: no launch at an open is taken once stop() returns, so in_flight() then
+  // says for good whether launches are left for the loop to drain.
+  if (r.runner) r.runner->stop();
   if (&r == active_ || (r.runner && r.runner->in_flight())) {
-    // Items already claimed finish; the loop marks it cancelled when the launch exits.
+    // Items already claimed finish; the loop marks it cancelled when the launch exits
+    // (a backoff in progress ends now: the launches left are to be drained).
     r.cancel_requested = true;
-    r.runner->stop();
+    backend_->interrupt_waits();
     if (wait) wait_locked(lock, -1.0, [&] { return is_final(r.state); });
   } else {
     finish_locked(r, TaskState::Cancelled, ErrorKind::Cancelled, "cancelled");
@@ -334,6 +342,14 @@ void Executor::loop() {
   while (true) {
     Record* r = draining;
     if (r == nullptr) {
+      // Launches at opens the task run last took since this thread last looked (during a
+      // backoff, or between its runs): drained before anything else, a close included.
+      // Close refuses launches at opens before it sets closing_, so once this look (under
+      // the lock) finds none and sees closing_, none can come.
+      Record* last = last_run_locked();
+      if (last != nullptr && last->runner->in_flight()) r = draining = last;
+    }
+    if (r == nullptr) {
       bool dependency_pending = false;
       while (!closing_ && (r = pick_locked(dependency_pending)) == nullptr) {
         // Nothing signals a dependency's completion: look again after a while.
@@ -422,9 +438,7 @@ void Executor::loop() {
       // what they write, and take_abandoned() tells the owner to keep the task's memory.
       draining = nullptr;
       abandoned_.push_back(r->id);
-      finish_locked(*r, TaskState::Cancelled, ErrorKind::Cancelled,
-                    "cancelled: the harvester was closed while a launch of the task was still "
-                    "enqueued or running on the GPU (abandoned)");
+      finish_locked(*r, TaskState::Cancelled, ErrorKind::Cancelled, kAbandonedMessage);
       continue;
     }
 
@@ -482,8 +496,12 @@ void Executor::settle_launch_locked(Record& r) {
 
 void Executor::close(double deadline_s) {
   std::lock_guard<std::mutex> close_lock(close_mutex_);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return;
+  }
+  backend_->refuse_launches_at_opens();  // before closing_: see loop()
   std::unique_lock<std::mutex> lock(mutex_);
-  if (closed_) return;
   closing_ = true;
   done_cv_.notify_all();  // wait_launches_taken() waits no more
   // Whatever fails, the executor thread is joined and every record made final before the
@@ -534,6 +552,13 @@ void Executor::close(double deadline_s) {
   if (thread_.joinable()) thread_.join();
   lock.lock();
   for (auto& [id, r] : records_) {
+    // Left in flight (the loop drains or abandons every launch it can see, so this is a
+    // backstop): such a launch may still run, and is abandoned like the others.
+    if (r->runner && !is_final(r->state) && r->runner->in_flight()) {
+      r->runner->abandon();
+      abandoned_.push_back(id);
+      finish_locked(*r, TaskState::Cancelled, ErrorKind::Cancelled, kAbandonedMessage);
+    }
     if (!is_final(r->state)) {
       finish_locked(*r, TaskState::Cancelled, ErrorKind::Cancelled,
                     "cancelled: the harvester was closed");

@@ -5,6 +5,7 @@
 // (test_hooks.cpp) uses it, so it lives beside the bindings, not in the core.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -29,6 +30,7 @@ struct QueuedLaunches {
   std::condition_variable cv;
   struct Launch {
     int64_t items = -1;  // what it ran once ended; -1 while it has not
+    bool at_open = true;  // false: the executor's own (seen open on the mirror)
   };
   std::deque<Launch> pending;
   uint64_t phases = 0;  // begin_phase() calls
@@ -40,22 +42,30 @@ struct QueuedLaunches {
   std::string failure;  // the next run() throws it (see fail())
   bool failure_drops = true;
   bool stop_fails = false;  // stop() throws, as a stop write does on a broken context
+  // The backend's: set once it refuses launches at opens (close), and what an arrival
+  // rings (an open's launch ends a backoff, as CudaRunner::launch_at_open's ring does).
+  std::shared_ptr<std::atomic<bool>> refusing = std::make_shared<std::atomic<bool>>(false);
+  Doorbell* bell = nullptr;
   uint64_t runs = 0;    // run() calls
   uint64_t taken = 0;   // ends run() took (or dropped with a failure)
   uint64_t stops = 0;   // stop() calls
 
   // Launches enqueued at opens, as the CUDA runner takes them: none before its first
-  // phase begins, once stopped, once the phase is done or when kCapacity are pending. How
-  // many were taken.
-  size_t arrive(size_t count) {
-    std::lock_guard<std::mutex> lk(mu);
+  // phase begins, once stopped, once the phase is done, when kCapacity are pending or
+  // once the backend refuses them. How many were taken. `at_open` false: launches of the
+  // executor's own instead (taken whatever the backend refuses: the executor makes them).
+  size_t arrive(size_t count, bool at_open = true) {
     size_t taken = 0;
-    while (taken < count && phases > 0 && !stopped && !phase_done && !abandoned &&
-           pending.size() < kCapacity) {
-      pending.push_back({-1});
-      ++taken;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      while (taken < count && phases > 0 && !stopped && !phase_done && !abandoned &&
+             pending.size() < kCapacity && !(at_open && refusing->load())) {
+        pending.push_back({-1, at_open});
+        ++taken;
+      }
+      cv.notify_all();
     }
-    cv.notify_all();
+    if (taken > 0 && bell != nullptr) bell->ring();
     return taken;
   }
 
@@ -125,7 +135,7 @@ class QueuedRunner final : public PhaseRunner {
     ++q.taken;
     LaunchMarks marks;
     marks.admitted = true;
-    marks.at_open = true;
+    marks.at_open = l.at_open;
     q.done = std::min<uint64_t>(q.n_items, q.done + static_cast<uint64_t>(l.items));
     if (q.done >= q.n_items) q.phase_done = true;
     return marks;
@@ -196,9 +206,26 @@ class QueueBackend final : public Backend {
     return wait_for_open(bell_, timeout_s, [&] { return gate_read() == 1u; });
   }
   bool wait_next_open(uint32_t seq, double timeout_s) const override {
+    std::unique_lock<std::mutex> lk(mu_);
+    ++backoffs_;
+    backoff_cv_.notify_all();
+    if (hold_backoffs_) {  // until interrupt_waits(), whatever rings or times out
+      const uint64_t interrupts = interrupts_;
+      backoff_cv_.wait(lk, [&] { return interrupts_ != interrupts; });
+      return false;
+    }
+    lk.unlock();
     return wait_for_ring(bell_, timeout_s, [&] { return gate_read() == 1u && gate_seq() != seq; });
   }
-  void interrupt_waits() override { bell_.ring(); }
+  void interrupt_waits() override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++interrupts_;
+    }
+    backoff_cv_.notify_all();
+    bell_.ring();
+  }
+  void refuse_launches_at_opens() override { refusing_->store(true); }
   uint64_t mark(uintptr_t) override { return 0; }
   int64_t elapsed_ns(uint64_t, uint64_t) override { return kPending; }
   void release_mark(uint64_t) override {}
@@ -209,6 +236,8 @@ class QueueBackend final : public Backend {
   std::unique_ptr<PhaseRunner> make_runner(std::shared_ptr<Task>,
                                            std::unique_ptr<StreamDependency>) override {
     auto q = std::make_shared<QueuedLaunches>();
+    q->refusing = refusing_;
+    q->bell = &bell_;
     {
       std::lock_guard<std::mutex> lk(mu_);
       made_.push_back(q);
@@ -240,10 +269,26 @@ class QueueBackend final : public Backend {
     return abandoned_work_;
   }
 
+  // Backoffs: while held, each wait_next_open() lasts until interrupt_waits() (a submit,
+  // cancel or close), so a test can act while the executor is inside one. How many began.
+  void hold_backoffs(bool on) {
+    std::lock_guard<std::mutex> lk(mu_);
+    hold_backoffs_ = on;
+  }
+  bool wait_backoffs(uint64_t count, double timeout_s) {
+    std::unique_lock<std::mutex> lk(mu_);
+    return backoff_cv_.wait_for(lk, clamp_timeout(timeout_s), [&] { return backoffs_ >= count; });
+  }
+
  private:
   mutable std::mutex mu_;
   std::condition_variable made_cv_;
   mutable Doorbell bell_;
+  mutable std::condition_variable backoff_cv_;
+  mutable uint64_t backoffs_ = 0;
+  uint64_t interrupts_ = 0;
+  bool hold_backoffs_ = false;
+  std::shared_ptr<std::atomic<bool>> refusing_ = std::make_shared<std::atomic<bool>>(false);
   uint32_t gate_ = 1u;
   uint32_t seq_ = 0;
   bool abandoned_work_ = false;

@@ -169,9 +169,11 @@ void register_test_hooks(py::module_& m) {
   using freeride::QueueBackend;
   using freeride::QueuedLaunches;
   py::class_<QueuedLaunches, std::shared_ptr<QueuedLaunches>>(t, "QueuedLaunches")
-      .def("arrive", &QueuedLaunches::arrive, py::arg("count") = 1,
+      .def("arrive", &QueuedLaunches::arrive, py::arg("count") = 1, py::arg("at_open") = true,
            py::call_guard<py::gil_scoped_release>(),
-           "Launches enqueued at opens (as many as the runner takes); how many were taken.")
+           "Launches enqueued at opens (as many as the runner takes); how many were taken. "
+           "at_open=False: launches of the executor's own (it backs off after one that "
+           "ran nothing).")
       .def("end", &QueuedLaunches::end, py::arg("items"),
            py::call_guard<py::gil_scoped_release>(),
            "The oldest launch not yet ended ends, having run `items` items.")
@@ -229,6 +231,25 @@ void register_test_hooks(py::module_& m) {
       py::arg("executor"), py::arg("index"), py::arg("timeout") = 10.0,
       py::call_guard<py::gil_scoped_release>(),
       "The launches of the index-th runner the executor made (admission order).");
+  t.def(
+      "queue_hold_backoffs",
+      [](Executor& ex, bool on) {
+        auto* backend = dynamic_cast<QueueBackend*>(&ex.backend());
+        FR_ARG(backend != nullptr, "the executor is not on the test queue backend");
+        backend->hold_backoffs(on);
+      },
+      py::arg("executor"), py::arg("on"),
+      "While on, each backoff of the executor lasts until a submit, cancel or close.");
+  t.def(
+      "queue_wait_backoffs",
+      [](Executor& ex, uint64_t count, double timeout) {
+        auto* backend = dynamic_cast<QueueBackend*>(&ex.backend());
+        FR_ARG(backend != nullptr, "the executor is not on the test queue backend");
+        return backend->wait_backoffs(count, timeout);
+      },
+      py::arg("executor"), py::arg("count"), py::arg("timeout") = 10.0,
+      py::call_guard<py::gil_scoped_release>(),
+      "Whether `count` backoffs have begun within `timeout` seconds.");
   t.def(
       "queue_abandoned_work",
       [](Executor& ex) {

@@ -262,3 +262,80 @@ def test_close_joins_its_thread_when_the_stop_fails():
     assert ex.closed
     assert _state(ex, task) == "cancelled"
     ex.close(0.3)  # idempotent: nothing left to raise
+
+
+def _into_backoff(ex):
+    """A task whose launch of the executor's own ran nothing (a stale open mirror):
+    the executor then backs off, held there (queue_hold_backoffs) until a submit, cancel
+    or close. Returns the task and its launches."""
+    _C._testing.queue_hold_backoffs(ex, True)
+    task = ex.submit(_task(100), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(1, at_open=False) == 1
+    q.end(0)
+    assert _C._testing.queue_wait_backoffs(ex, 1)
+    return task, q
+
+
+def test_close_drains_a_launch_that_arrived_during_a_backoff():
+    """Review G6: close() stopped only the task running at that moment; during a backoff
+    none is, and a launch at an open taken meanwhile was left at close neither drained
+    nor abandoned: the task ended plain "cancelled", its buffers were freed with the
+    launch still queued on the GPU. Now the launch is drained (the test ends it) and the
+    task is final only after it."""
+    ex = _C._testing.queue_executor()
+    task, q = _into_backoff(ex)
+    assert q.arrive(1) == 1  # a training thread's open during the backoff
+    closer = threading.Thread(target=ex.close, args=(5.0,))
+    closer.start()
+    wait_until(lambda: q.stopped)  # the loop looked, drains it, and stopped the task
+    assert closer.is_alive() and _state(ex, task) not in FINAL
+    q.end(3)
+    closer.join(5)
+    assert not closer.is_alive()
+    assert q.pending == 0
+    assert ex.take_abandoned() == []
+    assert _state(ex, task) == "cancelled" and _items(ex, task) == 3
+
+
+def test_close_abandons_a_launch_that_arrived_during_a_backoff_past_its_deadline():
+    """The same launch that never ends: abandoned at the deadline, never plain-cancelled
+    with a launch pending."""
+    ex = _C._testing.queue_executor()
+    task, q = _into_backoff(ex)
+    assert q.arrive(1) == 1
+    ex.close(0.3)
+    assert q.abandoned
+    assert ex.take_abandoned() == [task]
+    assert _C._testing.queue_abandoned_work(ex)
+
+
+def test_close_refuses_launches_at_opens_before_the_executor_sees_it_closing():
+    """From close()'s start no open enqueues a launch (the CUDA backend disarms its
+    runners), so the executor, once it sees the close and finds nothing in flight, leaves
+    nothing behind; launches of the executor's own are not affected by that refusal."""
+    ex = _C._testing.queue_executor()
+    task, q = _into_backoff(ex)
+    ex.close(5.0)
+    assert q.arrive(1) == 0
+    assert q.pending == 0 and ex.take_abandoned() == []
+    assert _state(ex, task) == "cancelled"
+
+
+def test_cancel_drains_a_launch_that_arrived_during_a_backoff():
+    """cancel() of a task with no launch running (in a backoff) made it final at once,
+    though a launch at an open taken since the executor last looked was still pending:
+    now cancel stops it first (no launch is taken after that) and, with a launch left,
+    leaves the task to the executor, final only once that launch has ended."""
+    ex = _C._testing.queue_executor()
+    try:
+        task, q = _into_backoff(ex)
+        assert q.arrive(1) == 1
+        assert ex.cancel(task, False)
+        assert q.stopped and q.arrive(1) == 0
+        assert _state(ex, task) not in FINAL
+        q.end(2)
+        assert ex.wait(task, 10)
+        assert _state(ex, task) == "cancelled" and q.pending == 0
+    finally:
+        ex.close(0.5)

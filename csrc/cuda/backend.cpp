@@ -387,6 +387,8 @@ class CudaBackend final : public Backend {
 
   uintptr_t side_stream() const override { return reinterpret_cast<uintptr_t>(s_->side); }
 
+  void refuse_launches_at_opens() override { s_->refuse_launches_at_opens(); }
+
   void abandon_work() override { s_->abandoned = true; }
 
   void shutdown() override {

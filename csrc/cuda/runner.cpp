@@ -235,9 +235,12 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
 
   // Both return without waiting for the GPU: the executor calls them under its lock, and
   // submit() and cancel() on a training thread. A launch that waits for the gate to open
-  // is woken by the bell and sees stop_requested_; a stop also ends launches at opens.
+  // is woken by the bell and sees stop_requested_; a stop also ends launches at opens:
+  // one in progress (it holds launch_mu_) is enqueued by the time stop() returns, and none
+  // after, so in_flight() then counts every launch the stop leaves to drain.
   void stop() override {
     set_stop(1u);
+    { const std::lock_guard<std::mutex> lk(launch_mu_); }
     s_->gate.bell->ring();
   }
   void resume() override { set_stop(0u); }
