@@ -224,6 +224,11 @@ class Backend {
 
   // Joins threads and frees resources. No run() may be in progress. Idempotent.
   virtual void shutdown() = 0;
+
+  // After shutdown(): whether what launches left on the device (abandoned) may write has
+  // been released, which happens once the device is seen to have passed them (CUDA: its
+  // streams are idle); true where nothing was left. Never blocks.
+  virtual bool reclaim_abandoned() { return true; }
 };
 
 // How a CUDA backend runs side kernels.

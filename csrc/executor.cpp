@@ -310,6 +310,22 @@ void Executor::advance_locked(Record& r) {
   }
 }
 
+void Executor::abandon_locked(Record& r) {
+  finish_locked(r, TaskState::Cancelled, ErrorKind::Cancelled, kAbandonedMessage);
+  // Named by take_abandoned(), never by take_finished(): its owner must keep its memory,
+  // not let go of it as of a task that is merely final (review G17).
+  finished_.erase(std::remove(finished_.begin(), finished_.end(), r.id), finished_.end());
+  abandoned_.push_back(r.id);
+}
+
+bool Executor::reclaim_abandoned() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    FR_CHECK(closed_, "reclaim_abandoned() before close()");
+  }
+  return backend_->reclaim_abandoned();
+}
+
 void Executor::finish_locked(Record& r, TaskState state, ErrorKind kind, std::string error) {
   // Done: advance_locked already counted every phase. Otherwise keep what the current
   // phase finished, so items_done stays exact after a cancel or a failure.
@@ -437,8 +453,7 @@ void Executor::loop() {
       // Past close()'s deadline. Its launches may still run: the runner keeps (leaks)
       // what they write, and take_abandoned() tells the owner to keep the task's memory.
       draining = nullptr;
-      abandoned_.push_back(r->id);
-      finish_locked(*r, TaskState::Cancelled, ErrorKind::Cancelled, kAbandonedMessage);
+      abandon_locked(*r);
       continue;
     }
 
@@ -556,8 +571,7 @@ void Executor::close(double deadline_s) {
     // backstop): such a launch may still run, and is abandoned like the others.
     if (r->runner && !is_final(r->state) && r->runner->in_flight()) {
       r->runner->abandon();
-      abandoned_.push_back(id);
-      finish_locked(*r, TaskState::Cancelled, ErrorKind::Cancelled, kAbandonedMessage);
+      abandon_locked(*r);
     }
     if (!is_final(r->state)) {
       finish_locked(*r, TaskState::Cancelled, ErrorKind::Cancelled,

@@ -76,6 +76,7 @@ class Executor {
   void forget(uint64_t id);
   // Ids of the tasks that became final since the last call: the Python layer then lets go
   // of the buffers it held for them (never earlier: a kernel may use them until then).
+  // Not abandoned ones (take_abandoned()).
   std::vector<uint64_t> take_finished();
 
   // Stops the thread, cancels what is not final, frees the backend. Idempotent. Launches
@@ -90,8 +91,14 @@ class Executor {
   bool closed() const;
   static constexpr double kCloseDeadlineS = 5.0;
 
-  // Ids of the tasks whose launches close() abandoned (once each).
+  // Ids of the tasks whose launches close() abandoned (once each; take_finished() never
+  // names them).
   std::vector<uint64_t> take_abandoned();
+  // After close(): whether what the abandoned launches may write has been released,
+  // which the backend does once the device is seen to have passed them (true where none
+  // was abandoned). The tasks' owner keeps their memory until this says true. Never
+  // blocks: ask again later.
+  bool reclaim_abandoned();
 
   uint64_t memory_budget() const { return budget_; }
   uint64_t memory_used() const;
@@ -172,6 +179,8 @@ class Executor {
   void admit_locked(Record& r);
   void advance_locked(Record& r);
   void finish_locked(Record& r, TaskState state, ErrorKind kind, std::string error);
+  // Cancelled at close with launches that may still run: see take_abandoned().
+  void abandon_locked(Record& r);
   Record& record_locked(uint64_t id) const;
   // Waits on done_cv_ until ready() or timeout_s (negative: forever); ready()'s result.
   template <typename Ready>

@@ -1,11 +1,15 @@
 #include "runtime_info.hpp"
 
+#include "check.hpp"
+
 #ifdef FREERIDE_WITH_CUDA
 #include <cuda_runtime_api.h>
 
 #include <exception>
 #include <string>
 
+#include "capture_mode.hpp"
+#include "cuda/device_guard.hpp"
 #include "cuda/driver.hpp"
 #endif
 
@@ -117,6 +121,24 @@ BackendInfo query_backend_info() {
   info.reason = "built without CUDA";
 #endif
   return info;
+}
+
+uint64_t free_device_memory(int device) {
+#ifdef FREERIDE_WITH_CUDA
+  const RelaxedCaptureScope relaxed;
+  DeviceGuard guard(device);
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  const cudaError_t err = cudaMemGetInfo(&free_bytes, &total_bytes);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    FR_THROW(RuntimeFailure, describe("cudaMemGetInfo", err));
+  }
+  return free_bytes;
+#else
+  (void)device;
+  FR_THROW(RuntimeFailure, "free_device_memory(): built without CUDA");
+#endif
 }
 
 }  // namespace freeride

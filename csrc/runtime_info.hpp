@@ -1,6 +1,7 @@
 // What this build and this machine offer: reported by fr.backend_info().
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -31,5 +32,11 @@ struct BackendInfo {
 };
 
 BackendInfo query_backend_info();
+
+// Bytes of device memory free on `device` now (cudaMemGetInfo), asked in relaxed capture
+// mode: the recorder samples it on the training thread, and in the default global mode
+// the query could invalidate a graph another thread is capturing. Throws RuntimeFailure
+// on a CUDA error and in builds without CUDA.
+uint64_t free_device_memory(int device);
 
 }  // namespace freeride

@@ -10,6 +10,7 @@ namespace {
 
 std::atomic<bool> g_fail_green_preload{false};
 std::atomic<bool> g_refuse_idle_cgroup{false};
+std::atomic<bool> g_streams_never_idle{false};
 
 // delay_launch_end: the delay, and what a release wakes.
 std::atomic<unsigned> g_delay_launch_end_ms{0};
@@ -21,6 +22,10 @@ std::condition_variable g_delay_cv;
 void set_fail_green_preload(bool on) noexcept { g_fail_green_preload.store(on); }
 
 bool fail_green_preload() noexcept { return g_fail_green_preload.load(); }
+
+void set_streams_never_idle(bool on) noexcept { g_streams_never_idle.store(on); }
+
+bool streams_never_idle() noexcept { return g_streams_never_idle.load(); }
 
 void set_delay_launch_end_ms(unsigned ms) {
   {

@@ -19,6 +19,12 @@ void set_delay_launch_end_ms(unsigned ms);
 // Called where the end is taken: returns at once unless a delay is set.
 void delay_launch_end();
 
+// The CUDA backend's shutdown finds its streams still busy (CudaShared::wait_idle answers
+// "not ready" at once) and so does reclaiming what it then holds (CudaShared::reclaim),
+// as where launches are left queued behind a training stream that has stalled.
+void set_streams_never_idle(bool on) noexcept;
+bool streams_never_idle() noexcept;
+
 // Host backends made from now on find no idle cgroup (HostIdle), as where the cgroup
 // hierarchy is not writable: the fallback chosen then is what unprivileged users get.
 void set_refuse_idle_cgroup(bool on) noexcept;

@@ -190,6 +190,9 @@ PYBIND11_MODULE(_C, m) {
   m.attr("CUDA_BUILT") = false;
 #endif
   m.def("backend_info", &backend_info, "What this build and machine offer.");
+  m.def("free_device_memory", &freeride::free_device_memory, py::arg("device"), release_gil(),
+        "Bytes of device memory free now (cudaMemGetInfo in relaxed capture mode, so that a "
+        "graph another thread captures is not invalidated).");
   // The SIGTERM deadline of freeride._shutdown (csrc/sigterm_guard.hpp).
   m.def("_sigterm_guard_arm", &freeride::sigterm_guard::arm, py::arg("grace"), release_gil(),
         "Chains a watchdog in front of the SIGTERM handler installed now: `grace` seconds "
@@ -405,7 +408,11 @@ PYBIND11_MODULE(_C, m) {
            "Stops the thread and cancels what is not final; launches still in flight past "
            "`deadline` seconds are abandoned (see take_abandoned).")
       .def("take_abandoned", &Executor::take_abandoned, release_gil(),
-           "Ids of the tasks whose launches close() abandoned: their memory must be kept.")
+           "Ids of the tasks whose launches close() abandoned: their memory must be kept "
+           "(take_finished never names them).")
+      .def("reclaim_abandoned", &Executor::reclaim_abandoned, release_gil(),
+           "After close(): whether the device has passed every abandoned launch, so that "
+           "their memory may go (what the backend held for them is then released).")
       // Each takes the executor's lock, which its thread may hold while admitting a task.
       .def_property_readonly("closed", py::cpp_function(&Executor::closed, release_gil()))
       .def_property_readonly("launches", py::cpp_function(&Executor::launches, release_gil()),

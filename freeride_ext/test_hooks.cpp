@@ -18,6 +18,7 @@
 #include "check.hpp"
 #include "cuda/close_ledger.hpp"
 #include "cuda/open_watcher.hpp"
+#include "cuda/slot_pool.hpp"
 #include "doorbell.hpp"
 #include "executor.hpp"
 #include "latch_dependency.hpp"
@@ -138,6 +139,20 @@ class CloseModel {
   unsigned int slots_[FREERIDE_CLOSE_SLOTS] = {};
   std::map<int, std::deque<uint32_t>> streams_;
 };
+
+// The CUDA backend's slot pools (csrc/cuda/slot_pool.hpp) over host memory, on a device
+// number no GPU has: what they hand the process-wide keep, and when.
+constexpr int kHostPoolDevice = -2;
+struct HostSlabAlloc {
+  static freeride::cuda::Slab allocate(int, bool, size_t bytes) {
+    freeride::cuda::Slab slab;
+    slab.host = new char[bytes];  // kept or leaked, never freed, as the real slabs
+    slab.dev = slab.host;
+    return slab;
+  }
+  static int current_device() { return kHostPoolDevice; }
+};
+using HostSlotPool = freeride::cuda::BasicSlotPool<HostSlabAlloc>;
 
 }  // namespace
 
@@ -278,6 +293,26 @@ void register_test_hooks(py::module_& m) {
   t.def("refuse_idle_cgroup", &freeride::test_switches::set_refuse_idle_cgroup, py::arg("on"),
         "Host backends made from now on find no idle cgroup, as an unprivileged user's "
         "(a session leader's then backs off).");
+
+  t.attr("HOST_POOL_DEVICE") = kHostPoolDevice;
+  py::class_<HostSlotPool>(t, "HostSlotPool",
+                           "The CUDA backend's slot pool over host memory "
+                           "(device HOST_POOL_DEVICE, mapped-host kind).")
+      .def(py::init([](size_t stride) { return std::make_unique<HostSlotPool>(true, stride); }),
+           py::arg("stride"))
+      .def("acquire", [](HostSlotPool& p) { (void)p.acquire(); })
+      .def("hold", &HostSlotPool::hold)
+      .def("release_held", &HostSlotPool::release_held)
+      .def("release_all", &HostSlotPool::release_all)
+      .def_property_readonly("slabs", &HostSlotPool::slabs)
+      .def_property_readonly("held", &HostSlotPool::held);
+  t.attr("SLOTS_PER_SLAB") = freeride::cuda::kSlotsPerSlab;
+  t.def("kept_slabs", &freeride::cuda::kept_slabs, py::arg("device"), py::arg("host_memory"),
+        py::arg("bytes"),
+        "Slabs the process keeps for later pools of (device, kind, slab size).");
+  t.def("streams_never_idle", &freeride::test_switches::set_streams_never_idle, py::arg("on"),
+        "CUDA backends' shutdown finds every stream busy (their slabs, streams and green "
+        "context are then held), and reclaiming them finds the same.");
 
   py::class_<CloseModel>(t, "CloseModel",
                          "The host's close ledger against a model of the device's close "

@@ -312,6 +312,48 @@ def test_captures_beside_a_thread_reading_bubble_stats():
 
 
 @pytest.mark.gpu
+def test_captures_beside_free_memory_samples_and_backends_being_made():
+    """Review G15. Property: a thread of the user's own, in the default global capture
+    mode, that samples free device memory as the recorder does once per iteration
+    (_C.free_device_memory: cudaMemGetInfo, relaxed inside) and makes and closes CUDA
+    executors (the backend's constructor synchronises its control stream, allocates and
+    loads modules; its shutdown queries streams: all relaxed inside) in a loop, while 20
+    captures run on the training thread: none is invalidated, the thread sees no error,
+    and both kinds of call landed inside captures."""
+    torch = _torch()
+    with fr.Harvester("cuda") as h:
+        x = torch.randn(1 << 16, device=h.device)
+        stop = threading.Event()
+        inside = {"free_memory": 0, "backend": 0}
+        thread_errors = []
+
+        def beside():
+            while not stop.is_set():
+                try:
+                    during = CAPTURING.is_set()
+                    _C.free_device_memory(0)
+                    inside["free_memory"] += during and CAPTURING.is_set()
+                    during = CAPTURING.is_set()
+                    ex = _C.Executor("cuda", 0, 1, False, False, 0, (0, 0, 0, 0), 2_000_000)
+                    ex.close(1.0)
+                    inside["backend"] += during and CAPTURING.is_set()
+                except Exception as exc:  # noqa: BLE001 - handed to the test
+                    thread_errors.append(exc)
+
+        thread = threading.Thread(target=beside)
+        thread.start()
+        try:
+            errors, matched = capture_and_replay(torch, h, x)
+        finally:
+            stop.set()
+            thread.join(60)
+    assert errors == [], f"{len(errors)} of {CAPTURES} captures failed: {errors[0]}"
+    assert thread_errors == [], thread_errors[:3]
+    assert matched == CAPTURES
+    assert inside["free_memory"] > 0 and inside["backend"] > 0, inside
+
+
+@pytest.mark.gpu
 def test_negative_control_an_unsafe_call_from_another_thread_breaks_captures():
     """Negative control for the two tests above: a thread in the default global mode
     querying an event in a loop (what torch's NCCL watchdog did before it relaxed its

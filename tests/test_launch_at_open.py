@@ -23,7 +23,7 @@ The CPU tests check what decides which opens carry a launch.
 
 import pytest
 from gpu_worker import run_worker
-from test_recorder import FakeCudaExecutor, _recorder, fake_torch
+from test_recorder import FakeCudaExecutor, _recorder, fake_free_memory
 
 import freeride as fr
 from freeride import gate
@@ -104,7 +104,7 @@ def test_a_recorded_open_carries_a_launch_only_where_its_slot_pays_for_one(monke
     (between two compute actions with nothing in between) short: once their lengths are
     known, opens of slot 1 carry no launch; before that every open does, as do manual
     opens."""
-    fake_torch(monkeypatch, lambda device: (1, 2))
+    fake_free_memory(monkeypatch, lambda device: 1)
     monkeypatch.setattr(gate, "stream_is_capturing", lambda handle, device: False)
     ex = _Clocked()
     rec = _recorder(ex, "cuda", 0)

@@ -339,3 +339,41 @@ def test_cancel_drains_a_launch_that_arrived_during_a_backoff():
         assert _state(ex, task) == "cancelled" and q.pending == 0
     finally:
         ex.close(0.5)
+
+
+def test_abandoned_tasks_are_named_by_take_abandoned_never_by_take_finished():
+    """Review G17: an abandoned task was also among take_finished()'s ids, and the
+    training thread's _reap() could let go of its handle (its buffers) between close()
+    returning and the harvester keeping the abandoned ones. Now only take_abandoned()
+    names it."""
+    ex = _C._testing.queue_executor()
+    task = ex.submit(_task(100), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(1) == 1
+    ex.close(0.2)
+    assert task not in ex.take_finished()
+    assert ex.take_abandoned() == [task]
+
+
+def test_reclaim_abandoned_once_the_launches_have_ended():
+    """What abandoned launches may write is released only once they have ended: the
+    backend says so (CUDA: its streams idle) when asked after close, never before."""
+    ex = _C._testing.queue_executor()
+    with pytest.raises(RuntimeError, match="before close"):
+        ex.reclaim_abandoned()
+    task = ex.submit(_task(100), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(2) == 2
+    ex.close(0.2)
+    assert ex.take_abandoned() == [task]
+    assert not ex.reclaim_abandoned()
+    q.end(0)
+    assert not ex.reclaim_abandoned()
+    q.end(0)
+    assert ex.reclaim_abandoned()
+
+
+def test_reclaim_with_nothing_abandoned():
+    ex = _C._testing.queue_executor()
+    ex.close(0.2)
+    assert ex.reclaim_abandoned()

@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "freeride._device",
             "freeride._streams",
             "freeride._shutdown",
+            "freeride._abandoned",
             "freeride.info",
             "freeride.simulate",
         ),

@@ -313,14 +313,13 @@ def test_nvrtc_reports_errors_with_a_log():
 
 def test_compile_options_name_the_headers_contents(tmp_path):
     """CuPy caches compiled modules on disk by source and options only: the options carry
-    a digest of preempt.cuh and item_ctx.h, so a header change (a new item protocol)
-    compiles afresh instead of loading a module built against the old one."""
+    a digest of every shipped header (preempt.cuh and what it includes), so a header
+    change (a new item protocol) compiles afresh instead of loading a module built
+    against the old one."""
     folder = tmp_path / "include"
     (folder / "freeride").mkdir(parents=True)
-    for name in ("preempt.cuh", "item_ctx.h"):
-        (folder / "freeride" / name).write_bytes(
-            (pathlib.Path(fr.include_dir()) / "freeride" / name).read_bytes()
-        )
+    for header in (pathlib.Path(fr.include_dir()) / "freeride").iterdir():
+        (folder / "freeride" / header.name).write_bytes(header.read_bytes())
     same = _kernel_cache._headers_define(str(folder))
     assert same == _kernel_cache._headers_define(fr.include_dir())
     (folder / "freeride" / "item_ctx.h").write_text("/* another protocol */\n")

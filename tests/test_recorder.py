@@ -2,9 +2,7 @@
 backend (marks are ids with times, a mark 0 is unknown to it, as to the real one), and
 the capture query and free-memory query are faked."""
 
-import sys
 import time
-import types
 
 import pytest
 
@@ -69,18 +67,17 @@ def iteration(rec, bubbles=3):
     rec.end_iteration(0)
 
 
-def fake_torch(monkeypatch, mem_get_info):
-    """torch as the recorder sees it: only torch.cuda.mem_get_info."""
-    torch = types.SimpleNamespace(cuda=types.SimpleNamespace(mem_get_info=mem_get_info))
-    monkeypatch.setitem(sys.modules, "torch", torch)
+def fake_free_memory(monkeypatch, free_device_memory):
+    """The recorder's query of free device memory (there is no device here)."""
+    monkeypatch.setattr(recorder, "free_device_memory", free_device_memory)
 
 
 @pytest.fixture
 def capture(monkeypatch):
-    """state["on"] says whether the (fake) stream is being captured; torch is faked too
-    (the real one, if a test loaded it, has no device to ask for free memory here)."""
+    """state["on"] says whether the (fake) stream is being captured; free memory is
+    faked too (there is no device to ask)."""
     state = {"on": False, "asked": 0}
-    fake_torch(monkeypatch, lambda device: (1, 2))
+    fake_free_memory(monkeypatch, lambda device: 1)
 
     def capturing(handle, device):
         state["asked"] += 1
@@ -141,16 +138,16 @@ def test_the_host_backend_never_asks_about_capture(capture):
 
 
 def test_free_memory_is_sampled_once_per_iteration_over_the_slots_in_turn(capture, monkeypatch):
-    """Property: cudaMemGetInfo runs once per recorded iteration (not at every open), at
+    """Property: cudaMemGetInfo (freeride's own, in relaxed capture mode) runs once per recorded iteration (not at every open), at
     one bubble's start, the slots taking turns, so every slot's mean free memory is
     still reported from values taken at that slot's start; the other bubbles have None."""
     asked = []
 
-    def mem_get_info(device):
+    def free_device_memory(device):
         asked.append(device)
-        return (1000 * len(asked), 10**6)
+        return 1000 * len(asked)
 
-    fake_torch(monkeypatch, mem_get_info)
+    fake_free_memory(monkeypatch, free_device_memory)
     ex = FakeCudaExecutor()
     rec = _recorder(ex, "cuda", 3)
     for _ in range(7):
@@ -168,7 +165,7 @@ def test_free_memory_is_sampled_once_per_iteration_over_the_slots_in_turn(captur
 
 def test_no_free_memory_is_sampled_inside_a_capture(capture, monkeypatch):
     asked = []
-    fake_torch(monkeypatch, lambda d: asked.append(d) or (1, 2))
+    fake_free_memory(monkeypatch, lambda d: asked.append(d) or 1)
     rec = _recorder(FakeCudaExecutor(), "cuda", 0)
     capture["on"] = True
     iteration(rec)

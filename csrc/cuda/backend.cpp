@@ -87,6 +87,9 @@ SmLimits sm_limits(int device) {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const CudaOptions& options) : s_(std::make_shared<CudaShared>()) {
+    // Its probes synchronise streams and load modules: a harvester made while another
+    // thread captures a graph in global mode must not invalidate that capture (G15).
+    const RelaxedCaptureScope relaxed;
     // First, before the device is looked at. Every stream shares one hardware queue
     // there: the pending wait would hold the training stream's own open (and everything
     // else) behind it.
@@ -389,6 +392,14 @@ class CudaBackend final : public Backend {
 
   void refuse_launches_at_opens() override { s_->refuse_launches_at_opens(); }
 
+  bool reclaim_abandoned() override {
+    CudaShared& s = *s_;
+    std::unique_lock<std::shared_mutex> lk(s.life);
+    if (!s.shut_down) return false;
+    DeviceGuard guard(s.device);
+    return s.reclaim();
+  }
+
   void abandon_work() override { s_->abandoned = true; }
 
   void shutdown() override {
@@ -415,7 +426,14 @@ class CudaBackend final : public Backend {
         err = waited;
       }
     }
-    s.destroy_streams();
+    // Launches left on the GPU (abandoned, or a stream that did not drain in time): what
+    // they may touch stays as it is until reclaim_abandoned() sees them gone, the green
+    // context included (review G7), and no slab goes to another pool (G5).
+    if (drained) {
+      s.destroy_streams();
+    } else {
+      s.hold_for_launches_left();
+    }
     s.destroy_events();
     {
       std::lock_guard<std::mutex> alk(s.arm_mu);
@@ -426,8 +444,6 @@ class CudaBackend final : public Backend {
     {
       std::lock_guard<std::mutex> plk(s.pool_mu);
       s.orphaned = drained;
-      // Slabs that a launch still on the GPU may write are never handed to another pool.
-      if (!drained) s.pools_freed = true;
       // The backend's own staging slots count as released along with it.
       if (drained && s.runners == 0) s.free_pools();
     }

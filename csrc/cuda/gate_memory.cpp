@@ -54,38 +54,22 @@ GateSlot acquire_gate(int device, bool host_memory) {
   return slot;
 }
 
-namespace {
-
-using SlabKey = std::tuple<int, bool, size_t>;
-
-std::mutex& kept_mu() {
-  static std::mutex mu;
-  return mu;
-}
-
-std::map<SlabKey, std::vector<Slab>>& kept() {
-  static auto* slabs = new std::map<SlabKey, std::vector<Slab>>();  // leaked on purpose
-  return *slabs;
-}
-
-}  // namespace
-
-bool take_kept_slab(int device, bool host_memory, size_t bytes, Slab* out) {
-  std::lock_guard<std::mutex> lk(kept_mu());
-  auto it = kept().find({device, host_memory, bytes});
-  if (it == kept().end() || it->second.empty()) return false;
-  *out = it->second.back();
-  it->second.pop_back();
-  return true;
-}
-
-void keep_slab(int device, bool host_memory, size_t bytes, Slab slab) noexcept {
-  try {
-    std::lock_guard<std::mutex> lk(kept_mu());
-    kept()[{device, host_memory, bytes}].push_back(slab);
-  } catch (...) {
-    // Out of host memory for the list: the slab leaks, which is all freeing it saves.
+Slab CudaSlabAlloc::allocate(int, bool host_memory, size_t bytes) {
+  Slab slab;
+  if (host_memory) {
+    alloc_mapped(bytes, &slab.host, &slab.dev);
+  } else {
+    void* dev = nullptr;
+    FR_CUDA_CHECK(cudaMalloc(&dev, bytes));
+    slab.dev = static_cast<char*>(dev);
   }
+  return slab;
+}
+
+int CudaSlabAlloc::current_device() {
+  int device = 0;
+  FR_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
 }
 
 const unsigned int* gate_constants() {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "check.hpp"
+#include "cuda/slot_pool.hpp"
 #include "doorbell.hpp"
 #include "freeride/item_ctx.h"
 #include "freeride/slice.h"
@@ -59,7 +60,6 @@ static_assert(kReadbackOffset + 16 <= kEndsOffset && kEndsOffset % 8 == 0 &&
               kEndsOffset + kLaunchRing * sizeof(fr_launch_end) <= kWordStride);
 // The pinned zeros a runner's state is cleared from is one host-word slot: large enough.
 static_assert(kStateStride <= kWordStride);
-constexpr size_t kSlotsPerSlab = 256;
 
 [[noreturn]] inline void throw_cuda(cudaError_t err, const char* call, const char* file, int line) {
   detail::Msg os;
@@ -96,81 +96,11 @@ GateSlot acquire_gate(int device, bool host_memory);
 // writes by copy on the fallback path. Never freed, for the same reason as the gates.
 const unsigned int* gate_constants();
 
-// Slabs a pool lets go of are kept for later pools of the same device and kind, never
-// given to cudaFree or cudaFreeHost: both synchronise the whole device (CUDA's implicit
-// synchronisation), so freeing at close waited for every stream's queued work, training's
-// included (seen on an H200: close() and process exit took the 2 s of GPU work still
-// queued on a training stream). Process-wide and leaked on purpose, like the gates.
-struct Slab {
-  char* dev = nullptr;   // device address
-  char* host = nullptr;  // host address (mapped host pools only)
+// The CUDA backend's slabs: device memory, or mapped pinned host memory for host pools.
+struct CudaSlabAlloc {
+  static Slab allocate(int device, bool host_memory, size_t bytes);
+  static int current_device();
 };
-// A kept slab of `bytes` for `device`, or false where none is kept.
-bool take_kept_slab(int device, bool host_memory, size_t bytes, Slab* out);
-void keep_slab(int device, bool host_memory, size_t bytes, Slab slab) noexcept;
-
-// Backend-owned slot pools: one slab per kSlotsPerSlab slots, reused via a free list. The
-// caller serialises access (CudaShared::pool_mu) and makes the pool's device current.
-class SlotPool {
- public:
-  using Slot = Slab;
-
-  SlotPool(bool host_memory, size_t stride) : host_memory_(host_memory), stride_(stride) {}
-  SlotPool(const SlotPool&) = delete;
-  SlotPool& operator=(const SlotPool&) = delete;
-  ~SlotPool() { free_all(); }
-
-  Slot acquire() {
-    if (free_.empty()) grow();
-    Slot slot = free_.back();
-    free_.pop_back();
-    // A reused host slot may hold the previous runner's progress.
-    if (slot.host != nullptr) std::memset(slot.host, 0, stride_);
-    return slot;
-  }
-
-  // Cannot reallocate: every slot came from free_, whose capacity covers all of them.
-  void release(Slot slot) noexcept { free_.push_back(slot); }
-
-  // Hands every slab to the process-wide keep (see keep_slab): nothing waits for the GPU.
-  void free_all() noexcept {
-    for (const Slab& slab : slabs_) keep_slab(device_, host_memory_, bytes(), slab);
-    slabs_.clear();
-    free_.clear();
-  }
-
- private:
-  size_t bytes() const { return kSlotsPerSlab * stride_; }
-
-  void grow() {
-    slabs_.reserve(slabs_.size() + 1);
-    free_.reserve((slabs_.size() + 1) * kSlotsPerSlab);
-    if (slabs_.empty()) FR_CUDA_CHECK(cudaGetDevice(&device_));
-    Slab base;
-    if (!take_kept_slab(device_, host_memory_, bytes(), &base)) {
-      if (host_memory_) {
-        alloc_mapped(bytes(), &base.host, &base.dev);
-      } else {
-        void* dev = nullptr;
-        FR_CUDA_CHECK(cudaMalloc(&dev, bytes()));
-        base.dev = static_cast<char*>(dev);
-      }
-    }
-    slabs_.push_back(base);
-    // Reversed, so that slots are handed out in address order.
-    for (size_t i = kSlotsPerSlab; i-- > 0;) {
-      Slot s;
-      s.dev = base.dev + i * stride_;
-      if (base.host != nullptr) s.host = base.host + i * stride_;
-      free_.push_back(s);
-    }
-  }
-
-  bool host_memory_;
-  size_t stride_;
-  int device_ = 0;
-  std::vector<Slab> slabs_;
-  std::vector<Slot> free_;
-};
+using SlotPool = BasicSlotPool<CudaSlabAlloc>;
 
 }  // namespace freeride::cuda

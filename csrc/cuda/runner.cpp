@@ -16,6 +16,7 @@
 #include <tuple>
 #include <utility>
 
+#include "capture_mode.hpp"
 #include "check.hpp"
 #include "cuda/admission.hpp"
 #include "cuda/dependency.hpp"
@@ -82,7 +83,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     green_ = s.in_green(*task_);
     stream_ = s.stream_for(*task_);
     nvtx_name_ = "freeride: side launch (" + task_->name() + ")";
-    FR_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventBlockingSync | cudaEventDisableTiming));
+    FR_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
     try {
       FR_CUDA_CHECK(cudaEventCreateWithFlags(&stop_written_, cudaEventDisableTiming));
       if (s.stream_wait && stream_ != s.side) {
@@ -133,6 +134,8 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
 
   ~CudaRunner() override {
     CudaShared& s = *s_;
+    // The closing thread may run beside a capture in global mode on another thread.
+    const RelaxedCaptureScope relaxed;
     s.disarm(this);  // no launch_at_open is in progress once this returns
     bool idle = true;
     {
@@ -302,7 +305,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
 
   // Whether a training thread's open may enqueue a launch now. Caller holds launch_mu_.
   bool accepting_locked() const {
-    return begun_ && !phase_done_ && !stop_requested_.load() &&
+    return begun_ && !phase_done_ && !stop_requested_.load() && task_->follows_item_protocol() &&
            !abandoned_.load() && arrival_error_.empty() && pending_.size() < kLaunchRing &&
            !s_->shut_down;
   }
@@ -469,10 +472,8 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
       ++taken_;
       raise_progress(end.done);
       if (end.done >= l.n_items) phase_done_ = true;  // no further launch at an open
-      // The next thing the executor enqueues must not queue behind this kernel, which is
-      // retiring now that its last block has written the record: microseconds.
-      if (pending_.empty()) settle_locked();
     }
+    settle();
     if (l.record && end.duration_ns >= 0) {
       // Where its first block began and its last block left (no end record: no times).
       std::tie(marks.start, marks.end) =
@@ -555,14 +556,30 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   }
 
   // [done, stop, held] copied from the phase state and the launch's counters cleared, on
-  // the (idle) stream, waited for on a blocking-sync event.
+  // the stream, idle: enqueued under launch_mu_ with this launch the only one pending (a
+  // task without the item protocol takes no launch at an open, accepting_locked, and this
+  // is asserted rather than assumed: review G13), then waited for by asking, never in a
+  // wait that close's deadline cannot end.
   LaunchEnd read_back(uint64_t number) {
-    const auto turn = s_->green_turn(green_);
-    FR_CUDA_CHECK(cudaMemsetAsync(ring_.run_dev(number), 0, sizeof(fr_launch_run), stream_));
-    FR_CUDA_CHECK(cudaMemcpyAsync(readback_host_, done_word(), 16, cudaMemcpyDeviceToHost,
-                                  stream_));
-    FR_CUDA_CHECK(cudaEventRecord(event_, stream_));
-    FR_CUDA_CHECK(cudaEventSynchronize(event_));
+    {
+      std::lock_guard<std::mutex> lk(launch_mu_);
+      const auto turn = s_->green_turn(green_);
+      FR_CHECK(pending_.size() == 1 && stream_idle(stream_),
+               task_->name() << ": a launch ended without its end record while another was "
+                                "enqueued behind it: nothing can be read back");
+      FR_CUDA_CHECK(cudaMemsetAsync(ring_.run_dev(number), 0, sizeof(fr_launch_run), stream_));
+      FR_CUDA_CHECK(cudaMemcpyAsync(readback_host_, done_word(), 16, cudaMemcpyDeviceToHost,
+                                    stream_));
+      FR_CUDA_CHECK(cudaEventRecord(event_, stream_));
+    }
+    while (true) {
+      throw_if_abandoned();
+      const cudaError_t err = cudaEventQuery(event_);
+      if (err == cudaSuccess) break;
+      if (err != cudaErrorNotReady) throw_cuda(err, "cudaEventQuery (read-back)", __FILE__, __LINE__);
+      (void)cudaGetLastError();
+      std::this_thread::sleep_for(kEndPoll);
+    }
     LaunchEnd end;
     end.done = std::atomic_ref<unsigned long long>(readback_host_[0]).load();
     end.held = std::atomic_ref<unsigned int>(reinterpret_cast<unsigned int*>(readback_host_ + 1)[1])
@@ -577,19 +594,28 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     FR_CUDA_CHECK(cudaMemsetAsync(state_, 0, offsetof(fr_phase_state, stop), stream_));
   }
 
-  // Until the stream is idle, asking. Caller holds launch_mu_ with nothing pending: only
-  // a kernel that wrote its end record, retiring, can be on it.
-  void settle_locked() {
+  // After an end was taken: until the stream is idle, so that the next thing the executor
+  // enqueues (its own launch, a phase's reset, a read-back) does not queue behind the
+  // kernel, which retires microseconds after its last block wrote the record. Asking,
+  // without launch_mu_ (review G12): a kernel that goes on working after for_each_item
+  // would otherwise hold a training thread's open, which takes launch_mu_ with the GIL
+  // held. Ends early where a launch at an open is enqueued meanwhile (the executor takes
+  // that one next, and it is stream-ordered behind this kernel anyway) or the runner is
+  // abandoned (close's deadline).
+  void settle() {
     const auto begun = std::chrono::steady_clock::now();
-    while (true) {
+    while (!abandoned_.load()) {
       {
+        std::lock_guard<std::mutex> lk(launch_mu_);
+        if (!pending_.empty()) return;
         const auto turn = s_->green_turn(green_);
         if (stream_idle(stream_)) return;
       }
       if (std::chrono::steady_clock::now() - begun < kEndSpin) {
         std::this_thread::yield();
       } else {
-        std::this_thread::sleep_for(kEndPoll);
+        Doorbell& bell = *s_->gate.bell;  // an abandon rings it
+        bell.wait_for(bell.rings(), kEndPoll);
       }
     }
   }

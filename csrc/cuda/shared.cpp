@@ -3,6 +3,7 @@
 #include "cuda/shared.hpp"
 
 #include "capture_mode.hpp"
+#include "test_switches.hpp"
 
 #include <cstring>
 #include <thread>
@@ -17,6 +18,13 @@ CudaShared::~CudaShared() {
   if (device < 0) return;
   try {
     DeviceGuard guard(device);
+    if (held) {
+      // Never reclaimed: launches may still be queued. Streams are destroyed lazily by
+      // the driver once their work is done (cudaStreamDestroy); the green context and
+      // the slabs are leaked (free_pools does nothing while held).
+      green_side = nullptr;
+      green = nullptr;
+    }
     destroy_streams();
     free_pools();
   } catch (...) {
@@ -32,6 +40,37 @@ void CudaShared::destroy_streams() noexcept {
   control = nullptr;
   destroy_green();
   (void)cudaGetLastError();
+}
+
+void CudaShared::hold_for_launches_left() noexcept {
+  std::lock_guard<std::mutex> lk(pool_mu);
+  held = true;
+  states.hold();
+  words.hold();
+}
+
+bool CudaShared::reclaim() noexcept {
+  {
+    std::lock_guard<std::mutex> lk(pool_mu);
+    if (!held) return true;
+  }
+  const RelaxedCaptureScope relaxed;  // beside a capture on another thread
+  if (test_switches::streams_never_idle()) return false;
+  for (cudaStream_t stream : {side, green_side, control}) {
+    if (stream == nullptr) continue;
+    const cudaError_t err = cudaStreamQuery(stream);
+    if (err == cudaSuccess) continue;
+    (void)cudaGetLastError();
+    // Any other error is the context's own (a kernel that faulted): nothing on it runs
+    // any more, and what it held may go.
+    if (err == cudaErrorNotReady) return false;
+  }
+  destroy_streams();
+  std::lock_guard<std::mutex> lk(pool_mu);
+  held = false;
+  states.release_held();
+  words.release_held();
+  return true;
 }
 
 void CudaShared::destroy_green() noexcept {
@@ -68,6 +107,7 @@ void CudaShared::enqueue_write(unsigned int* word, uint32_t value, cudaStream_t 
 }
 
 cudaError_t CudaShared::wait_idle(cudaStream_t stream, std::chrono::steady_clock::duration within) {
+  if (test_switches::streams_never_idle()) return cudaErrorNotReady;
   const auto begun = std::chrono::steady_clock::now();
   while (true) {
     const cudaError_t err = cudaStreamQuery(stream);

@@ -103,12 +103,15 @@ struct CudaShared {
   void finish_on_control(const char* what);
   static constexpr std::chrono::seconds kImmediateWriteWait{30};
 
-  std::mutex pool_mu;  // guards the pools, `runners`, `orphaned`
+  std::mutex pool_mu;  // guards the pools, `runners`, `orphaned`, `held`
   SlotPool states{false, kStateStride};
   SlotPool words{true, kWordStride};
   int runners = 0;
   bool orphaned = false;  // shut down: free the pools when the last runner goes
-  bool pools_freed = false;  // or left to leak: an abandoned launch may still write them
+  // Shut down with launches left on the GPU (abandoned at close, or a stream that did not
+  // drain in time): the streams, the green context and the pools' slabs are kept as they
+  // are, nothing handed to another harvester, until reclaim() sees the GPU has passed them.
+  bool held = false;
 
   std::mutex staging_mu;       // guards `staging`
   SlotPool::Slot staging;      // pinned bounce word for immediate reads and copies
@@ -123,6 +126,9 @@ struct CudaShared {
   void destroy_streams() noexcept;
 
   // The stream first: cuGreenCtxDestroy leaves a green context's streams behind, leaked.
+  // Never while a launch may be queued in it (see `held`): the driver does not say what
+  // destroying a green context under queued work does (it may wait for it, or take the
+  // context from under the kernel).
   void destroy_green() noexcept;
 
   // Where a task's launches and their bookkeeping go.
@@ -171,13 +177,19 @@ struct CudaShared {
   // with the reason in reserve_fallback. Runs after try_green_stream.
   void preload_in_green_context();
 
-  // Caller holds pool_mu (or is the destructor).
+  // Caller holds pool_mu (or is the destructor). Nothing while held.
   void free_pools() noexcept {
-    if (pools_freed) return;
-    pools_freed = true;
-    states.free_all();
-    words.free_all();
+    states.release_all();
+    words.release_all();
   }
+
+  // shutdown()'s, where launches may still run: see `held`. Caller holds `life` exclusively.
+  void hold_for_launches_left() noexcept;
+  // Whether what held() keeps is released: once every stream it kept is idle (a question
+  // to the driver, nothing enqueued), its streams and green context are destroyed and the
+  // pools' slabs go to the keep; true then, or where nothing was held. Caller holds `life`
+  // exclusively, the device current.
+  bool reclaim() noexcept;
 
   // In the green context the SMs left out are the room: grids are sized for the
   // context's SMs at full occupancy, with no per-SM cap. A task that runs beside it on

@@ -13,7 +13,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from . import _shutdown
+from . import _abandoned, _shutdown
 from ._C import MAX_SLICES, Executor
 from ._checks import check_count, check_float, parse_memory
 from ._device import resolve_device
@@ -34,15 +34,12 @@ from .tasks._base import Task
 ABORT_STEP_TIMEOUT_S = 0.2
 # How long close waits for side launches still in flight on the GPU (CUDA: launches
 # queued ahead at opens end once the GPU reaches their bubbles) before it abandons them
-# (their tasks cancelled, their memory kept for the life of the process, a warning), so
+# (their tasks cancelled, their memory kept until the GPU has passed them, a warning), so
 # that a launch that never ends (an item that never returns, a training stream stalled by
 # a peer that died) cannot hang close or the interpreter's exit. After an interrupt or a
 # signal: ABORT_DEADLINE_S.
 CLOSE_DEADLINE_S = 5.0
 ABORT_DEADLINE_S = 0.5
-# What closes abandoned: kept, never freed, so that a launch still running on the GPU
-# never writes memory that training's allocator has handed out again.
-_KEPT_FOR_ABANDONED_LAUNCHES: list[Any] = []
 
 
 class LaunchCounts(NamedTuple):
@@ -139,9 +136,13 @@ class _Parts:
             self._keep_abandoned(warn=not exiting)
 
     def _keep_abandoned(self, warn: bool) -> None:
+        # Abandoned tasks are never among those take_finished() names, so _reap() on
+        # another thread cannot have let go of their handles since close() returned.
         abandoned = self.ex.take_abandoned()
-        kept = [self.live.get(task_id) for task_id in abandoned]
-        _KEPT_FOR_ABANDONED_LAUNCHES.extend(h for h in kept if h is not None)
+        if abandoned or not self.ex.reclaim_abandoned():
+            handles = [self.live.get(task_id) for task_id in abandoned]
+            _abandoned.keep(self.ex, [h for h in handles if h is not None])
+        _abandoned.release_passed()
         if abandoned and warn:
             self._warn_abandoned(len(abandoned))
 
@@ -150,8 +151,9 @@ class _Parts:
             f"freeride: closing the harvester abandoned {count} side task(s) whose "
             f"launches were still enqueued or running on the GPU after {self.deadline} s "
             "(an item that never returns, or a training stream that stopped short of their "
-            "bubbles): they are cancelled, and their memory is kept for the life of the "
-            "process so that a launch still running never writes memory reused by training",
+            "bubbles): they are cancelled, and their memory is kept until the GPU has passed "
+            "them (looked at whenever a harvester is made or closed), so that a launch still "
+            "running never writes memory reused by training",
             RuntimeWarning,
             stacklevel=4,
         )
@@ -228,6 +230,7 @@ class Harvester:
         reserve: Reserve | None = DEFAULT_RESERVE,
         time_slice: float | None = 0.002,
     ) -> None:
+        _abandoned.release_passed()  # what earlier harvesters abandoned and the GPU passed
         self._kind, self._device_index = resolve_device(device)
         budget = parse_memory(memory_budget, "memory_budget")
         workers = (

@@ -11,7 +11,6 @@ and are not recorded either."""
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 import time
 from collections import deque
@@ -19,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._C import GATE_CLOSED, GATE_OPEN, IMMEDIATE
+from .._C import GATE_CLOSED, GATE_OPEN, IMMEDIATE, free_device_memory
 from ..gate import Gate
 from .model import Bubble, Compute, Iteration, SideLaunch
 from .profiler import BubbleRanges, unix_offset_ns
@@ -92,10 +91,9 @@ class Recorder:
         open has a timestamp: an iteration without one is left out), else None."""
         if self._kind != "cuda" or slot != self._memory_slot or not mark:
             return None
-        torch = sys.modules.get("torch")
-        if torch is None:
-            return None
-        return int(torch.cuda.mem_get_info(self._device)[0])
+        # freeride's own query, in relaxed capture mode (torch's would run in the training
+        # thread's mode, and could invalidate a graph another thread captures).
+        return int(free_device_memory(self._device))
 
     def begin_iteration(self, stream: Any = None) -> None:
         """Opens the gate at the start of an iteration (schedule.step())."""
