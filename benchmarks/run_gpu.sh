@@ -1,11 +1,25 @@
 #!/usr/bin/env bash
 # Qualifies the GPU build in calls that each fit the GPU machine's limits (a command runs
-# at most 10 minutes, the machine is handed back after 30 s idle so every call builds
-# again, and at most 8 files come back). Steps:
+# at most 10 minutes, the device time of a session is short, every call on a fresh machine
+# builds again, and at most 8 files come back). Steps:
 #
-#   build     pip install -e . for sm_90 (its log goes in the archive)
-#   quick     the checks that matter most, at most QUICK_BUDGET s (300). First the open
-#             questions of issue 27: side work in bubbles the host queued ahead of the
+#   build     pip install -e . for sm_90 (its log goes in the archive; ~25 s)
+#   qualify   the default, run first: what the 2026-11-26 static review
+#             (G1, G2, G4, G7, G8, G15, Q3) and the 2026-11-25 H200 run left open, in
+#             QUALIFY_BUDGET s (480: with the build, one 9-minute command), most
+#             important first: the G1 deadlock tests (tests/test_slice_gpu.py -k g1), the
+#             abandon-in-a-green-context probe, the reruns of the cudaFree removal (exit,
+#             close), the hardware-queue probe (both reserves, launches at opens on and
+#             off), stream creation beside side work, the admission probe (ring, poll,
+#             at-open), tests/test_hardware_queues.py (it hung on the H200), the G4 test,
+#             any new test_*{lifetime,green,abandon}*gpu*.py files, the F12 launch and the
+#             admission negative control, the queued-ahead harvest tests, mem_get_info
+#             beside a capture, the capture tests, compute-sanitizer's memcheck over a
+#             small run of side kernels (benchmarks/probes/memcheck_small.py), and the
+#             rest of tests/test_gpu.py. Probes are benchmarks/probes/*.py (README there);
+#             their RESULT/ANSWER lines are copied into summary.txt.
+#   quick     the checks of the 2026-11-25 run, at most QUICK_BUDGET s (300). First the
+#             open questions of issue 27: side work in bubbles the host queued ahead of the
 #             GPU under one hardware queue and the default (launches at opens, and the
 #             negative control without them), training's graph captures beside side work
 #             and busy job threads, exit with an open still ahead of the GPU, and close
@@ -19,17 +33,20 @@
 #   tests     every test file, GPU and CPU tests alike, each in its own process
 #   bench     every benchmark in GPU mode, and `bench ranks` on the machine's cores
 #
-# Every test file runs under its own hard limit (benchmarks/watchdog.py) with faulthandler
-# on, so a hang costs that file and prints its stacks: native ones too where py-spy is
-# there (its wheel carried in .whl/, below: name .whl in the call's carry); a step stops
-# starting files when
-# its budget (STEP_BUDGET s, 480) is nearly spent and lists what it did not run, so a call
-# never reaches the machine's limit. Everything lands in $OUT as two files: summary.txt
-# (one line per file or benchmark: status, seconds, pytest's last line) and results.tgz
-# (every log, the JSON of each benchmark, the plots, gpu.csv), re-packed after every
-# file so a call cut short still brings back what it did.
+# Every test file and probe runs under its own hard limit (benchmarks/watchdog.py) with
+# faulthandler on, so a hang costs that item and prints its stacks: native ones too where
+# py-spy is there (its wheel carried in .whl/, below). A step stops starting items when its
+# budget (QUALIFY_BUDGET, QUICK_BUDGET, STEP_BUDGET: 480, 300, 480 s) is nearly spent, cuts
+# the last item's limit to what is left, and lists what it did not run ("NOT RUN
+# (budget)"), so a call does not reach the machine's limit (a hung item can overrun its
+# limit by the watchdog's stack dump and its 10 s grace). Everything lands in $OUT as two
+# files: summary.txt (one line per item: status, seconds, pytest's last line; the probes'
+# result lines under theirs) and results.tgz (every log, the probes' full output, the JSON
+# of each benchmark, the plots, gpu.csv, backend_info.json), re-packed after every item so
+# a call cut short still brings back what it did.
 #
-# Usage (one device call each):
+# Usage (one device call each; carry .whl):
+#   benchmarks/run_gpu.sh                       # STEPS="build qualify"
 #   STEPS="build quick" benchmarks/run_gpu.sh
 #   STEPS="build tests" benchmarks/run_gpu.sh
 #   STEPS="build bench" benchmarks/run_gpu.sh
@@ -38,13 +55,15 @@ set -uo pipefail
 out=${OUT:-benchmarks/results/new}
 mkdir -p "$out"
 work=$(mktemp -d)
-steps=" ${STEPS:-build quick} "
+steps=" ${STEPS:-build qualify} "
 export FREERIDE_CUDA_ARCHS=${FREERIDE_CUDA_ARCHS:-90}
 export FREERIDE_COMMIT=${FREERIDE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 py=python3
-# Wheels carried in .whl/ (the machine has no network): pyzmq, which the job queue needs
-# and the image lacks, and py-spy for the watchdog. Fetch them here with
+# Wheels carried in .whl/ (the machine has no network; .whl is git-ignored, so name it in
+# the call's carry): pyzmq, which the job queue (and test_capture's busy queue) needs and
+# the image lacks, and py-spy for the watchdog's native stacks. The image has torch, CuPy,
+# pytest, nvcc and compute-sanitizer. Fetch them here (Python 3.12, x86_64) with
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl pyzmq py-spy
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -66,7 +85,8 @@ run() {
   $py benchmarks/watchdog.py "$limit" "$@" >"$work/$name.log" 2>&1
   rc=$?
   local last status=ok
-  last=$(grep -E "(passed|failed|error|skipped|no tests ran)" "$work/$name.log" | tail -1)
+  last=$(grep -E "(passed|failed|error|skipped|no tests ran)" "$work/$name.log" \
+    | grep -vE "^(RESULT|ANSWER) " | tail -1)
   [ $rc -ne 0 ] && status="rc=$rc"
   [ $rc -eq 124 ] && status="TIMEOUT(${limit}s)"
   note "$(printf '%-44s %-14s %4ss  %s' "$name" "$status" $((SECONDS - t0)) "$last")"
@@ -90,6 +110,31 @@ pytest_file() {  # pytest_file DEADLINE LIMIT FILE [pytest args]
     $py -X faulthandler -m pytest -q -p no:cacheprovider "$file" "$@"
 }
 
+# results_of NAME: copies the RESULT and ANSWER lines of NAME's log (a probe's findings)
+# into the summary, under NAME's line.
+results_of() {
+  local log="$work/${1//[^A-Za-z0-9_.-]/_}.log"
+  [ -f "$log" ] && grep -E '^(RESULT|ANSWER) ' "$log" | cut -c1-600 | sed 's/^/    /' >>"$summary"
+  return 0
+}
+
+# probe DEADLINE NAME LIMIT [VAR=VALUE ...] SCRIPT [ARGS]: benchmarks/probes/SCRIPT under
+# budgeted (python3 -X faulthandler, with those variables set), then its result lines.
+probe() {
+  local deadline=$1 name=$2 limit=$3; shift 3
+  local vars=()
+  while [[ $# -gt 0 && "$1" == *=* ]]; do vars+=("$1"); shift; done
+  local script=$1; shift
+  budgeted "$deadline" "$name" "$limit" \
+    env ${vars[@]+"${vars[@]}"} $py -X faulthandler "benchmarks/probes/$script" "$@"
+  local rc=$?
+  results_of "$name"
+  return $rc
+}
+
+# The compute-sanitizer of the CUDA toolkit, on PATH or in /usr/local/cuda.
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+
 note "freeride GPU qualification: commit $FREERIDE_COMMIT, steps:$steps, $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$work/gpu.csv" 2>&1
 note "gpu: $(tail -1 "$work/gpu.csv")"
@@ -99,6 +144,83 @@ if step build; then
   $py -c "import freeride as fr, json; print(json.dumps(fr.backend_info(), indent=1))" \
     >"$work/backend_info.json" 2>&1
   note "backend: $($py -c "import freeride as fr; i = fr.backend_info(); print(i['cuda'], i['gate_write'], i['reserve_mechanism'])" 2>&1 | tail -1)"
+fi
+
+if step qualify; then
+  deadline=$((SECONDS + ${QUALIFY_BUDGET:-480}))
+  # In order of importance; [~N s] is the estimate on an H100/H200 when things pass (a
+  # fresh Python with torch and CUDA takes ~5 s), the number after the name the hard
+  # limit. Estimated total ~440 s of the 480; a hung item costs its limit, plus the
+  # watchdog's stack dumps (py-spy: about a second a process) and 10 s.
+  # 1. G1, the deadlock: a close/open pair no block saw, then torch.cuda.synchronize(),
+  #    both reserves, and the same after an empty compute action. 4 worker processes;
+  #    on the reviewed code each hangs 5 s and reports it. [~45 s]
+  pytest_file $deadline 90 tests/test_slice_gpu.py -m gpu -k g1
+  # 2. G7: close abandoning a launch queued in the green context; the normal close
+  #    beside unrelated GPU work. [~20 s: a 5 s deadline, a 2 s and an 8 s kernel]
+  probe $deadline probe_abandon_green 40 probe_abandon_green.py
+  # 3. The cudaFree removal, not rerun since the H200: exit with an open ahead of the
+  #    GPU [~17 s], close with a task waiting on a busy stream and the rest of the
+  #    memory lifetime tests [~10 s].
+  pytest_file $deadline 40 tests/test_gpu.py -m gpu -k process_exits
+  pytest_file $deadline 40 tests/test_lifetime.py -m gpu
+  # 4. G2: does a launch queued at an open hold other streams' hardware queues? Both
+  #    reserves, launches at opens on and off. [~4 x 8 s]
+  for r in occupancy-cap green-context; do
+    for v in 1 0; do
+      probe $deadline "probe_channels_${r}_at_open_$v" 20 \
+        FREERIDE_LAUNCH_AT_OPEN=$v probe_channels.py $r
+    done
+  done
+  # 5. Q3: does creating a stream wait for side kernels, and for a bubble whose close is
+  #    enqueued? [~2 x 12 s]
+  for r in occupancy-cap green-context; do
+    probe $deadline "probe_stream_create_$r" 30 probe_stream_create.py $r
+  done
+  # 6. G8: the admission delay, executor's path (ring, poll) and at opens. [~3 x 8 s]
+  probe $deadline probe_admission_ring 30 FREERIDE_LAUNCH_AT_OPEN=0 probe_admission.py
+  probe $deadline probe_admission_poll 30 FREERIDE_LAUNCH_AT_OPEN=0 FREERIDE_ADMISSION=poll \
+    probe_admission.py
+  probe $deadline probe_admission_at_open 30 probe_admission.py
+  # 7. Hung on the H200 (stream creation beside a time_slice=None launch); the worker now
+  #    makes its streams first. 4 workers of ~10-12 s. [~55 s]
+  pytest_file $deadline 80 tests/test_hardware_queues.py -m gpu
+  # 8. G4: a training grid larger than the reserve in a bubble whose close is enqueued
+  #    waits at most the slice bound. [~25 s]
+  pytest_file $deadline 60 tests/test_slice_gpu.py -m gpu -k g4
+  # New GPU test files of the lifetime/green-context/abandon fixes, where present. [~0-60 s]
+  seen=" "
+  for f in tests/test_*lifetime*gpu*.py tests/test_*green*gpu*.py tests/test_*abandon*gpu*.py; do
+    if [ ! -e "$f" ] || [[ "$seen" == *" $f "* ]]; then continue; fi
+    seen="$seen$f "
+    pytest_file $deadline 60 "$f"
+  done
+  # The H200's other failures: F12's launch drawn where its first block began (the report
+  # now waits for ended launches), the admission negative control (measured with
+  # FREERIDE_LAUNCH_AT_OPEN=0 now) [~20 s]; test_reserve_gpu's admission tests where that
+  # file has any (it had none at 5a9c43b).
+  pytest_file $deadline 60 tests/test_gpu.py -m gpu -k "first_block or admission_sleeps"
+  if grep -q "def test_[a-z0-9_]*admission" tests/test_reserve_gpu.py; then
+    pytest_file $deadline 40 tests/test_reserve_gpu.py -m gpu -k admission
+  fi
+  # Side work in bubbles queued ahead of the GPU (launches at opens). [~25 s]
+  pytest_file $deadline 60 tests/test_launch_at_open.py -m gpu
+  # G15(c): does mem_get_info on another thread invalidate a global-mode capture? [~10 s]
+  probe $deadline probe_mem_get_info_capture 40 probe_mem_get_info_capture.py
+  # Captures beside side work, job threads and bubble_stats; the negative control. [~60 s]
+  pytest_file $deadline 90 tests/test_capture.py -m gpu
+  # memcheck over a small run of side kernels (RawKernel and built-ins, host and
+  # stream-ordered bubbles). examples/raw_kernel.py ran into 60 s under memcheck. [~45 s]
+  if [ -x "$sanitizer" ]; then
+    budgeted $deadline memcheck_small 90 "$sanitizer" --tool memcheck --error-exitcode 99 \
+      $py -X faulthandler benchmarks/probes/memcheck_small.py
+    results_of memcheck_small
+  else
+    note "memcheck_small                               NOT RUN (no compute-sanitizer)"
+  fi
+  # What remains of the GPU basics. [~25 s]
+  pytest_file $deadline 60 tests/test_gpu.py -m gpu \
+    -k "not process_exits and not first_block and not admission_sleeps"
 fi
 
 if step quick; then

@@ -1,0 +1,103 @@
+"""Where does the side admission delay come from: the wake-ups, or the launch? (review
+2026-11-26, G8)
+
+    FREERIDE_LAUNCH_AT_OPEN=0 python3 probe_admission.py                         # ring
+    FREERIDE_LAUNCH_AT_OPEN=0 FREERIDE_ADMISSION=poll python3 probe_admission.py # poll
+    python3 probe_admission.py                                                   # at-open
+
+The H200 measured a 266 us median (min 157 us) from a stream-ordered open taking effect
+to the side task's first item when the executor admits the launch itself ("ring": a
+watcher thread wakes from a blocking-sync event, rings the executor's bell, the executor
+wakes and launches). The review attributes most of it to the two sleeping-thread wake-ups.
+
+Each of 40 trials: close the gate from the host and let the side launch end; on a
+training stream (priority -1) a ~1 ms kernel, then a stream-ordered open; the host spins
+until it sees the open take effect (the gate's mirror), then until the task's item count
+moves (published every 8 items; items of 1 us). Delay = the second minus the first, on
+the host's clock (a few us of Python included). Every spin has a 2 s limit ("stuck").
+
+Outcomes (the review's prediction): poll's median about 40-80 us, far below ring's ~266
+us, confirms that the wake-ups dominate the executor's path; poll close to ring says the
+launch itself (or the first item) costs it. At-open about 10-20 us: the launch queued at
+the open is the fast path (it can even start before the host sees the mirror: then the
+delay is about 0). "stuck" trials mean an open never took effect or nothing ran after it.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+from _probe import bounded, cycles_per_ms, hard_exit, result, wait_until
+
+NAME = "probe_admission"
+TRIALS = 40
+SPIN_LIMIT_S = 2.0
+
+
+def main() -> None:
+    import torch
+
+    import freeride as fr
+
+    torch.ones(1, device="cuda").cpu()
+    cyc = cycles_per_ms(torch)
+    train = torch.cuda.Stream(priority=-1)  # before the harvester: creation may wait
+    d: list[float] = []
+    stuck = 0
+    h = fr.Harvester("cuda:0")
+    t = h.submit(fr.tasks.Spin(2**40, 1_000))
+    if not wait_until(lambda: t.items_done > 0, 30):
+        result(NAME, "the Spin task never ran")
+        hard_exit(1)
+    time.sleep(0.1)
+    for _ in range(TRIALS):
+        h.gate.close(stream="host")
+        time.sleep(0.02)  # the launch in flight ends; the executor waits for an open
+        before = t.items_done
+        with torch.cuda.stream(train):
+            torch.cuda._sleep(int(cyc))
+            h.gate.open()
+        deadline = time.perf_counter() + SPIN_LIMIT_S
+        while not h.gate.is_open and time.perf_counter() < deadline:
+            pass
+        t0 = time.perf_counter()
+        while t.items_done == before and time.perf_counter() < deadline:
+            pass
+        t1 = time.perf_counter()
+        if t1 >= deadline:
+            stuck += 1
+            if not bounded(train.synchronize, 10.0).done:
+                result(NAME, "the training stream never reached its open")
+                hard_exit(2)
+            continue
+        d.append((t1 - t0) * 1e6)
+    h.gate.close(stream="host")
+    t.cancel()
+    how = (
+        f"admission={h.admission} launches_at_opens={h.launches_at_opens} "
+        f"(FREERIDE_LAUNCH_AT_OPEN={os.environ.get('FREERIDE_LAUNCH_AT_OPEN', 'unset')}, "
+        f"FREERIDE_ADMISSION={os.environ.get('FREERIDE_ADMISSION', 'unset')}), "
+        f"reserve {h.reserve_mechanism}"
+    )
+    if not bounded(lambda: t.wait(30), 35.0).done:
+        hard_exit(3)
+    closed = bounded(h.close, 30.0, "close")
+    if not closed.done:
+        result(NAME, f"Harvester.close() {closed}")
+        hard_exit(4)
+    if not d:
+        result(NAME, f"{how}: every one of {TRIALS} trials stuck")
+        return
+    d.sort()
+    result(
+        NAME,
+        f"{how}: open seen -> first items, over {len(d)} trials: median "
+        f"{statistics.median(d):.0f} us, p90 {d[int(0.9 * (len(d) - 1))]:.0f} us, "
+        f"min {d[0]:.0f} us, max {d[-1]:.0f} us; stuck {stuck}",
+    )
+
+
+if __name__ == "__main__":
+    main()
