@@ -118,24 +118,20 @@ py::tuple sm_census_on_primary(int device) {
   FR_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   void* census = nullptr;
   freeride::SmCensus got{};
-  cudaError_t err = cudaMalloc(&census, sizeof(freeride::SmCensus));
-  if (err == cudaSuccess) err = cudaMemsetAsync(census, 0, sizeof(got), stream);
-  if (err == cudaSuccess) {
-    try {
-      freeride::kernels::launch_sm_census(static_cast<freeride::SmCensus*>(census), sms,
-                                          1'000'000, stream);
-    } catch (...) {
-      err = cudaGetLastError();
-      if (err == cudaSuccess) err = cudaErrorLaunchFailure;
-    }
+  try {
+    FR_CUDA_CHECK(cudaMalloc(&census, sizeof(got)));
+    FR_CUDA_CHECK(cudaMemsetAsync(census, 0, sizeof(got), stream));
+    freeride::kernels::launch_sm_census(static_cast<freeride::SmCensus*>(census), sms,
+                                        1'000'000, stream);
+    FR_CUDA_CHECK(cudaMemcpyAsync(&got, census, sizeof(got), cudaMemcpyDeviceToHost, stream));
+    FR_CUDA_CHECK(cudaStreamSynchronize(stream));
+  } catch (...) {
+    if (census != nullptr) (void)cudaFree(census);
+    (void)cudaStreamDestroy(stream);
+    throw;
   }
-  if (err == cudaSuccess) {
-    err = cudaMemcpyAsync(&got, census, sizeof(got), cudaMemcpyDeviceToHost, stream);
-  }
-  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
-  if (census != nullptr) (void)cudaFree(census);
+  (void)cudaFree(census);
   (void)cudaStreamDestroy(stream);
-  FR_CUDA_CHECK(err);
   return py::make_tuple(freeride::census_sms(got.seen, freeride::SmCensus::kWords), got.blocks,
                         got.beyond);
 }

@@ -39,8 +39,14 @@ __global__ void __launch_bounds__(kThreads) sm_census_kernel(SmCensus* census,
   const unsigned long long now = globaltimer_ns();
   unsigned long long first = atomicCAS(&census->start_ns, 0ull, now);
   if (first == 0ull) first = now;
+  // Also bounded in the SM's own cycles (a hold of at most 16 cycles per nanosecond asked
+  // for, 8 ms at 2 GHz for 1 ms), so that the grid ends even on a device whose
+  // %globaltimer stood still: a grid spinning on for good would hold the partition.
+  const long long cycles = clock64();
+  const long long most = 16 * static_cast<long long>(hold_ns);
   // Signed: another SM's first start may read a little ahead of this one's clock.
-  while (static_cast<long long>(globaltimer_ns() - first) < static_cast<long long>(hold_ns)) {
+  while (static_cast<long long>(globaltimer_ns() - first) < static_cast<long long>(hold_ns) &&
+         clock64() - cycles < most) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
     __nanosleep(1000);
 #endif
