@@ -62,7 +62,7 @@ Architectures parse(std::string_view list) {
     while (digits < entry.size() && std::isdigit(static_cast<unsigned char>(entry[digits]))) {
       ++digits;
     }
-    if (digits == 0) {
+    if (digits == 0 || digits > 4) {
       out.known = false;
       continue;
     }
@@ -84,7 +84,7 @@ Architectures parse(std::string_view list) {
   return out;
 }
 
-bool any_of(const std::vector<int>& archs, bool (*fits)(int, int), int cc) {
+bool fits_any(const std::vector<int>& archs, bool (*fits)(int, int), int cc) {
   return std::any_of(archs.begin(), archs.end(), [&](int a) { return fits(a, cc); });
 }
 
@@ -103,9 +103,9 @@ std::string kernel_image_message(const KernelImageFacts& f) {
   // for its own architecture and every later one.
   const bool runs_machine_code =
       archs.known && cc > 0 &&
-      any_of(archs.machine, [](int a, int c) { return a / 10 == c / 10 && a <= c; }, cc);
+      fits_any(archs.machine, [](int a, int c) { return a / 10 == c / 10 && a <= c; }, cc);
   const bool ptx_fits =
-      !archs.known || cc <= 0 || any_of(archs.ptx, [](int a, int c) { return a <= c; }, cc);
+      !archs.known || cc <= 0 || fits_any(archs.ptx, [](int a, int c) { return a <= c; }, cc);
   const bool jit = !runs_machine_code && ptx_fits;
 
   detail::Msg m;
