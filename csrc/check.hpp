@@ -34,6 +34,14 @@ class Abandoned : public RuntimeFailure {
   using RuntimeFailure::RuntimeFailure;
 };
 
+// The driver cannot run the build's code on a device (cuda/kernel_image.hpp says why):
+// the CUDA backend cannot be made there. Mapped to freeride.errors.CudaUnavailableError,
+// which device="auto" answers with the host backend.
+class KernelImageError : public RuntimeFailure {
+ public:
+  using RuntimeFailure::RuntimeFailure;
+};
+
 namespace detail {
 
 // An error message: Msg() << "items must be positive, got " << n << " (max " << m << ")".

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "builtin_tasks.hpp"
+#include "cuda/green_context_plan.hpp"
 #include "task.hpp"
 
 namespace freeride::kernels {
@@ -18,6 +19,13 @@ void preload_saxpy_kernels();
 void preload_item_counter_kernels();
 void preload_pagerank_kernels();
 void preload_image_kernels();
+void preload_sm_census_kernels();
+
+// Throws for a failed load of a built-in kernel (`error`, a cudaError_t, from `call`):
+// KernelImageError where the driver has no code it can run on the current device (the
+// message names the build's toolkit, PTX ISA and architectures, the driver's CUDA version
+// and what to do: cuda/kernel_image.hpp), RuntimeFailure otherwise.
+[[noreturn]] void load_failed(int error, const char* call);
 
 // Gate fallbacks for devices without stream memory operations: a one-thread kernel that
 // writes the word, and one that spins until the gate opens or `stop` becomes nonzero.
@@ -26,6 +34,12 @@ void launch_gate_wait(const volatile unsigned int* gate, const volatile unsigned
                       void* stream);
 // One thread writes %globaltimer to `out` (mapped host memory) and fences system-wide.
 void launch_clock_stamp(volatile unsigned long long* out, void* stream);
+
+// The green context's partition check (cuda/green_context_plan.hpp): on `stream`, as many
+// one-warp blocks as `sm_count` SMs hold at once, each recording in `census` (device
+// memory, zeroed) the SM it runs on, and holding its place until `hold_ns` after the first
+// block began.
+void launch_sm_census(SmCensus* census, int sm_count, uint64_t hold_ns, void* stream);
 
 // Built-in tasks. Each enqueues one preemptible kernel for launch.ctx's phase.
 void launch_spin(const CudaLaunch& launch, uint64_t ns_per_item);

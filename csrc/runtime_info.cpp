@@ -92,6 +92,7 @@ void query_cuda(BackendInfo& info) {
     const cuda_driver::ReserveRecord reserve = cuda_driver::reserve_mechanism(i);
     dev.reserve_mechanism = reserve.mechanism;
     dev.reserve_fallback = reserve.fallback;
+    dev.green_sms_seen = reserve.green_sms_seen;
     info.devices.push_back(std::move(dev));
   }
   info.cuda = true;

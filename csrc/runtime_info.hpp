@@ -17,6 +17,7 @@ struct DeviceInfo {
   bool green_contexts = false; // the driver has the green-context entry points
   std::string reserve_mechanism = "occupancy-cap";  // the last harvester's on this device
   std::string reserve_fallback;  // why it was not green-context where that was asked for
+  int green_sms_seen = 0;  // SMs its green context's blocks ran on (0: not counted)
 };
 
 struct BackendInfo {

@@ -11,6 +11,8 @@ namespace {
 std::atomic<bool> g_fail_green_preload{false};
 std::atomic<bool> g_refuse_idle_cgroup{false};
 std::atomic<bool> g_streams_never_idle{false};
+std::atomic<bool> g_green_partition_overflow{false};
+std::atomic<KernelLoadFailure> g_fail_kernel_load{KernelLoadFailure::kNone};
 
 // delay_launch_end: the delay, and what a release wakes.
 std::atomic<unsigned> g_delay_launch_end_ms{0};
@@ -26,6 +28,14 @@ bool fail_green_preload() noexcept { return g_fail_green_preload.load(); }
 void set_streams_never_idle(bool on) noexcept { g_streams_never_idle.store(on); }
 
 bool streams_never_idle() noexcept { return g_streams_never_idle.load(); }
+
+void set_green_partition_overflow(bool on) noexcept { g_green_partition_overflow.store(on); }
+
+bool green_partition_overflow() noexcept { return g_green_partition_overflow.load(); }
+
+void set_fail_kernel_load(KernelLoadFailure where) noexcept { g_fail_kernel_load.store(where); }
+
+KernelLoadFailure fail_kernel_load() noexcept { return g_fail_kernel_load.load(); }
 
 void set_delay_launch_end_ms(unsigned ms) {
   {

@@ -11,6 +11,18 @@ namespace freeride::test_switches {
 void set_fail_green_preload(bool on) noexcept;
 bool fail_green_preload() noexcept;
 
+// The green context's partition check (CudaShared::check_green_partition) counts one SM
+// more than the partition holds, as where runtime launches escape it.
+void set_green_partition_overflow(bool on) noexcept;
+bool green_partition_overflow() noexcept;
+
+// Loading the built-in kernels fails as where the driver cannot JIT-compile the build's
+// PTX (cudaErrorUnsupportedPtxVersion): every load (kernels::preload, so the CUDA backend
+// cannot be made), or only the load into a green context (which then falls back).
+enum class KernelLoadFailure { kNone, kEverywhere, kGreenContext };
+void set_fail_kernel_load(KernelLoadFailure where) noexcept;
+KernelLoadFailure fail_kernel_load() noexcept;
+
 // The host backend's executor thread takes a launch's end up to this many milliseconds
 // after the launch's workers have left it (HostRunner::run), as on a loaded machine where
 // that idle-priority thread waits for a core while the training thread asks for its

@@ -48,6 +48,7 @@ py::dict backend_info() {
     dev["green_contexts"] = d.green_contexts;
     dev["reserve_mechanism"] = d.reserve_mechanism;
     dev["reserve_fallback"] = d.reserve_fallback;
+    dev["green_sms_seen"] = d.green_sms_seen;
     devices.append(dev);
   }
   py::dict out;
@@ -172,6 +173,10 @@ PYBIND11_MODULE(_C, m) {
       if (p) std::rethrow_exception(p);
     } catch (const freeride::InvalidArgument& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const freeride::KernelImageError& e) {
+      // Python's own class, so that device="auto" can tell it from other failures.
+      const py::object error = py::module_::import("freeride.errors").attr("CudaUnavailableError");
+      PyErr_SetString(error.ptr(), e.what());
     } catch (const freeride::RuntimeFailure& e) {
       PyErr_SetString(PyExc_RuntimeError, e.what());
     }
@@ -361,6 +366,25 @@ PYBIND11_MODULE(_C, m) {
       py::arg("compute_capability"), py::arg("groups"), py::arg("got"),
       "After the driver split `groups` groups, the first of `got` SMs, for the plan of these "
       "arguments: (\"use\", got, reserved, \"\") or (\"fallback\", got, reserved, reason).");
+
+  m.def(
+      "check_green_partition",
+      [](int green_sms, int total, const std::vector<unsigned>& seen, int beyond, int blocks,
+         bool finished, int deadline_s) {
+        freeride::PartitionSeen got;
+        got.finished = finished;
+        got.sms = freeride::census_sms(seen.data(), seen.size());
+        got.beyond = beyond;
+        got.blocks = blocks;
+        return green_step_tuple(
+            freeride::check_green_partition(green_sms, total, got, deadline_s));
+      },
+      py::arg("green_sms"), py::arg("total"), py::arg("seen"), py::arg("beyond") = 0,
+      py::arg("blocks") = 1, py::arg("finished") = true, py::arg("deadline_s") = 5,
+      "After the partition check of a green context of `green_sms` of `total` SMs, whose "
+      "blocks (`blocks` of them, `beyond` on SM ids past the bitmap) set the bits of `seen` "
+      "(32-bit words, bit i of word w for SM id 32 * w + i): (\"use\", SMs seen, SMs left "
+      "out, \"\") or (\"fallback\", SMs seen, SMs left out, reason).");
 
   py::class_<Executor>(m, "Executor")
       .def(py::init(&make_executor), py::arg("kind"), py::arg("device"), py::arg("workers"),

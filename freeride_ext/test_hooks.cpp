@@ -17,6 +17,8 @@
 #include "backend.hpp"
 #include "check.hpp"
 #include "cuda/close_ledger.hpp"
+#include "cuda/green_context_plan.hpp"
+#include "cuda/kernel_image.hpp"
 #include "cuda/open_watcher.hpp"
 #include "cuda/slot_pool.hpp"
 #include "doorbell.hpp"
@@ -24,6 +26,13 @@
 #include "latch_dependency.hpp"
 #include "queue_backend.hpp"
 #include "test_switches.hpp"
+
+#ifdef FREERIDE_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "cuda/device_guard.hpp"
+#include "launchers.hpp"
+#endif
 
 namespace py = pybind11;
 
@@ -153,6 +162,37 @@ struct HostSlabAlloc {
   static int current_device() { return kHostPoolDevice; }
 };
 using HostSlotPool = freeride::cuda::BasicSlotPool<HostSlabAlloc>;
+
+#ifdef FREERIDE_WITH_CUDA
+// The partition check's census on a stream of the primary context, which is not confined:
+// (distinct SMs, blocks, blocks past the bitmap). What the green context's check would see
+// if its launches escaped.
+py::tuple sm_census_on_primary(int device) {
+  const freeride::DeviceGuard guard(device);
+  int sms = 0;
+  FR_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  cudaStream_t stream = nullptr;
+  FR_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  void* census = nullptr;
+  freeride::SmCensus got{};
+  try {
+    FR_CUDA_CHECK(cudaMalloc(&census, sizeof(got)));
+    FR_CUDA_CHECK(cudaMemsetAsync(census, 0, sizeof(got), stream));
+    freeride::kernels::launch_sm_census(static_cast<freeride::SmCensus*>(census), sms,
+                                        1'000'000, stream);
+    FR_CUDA_CHECK(cudaMemcpyAsync(&got, census, sizeof(got), cudaMemcpyDeviceToHost, stream));
+    FR_CUDA_CHECK(cudaStreamSynchronize(stream));
+  } catch (...) {
+    if (census != nullptr) (void)cudaFree(census);
+    (void)cudaStreamDestroy(stream);
+    throw;
+  }
+  (void)cudaFree(census);
+  (void)cudaStreamDestroy(stream);
+  return py::make_tuple(freeride::census_sms(got.seen, freeride::SmCensus::kWords), got.blocks,
+                        got.beyond);
+}
+#endif
 
 }  // namespace
 
@@ -284,6 +324,73 @@ void register_test_hooks(py::module_& m) {
   t.def("fail_green_preload", &freeride::test_switches::set_fail_green_preload, py::arg("on"),
         "CUDA backends made from now on fail to load the built-in kernels into their green "
         "context (and fall back to the occupancy cap).");
+
+  t.def("green_partition_overflow", &freeride::test_switches::set_green_partition_overflow,
+        py::arg("on"),
+        "CUDA backends made from now on see their green context's blocks run on one SM more "
+        "than it holds (and fall back to the occupancy cap).");
+
+  t.def(
+      "fail_kernel_load",
+      [](const std::string& where) {
+        using freeride::test_switches::KernelLoadFailure;
+        KernelLoadFailure failure = KernelLoadFailure::kNone;
+        if (where == "everywhere") {
+          failure = KernelLoadFailure::kEverywhere;
+        } else if (where == "green-context") {
+          failure = KernelLoadFailure::kGreenContext;
+        } else {
+          FR_ARG(where.empty(), "where must be '', 'everywhere' or 'green-context', got '"
+                                    << where << "'");
+        }
+        freeride::test_switches::set_fail_kernel_load(failure);
+      },
+      py::arg("where"),
+      "Loads of the built-in kernels fail from now on as where the driver cannot JIT the "
+      "build's PTX: 'everywhere' (no CUDA backend can be made), 'green-context' (only the "
+      "load into a green context, which then falls back), '' (none).");
+
+  t.def("is_kernel_image_error", &freeride::is_kernel_image_error, py::arg("error"),
+        "Whether a load failing with this CUDA error name means no code the driver can run.");
+
+  t.def(
+      "kernel_image_message",
+      [](const std::string& error, int device, int compute_capability, int toolkit,
+         const std::string& ptx_isa, const std::string& architectures, int runtime,
+         int driver) {
+        return freeride::kernel_image_message(freeride::KernelImageFacts{
+            error, device, compute_capability, toolkit, ptx_isa, architectures, runtime,
+            driver});
+      },
+      py::arg("error"), py::arg("device"), py::arg("compute_capability"), py::arg("toolkit"),
+      py::arg("ptx_isa"), py::arg("architectures"), py::arg("runtime"), py::arg("driver"),
+      "The message of a built-in kernel load the driver cannot do, from these facts.");
+
+  t.def(
+      "raise_kernel_image_error",
+      [](const std::string& message) { throw freeride::KernelImageError(message); },
+      py::arg("message"), "Raises what a load the driver cannot do raises, with `message`.");
+
+  t.def(
+      "kernel_load_error",
+      []() -> py::object {
+#ifdef FREERIDE_WITH_CUDA
+        try {
+          freeride::kernels::load_failed(cudaErrorUnsupportedPtxVersion, "a test");
+        } catch (const freeride::KernelImageError& e) {
+          return py::str(e.what());
+        }
+#endif
+        return py::none();
+      },
+      "The message a load failing with cudaErrorUnsupportedPtxVersion raises, with this "
+      "build's and machine's facts; None without CUDA.");
+
+#ifdef FREERIDE_WITH_CUDA
+  t.def("sm_census_on_primary", &sm_census_on_primary, py::arg("device"),
+        "(distinct SMs, blocks, blocks past the bitmap) of the partition check's census "
+        "launched on a stream of the primary context (not confined).");
+#endif
 
   t.def("delay_launch_end", &freeride::test_switches::set_delay_launch_end_ms, py::arg("ms"),
         "Host backend: the executor thread takes each launch's end up to `ms` "

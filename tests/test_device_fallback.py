@@ -1,10 +1,13 @@
 """device="auto" on a machine with a GPU that freeride's CUDA backend cannot use (a build
-without it, a driver older than its runtime needs) warns once, naming the driver, what the
-build needs and what to do, and `freeride info` prints the same; never a silent fallback
-to the CPU. Checked without a GPU by faking what torch and the backend report."""
+without it, a driver older than its runtime needs, a driver that cannot run the build's
+kernels on the GPU) warns once, naming the driver, what the build needs and what to do,
+and `freeride info` prints the same for the first two; never a silent fallback to the CPU.
+An explicit CUDA device raises instead. Checked without a GPU by faking what torch and the
+backend report (tests/test_drivers_gpu.py forces the kernel load failure on a GPU)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -15,7 +18,7 @@ import pytest
 
 import freeride as fr
 from conftest import HAS_GPU
-from freeride import _device, info
+from freeride import _C, _device, harvester, info
 from freeride.errors import CudaFallbackWarning
 
 # What a CUDA 13 build reports on a machine whose r535 driver supports CUDA 12.2.
@@ -52,6 +55,7 @@ def fresh(monkeypatch):
     """resolve_device as in a new process: nothing warned yet, no torch imported, no
     kernel module version; `set(torch=, info=, driver=)` fakes them."""
     monkeypatch.setattr(_device, "_warned_fallback", False)
+    monkeypatch.setattr(_device, "_cuda_unusable", None)
     monkeypatch.setitem(sys.modules, "torch", None)  # sys.modules.get: not imported
     monkeypatch.setattr(_device, "kernel_driver_version", lambda: None)
 
@@ -219,3 +223,169 @@ def test_freeride_info_prints_the_diagnosis(tmp_path):
     assert found["gpu_unused"].startswith("freeride: torch sees 3 CUDA device(s)")
     assert found["gpu_unused"] in proc.stderr
     assert found["reason"] in found["gpu_unused"]
+
+
+# -- a driver that cannot run the build's kernels on the GPU ---------------------------------
+
+# What backend_info says on a machine whose GPU the runtime can use: the failure comes only
+# when the CUDA backend loads its kernels.
+USABLE = {
+    "cuda": True,
+    "cuda_built": True,
+    "runtime_version": 13000,
+    "driver_version": 12080,
+    "devices": [{"index": 0, "name": "a Blackwell", "sm_count": 148}],
+    "cuda_error": "",
+    "reason": "",
+}
+# A Blackwell GPU (no machine code in the default build) on an r570 driver (CUDA 12.8),
+# which cannot JIT the CUDA 13.0 toolkit's PTX.
+BLACKWELL = {
+    "error": "cudaErrorUnsupportedPtxVersion",
+    "device": 0,
+    "compute_capability": 100,
+    "toolkit": 13000,
+    "ptx_isa": "9.0",
+    "architectures": "80-real,90",
+    "runtime": 13000,
+    "driver": 12080,
+}
+
+
+def _message(**changes):
+    return _C._testing.kernel_image_message(**{**BLACKWELL, **changes})
+
+
+def test_a_driver_too_old_for_the_ptx_is_named_with_what_to_do():
+    text = _message()
+    assert text.startswith(
+        "freeride's built-in kernels cannot be loaded on CUDA device 0 (compute capability "
+        "10.0): cudaErrorUnsupportedPtxVersion."
+    )
+    assert "built by the CUDA 13.0 toolkit (PTX ISA 9.0) for the CUDA architectures 80-real;90" in (
+        text
+    )
+    assert "the NVIDIA driver supports CUDA 12.8 (the runtime linked in is CUDA 13.0)" in text
+    assert "must JIT-compile its PTX" in text and "no newer than the CUDA version" in text
+    assert "install an NVIDIA driver that supports CUDA 13.0 or later (r580 or newer)" in text
+    assert 'FREERIDE_CUDA_ARCHS="80-real;90;100-real" pip install .' in text
+    assert "supports compute capability 10.0" in text
+    # A 12.9 build's PTX needs r575; a toolkit newer than the table names no branch.
+    assert "CUDA 12.9 or later (r575 or newer)" in _message(toolkit=12090, ptx_isa="8.8")
+    assert "CUDA 13.2 or later, or rebuild" in _message(toolkit=13020)
+
+
+def test_a_device_older_than_the_ptx_needs_a_rebuild_not_a_driver():
+    text = _message(error="cudaErrorNoKernelImageForDevice", compute_capability=75)
+    assert "(compute capability 7.5)" in text
+    assert "its PTX is for newer architectures only" in text
+    assert "install an NVIDIA driver" not in text  # no driver runs compute_90 PTX on a 7.5
+    assert 'FREERIDE_CUDA_ARCHS="80-real;90;75-real"' in text
+
+
+def test_machine_code_the_driver_refuses_needs_a_driver_not_a_rebuild():
+    text = _message(error="cudaErrorInvalidDeviceFunction", compute_capability=90)
+    assert "has machine code for this device's architecture, and the driver refused it" in text
+    assert text.endswith(
+        "install an NVIDIA driver that supports CUDA 13.0 or later (r580 or newer)."
+    )
+
+
+def test_architectures_it_cannot_read_are_not_added_to():
+    text = _message(architectures="native")
+    assert "for the CUDA architectures native;" in text
+    assert "The driver must JIT-compile the build's PTX for this device" in text
+    assert 'FREERIDE_CUDA_ARCHS="100" pip install .' in text
+
+
+@pytest.mark.parametrize(
+    ("error", "todo"),
+    [
+        ("cudaErrorJitCompilationDisabled", "unset CUDA_DISABLE_PTX_JIT, or rebuild"),
+        ("cudaErrorJitCompilerNotFound", "install the NVIDIA driver's PTX JIT compiler, or"),
+    ],
+)
+def test_a_jit_that_is_off_or_missing_says_so(error, todo):
+    text = _message(error=error, driver=13000)
+    assert todo in text
+    assert "install an NVIDIA driver that supports" not in text
+
+
+def test_which_load_errors_mean_no_usable_code():
+    for error in (
+        "cudaErrorUnsupportedPtxVersion",
+        "cudaErrorNoKernelImageForDevice",
+        "cudaErrorInvalidPtx",
+        "cudaErrorJitCompilerNotFound",
+        "cudaErrorJitCompilationDisabled",
+        "cudaErrorInvalidKernelImage",
+        "cudaErrorInvalidDeviceFunction",
+    ):
+        assert _C._testing.is_kernel_image_error(error), error
+    for error in ("cudaErrorMemoryAllocation", "cudaErrorIllegalAddress", ""):
+        assert not _C._testing.is_kernel_image_error(error), error
+
+
+@pytest.mark.skipif(not _C.CUDA_BUILT, reason="the facts are the CUDA build's")
+def test_the_build_names_its_own_toolkit_ptx_and_architectures():
+    """What CMake hands load_error.cu: nvcc's PTX ISA (asked at configure time) and the
+    build's architectures, and the runtime's version."""
+    text = _C._testing.kernel_load_error()
+    runtime = fr.backend_info()["runtime_version"]
+    assert f"(the runtime linked in is CUDA {runtime // 1000}.{runtime % 1000 // 10})" in text
+    assert re.search(
+        r"built by the CUDA \d+\.\d toolkit \(PTX ISA \d+\.\d+\) for the CUDA "
+        r"architectures [0-9][^ ]*;",
+        text,
+    ), text
+
+
+def test_the_error_reaches_python_as_cuda_unavailable():
+    with pytest.raises(fr.CudaUnavailableError, match="^no code here$"):
+        _C._testing.raise_kernel_image_error("no code here")
+
+
+class _NoKernelsOnCuda:
+    """The Executor of a machine whose driver cannot run the build's kernels on its GPU:
+    the CUDA backend raises what the core raises there; the host backend is the real one."""
+
+    def __init__(self, kind, *args, **kwargs):
+        if kind == "cuda":
+            raise fr.CudaUnavailableError(_message())
+        self._real = _C.Executor(kind, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def test_auto_takes_the_host_backend_where_the_driver_cannot_run_the_kernels(fresh, monkeypatch):
+    fresh(backend=USABLE)
+    monkeypatch.setattr(harvester, "Executor", _NoKernelsOnCuda)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with fr.Harvester("auto") as h:
+            assert h.backend == "host" and h.device == "cpu"
+            h.gate.open(stream="host")
+            h.submit(fr.tasks.Spin(4, 1000)).result(30)
+    (warning,) = [w for w in caught if issubclass(w.category, CudaFallbackWarning)]
+    text = str(warning.message)
+    assert text.startswith("freeride: device='auto' runs side tasks on the host backend")
+    assert _message() in text  # the versions and what to do
+    assert text.endswith("Pass device='cpu' to choose the host backend without this warning.")
+    assert warning.filename == __file__  # the caller's line
+    # Once per process: later "auto"s go to the host backend at once, without a warning.
+    assert _auto() == (("host", -1), [])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fr.Harvester(None).close()
+    assert not [w for w in caught if issubclass(w.category, CudaFallbackWarning)]
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", 0])
+def test_an_explicit_cuda_device_raises_the_versions_instead(fresh, monkeypatch, device):
+    fresh(backend=USABLE)
+    monkeypatch.setattr(harvester, "Executor", _NoKernelsOnCuda)
+    with pytest.raises(fr.CudaUnavailableError) as raised:
+        fr.Harvester(device)
+    assert str(raised.value) == _message()
+    assert _device._cuda_unusable is None  # auto still tries the GPU

@@ -6,14 +6,17 @@ point newer than that version as missing, as a driver of that version would (rea
 per process, so each case runs in a child): 12040 is a CUDA 12.4 driver (r550: green
 contexts but no stream in one), 12030 one without cuFuncGetParamInfo.
 FREERIDE_DRIVER_HIDE=<names> takes single entry points away (the gate writes' batch and
-stream memory operations, which every driver freeride runs on has). A test hook forces
-the one failure no entry point selects: loading the built-in kernels into the green
-context (F6). Each checks that the harvester still does its work and says what it fell
+stream memory operations, which every driver freeride runs on has). Test hooks force the
+failures no entry point selects: loading the built-in kernels into the green context (F6),
+and a driver that cannot JIT the build's PTX (G18), everywhere or only in the green
+context. Each checks that the harvester still does its work (or, for an explicit device
+the kernels cannot load on, raises an error naming the versions) and says what it fell
 back to and why, beside a control without the switch.
 """
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -22,7 +25,7 @@ import warnings
 import pytest
 
 import freeride as fr
-from freeride import _C
+from freeride import _C, _device
 from freeride.errors import CudaFallbackWarning
 
 RESULT = "RESULT "
@@ -234,3 +237,80 @@ def test_auto_picks_the_gpu_without_a_warning():
             assert h.backend == "cuda"
     assert not [w for w in caught if issubclass(w.category, CudaFallbackWarning)]
     assert fr.backend_info()["gpu_unused"] is None
+
+
+def _versions():
+    """What the kernel load error must name on this machine: (compute capability, driver's
+    CUDA version) as it writes them."""
+    info = fr.backend_info()
+    major, minor = info["devices"][0]["compute_capability"]
+    driver = info["driver_version"]
+    return f"compute capability {major}.{minor}", f"CUDA {driver // 1000}.{driver % 1000 // 10}"
+
+
+def _names_the_versions(text):
+    capability, driver = _versions()
+    assert "cudaErrorUnsupportedPtxVersion" in text, text
+    assert f"on CUDA device 0 ({capability})" in text, text
+    assert re.search(r"built by the CUDA \d+\.\d toolkit \(PTX ISA \d+\.\d+\)", text), text
+    assert f"the NVIDIA driver supports {driver}" in text, text
+    assert "To use this GPU, install an NVIDIA driver that supports CUDA " in text, text
+
+
+@pytest.mark.gpu
+def test_kernels_the_driver_cannot_jit_raise_for_cuda_and_fall_back_for_auto(monkeypatch):
+    """G18: where no built-in kernel loads (forced: cudaErrorUnsupportedPtxVersion, as a
+    driver too old for the build's PTX on a GPU without machine code), an explicit device
+    raises CudaUnavailableError naming the toolkit, PTX ISA, driver and compute capability,
+    and device="auto" warns once with the same text and runs on the host backend. Control:
+    without the switch the same harvester is a CUDA one."""
+    monkeypatch.setattr(_device, "_cuda_unusable", None)  # as in a new process, and after
+    _C._testing.fail_kernel_load("everywhere")
+    try:
+        for device in ("cuda:0", "cuda", 0):
+            with pytest.raises(fr.CudaUnavailableError) as raised:
+                fr.Harvester(device)
+            _names_the_versions(str(raised.value))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with fr.Harvester("auto") as h:
+                assert h.backend == "host"
+                h.gate.open(stream="host")
+                h.submit(fr.tasks.Spin(8, 1000)).result(60)
+        (warning,) = [w for w in caught if issubclass(w.category, CudaFallbackWarning)]
+        assert str(raised.value) in str(warning.message)
+        _names_the_versions(str(warning.message))
+    finally:
+        _C._testing.fail_kernel_load("")
+    with fr.Harvester("cuda:0") as h:
+        assert h.backend == "cuda"  # the switch is off again
+
+
+@pytest.mark.gpu
+def test_a_green_context_the_driver_cannot_jit_into_falls_back_naming_the_versions():
+    """G18: where the built-in kernels load on the device but not into the green context
+    (forced, as above), the harvester falls back to the occupancy cap, and its reason names
+    the versions as the error would. Control: without the switch it keeps the green
+    context."""
+    with fr.Harvester("cuda:0") as h:
+        control = (h.reserve_mechanism, h.reserve_fallback)
+    if not fr.backend_info()["devices"][0]["green_contexts"]:
+        pytest.skip(f"this driver has no green contexts: {control[1]}")
+    assert control[0].startswith("green-context ("), control
+    _C._testing.fail_kernel_load("green-context")
+    try:
+        with fr.Harvester("cuda:0") as h:
+            assert h.reserve_mechanism == "occupancy-cap"
+            assert h.reserve_fallback.startswith(
+                "preload in the green context failed: freeride's built-in kernels cannot be "
+                "loaded on CUDA device 0"
+            ), h.reserve_fallback
+            _names_the_versions(h.reserve_fallback)
+            h.gate.open(stream="host")
+            counts = h.submit(fr.tasks.ItemCounter(20_000, phases=2)).result(60)
+            assert counts.counts.min() == 1 and counts.counts.max() == 1
+            assert counts.violations == 0
+    finally:
+        _C._testing.fail_kernel_load("")
+    with fr.Harvester("cuda:0") as h:
+        assert h.reserve_mechanism == control[0]  # the switch is off again

@@ -438,3 +438,79 @@ def test_host_harvester_ignores_the_reserve_mechanism():
         assert h.reserve.mechanism == "green-context"
         assert h.reserve_mechanism == "none"
         assert h.reserve_fallback is None
+
+
+def _census(*ranges):
+    """A census bitmap (SmCensus::seen) with a bit for every SM id in `ranges`."""
+    words = [0] * 128
+    for ids in ranges:
+        for sm in ids:
+            words[sm // 32] |= 1 << (sm % 32)
+    return words
+
+
+ESCAPED = (
+    "the green context's blocks ran on {} SMs, more than its 120 (of 132): the driver does "
+    "not confine runtime launches to the partition"
+)
+
+PAST_BITMAP = (
+    "the green context's blocks ran on SM ids past 4095 (3 of 40 blocks): the SMs they ran "
+    "on cannot be counted"
+)
+UNFINISHED = (
+    "the check that the green context's blocks stay on its 120 SMs did not finish within 5 s"
+)
+
+
+@pytest.mark.parametrize(
+    ("seen", "kwargs", "step"),
+    [
+        # Every SM of the partition, or fewer (others busy): the green context stays.
+        (_census(range(120)), {}, ("use", 120, 12, "")),
+        (_census(range(12, 132)), {}, ("use", 120, 12, "")),
+        (_census(range(40)), {}, ("use", 40, 12, "")),
+        # SM ids need not be contiguous: what counts is how many.
+        (_census(range(0, 240, 2)), {}, ("use", 120, 12, "")),
+        # One SM past the partition, or the whole device: launches escape it.
+        (_census(range(121)), {}, ("fallback", 121, 12, ESCAPED.format(121))),
+        (_census(range(0, 242, 2)), {}, ("fallback", 121, 12, ESCAPED.format(121))),
+        (_census(range(132)), {}, ("fallback", 132, 12, ESCAPED.format(132))),
+        # Blocks on ids past the bitmap cannot be told apart.
+        (
+            _census(range(8)),
+            {"beyond": 3, "blocks": 40},
+            (
+                "fallback",
+                8,
+                12,
+                PAST_BITMAP,
+            ),
+        ),
+        # Nothing ran, or nothing was seen to end: nothing is known.
+        (
+            _census(),
+            {"blocks": 0},
+            (
+                "fallback",
+                0,
+                12,
+                "the check that the green context's blocks stay on its SMs ran no block",
+            ),
+        ),
+        (
+            _census(range(120)),
+            {"finished": False, "deadline_s": 5},
+            (
+                "fallback",
+                0,
+                12,
+                UNFINISHED,
+            ),
+        ),
+    ],
+)
+def test_green_context_partition_check(seen, kwargs, step):
+    """G18: the green context stays only where its blocks ran on no more SMs than it holds
+    (green_context_plan.hpp, check_green_partition)."""
+    assert _C.check_green_partition(120, 132, seen, **kwargs) == step

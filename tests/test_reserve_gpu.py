@@ -7,10 +7,12 @@ receive-style wait kernel on the training stream cannot deadlock against any sid
 (every built-in task and a RawKernel, under the occupancy cap and in a green context),
 device-wide synchronisations (synchronize, cudaFree) with the gate open wait at most about
 a slice, training on a priority stream starts ahead of side work, side work in a green
-context runs every item exactly once beside a RawKernel, and backend_info reports the green
-context.
+context runs every item exactly once beside a RawKernel, backend_info reports the green
+context, and launches in it stay on its SMs (checked when a harvester is made, with a
+switch that makes the check see an SM too many).
 """
 
+import re
 import threading
 import time
 
@@ -21,6 +23,7 @@ from test_reserve import GREEN
 
 import freeride as fr
 from conftest import wait_until
+from freeride import _C
 from freeride.cli.bench import DEVICE_CLOCK_SRC
 
 # -- on a GPU -------------------------------------------------------------------------------
@@ -511,3 +514,66 @@ def test_backend_info_reports_the_green_context():
             assert h.reserve_mechanism == "occupancy-cap"
             assert h.reserve_fallback
         assert fr.backend_info()["devices"][0]["reserve_mechanism"] == h.reserve_mechanism
+
+
+def _green_partition():
+    """(SMs in the default reserve's green context, SMs of the device, the SMs its
+    partition check saw), skipping where the driver has no green contexts."""
+    with fr.Harvester("cuda:0") as h:
+        mechanism, fallback = h.reserve_mechanism, h.reserve_fallback
+        dev = fr.backend_info()["devices"][0]
+    if not dev["green_contexts"]:
+        pytest.skip(f"no green contexts in this driver: {fallback}")
+    match = re.fullmatch(r"green-context \((\d+) of (\d+) SMs\)", mechanism)
+    assert match, f"the default reserve fell back: {fallback}"
+    return int(match[1]), int(match[2]), dev["green_sms_seen"]
+
+
+@pytest.mark.gpu
+def test_green_context_launches_stay_on_its_sms():
+    """G18: the grid the harvester's partition check launches on the green context's stream
+    ran on no more SMs than the context holds, and (the GPU being idle) on all of them: the
+    check fills whatever SMs it may use. The control: the same grid on a stream of the
+    primary context, which no partition confines, reaches SMs the green context leaves
+    out, so the check would have seen launches escape."""
+    inside, total, seen = _green_partition()
+    assert 0 < seen <= inside, (
+        f"the partition check saw {seen} SMs for a green context of {inside}, yet kept it"
+    )
+    assert seen == inside, (
+        f"the partition check's grid ran on {seen} of the green context's {inside} SMs on an "
+        "idle GPU: it does not fill the SMs it may use, so it could miss launches that escape"
+    )
+    sms, blocks, beyond = _C._testing.sm_census_on_primary(0)
+    assert beyond == 0 and blocks > 0, (sms, blocks, beyond)
+    assert inside < sms <= total, (
+        f"the census on the primary context saw {sms} SMs of {total}: it would not tell "
+        f"launches confined to {inside} SMs from launches that escape"
+    )
+
+
+@pytest.mark.gpu
+def test_launches_outside_the_green_context_fall_back_to_the_occupancy_cap():
+    """G18: where the partition check sees the green context's blocks on more SMs than it
+    holds (forced: one more), the harvester drops the green context for the occupancy cap,
+    says why, reports what the check saw, and still runs every item exactly once. Control:
+    without the switch the same harvester keeps its green context."""
+    inside, total, _ = _green_partition()
+    _C._testing.green_partition_overflow(True)
+    try:
+        with fr.Harvester("cuda:0") as h:
+            assert h.reserve_mechanism == "occupancy-cap", h.reserve_mechanism
+            assert h.reserve_fallback == (
+                f"the green context's blocks ran on {inside + 1} SMs, more than its {inside} "
+                f"(of {total}): the driver does not confine runtime launches to the partition"
+            )
+            dev = fr.backend_info()["devices"][0]
+            assert dev["green_sms_seen"] == inside + 1
+            assert dev["reserve_fallback"] == h.reserve_fallback
+            h.gate.open(stream="host")
+            counts = h.submit(fr.tasks.ItemCounter(20_000, phases=2)).result(60)
+            assert counts.counts.min() == 1 and counts.counts.max() == 1
+            assert counts.violations == 0
+    finally:
+        _C._testing.green_partition_overflow(False)
+    assert _green_partition()[:2] == (inside, total)  # the switch is off again

@@ -170,10 +170,13 @@ class CudaBackend final : public Backend {
     }
     if (s.green_side != nullptr) {
       kernels::preload_gate_kernels();  // a lazy load would synchronise the context mid-trial
+      kernels::preload_sm_census_kernels();  // and for the partition check, likewise
       s.try_green_stream();  // first: it decides whether the green context stays
+      if (s.green_side != nullptr) s.check_green_partition();  // falls back on failure
       if (s.green_side != nullptr) s.preload_in_green_context();  // falls back on failure
     }
-    cuda_driver::record_reserve_mechanism(device, {s.reserve_mechanism, s.reserve_fallback});
+    cuda_driver::record_reserve_mechanism(
+        device, {s.reserve_mechanism, s.reserve_fallback, s.green_sms_seen});
     // Fail (and allocate pinned memory) now rather than in a training hook: copies of a
     // host-memory gate's stream-ordered writes come from the constants as well.
     (void)gate_constants();

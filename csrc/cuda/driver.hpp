@@ -135,12 +135,15 @@ GateWrite usable_gate_write(int device, GateWrite wanted);
 void record_batch_probe(int device, bool ok);
 
 // How the most recent CUDA backend on a device keeps room for training's kernels
-// ("occupancy-cap" or "green-context (120 of 132 SMs)"), and why green-context was not
-// used where it was asked for ("" otherwise). For backend_info: what a harvester made on
-// the device used; nothing recorded means none was made ("occupancy-cap", the default).
+// ("occupancy-cap" or "green-context (120 of 132 SMs)"), why green-context was not used
+// where it was asked for ("" otherwise), and on how many SMs its green context's
+// partition check saw blocks run (0: no check counted). For backend_info: what a
+// harvester made on the device used; nothing recorded means none was made
+// ("occupancy-cap", the default).
 struct ReserveRecord {
   std::string mechanism = "occupancy-cap";
   std::string fallback;
+  int green_sms_seen = 0;
 };
 void record_reserve_mechanism(int device, const ReserveRecord& record);
 ReserveRecord reserve_mechanism(int device);

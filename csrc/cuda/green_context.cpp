@@ -1,8 +1,11 @@
 // CudaShared's green context: building it, trying its stream with the runtime calls side
-// launches make, and loading the built-in kernels into it.
+// launches make, checking that launches there stay on its SMs, and loading the built-in
+// kernels into it.
+#include <cstdint>
 #include <exception>
 #include <string>
 
+#include "capture_mode.hpp"
 #include "cuda/green_context_plan.hpp"
 #include "cuda/shared.hpp"
 #include "test_switches.hpp"
@@ -157,6 +160,87 @@ void CudaShared::try_green_stream() {
   reserve_fallback = "the green context's stream refused the runtime API: " + refused;
 }
 
+void CudaShared::check_green_partition() {
+  static_assert(sizeof(SmCensus) <= kStateStride && sizeof(SmCensus) <= kWordStride);
+  // Long enough for the block scheduler to place a grid that fills the device many times
+  // over (thousands of blocks take microseconds), short beside making a harvester.
+  constexpr uint64_t kHoldNs = 1'000'000;
+  // The waits below beside a capture on another thread (a harvester made during one).
+  const RelaxedCaptureScope relaxed;
+  SlotPool::Slot dev;
+  SlotPool::Slot host;
+  {
+    std::lock_guard<std::mutex> lk(pool_mu);
+    dev = states.acquire();
+    host = words.acquire();
+  }
+  auto* census = reinterpret_cast<SmCensus*>(dev.dev);
+  std::string refused;
+  auto try_call = [&](cudaError_t err, const char* call) {
+    if (err == cudaSuccess || !refused.empty()) return refused.empty();
+    (void)cudaGetLastError();
+    refused = std::string(call) + " failed: " + cudaGetErrorName(err);
+    return false;
+  };
+  bool ok = try_call(cudaMemsetAsync(census, 0, sizeof(SmCensus), green_side), "cudaMemsetAsync");
+  if (ok) {
+    try {
+      kernels::launch_sm_census(census, sm_count, kHoldNs, green_side);
+    } catch (const std::exception& e) {
+      (void)cudaGetLastError();
+      refused = std::string("the census kernel's launch failed: ") + e.what();
+      ok = false;
+    }
+  }
+  ok = ok && try_call(cudaMemcpyAsync(host.host, census, sizeof(SmCensus), cudaMemcpyDeviceToHost,
+                                      green_side),
+                      "cudaMemcpyAsync");
+  // Bounded, by asking: nothing else runs on this stream, and a partition whose SMs stay
+  // busy for seconds is no reserve either.
+  const cudaError_t waited = wait_idle(green_side, kPartitionDeadline);
+  PartitionSeen seen;
+  seen.finished = waited == cudaSuccess;
+  if (ok && seen.finished) {
+    const auto* got = reinterpret_cast<const SmCensus*>(host.host);
+    seen.sms = census_sms(got->seen, SmCensus::kWords);
+    seen.beyond = static_cast<int>(got->beyond);
+    seen.blocks = static_cast<int>(got->blocks);
+    if (test_switches::green_partition_overflow()) seen.sms = green_sms + 1;
+    green_sms_seen = seen.sms;
+  }
+  if (waited != cudaErrorNotReady) {
+    // Done with both slots (a kernel that failed is done too). Left out otherwise: the
+    // census may still land in them.
+    std::lock_guard<std::mutex> lk(pool_mu);
+    states.release(dev);
+    words.release(host);
+  }
+  if (waited != cudaSuccess && waited != cudaErrorNotReady) {  // the context's own failure
+    throw_cuda(waited, "the green context's partition check", __FILE__, __LINE__);
+  }
+  std::string why;
+  if (!ok) {
+    why = "the check that the green context's blocks stay on its SMs failed: " + refused;
+  } else {
+    const GreenContextStep step = freeride::check_green_partition(
+        green_sms, sm_count, seen, static_cast<int>(kPartitionDeadline.count()));
+    if (step.action == GreenContextStep::Action::kUse) return;
+    why = step.message;
+  }
+  if (waited != cudaErrorNotReady) {
+    destroy_green();
+  } else {
+    // Work still queued there: what cuGreenCtxDestroy does to it is not documented (a
+    // synchronising teardown would wait for it), so the context and its stream are left.
+    green_side = nullptr;
+    green = nullptr;
+  }
+  (void)cudaGetLastError();
+  green_sms = 0;
+  reserve_mechanism = "occupancy-cap";
+  reserve_fallback = why;
+}
+
 void CudaShared::preload_in_green_context() {
   const cuda_driver::Api& a = cuda_driver::api();  // has_green_contexts(): all three there
   std::string failed;
@@ -176,6 +260,9 @@ void CudaShared::preload_in_green_context() {
     try {
       if (test_switches::fail_green_preload()) {
         FR_THROW(RuntimeFailure, "forced by freeride._C._testing.fail_green_preload");
+      }
+      if (test_switches::fail_kernel_load() == test_switches::KernelLoadFailure::kGreenContext) {
+        kernels::load_failed(cudaErrorUnsupportedPtxVersion, "cudaFuncGetAttributes");
       }
       kernels::preload_all();
     } catch (const std::exception& e) {

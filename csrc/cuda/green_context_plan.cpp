@@ -1,6 +1,7 @@
 #include "cuda/green_context_plan.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 
 #include "check.hpp"
@@ -80,6 +81,45 @@ GreenContextStep check_green_split(const GreenContextStep& plan, int total, unsi
   } else {
     step.action = GreenContextStep::Action::kUse;
     step.message.clear();
+  }
+  return step;
+}
+
+int census_sms(const unsigned int* seen, std::size_t words) {
+  int sms = 0;
+  for (std::size_t i = 0; i < words; ++i) sms += std::popcount(seen[i]);
+  return sms;
+}
+
+GreenContextStep check_green_partition(int green_sms, int total, const PartitionSeen& seen,
+                                       int deadline_s) {
+  GreenContextStep step;
+  step.sms = seen.sms;
+  step.reserved = total - green_sms;
+  step.action = GreenContextStep::Action::kFallBack;
+  if (!seen.finished) {
+    step.sms = 0;
+    step.message = (detail::Msg() << "the check that the green context's blocks stay on its "
+                                  << green_sms << " SMs did not finish within " << deadline_s
+                                  << " s")
+                       .str();
+  } else if (seen.blocks <= 0) {
+    step.message = "the check that the green context's blocks stay on its SMs ran no block";
+  } else if (seen.beyond > 0) {
+    // Not told apart: they might be any number of SMs outside the partition.
+    step.message = (detail::Msg() << "the green context's blocks ran on SM ids past "
+                                  << SmCensus::kWords * 32 - 1 << " (" << seen.beyond
+                                  << " of " << seen.blocks
+                                  << " blocks): the SMs they ran on cannot be counted")
+                       .str();
+  } else if (seen.sms > green_sms) {
+    step.message = (detail::Msg() << "the green context's blocks ran on " << seen.sms
+                                  << " SMs, more than its " << green_sms << " (of " << total
+                                  << "): the driver does not confine runtime launches to the "
+                                     "partition")
+                       .str();
+  } else {
+    step.action = GreenContextStep::Action::kUse;
   }
   return step;
 }

@@ -4,6 +4,7 @@
 // too), so it is tested without a GPU.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace freeride {
@@ -50,5 +51,42 @@ GreenContextStep plan_green_context(int total, int reserve_sms, int min_partitio
 // round a partition up past the SMs the plan must leave free.
 GreenContextStep check_green_split(const GreenContextStep& plan, int total, unsigned groups,
                                    int got);
+
+// The partition check: whether launches on the green context's stream stay on its SMs.
+// Documented for the driver API, it is the runtime's <<<>>> launches that side work makes
+// there, and an older runtime or driver could run them on the whole device, silently
+// voiding the reserve. A grid large enough to fill every SM of the device, each block
+// holding its place for a while, runs there; each block records the SM it ran on (%smid)
+// in an SmCensus, which the host reads back.
+//
+// Where launches are confined, every %smid is one of the context's SMs, so the count
+// never exceeds the partition, whatever else runs on the device. Where they are not,
+// blocks held in place fill whichever SMs have room, those outside the partition
+// included: the count can fall short of the truth (SMs busy with other work) but never
+// overstate it, so the check never drops a working green context.
+struct SmCensus {
+  static constexpr int kWords = 128;  // SM ids 0..4095: %smid is below %nsmid, < 4096 so far
+  unsigned int seen[kWords];          // bit i of word w: a block ran on SM id 32 * w + i
+  unsigned int beyond;                // blocks on SM ids past the bitmap
+  unsigned int blocks;                // blocks that ran
+  unsigned long long start_ns;        // the first block's start on %globaltimer; 0: none
+};
+
+// Distinct SMs a census's bitmap of `words` words names.
+int census_sms(const unsigned int* seen, std::size_t words);
+
+// What the host read back: `finished` false where the grid had not ended within the
+// check's deadline (`deadline_s`), and then nothing else counts.
+struct PartitionSeen {
+  bool finished = false;
+  int sms = 0;      // census_sms of the bitmap
+  int beyond = 0;   // SmCensus::beyond
+  int blocks = 0;   // SmCensus::blocks
+};
+
+// After the partition check of a green context of `green_sms` of `total` SMs: kUse, or
+// kFallBack with the reason (reserve_fallback). `sms` is what was seen.
+GreenContextStep check_green_partition(int green_sms, int total, const PartitionSeen& seen,
+                                       int deadline_s);
 
 }  // namespace freeride

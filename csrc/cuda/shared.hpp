@@ -75,6 +75,7 @@ struct CudaShared {
   CUgreenCtx green = nullptr;
   cudaStream_t green_side = nullptr;
   int green_sms = 0;
+  int green_sms_seen = 0;  // by check_green_partition; 0 where it did not count
   std::string reserve_mechanism = "occupancy-cap";
   std::string reserve_fallback;
   // A green context is used from one thread at a time: the executor's launches and a
@@ -167,6 +168,16 @@ struct CudaShared {
   // applies with the reason in reserve_fallback, instead of every launch of every task
   // failing later. Needs `staging`; throws only where the context itself failed.
   void try_green_stream();
+
+  // Checks that launches on the green context's stream run on its SMs only (see
+  // check_green_partition in green_context_plan.hpp): the probe above shows they run,
+  // not where. Records what it saw in green_sms_seen. Where they ran on more SMs than the
+  // context holds, or the check could not tell within kPartitionDeadline, the green
+  // context goes and the occupancy cap applies with the reason in reserve_fallback.
+  // Throws only where the context itself failed. Runs after try_green_stream, before
+  // preload_in_green_context.
+  void check_green_partition();
+  static constexpr std::chrono::seconds kPartitionDeadline{5};
 
   // Loads every built-in kernel into the green context now, on the thread that makes the
   // harvester, before any side work runs: with CUDA's lazy loading a kernel is loaded

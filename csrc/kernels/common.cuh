@@ -9,7 +9,9 @@
 #include "check.hpp"
 #include "freeride/preempt.cuh"
 #include "cuda/occupancy.hpp"
+#include "launchers.hpp"
 #include "task.hpp"
+#include "test_switches.hpp"
 
 namespace freeride::kernels {
 
@@ -28,10 +30,16 @@ using freeride::globaltimer_ns;
 // Loads `kernel` into the current context now. CUDA loads kernels lazily by default, and
 // a lazy load synchronises the context: at a first launch in the middle of training it
 // would wait for every running kernel, side kernels (and through them the gate) included.
+// The first place a build without code the driver can run on the device fails (no
+// machine code for it and PTX the driver cannot JIT): load_failed words that error.
 template <typename Kernel>
 void preload(Kernel kernel) {
   cudaFuncAttributes attributes{};
-  FR_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  const cudaError_t err =
+      test_switches::fail_kernel_load() == test_switches::KernelLoadFailure::kEverywhere
+          ? cudaErrorUnsupportedPtxVersion
+          : cudaFuncGetAttributes(&attributes, kernel);
+  if (err != cudaSuccess) load_failed(err, "cudaFuncGetAttributes");
 }
 
 // Persistent grid: every block resident at once (so each is running and polling the

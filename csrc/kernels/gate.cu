@@ -59,6 +59,7 @@ void preload_all() {
   preload_item_counter_kernels();
   preload_pagerank_kernels();
   preload_image_kernels();
+  preload_sm_census_kernels();
 }
 
 void launch_gate_write(volatile unsigned int* gate, unsigned int value, void* stream) {

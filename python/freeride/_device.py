@@ -15,6 +15,9 @@ _CUDA = re.compile(r"^cuda(?::(\d+))?$")
 # The CUDA version newer driver entry points are hidden above (csrc/cuda/driver.hpp).
 _DRIVER_API_MAX = "FREERIDE_DRIVER_API_MAX"
 _warned_fallback = False
+# Why the CUDA backend "auto" chose could not be made (the driver cannot run the build's
+# kernels on the GPU): warned once, and later "auto"s take the host backend at once.
+_cuda_unusable: str | None = None
 
 
 def resolve_device(device: Any) -> tuple[str, int]:
@@ -37,10 +40,11 @@ def resolve_device(device: Any) -> tuple[str, int]:
     text = device.strip().lower()
     if text == "auto":
         info = backend_info()
-        if info["cuda"]:
+        if info["cuda"] and _cuda_unusable is None:
             _check_driver_api_max()
             return "cuda", 0
-        _warn_fallback_once(info)
+        if not info["cuda"]:
+            _warn_fallback_once(info)
         return "host", -1
     if text in ("cpu", "host"):
         return "host", -1
@@ -48,6 +52,27 @@ def resolve_device(device: Any) -> tuple[str, int]:
     if match is None:
         raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N'; got {device!r}")
     return "cuda", _check_cuda(int(match.group(1) or 0))
+
+
+def host_instead(device: Any, error: CudaUnavailableError) -> bool:
+    """Whether a harvester asked for `device` takes the host backend where making the CUDA
+    backend resolve_device chose raised `error`, as where the driver cannot run the
+    build's kernels on the GPU (no machine code for it, and PTX the driver cannot JIT):
+    for "auto" (and None) only, warning once per process with the error, which names the
+    versions and what to do. An explicit CUDA device raises it as it is."""
+    global _cuda_unusable
+    if not (device is None or (isinstance(device, str) and device.strip().lower() == "auto")):
+        return False
+    if _cuda_unusable is None:
+        _cuda_unusable = str(error)
+        # host_instead <- Harvester.__init__ <- the caller
+        warnings.warn(
+            f"freeride: device='auto' runs side tasks on the host backend (CPU threads): "
+            f"{error} Pass device='cpu' to choose the host backend without this warning.",
+            CudaFallbackWarning,
+            stacklevel=3,
+        )
+    return True
 
 
 def _warn_fallback_once(info: dict[str, Any]) -> None:

@@ -22,7 +22,9 @@ class HarvesterClosedError(FreerideError, RuntimeError):
 
 
 class CudaUnavailableError(FreerideError, RuntimeError):
-    """A CUDA device was requested where freeride cannot use one."""
+    """A CUDA device was requested where freeride cannot use one: no usable device, or a
+    driver that cannot run the build's kernels on it (the message names the build's
+    toolkit, PTX ISA and architectures, the driver's CUDA version and what to do)."""
 
 
 class KernelCompileError(FreerideError):
@@ -57,6 +59,8 @@ class StreamCaptureError(FreerideError, RuntimeError):
 
 class CudaFallbackWarning(RuntimeWarning):
     """``device="auto"`` chose the host backend on a machine with a GPU that freeride's
-    CUDA backend cannot use (a build without it, or a driver older than its runtime needs).
-    Issued once per process; the message names the driver, what the build needs and what
-    to do. Passing ``device="cpu"`` chooses the host backend without it."""
+    CUDA backend cannot use (a build without it, a driver older than its runtime needs, or
+    a driver that cannot run the build's kernels on the GPU: no machine code for it and
+    PTX the driver cannot JIT). Issued once per process; the message names the driver,
+    what the build needs and what to do. Passing ``device="cpu"`` chooses the host backend
+    without it."""

@@ -16,10 +16,10 @@ from typing import Any, NamedTuple
 from . import _abandoned, _shutdown
 from ._C import MAX_SLICES, Executor
 from ._checks import check_count, check_float, parse_memory
-from ._device import resolve_device
+from ._device import host_instead, resolve_device
 from ._streams import current_streams, refuse_capturing, stream_handle
 from .attach import Attachment
-from .errors import HarvesterClosedError
+from .errors import CudaUnavailableError, HarvesterClosedError
 from .gate import Gate
 from .handle import TaskHandle
 from .iterative import IterativeHandle, IterativeRunner, IterativeTask
@@ -248,18 +248,28 @@ class Harvester:
             )
         self._reserve = reserve
         self._time_slice = _check_time_slice(time_slice)
-        self._ex = Executor(
-            self._kind,
-            self._device_index,
-            workers,
-            gate_in_host_memory,
-            stream_wait,
-            budget,
-            reserve.as_tuple(),
-            0 if self._time_slice is None else max(1, round(self._time_slice * 1e9)),
-            reserve_mechanism=reserve.mechanism,
-            reserve_sms=reserve.sms or 0,
-        )
+
+        def executor(kind: str, index: int) -> Executor:
+            return Executor(
+                kind,
+                index,
+                workers,
+                gate_in_host_memory,
+                stream_wait,
+                budget,
+                reserve.as_tuple(),
+                0 if self._time_slice is None else max(1, round(self._time_slice * 1e9)),
+                reserve_mechanism=reserve.mechanism,
+                reserve_sms=reserve.sms or 0,
+            )
+
+        try:
+            self._ex = executor(self._kind, self._device_index)
+        except CudaUnavailableError as error:  # the GPU "auto" chose cannot run the kernels
+            if not host_instead(device, error):
+                raise
+            self._kind, self._device_index = "host", -1
+            self._ex = executor(self._kind, self._device_index)
         self._lock = threading.Lock()
         self._closed = False
         # Every handle the user still holds, for tasks() and report()...

@@ -27,7 +27,9 @@ def backend_info() -> dict[str, Any]:
     SMs)"``, side kernels in a green context of that many SMs; see fr.Reserve. Per device
     under ``devices``: what the most recent harvester on it used, ``"occupancy-cap"``
     before any, with ``reserve_fallback``, why green-context was asked for and not used,
-    and ``green_contexts``, whether the driver has them; the top-level value joins the
+    ``green_sms_seen``, on how many SMs the check that launches stay in the green context
+    saw its blocks run (0: none counted), and ``green_contexts``, whether the driver has
+    them; the top-level value joins the
     devices' and ``reserve_fallback`` is the first device's reason, if any), ``gate_write``
     (how a harvester made now would write the gate on a stream: ``"batch"``, ``"memop"``,
     ``"copy"`` or ``"kernel"``, as chosen by FREERIDE_GATE_WRITE and what the driver
