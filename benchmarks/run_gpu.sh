@@ -12,11 +12,11 @@
 #             close), the hardware-queue probe (both reserves, launches at opens on and
 #             off), stream creation beside side work, the admission probe (ring, poll,
 #             at-open), tests/test_hardware_queues.py (it hung on the H200), the G4 test,
-#             any new test_*{lifetime,green,abandon}*gpu*.py files, the F12 launch and the
-#             admission negative control, the queued-ahead harvest tests, mem_get_info
-#             beside a capture, the capture tests, compute-sanitizer's memcheck over a
-#             small run of side kernels (benchmarks/probes/memcheck_small.py), and the
-#             rest of tests/test_gpu.py. Probes are benchmarks/probes/*.py (README there);
+#             the lifetime tests (tests/test_abandon_gpu.py), G18's partition and JIT
+#             tests, compute-sanitizer's memcheck over a small run of side kernels
+#             (benchmarks/probes/memcheck_small.py), the F12 launch and the admission
+#             negative control, mem_get_info beside a capture, the capture tests, the
+#             queued-ahead harvest tests, and the rest of tests/test_gpu.py. Probes are benchmarks/probes/*.py (README there);
 #             their RESULT/ANSWER lines are copied into summary.txt.
 #   quick     the checks of the 2026-11-25 run, at most QUICK_BUDGET s (300). First the
 #             open questions of issue 27: side work in bubbles the host queued ahead of the
@@ -150,8 +150,10 @@ if step qualify; then
   deadline=$((SECONDS + ${QUALIFY_BUDGET:-480}))
   # In order of importance; [~N s] is the estimate on an H100/H200 when things pass (a
   # fresh Python with torch and CUDA takes ~5 s), the number after the name the hard
-  # limit. Estimated total ~440 s of the 480; a hung item costs its limit, plus the
-  # watchdog's stack dumps (py-spy: about a second a process) and 10 s.
+  # limit. Estimated total ~510 s: the last items (the queued-ahead harvest tests, the
+  # rest of test_gpu) run only where the earlier ones left time, and are listed NOT RUN
+  # otherwise. A hung item costs its limit, plus the watchdog's stack dumps (py-spy: about
+  # a second a process) and 10 s.
   # 1. G1, the deadlock: a close/open pair no block saw, then torch.cuda.synchronize(),
   #    both reserves, and the same after an empty compute action. 4 worker processes;
   #    on the reviewed code each hangs 5 s and reports it. [~45 s]
@@ -188,27 +190,14 @@ if step qualify; then
   # 8. G4: a training grid larger than the reserve in a bubble whose close is enqueued
   #    waits at most the slice bound. [~25 s]
   pytest_file $deadline 60 tests/test_slice_gpu.py -m gpu -k g4
-  # New GPU test files of the lifetime/green-context/abandon fixes, where present. [~0-60 s]
-  seen=" "
-  for f in tests/test_*lifetime*gpu*.py tests/test_*green*gpu*.py tests/test_*abandon*gpu*.py; do
-    if [ ! -e "$f" ] || [[ "$seen" == *" $f "* ]]; then continue; fi
-    seen="$seen$f "
-    pytest_file $deadline 60 "$f"
-  done
-  # The H200's other failures: F12's launch drawn where its first block began (the report
-  # now waits for ended launches), the admission negative control (measured with
-  # FREERIDE_LAUNCH_AT_OPEN=0 now) [~20 s]; test_reserve_gpu's admission tests where that
-  # file has any (it had none at 5a9c43b).
-  pytest_file $deadline 60 tests/test_gpu.py -m gpu -k "first_block or admission_sleeps"
-  if grep -q "def test_[a-z0-9_]*admission" tests/test_reserve_gpu.py; then
-    pytest_file $deadline 40 tests/test_reserve_gpu.py -m gpu -k admission
-  fi
-  # Side work in bubbles queued ahead of the GPU (launches at opens). [~25 s]
-  pytest_file $deadline 60 tests/test_launch_at_open.py -m gpu
-  # G15(c): does mem_get_info on another thread invalidate a global-mode capture? [~10 s]
-  probe $deadline probe_mem_get_info_capture 40 probe_mem_get_info_capture.py
-  # Captures beside side work, job threads and bubble_stats; the negative control. [~60 s]
-  pytest_file $deadline 90 tests/test_capture.py -m gpu
+  # The lifetime fixes: held slabs, an abandoned launch queued in the green context and
+  # reclaimed once passed (G5, G7). 4 workers. [~30 s]
+  pytest_file $deadline 60 tests/test_abandon_gpu.py -m gpu
+  # G18: the green context's blocks stay on its SMs (and the fallback where they would
+  # not), and PTX the driver cannot JIT named (forced). [~25 s]
+  pytest_file $deadline 50 tests/test_reserve_gpu.py -m gpu \
+    -k "stay_on_its_sms or outside_the_green_context"
+  pytest_file $deadline 40 tests/test_drivers_gpu.py -m gpu -k cannot_jit
   # memcheck over a small run of side kernels (RawKernel and built-ins, host and
   # stream-ordered bubbles). examples/raw_kernel.py ran into 60 s under memcheck. [~45 s]
   if [ -x "$sanitizer" ]; then
@@ -218,6 +207,21 @@ if step qualify; then
   else
     note "memcheck_small                               NOT RUN (no compute-sanitizer)"
   fi
+  # The H200's other failures: F12's launch drawn where its first block began (the report
+  # now waits for ended launches), the admission negative control (measured with
+  # FREERIDE_LAUNCH_AT_OPEN=0 now) [~20 s]; test_reserve_gpu's admission tests where that
+  # file has any (it had none at 5a9c43b).
+  pytest_file $deadline 60 tests/test_gpu.py -m gpu -k "first_block or admission_sleeps"
+  if grep -q "def test_[a-z0-9_]*admission" tests/test_reserve_gpu.py; then
+    pytest_file $deadline 40 tests/test_reserve_gpu.py -m gpu -k admission
+  fi
+  # G15(c): does mem_get_info on another thread invalidate a global-mode capture? [~10 s]
+  probe $deadline probe_mem_get_info_capture 40 probe_mem_get_info_capture.py
+  # Captures beside side work, job threads, bubble_stats, free-memory samples and
+  # backends being made; the negative control. [~70 s]
+  pytest_file $deadline 100 tests/test_capture.py -m gpu
+  # Side work in bubbles queued ahead of the GPU (launches at opens). [~25 s]
+  pytest_file $deadline 60 tests/test_launch_at_open.py -m gpu
   # What remains of the GPU basics. [~25 s]
   pytest_file $deadline 60 tests/test_gpu.py -m gpu \
     -k "not process_exits and not first_block and not admission_sleeps"

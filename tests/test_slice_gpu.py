@@ -26,6 +26,8 @@ that hangs cannot be interrupted, so the worker waits for it on a thread with a 
 reports the hang and leaves with os._exit; the parent's timeout is the last resort.
 """
 
+import statistics
+
 import pytest
 from gpu_worker import run_worker
 
@@ -91,6 +93,16 @@ def test_g1_device_sync_returns_after_a_close_open_pair_no_block_saw(reserve):
         f"launches {r.get('launch_counts')}"
     )
     _check_syncs(r, "after a close/open pair inside an item")
+    # The extension's cap alone (a launch running on for up to slice_bound after a pair it
+    # missed) would also pass the 50 ms bound: a correct launch ends at its slice, so the
+    # typical synchronisation waits the rest of a slice and an item, well under half the
+    # cap (2 ms slice and items: about 4 ms, against a 16 ms cap).
+    median_ms = statistics.median(r["sync_ms"])
+    assert median_ms <= r["slice_bound"] * 1e3 / 2, (
+        f"median synchronisation {median_ms:.1f} ms, over half the slice bound "
+        f"({r['slice_bound'] * 1e3:.0f} ms): launches ran on past their slice with no close "
+        f"pending (all, ms: {r['sync_ms']})"
+    )
     assert r["running"], "the side task finished: the test proves nothing"
     control = r["control"]
     assert control["released"], "negative control: a host-side close did not end the side launch"
