@@ -194,6 +194,12 @@ py::tuple sm_census_on_primary(int device) {
 }
 #endif
 
+freeride::QueueBackend& queue_backend(freeride::Executor& ex) {
+  auto* backend = dynamic_cast<freeride::QueueBackend*>(&ex.backend());
+  FR_ARG(backend != nullptr, "the executor is not on the test queue backend");
+  return *backend;
+}
+
 }  // namespace
 
 void register_test_hooks(py::module_& m) {
@@ -279,9 +285,7 @@ void register_test_hooks(py::module_& m) {
   t.def(
       "queue_launches",
       [](Executor& ex, size_t index, double timeout) {
-        auto* backend = dynamic_cast<QueueBackend*>(&ex.backend());
-        FR_ARG(backend != nullptr, "the executor is not on the test queue backend");
-        return backend->launches(index, timeout);
+        return queue_backend(ex).launches(index, timeout);
       },
       py::arg("executor"), py::arg("index"), py::arg("timeout") = 10.0,
       py::call_guard<py::gil_scoped_release>(),
@@ -289,18 +293,14 @@ void register_test_hooks(py::module_& m) {
   t.def(
       "queue_hold_backoffs",
       [](Executor& ex, bool on) {
-        auto* backend = dynamic_cast<QueueBackend*>(&ex.backend());
-        FR_ARG(backend != nullptr, "the executor is not on the test queue backend");
-        backend->hold_backoffs(on);
+        queue_backend(ex).hold_backoffs(on);
       },
       py::arg("executor"), py::arg("on"),
       "While on, each backoff of the executor lasts until a submit, cancel or close.");
   t.def(
       "queue_wait_backoffs",
       [](Executor& ex, uint64_t count, double timeout) {
-        auto* backend = dynamic_cast<QueueBackend*>(&ex.backend());
-        FR_ARG(backend != nullptr, "the executor is not on the test queue backend");
-        return backend->wait_backoffs(count, timeout);
+        return queue_backend(ex).wait_backoffs(count, timeout);
       },
       py::arg("executor"), py::arg("count"), py::arg("timeout") = 10.0,
       py::call_guard<py::gil_scoped_release>(),
@@ -308,9 +308,7 @@ void register_test_hooks(py::module_& m) {
   t.def(
       "queue_abandoned_work",
       [](Executor& ex) {
-        auto* backend = dynamic_cast<QueueBackend*>(&ex.backend());
-        FR_ARG(backend != nullptr, "the executor is not on the test queue backend");
-        return backend->abandoned_work();
+        return queue_backend(ex).abandoned_work();
       },
       py::arg("executor"), "Whether close() told the backend that launches were abandoned.");
 

@@ -6,12 +6,10 @@ uses). Nothing imports torch or freeride at module level."""
 from __future__ import annotations
 
 import gc
-import json
-import sys
 import time
 import warnings
 
-from gpu_worker import CYCLES_PER_MS, RESULT, wait_for
+from gpu_worker import CYCLES_PER_MS, serve, wait_for
 
 
 def _kept_slabs(device: int) -> int:
@@ -107,11 +105,5 @@ def mode_abandon_queued(args: dict) -> dict:
 MODES = {"held_slabs": mode_held_slabs, "abandon_queued": mode_abandon_queued}
 
 
-def main() -> None:
-    mode = sys.argv[1]
-    args = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
-    print(RESULT + json.dumps(MODES[mode](args)), flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    serve(MODES)

@@ -610,12 +610,13 @@ MODES = {
 }
 
 
-def main() -> None:
+def serve(modes: dict) -> None:
+    """A worker file's entry point: runs MODE (argv[1]) of `modes` with the JSON args of
+    argv[2] and prints its RESULT line."""
     mode = sys.argv[1]
     args = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
-    result = MODES[mode](args)
-    print(RESULT + json.dumps(result), flush=True)
+    print(RESULT + json.dumps(modes[mode](args)), flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    serve(MODES)

@@ -83,6 +83,19 @@ def slice_bound_s(fr, h) -> tuple[float, str]:
     return h.time_slice * 8, "time_slice x 8 (assumed: no slice_bound exposed)"
 
 
+def _settings(fr, h) -> dict:
+    """The start of a G1 result: what the harvester runs with, and no hang yet."""
+    bound, bound_from = slice_bound_s(fr, h)
+    return {
+        "reserve_mechanism": h.reserve_mechanism,
+        "time_slice": h.time_slice,
+        "slice_bound": bound,
+        "slice_bound_from": bound_from,
+        "launches_at_opens": h.launches_at_opens,
+        "hung": False,
+    }
+
+
 def _counts(h) -> dict:
     return h.launch_counts()._asdict()
 
@@ -113,15 +126,7 @@ def mode_g1_pair(args: dict) -> dict:
     h, fallback = _harvester(fr, reserve)
     if h is None:
         return _fell_back(fr, fallback)
-    bound, bound_from = slice_bound_s(fr, h)
-    out: dict = {
-        "reserve_mechanism": h.reserve_mechanism,
-        "time_slice": h.time_slice,
-        "slice_bound": bound,
-        "slice_bound_from": bound_from,
-        "launches_at_opens": h.launches_at_opens,
-        "hung": False,
-    }
+    out = _settings(fr, h)
     # One-time costs of stream-ordered writes and of a synchronisation, before side work.
     h.gate.close(stream=s)
     h.gate.open(stream=s)
@@ -218,14 +223,7 @@ def mode_g1_pipeline(args: dict) -> dict:
     h, fallback = _harvester(fr, reserve)
     if h is None:
         return _fell_back(fr, fallback)
-    bound, bound_from = slice_bound_s(fr, h)
-    out: dict = {
-        "reserve_mechanism": h.reserve_mechanism,
-        "time_slice": h.time_slice,
-        "slice_bound": bound,
-        "slice_bound_from": bound_from,
-        "hung": False,
-    }
+    out = _settings(fr, h)
     h.gate.close(stream=T)
     h.gate.open(stream=T)
     T.synchronize()

@@ -273,6 +273,39 @@ def test_captures_beside_a_spin_task_and_a_busy_job_queue():
     assert any(name == "freeride-jobqueue" and inside for name, inside in _BUILT), _BUILT
 
 
+def _captures_beside(torch, h, x, calls: dict) -> dict:
+    """capture_and_replay() on this thread while a thread of the user's own (in the
+    default global capture mode) makes each of `calls` (name: fn) in turn, in a loop.
+    Returns how many of each began and ended inside one capture, the thread's errors,
+    and the captures' errors and matched replays."""
+    stop = threading.Event()
+    inside = dict.fromkeys(calls, 0)
+    made, thread_errors = [0], []
+
+    def beside():
+        while not stop.is_set():
+            for name, call in calls.items():
+                during = CAPTURING.is_set()
+                try:
+                    call()
+                except Exception as exc:  # noqa: BLE001 - handed to the test
+                    thread_errors.append(exc)
+                inside[name] += during and CAPTURING.is_set()
+            made[0] += 1
+
+    thread = threading.Thread(target=beside)
+    thread.start()
+    try:
+        errors, matched = capture_and_replay(torch, h, x)
+    finally:
+        stop.set()
+        thread.join(60)
+    assert errors == [], f"{len(errors)} of {CAPTURES} captures failed: {errors[0]}"
+    assert thread_errors == [], thread_errors[:3]
+    assert matched == CAPTURES
+    return {"inside": inside, "rounds": made[0]}
+
+
 @pytest.mark.gpu
 def test_captures_beside_a_thread_reading_bubble_stats():
     """F5. Property: with a Spin task running and a thread of the user's own (in the
@@ -285,30 +318,13 @@ def test_captures_beside_a_thread_reading_bubble_stats():
     relax a thread it does not own."""
     torch = _torch()
     with _recorded_harvester_with_spin(torch) as (h, x):
-        stop = threading.Event()
-        calls, inside, thread_errors = [0], [0], []
+        r = _captures_beside(torch, h, x, {"bubble_stats": h.bubble_stats})
+    inside = r["inside"]["bubble_stats"]
+    assert inside > CAPTURES, f"only {inside} of {r['rounds']} reads during captures"
 
-        def read_stats():
-            while not stop.is_set():
-                during = CAPTURING.is_set()
-                try:
-                    h.bubble_stats()
-                except Exception as exc:  # noqa: BLE001 - handed to the test
-                    thread_errors.append(exc)
-                calls[0] += 1
-                inside[0] += during
 
-        reader = threading.Thread(target=read_stats)
-        reader.start()
-        try:
-            errors, matched = capture_and_replay(torch, h, x)
-        finally:
-            stop.set()
-            reader.join(30)
-    assert errors == [], f"{len(errors)} of {CAPTURES} captures failed: {errors[0]}"
-    assert thread_errors == [], thread_errors[:3]
-    assert matched == CAPTURES
-    assert inside[0] > CAPTURES, f"only {inside[0]} of {calls[0]} reads during captures"
+def _make_and_close_a_cuda_executor() -> None:
+    _C.Executor("cuda", 0, 1, False, False, 0, (0, 0, 0, 0), 2_000_000).close(1.0)
 
 
 @pytest.mark.gpu
@@ -323,34 +339,16 @@ def test_captures_beside_free_memory_samples_and_backends_being_made():
     torch = _torch()
     with fr.Harvester("cuda") as h:
         x = torch.randn(1 << 16, device=h.device)
-        stop = threading.Event()
-        inside = {"free_memory": 0, "backend": 0}
-        thread_errors = []
-
-        def beside():
-            while not stop.is_set():
-                try:
-                    during = CAPTURING.is_set()
-                    _C.free_device_memory(0)
-                    inside["free_memory"] += during and CAPTURING.is_set()
-                    during = CAPTURING.is_set()
-                    ex = _C.Executor("cuda", 0, 1, False, False, 0, (0, 0, 0, 0), 2_000_000)
-                    ex.close(1.0)
-                    inside["backend"] += during and CAPTURING.is_set()
-                except Exception as exc:  # noqa: BLE001 - handed to the test
-                    thread_errors.append(exc)
-
-        thread = threading.Thread(target=beside)
-        thread.start()
-        try:
-            errors, matched = capture_and_replay(torch, h, x)
-        finally:
-            stop.set()
-            thread.join(60)
-    assert errors == [], f"{len(errors)} of {CAPTURES} captures failed: {errors[0]}"
-    assert thread_errors == [], thread_errors[:3]
-    assert matched == CAPTURES
-    assert inside["free_memory"] > 0 and inside["backend"] > 0, inside
+        r = _captures_beside(
+            torch,
+            h,
+            x,
+            {
+                "free_memory": lambda: _C.free_device_memory(0),
+                "backend": _make_and_close_a_cuda_executor,
+            },
+        )
+    assert r["inside"]["free_memory"] > 0 and r["inside"]["backend"] > 0, r
 
 
 @pytest.mark.gpu
