@@ -177,7 +177,7 @@ def test_unauthenticated_frames_run_nothing_and_the_queue_keeps_serving(job, tmp
         attacker.send(b"msg", pickle.dumps(("submit", "0:999", boom, 0, m.agent_box(0))))
         attacker.send(b"msg", (10**9).to_bytes(8, "little"), boom)
         attacker.send(b"hello", b"short")
-        attacker.send(b"auth", b"x" * 32, b"rank:0")  # no challenge was asked for
+        attacker.send(b"auth", b"x" * 32)  # no challenge was asked for
         attacker.send(b"ping")
         attacker.send(b"\xff" * 100)
         assert attacker.recv() == [b"who"]  # "authenticate first", and nothing else
@@ -201,7 +201,7 @@ def test_handshakes_left_half_done_do_not_stall_the_queue(job):
     attackers = [Attacker(q) for _ in range(300)]
     try:
         for a in attackers:
-            a.send(b"hello", os.urandom(auth.NONCE_BYTES))
+            a.send(b"hello", os.urandom(auth.NONCE_BYTES), auth.CLIENT_ROLE)
         time.sleep(0.5)
         _still_works(q)
         with fr.JobQueue.connect(secret_file=folder / "queue.json", timeout=10) as client:
@@ -217,10 +217,10 @@ def test_a_wrong_proof_is_refused_and_its_sender_stays_unauthenticated(job, tmp_
     before = q.stats()
     attacker = Attacker(q)
     try:
-        attacker.send(b"hello", os.urandom(auth.NONCE_BYTES))
+        attacker.send(b"hello", os.urandom(auth.NONCE_BYTES), auth.rank_role(0))
         challenge = attacker.recv()
         assert challenge is not None and challenge[0] == b"challenge"
-        attacker.send(b"auth", os.urandom(auth.TAG_BYTES), b"rank:0")
+        attacker.send(b"auth", os.urandom(auth.TAG_BYTES))
         assert attacker.recv() == [b"refused"]
         attacker.send(b"msg", pickle.dumps(Boom(str(marker))))
         assert attacker.recv() == [b"who"]
@@ -229,6 +229,95 @@ def test_a_wrong_proof_is_refused_and_its_sender_stays_unauthenticated(job, tmp_
     assert q.stats()["refused"] == before["refused"] + 1
     _still_works(q)
     assert not marker.exists()
+
+
+# -- J1: roles are credentials -------------------------------------------------------------
+
+
+class Handshaker(Attacker):
+    """A peer that runs the handshake itself, with a credential and a role of its choice
+    (what a client holding the secret file could do without freeride's Link)."""
+
+    def handshake(self, credential: bytes, role: bytes) -> list[bytes] | None:
+        nonce = os.urandom(auth.NONCE_BYTES)
+        self.send(b"hello", nonce, role)
+        challenge = self.recv()
+        if challenge is None or challenge[0] != b"challenge":
+            return challenge
+        server_nonce = challenge[1]
+        self.send(b"auth", auth.client_proof(credential, nonce, server_nonce, role))
+        return self.recv()
+
+
+def test_the_secret_file_holds_a_client_credential_not_the_jobs_secret(job):
+    """Review J1: ranks and clients shared one secret, so whoever held the secret file
+    could prove any role. The file now holds the client credential, an HMAC of the job's
+    secret (which only the ranks hold) from which the secret cannot be computed."""
+    q, _, credential = job
+    assert credential == auth.client_credential(q._link._secret)
+    assert credential != q._link._secret
+
+
+@pytest.mark.parametrize("role", [b"rank:0", b"rank:1", b"rank:00", b"rank:-0", b"leader", b""])
+def test_a_client_credential_never_gets_a_ranks_role(job, role):
+    """Review J1: a client holding the secret file logged in as rank:N, was handed rank
+    N's box (dropping the rank's own session), received other clients' task specs, sent
+    forged results other clients unpickled, and could end the queue with one message.
+    Now a rank's role needs the job's secret: under the client credential the handshake
+    is refused (for a role of no rank, or no role at all, before any challenge), and the
+    rank keeps its box: the queue goes on placing on it."""
+    q, _, credential = job
+    before = q.stats()["refused"]
+    attacker = Handshaker(q)
+    try:
+        assert attacker.handshake(credential, role) == [b"refused"]
+        attacker.send(b"msg", pickle.dumps(("closing", 0)))
+        assert attacker.recv() == [b"who"]
+    finally:
+        attacker.close()
+    assert q.stats()["refused"] == before + 1
+    _still_works(q)
+
+
+def test_a_live_ranks_box_is_never_handed_to_a_second_session(job):
+    """Review J1: a new session for a rank's box popped the rank's own. Even with the
+    job's secret (a second process of the job), a rank's box held by a session heard from
+    within the last seconds is refused ("taken"), and the rank's session goes on."""
+    q, _, _ = job
+    attacker = Handshaker(q)
+    try:
+        assert attacker.handshake(q._link._secret, auth.rank_role(0)) == [b"taken"]
+    finally:
+        attacker.close()
+    with pytest.raises(fr.QueueAuthError, match="already, and heard from"):
+        channel.Link(
+            "127.0.0.1",
+            _port(q),
+            q._link._secret,
+            q.server_key.encode(),
+            auth.rank_role(0),
+            5.0,
+            q.address,
+        )
+    _still_works(q)
+
+
+def test_a_client_cannot_end_the_queue_or_speak_for_a_rank(job):
+    """What a rank alone may say ("closing", "state", "stats", "handback", "gone"), a
+    client session sends in vain: each is counted as malformed, and the queue keeps
+    serving every client."""
+    q, folder, _ = job
+    before = q.stats()["malformed"]
+    with fr.JobQueue.connect(secret_file=folder / "queue.json") as client:
+        link = client._link
+        link.send(("closing", 0))
+        link.send(("gone", 0))
+        link.send(("stats", 0, 10**12, 10**12, None, 1))
+        link.send(("handback", 0, []))
+        link.send(("state", "0:1", 0, "done", 1, 1, None, "done", pickle.dumps(1)))
+        wait_until(lambda: q.stats()["malformed"] >= before + 5, timeout=10)
+        assert client.submit(_spin()).wait(20)
+    _still_works(q)
 
 
 # -- S2, C1: a rogue server, and an eavesdropper -----------------------------------------------

@@ -1,12 +1,17 @@
-"""The job queue's secret and the proofs built on it.
+"""The job queue's credentials and the proofs built on them.
 
-Both ends of every connection prove they hold the queue's secret by challenge and
-response over fresh nonces (see channel.py): the client's nonce comes first, the server
-answers with its own nonce and a tag over both (and over its public key), then the client
-answers with a tag over both in the other order and the role it asks for. A tag is
-HMAC-SHA256 under the secret over length-prefixed fields with a label, so no tag of one
-kind verifies as another, and a tag seen on one connection is worth nothing on the next
-(the other side's nonce is new). Tags are compared in constant time.
+Roles are credentials, not claims. The job's secret, which the leader makes and shares
+only with the job's ranks (over their gloo group), is the ranks' credential; outside
+clients hold the client credential (`client_credential`, what the secret file carries),
+derived from the secret by HMAC, from which the secret cannot be computed. A connection
+names its role in its first frame and both ends then prove they hold that role's
+credential by challenge and response over fresh nonces (see channel.py): the client's
+nonce comes first, the server answers with its own nonce and a tag over both (and over
+its public key), then the client answers with a tag over both in the other order and the
+role. A rank's role therefore needs the job's secret: no client can take it. A tag is
+HMAC-SHA256 under the credential over length-prefixed fields with a label, so no tag of
+one kind verifies as another, and a tag seen on one connection is worth nothing on the
+next (the other side's nonce is new). Tags are compared in constant time.
 """
 
 from __future__ import annotations
@@ -36,6 +41,19 @@ def tag(secret: bytes, *fields: bytes) -> bytes:
         mac.update(len(field).to_bytes(8, "little"))
         mac.update(field)
     return mac.digest()
+
+
+CLIENT_ROLE = b"client"
+
+
+def rank_role(rank: int) -> bytes:
+    return b"rank:%d" % rank
+
+
+def client_credential(secret: bytes) -> bytes:
+    """What outside clients hold instead of the job's secret (the secret file's): proofs
+    under it make a connection a client, never a rank."""
+    return tag(secret, b"freeride-queue-client-credential")
 
 
 def server_proof(secret: bytes, client_nonce: bytes, server_nonce: bytes, key: bytes) -> bytes:

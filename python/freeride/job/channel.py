@@ -11,9 +11,12 @@ reaches its port, and one bad write could break the connection the whole queue s
   nothing more to install). A Link pins the hub's public key, shared over the queue's own
   gloo group or written in its secret file, so a server without the hub's private key
   cannot even finish the transport handshake: it never sees a byte of the queue's.
-- Curve alone lets anyone connect. The queue's secret decides who may talk: a connection
-  is authenticated by mutual challenge and response over fresh nonces (auth.py), and a
-  Link sends nothing but its nonce before the hub has proved it holds the secret too.
+- Curve alone lets anyone connect. Credentials decide who may talk, and as what: a
+  connection names its role (a rank, or an outside client) with its nonce and is
+  authenticated by mutual challenge and response under that role's credential (auth.py:
+  the job's secret for a rank, the client credential for a client), and a Link sends
+  nothing but its nonce and role before the hub has proved it holds the credential too.
+  A rank's box is never handed to a second session while the first is heard from.
 - A Link picks a random 128-bit routing id, which travels inside Curve's encrypted
   handshake: the hub keys its sessions by it, so nobody else can present it (a reconnect
   of the same Link keeps its session), and gives each outside client a box of its own
@@ -57,6 +60,10 @@ _ROUTING_ID_BYTES = 16
 _MAX_PENDING = 256  # handshakes in progress at once
 _HANDSHAKE_S = 10.0  # a handshake not finished by then is forgotten
 _WHO_EVERY_S = 1.0
+_ROLE_BYTES = 64  # the longest role a hello may name
+# A rank's session heard within this long is live: no other session may take its box (its
+# Link pings every second and sends its stats every BEAT_S).
+_RANK_LIVE_S = 3.0
 _HWM = 100_000  # messages queued per peer before new ones are dropped
 _LINGER_MS = 200  # how long a closing socket may still send what it queued
 MAX_MESSAGE = 256 << 20  # bytes; zmq drops a connection that sends more at once
@@ -205,6 +212,7 @@ class Hub:
     def __init__(self, ip: str, secret: bytes, ranks: list[int]) -> None:
         zmq = _zmq()
         self._secret = secret
+        self._client_credential = auth.client_credential(secret)
         self._ranks = set(ranks)
         self._ctx = zmq.Context()  # its own: term() ends its I/O thread
         public, private = zmq.curve_keypair()
@@ -228,11 +236,13 @@ class Hub:
         self._in: collections.deque[tuple[str, bytes]] = collections.deque()
         self._sessions: dict[bytes, _Session] = {}
         self._boxes: dict[str, bytes] = {}
-        self._pending: dict[bytes, tuple[bytes, bytes, float]] = {}
+        # routing id -> (client nonce, server nonce, role, when the hello came)
+        self._pending: dict[bytes, tuple[bytes, bytes, bytes, float]] = {}
         self._who: dict[bytes, float] = {}
         self._stop = threading.Event()
         self.dropped = 0  # frames of no session, or of no known shape
-        self.refused = 0  # handshakes whose proof did not verify
+        self.refused = 0  # handshakes refused: an unknown role, a proof that did not
+        # verify, or a rank's box its live session holds
         self.malformed = 0  # authenticated messages that did not unpickle
         self._thread = threading.Thread(target=self._serve, name="freeride-jobqueue-hub")
         self._thread.daemon = True
@@ -313,10 +323,15 @@ class Hub:
             with self._lock:
                 session.heard = now
                 self._in.append((session.box, body[1]))
-        elif kind == b"hello" and len(body) == 2 and len(body[1]) == auth.NONCE_BYTES:
-            self._challenge(rid, body[1], now)
-        elif kind == b"auth" and len(body) == 3 and len(body[2]) <= 64:
-            self._authenticate(rid, body[1], body[2], now)
+        elif (
+            kind == b"hello"
+            and len(body) == 3
+            and len(body[1]) == auth.NONCE_BYTES
+            and len(body[2]) <= _ROLE_BYTES
+        ):
+            self._challenge(rid, body[1], body[2], now)
+        elif kind == b"auth" and len(body) == 2:
+            self._authenticate(rid, body[1], now)
         elif kind == b"ping" and len(body) == 1 and session is not None:
             with self._lock:
                 session.heard = now
@@ -334,7 +349,30 @@ class Hub:
         self._who[rid] = now
         self._send(rid, b"who")
 
-    def _challenge(self, rid: bytes, client_nonce: bytes, now: float) -> None:
+    def _credential(self, role: bytes) -> bytes | None:
+        """The credential a connection in `role` must prove it holds; None for a role
+        nobody may take."""
+        if role == auth.CLIENT_ROLE:
+            return self._client_credential
+        if role.startswith(b"rank:"):
+            try:
+                rank = int(role[5:])
+            except ValueError:
+                return None
+            return self._secret if rank in self._ranks and role == auth.rank_role(rank) else None
+        return None
+
+    def _refuse(self, rid: bytes, why: str, answer: bytes = b"refused") -> None:
+        self.refused += 1
+        if self.refused == 1:
+            log.warning("freeride job queue: refused a connection: %s", why)
+        self._send(rid, answer)
+
+    def _challenge(self, rid: bytes, client_nonce: bytes, role: bytes, now: float) -> None:
+        credential = self._credential(role)
+        if credential is None:
+            self._refuse(rid, "it asked for a role nobody may take")
+            return
         if rid not in self._pending and len(self._pending) >= _MAX_PENDING:
             self._expire(now)
             if len(self._pending) >= _MAX_PENDING:
@@ -343,45 +381,41 @@ class Hub:
                 del self._pending[next(iter(self._pending))]
                 self.dropped += 1
         server_nonce = auth.new_nonce()
-        self._pending[rid] = (client_nonce, server_nonce, now)
-        proof = auth.server_proof(self._secret, client_nonce, server_nonce, self.public_key)
+        self._pending[rid] = (client_nonce, server_nonce, role, now)
+        proof = auth.server_proof(credential, client_nonce, server_nonce, self.public_key)
         self._send(rid, b"challenge", server_nonce, proof)
 
-    def _authenticate(self, rid: bytes, proof: bytes, role: bytes, now: float) -> None:
+    def _authenticate(self, rid: bytes, proof: bytes, now: float) -> None:
         pending = self._pending.pop(rid, None)
-        if pending is None or now - pending[2] > _HANDSHAKE_S:
+        if pending is None or now - pending[3] > _HANDSHAKE_S:
             self.dropped += 1
             return
-        client_nonce, server_nonce, _ = pending
-        expected = auth.client_proof(self._secret, client_nonce, server_nonce, role)
-        box = self._box_for(role) if auth.same(expected, proof) else None
-        if box is None:
-            self.refused += 1
-            if self.refused == 1:
-                log.warning("freeride job queue: refused a connection whose proof did not verify")
-            self._send(rid, b"refused")
+        client_nonce, server_nonce, role, _ = pending
+        credential = self._credential(role)
+        expected = auth.client_proof(credential or b"", client_nonce, server_nonce, role)
+        if credential is None or not auth.same(expected, proof):
+            self._refuse(rid, "its proof did not verify")
             return
+        rank = role.startswith(b"rank:")
+        box = agent_box(int(role[5:])) if rank else f"fr-client/{secrets.token_hex(8)}"
         with self._lock:
             old = self._boxes.get(box)
-            if old is not None and old != rid:
-                self._sessions.pop(old, None)  # the rank connected again: the new one holds it
-            self._sessions[rid] = _Session(box, now)
-            self._boxes[box] = rid
+            held = self._sessions.get(old) if old is not None and old != rid else None
+            if held is not None and now - held.heard < _RANK_LIVE_S:
+                taken = True
+            else:
+                taken = False
+                if held is not None:  # the rank connected again: the new session holds it
+                    self._sessions.pop(old, None)
+                self._sessions[rid] = _Session(box, now)
+                self._boxes[box] = rid
+        if taken:
+            self._refuse(rid, f"{box} is held by a live session", b"taken")
+            return
         self._send(rid, b"welcome", box.encode())
 
-    def _box_for(self, role: bytes) -> str | None:
-        if role == b"client":
-            return f"fr-client/{secrets.token_hex(8)}"
-        if role.startswith(b"rank:"):
-            try:
-                rank = int(role[5:])
-            except ValueError:
-                return None
-            return agent_box(rank) if rank in self._ranks else None
-        return None
-
     def _expire(self, now: float) -> None:
-        for rid, (_, _, begun) in list(self._pending.items()):
+        for rid, (*_, begun) in list(self._pending.items()):
             if now - begun > _HANDSHAKE_S:
                 del self._pending[rid]
 
@@ -405,10 +439,11 @@ class Hub:
 
 class Link:
     """One end of a connection to the hub at `ip`:`port` whose public key is
-    `server_key`, as `role` (b"rank:<n>" or b"client"). Authenticates before it returns:
-    QueueAuthError if the hub refuses the secret (or fails to prove it holds it),
-    ConnectionError if no hub with that key answers within `timeout` s. `address` names
-    the hub in errors."""
+    `server_key`, as `role` (auth.rank_role(n), with the job's secret as `secret`, or
+    auth.CLIENT_ROLE with the client credential). Authenticates before it returns:
+    QueueAuthError if the hub refuses the credential (or fails to prove it holds it), or
+    another live session holds the rank's box; ConnectionError if no hub with that key
+    answers within `timeout` s. `address` names the hub in errors."""
 
     def __init__(
         self,
@@ -478,8 +513,16 @@ class Link:
             outcome = self._on_handshake(frames)
             if outcome == "refused":
                 raise QueueAuthError(
-                    f"refused: the secret does not match the job queue at {self._address}; "
+                    f"refused: the secret does not match the job queue at {self._address} "
+                    f"for the role {self._role.decode(errors='replace')!r} (an outside "
+                    "client's secret file holds a client's credential, never a rank's); "
                     "nothing but the proof was sent"
+                )
+            if outcome == "taken":
+                raise QueueAuthError(
+                    f"refused: {self._role.decode(errors='replace')} is connected to the job "
+                    f"queue at {self._address} already, and heard from: a rank's box is "
+                    "never handed to a second connection while the first lives"
                 )
             if outcome == "forged":
                 # The server holds the queue's private key (Curve's handshake passed), so
@@ -495,7 +538,7 @@ class Link:
     def _hello(self) -> None:
         self._nonce = auth.new_nonce()
         self._ready = False
-        self._dealer.send_multipart([b"hello", self._nonce])
+        self._dealer.send_multipart([b"hello", self._nonce, self._role])
 
     def _on_handshake(self, frames: list[bytes]) -> str:
         """Steps the handshake on a frame; "refused", "forged" or "" (go on)."""
@@ -506,13 +549,15 @@ class Link:
                 self._nonce = None
                 return "forged"
             proof = auth.client_proof(self._secret, self._nonce, frames[1], self._role)
-            self._dealer.send_multipart([b"auth", proof, self._role])
+            self._dealer.send_multipart([b"auth", proof])
             self._nonce = None
         elif kind == b"welcome" and len(frames) == 2 and not self._ready:
             self.box = frames[1].decode(errors="replace")
             self._ready = True
         elif kind == b"refused":
             return "refused"
+        elif kind == b"taken":
+            return "taken"
         return ""
 
     # -- any thread ------------------------------------------------------------------------
@@ -585,7 +630,7 @@ class Link:
             self.heard = time.monotonic()
         elif kind == b"who" and len(frames) == 1:
             self._hello()  # the hub lost this session (it restarted its count): again
-        elif kind in (b"challenge", b"welcome", b"refused"):
+        elif kind in (b"challenge", b"welcome", b"refused", b"taken"):
             if self._on_handshake(frames):
                 self.dropped += 1
                 log.warning("freeride job queue: authenticating again with the hub failed")

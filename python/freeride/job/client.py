@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from .._checks import check_count, check_float
-from . import channel
+from . import auth, channel
 from . import messages as m
 from .files import read_secret_file, secret_bytes, server_key_bytes
 from .handle import RemoteHandle
@@ -71,7 +71,7 @@ class JobClient:
             raise ConnectionError(f"no job queue answers at {address}: {exc}") from None
         # QueueAuthError (a wrong secret, or a server that does not prove it holds it) and
         # ConnectionError (no queue with this key answers) come from here.
-        self._link = channel.Link(ip, port, key, public, b"client", self._timeout, address)
+        self._link = channel.Link(ip, port, key, public, auth.CLIENT_ROLE, self._timeout, address)
         self._box = self._link.box
         self._prefix = m.task_prefix(self._box)
         self._ids = itertools.count(1)

@@ -70,8 +70,9 @@ class JobQueue:
             lost.
         close_timeout: how long close() waits for the other ranks to close too; it
             returns within this plus about a second whatever the others do.
-        secret_file: if given, the leader writes the queue's address, secret and public
-            key there (JSON, mode 0600) for outside clients (fr.JobQueue.connect,
+        secret_file: if given, the leader writes the queue's address, the client
+            credential (never the job's secret: a client can never act as a rank) and
+            public key there (JSON, mode 0600) for outside clients (fr.JobQueue.connect,
             `freeride submit`), and removes it at close() or abort(). Whoever can read
             it can run code as the job: put it in a directory only you can write.
     """
@@ -127,7 +128,7 @@ class JobQueue:
                 if secret_file is not None:
                     path = os.fspath(secret_file)
                     written = files.write_secret_file(
-                        path, f"{_url_host(host)}:{port}", secret, key
+                        path, f"{_url_host(host)}:{port}", auth.client_credential(secret), key
                     )
                     self._secret_file = (path, written)
             except BaseException as exc:  # noqa: BLE001 - the others must hear of it
@@ -152,7 +153,7 @@ class JobQueue:
                 port,
                 secret,
                 key,
-                f"rank:{self._rank}".encode(),
+                auth.rank_role(self._rank),
                 timeout,
                 self.address,
             )
@@ -220,10 +221,11 @@ class JobQueue:
         timeout: float = 10.0,
     ) -> Any:
         """A client of a running job's queue from a process that is not one of its ranks
-        (fr.JobClient): `address` ("host:port"), `secret` (bytes or hex) and `server_key`
-        (the queue's public key, JobQueue.server_key), or the `secret_file` the job wrote
-        (JobQueue(secret_file=...)). A wrong secret raises fr.QueueAuthError before
-        anything but the proof is sent."""
+        (fr.JobClient): `address` ("host:port"), `secret` (the client credential, bytes or
+        hex: the secret file's "secret") and `server_key` (the queue's public key,
+        JobQueue.server_key), or the `secret_file` the job wrote (JobQueue(secret_file=
+        ...)). A wrong credential raises fr.QueueAuthError before anything but the proof
+        is sent."""
         from .client import JobClient
 
         return JobClient(
