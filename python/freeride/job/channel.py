@@ -24,8 +24,16 @@ reaches its port, and one bad write could break the connection the whole queue s
 - Nothing from a connection that has not authenticated is unpickled or kept: handshake
   frames have fixed shapes and sizes, anything else is dropped (answered "who" at most
   once a second, so a Link whose session the hub lost authenticates again). At most
-  `_MAX_PENDING` handshakes wait at once, each at most `_HANDSHAKE_S`; a new one pushes
-  out the oldest.
+  `_MAX_PENDING` handshakes (more for a job of many ranks) wait at once, each at most
+  `_HANDSHAKE_S`; a new one pushes out the oldest, and the proof of a handshake pushed out
+  is answered "who". A Link that is not welcomed says hello again after a backoff with
+  jitter, so handshakes lost to a crowd of them (a job of thousands of ranks starting at
+  once) are retried, not waited for until the timeout.
+- Sessions end: a client's at its bye (the coordinator drops it) or after `_CLIENT_IDLE_S`
+  without a frame (a Link pings every second); a client Link that comes back later with
+  the same routing id gets its box back (the last `_REMEMBERED` are remembered), and what
+  it sent before it noticed (up to `_HELD_MESSAGES`) is delivered once it has
+  authenticated again, never before.
 - One thread owns each socket. Sends never wait: what a peer does not read within its
   queue (`_HWM` messages) is dropped and counted, so no peer can stall the hub.
 - Liveness is what the leader observes: the hub notes when it last heard from each
@@ -42,6 +50,7 @@ import collections
 import itertools
 import logging
 import pickle
+import random
 import secrets
 import socket
 import threading
@@ -61,6 +70,10 @@ _MAX_PENDING = 256  # handshakes in progress at once
 _HANDSHAKE_S = 10.0  # a handshake not finished by then is forgotten
 _WHO_EVERY_S = 1.0
 _ROLE_BYTES = 64  # the longest role a hello may name
+_CLIENT_IDLE_S = 60.0  # a client session not heard from this long ends
+_REMEMBERED = 4096  # boxes of ended client sessions kept for their Links' return
+_HELD_MESSAGES = 64  # messages of an ended session kept until its Link authenticates again
+_HELLO_AGAIN_S = (0.5, 4.0)  # a Link's first wait for an answer to its hello, and the most
 # A rank's session heard within this long is live: no other session may take its box (its
 # Link pings every second and sends its stats every BEAT_S).
 _RANK_LIVE_S = 3.0
@@ -236,6 +249,9 @@ class Hub:
         self._in: collections.deque[tuple[str, bytes]] = collections.deque()
         self._sessions: dict[bytes, _Session] = {}
         self._boxes: dict[str, bytes] = {}
+        self._ended: collections.OrderedDict[bytes, str] = collections.OrderedDict()
+        self._held: dict[bytes, list[bytes]] = {}  # routing id (ended) -> messages
+        self._max_pending = _MAX_PENDING + len(self._ranks)
         # routing id -> (client nonce, server nonce, role, when the hello came)
         self._pending: dict[bytes, tuple[bytes, bytes, bytes, float]] = {}
         self._who: dict[bytes, float] = {}
@@ -270,6 +286,19 @@ class Hub:
             except Exception:  # noqa: BLE001 - authenticated, but unreadable
                 self.malformed += 1
                 log.warning("freeride job queue: a message from %s did not unpickle", box)
+
+    def drop(self, box: str) -> None:
+        """Ends the session holding `box` (a client that said bye): it is beaten no more,
+        and a Link that still sends is asked to authenticate again."""
+        with self._lock:
+            rid = self._boxes.pop(box, None)
+            if rid is not None:
+                self._sessions.pop(rid, None)
+
+    def sessions(self) -> int:
+        """Sessions open now."""
+        with self._lock:
+            return len(self._sessions)
 
     def heard(self, box: str) -> float | None:
         """When (time.monotonic()) the hub last heard from `box`'s session; None if no
@@ -336,6 +365,10 @@ class Hub:
             with self._lock:
                 session.heard = now
         else:
+            if session is None and kind == b"msg" and len(body) == 2 and rid in self._ended:
+                held = self._held.setdefault(rid, [])
+                if len(held) < _HELD_MESSAGES:  # delivered once it authenticates again
+                    held.append(body[1])
             self.dropped += 1
             if session is None and kind in (b"msg", b"ping"):
                 self._ask_who(rid, now)
@@ -373,9 +406,9 @@ class Hub:
         if credential is None:
             self._refuse(rid, "it asked for a role nobody may take")
             return
-        if rid not in self._pending and len(self._pending) >= _MAX_PENDING:
+        if rid not in self._pending and len(self._pending) >= self._max_pending:
             self._expire(now)
-            if len(self._pending) >= _MAX_PENDING:
+            if len(self._pending) >= self._max_pending:
                 # The oldest goes (dicts keep insertion order): handshakes left half done
                 # by the hundred cannot keep a real peer out, only race it.
                 del self._pending[next(iter(self._pending))]
@@ -388,7 +421,9 @@ class Hub:
     def _authenticate(self, rid: bytes, proof: bytes, now: float) -> None:
         pending = self._pending.pop(rid, None)
         if pending is None or now - pending[3] > _HANDSHAKE_S:
+            # Pushed out by newer ones, or too late: it starts again (at most once a second).
             self.dropped += 1
+            self._ask_who(rid, now)
             return
         client_nonce, server_nonce, role, _ = pending
         credential = self._credential(role)
@@ -397,15 +432,23 @@ class Hub:
             self._refuse(rid, "its proof did not verify")
             return
         rank = role.startswith(b"rank:")
-        box = agent_box(int(role[5:])) if rank else f"fr-client/{secrets.token_hex(8)}"
         with self._lock:
+            if rank:
+                box = agent_box(int(role[5:]))
+            else:  # a client Link authenticating again, or back after its session
+                # ended, keeps its box
+                current = self._sessions.get(rid)
+                box = (
+                    current.box
+                    if current is not None
+                    else self._ended.pop(rid, None) or f"fr-client/{secrets.token_hex(8)}"
+                )
+            waiting = self._held.pop(rid, [])
             old = self._boxes.get(box)
-            held = self._sessions.get(old) if old is not None and old != rid else None
-            if held is not None and now - held.heard < _RANK_LIVE_S:
-                taken = True
-            else:
-                taken = False
-                if held is not None:  # the rank connected again: the new session holds it
+            holder = self._sessions.get(old) if old is not None and old != rid else None
+            taken = holder is not None and now - holder.heard < _RANK_LIVE_S
+            if not taken:
+                if holder is not None:  # the rank connected again: the new session holds it
                     self._sessions.pop(old, None)
                 self._sessions[rid] = _Session(box, now)
                 self._boxes[box] = rid
@@ -413,6 +456,10 @@ class Hub:
             self._refuse(rid, f"{box} is held by a live session", b"taken")
             return
         self._send(rid, b"welcome", box.encode())
+        if waiting:
+            with self._lock:
+                self._in.extend((box, payload) for payload in waiting)
+            self.dropped -= len(waiting)  # counted when held: delivered after all
 
     def _expire(self, now: float) -> None:
         for rid, (*_, begun) in list(self._pending.items()):
@@ -431,6 +478,13 @@ class Hub:
 
     def _beat(self, now: float) -> None:
         with self._lock:
+            for rid, session in list(self._sessions.items()):
+                if session.box.startswith("fr-client/") and now - session.heard > _CLIENT_IDLE_S:
+                    del self._sessions[rid]
+                    self._boxes.pop(session.box, None)
+                    self._ended[rid] = session.box
+                    if len(self._ended) > _REMEMBERED:
+                        self._held.pop(self._ended.popitem(last=False)[0], None)
             rids = list(self._sessions)
         for rid in rids:
             self._send(rid, b"beat")
@@ -479,6 +533,9 @@ class Link:
         self._in: collections.deque[bytes] = collections.deque()
         self._out: collections.deque[bytes] = collections.deque(maxlen=_HWM)
         self._nonce: bytes | None = None
+        # Nonces of this handshake's earlier hellos: a challenge to one is stale, not forged.
+        self._stale: collections.deque[bytes] = collections.deque(maxlen=8)
+        self._hello_at = 0.0
         self._ready = False
         self._held = threading.Event()
         self.heard = time.monotonic()
@@ -498,18 +555,30 @@ class Link:
         self._thread.start()
 
     def _handshake(self, deadline: float) -> None:
+        """Until welcomed: says hello, and again after a backoff with jitter (from
+        _HELLO_AGAIN_S[0], doubling up to [1]) or at once when the hub asks "who" (its
+        pending handshake was pushed out by a crowd of others), until `deadline`."""
         zmq = _zmq()
-        self._hello()
+        wait = _HELLO_AGAIN_S[0]
+        hellos, answered = 0, False
+        next_hello = 0.0
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self._dealer.poll(int(left * 1000) + 1):
-                if time.monotonic() < deadline:
-                    continue
-                raise ConnectionError(
-                    f"no job queue answers at {self._address} (none with this queue's server "
-                    "key, or none at all); nothing was sent"
-                )
+            now = time.monotonic()
+            if now >= next_hello:
+                self._hello()
+                hellos += 1
+                next_hello = now + wait * (1.0 + random.random())
+                wait = min(2 * wait, _HELLO_AGAIN_S[1])
+            if now >= deadline:
+                raise ConnectionError(self._no_welcome(answered, hellos, deadline))
+            left = min(deadline, next_hello) - now
+            if not self._dealer.poll(int(left * 1000) + 1):
+                continue
             frames = self._dealer.recv_multipart(zmq.NOBLOCK)
+            answered = answered or bool(frames) and frames[0] in (b"challenge", b"who")
+            if frames == [b"who"]:
+                next_hello = 0.0  # the hub forgot this handshake: again, now
+                continue
             outcome = self._on_handshake(frames)
             if outcome == "refused":
                 raise QueueAuthError(
@@ -535,17 +604,42 @@ class Link:
             if self._ready:
                 return
 
+    def _no_welcome(self, answered: bool, hellos: int, deadline: float) -> str:
+        if answered:
+            return (
+                f"the job queue at {self._address} answered but did not finish the handshake "
+                f"in time ({hellos} hello(s) sent): it is overloaded, or too many "
+                "connections are being made at once; nothing but nonces and proofs was sent"
+            )
+        return (
+            f"no job queue answers at {self._address} (none with this queue's server key, "
+            f"or none at all; {hellos} hello(s) sent); nothing was sent"
+        )
+
     def _hello(self) -> None:
+        if self._nonce is not None:
+            self._stale.append(self._nonce)
         self._nonce = auth.new_nonce()
         self._ready = False
+        self._hello_at = time.monotonic()
         self._dealer.send_multipart([b"hello", self._nonce, self._role])
 
     def _on_handshake(self, frames: list[bytes]) -> str:
-        """Steps the handshake on a frame; "refused", "forged" or "" (go on)."""
+        """Steps the handshake on a frame; "refused", "taken", "forged" or "" (go on). A
+        challenge to an earlier hello of this handshake is stale and ignored: its proof
+        verifies under that hello's nonce, which the hub no longer holds."""
         kind = frames[0] if frames else b""
         if kind == b"challenge" and len(frames) == 3 and self._nonce is not None:
             expected = auth.server_proof(self._secret, self._nonce, frames[1], self._server_key)
             if not auth.same(expected, frames[2]):
+                stale = any(
+                    auth.same(
+                        auth.server_proof(self._secret, n, frames[1], self._server_key), frames[2]
+                    )
+                    for n in self._stale
+                )
+                if stale:
+                    return ""
                 self._nonce = None
                 return "forged"
             proof = auth.client_proof(self._secret, self._nonce, frames[1], self._role)
@@ -554,6 +648,7 @@ class Link:
         elif kind == b"welcome" and len(frames) == 2 and not self._ready:
             self.box = frames[1].decode(errors="replace")
             self._ready = True
+            self._stale.clear()
         elif kind == b"refused":
             return "refused"
         elif kind == b"taken":
@@ -612,6 +707,10 @@ class Link:
             if self._ready and not self._held.is_set() and now - last_ping >= 1.0:
                 last_ping = now  # a client with nothing to say still has a session
                 self._dealer.send_multipart([b"ping"], zmq.NOBLOCK)
+            elif not self._ready and now - self._hello_at >= _HELLO_AGAIN_S[1] * (
+                1.0 + random.random()
+            ):
+                self._hello()  # authenticating again, and that hello was lost: again
             self._flush()
 
         _pump(self._dealer, self._waker, self._stop, self._on_frames, after_round, "link")

@@ -265,6 +265,7 @@ class Coordinator(Serving):
     def _on_bye(self, box: str) -> None:
         self._clients.discard(box)
         self._closed_boxes.add(box)
+        self._hub.drop(box)  # its session ends: beaten no more
 
     # -- ranks that go away -------------------------------------------------------------------
 

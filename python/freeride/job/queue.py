@@ -297,15 +297,17 @@ class JobQueue:
         """What the queue turned away on this rank: "dropped" (frames of no authenticated
         session or of no known shape, never unpickled), "refused" (connections whose proof
         did not verify, on the leader), "malformed" (authenticated but of no known shape,
-        or speaking for someone else), and "lost_ranks" (ranks declared lost)."""
+        or speaking for someone else), "lost_ranks" (ranks declared lost), and
+        "sessions" (connections authenticated now, on the leader; 0 elsewhere)."""
         dropped = self._agent.dropped
         malformed = self._agent.malformed + self._agent.unreadable
-        refused = 0
+        refused = sessions = 0
         lost = set(self._agent.lost)
         coord = self._coordinator
         if coord is not None and self._hub is not None:
             dropped += self._hub.dropped
             refused += self._hub.refused
+            sessions = self._hub.sessions()
             malformed += coord.malformed + self._hub.malformed
             lost |= coord.lost
         if self._broken is not None and self._broken.rank is not None:
@@ -315,6 +317,7 @@ class JobQueue:
             "refused": refused,
             "malformed": malformed,
             "lost_ranks": sorted(lost),
+            "sessions": sessions,
         }
 
     def close(self) -> None:
