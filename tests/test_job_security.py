@@ -13,6 +13,7 @@ channel has no shared state to write: the tests below show what each attack now 
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import pickle
@@ -160,6 +161,32 @@ def test_a_wildcard_master_addr_is_refused_and_an_explicit_one_warned(job, monke
 
 
 # -- D1, D2, D4: nothing unauthenticated is read, and nothing stalls -------------------------
+
+
+@pytest.mark.parametrize(
+    "spelling", ["0", "0.0", "000.000.000.000", "0x0", "::0", "0:0:0:0:0:0:0:0", "::ffff:0.0.0.0"]
+)
+def test_every_spelling_of_a_wildcard_is_a_wildcard(monkeypatch, spelling):
+    """Review J5: the refusal compared strings, so MASTER_ADDR=0, 0x0, ::0 and the like
+    listened on every interface without a word. The resolved address decides now: each
+    is refused from MASTER_ADDR, and warned about as an explicit host."""
+    from freeride.job import queue as job_queue
+
+    if ":" in spelling and not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    monkeypatch.setenv("MASTER_ADDR", spelling)
+    with pytest.raises(ValueError, match="wildcard"):
+        job_queue._listen_address(None)
+    with pytest.warns(UserWarning, match="every interface"):
+        _, ip = job_queue._listen_address(spelling)
+    assert ipaddress.ip_address(ip).is_unspecified or ip == "::ffff:0.0.0.0"
+
+
+def test_a_real_address_is_not_taken_for_a_wildcard(monkeypatch):
+    from freeride.job import queue as job_queue
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    assert job_queue._listen_address(None) == ("127.0.0.1", "127.0.0.1")
 
 
 def test_unauthenticated_frames_run_nothing_and_the_queue_keeps_serving(job, tmp_path):
@@ -411,6 +438,23 @@ def test_client_sessions_end_at_bye_and_after_silence(job, monkeypatch):
         assert client._link.box == box
     finally:
         client.close()
+
+
+def test_a_spec_too_large_for_the_channel_is_refused_at_submit(job, monkeypatch):
+    """Review J8: a spec that pickled to more than the channel carries vanished (zmq
+    dropped the message) while submit() returned normally, and its handle stayed queued.
+    Now submit() raises, on a rank and on a client, naming what to do; nothing is sent, and
+    the next submit works. (The limit is lowered here instead of pickling 256 MiB.)"""
+    q, folder, _ = job
+    monkeypatch.setattr(m, "MAX_PAYLOAD", 4096)
+    big = TaskSpec(fr.tasks.Spin, kwargs={"items": 1, "ns_per_item": 1, "pad": b"x" * 8192})
+    with pytest.raises(ValueError, match=r"more than the job queue carries.*fr\.Load"):
+        q.submit(big)
+    with fr.JobQueue.connect(secret_file=folder / "queue.json") as client:
+        with pytest.raises(ValueError, match="more than the job queue carries"):
+            client.submit(big)
+        assert client.submit(_spin()).wait(20)
+    _still_works(q)
 
 
 # -- S2, C1: a rogue server, and an eavesdropper -----------------------------------------------

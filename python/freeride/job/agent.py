@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import HarvesterClosedError, TaskCancelledError
 from ..handle import FINAL_STATES
 from . import messages as m
-from .channel import MAX_MESSAGE, Link
+from .channel import Link
 from .files import write_atomically
 from .handle import RemoteHandle
 from .placement import TaskSpec, map_nested
@@ -23,7 +23,6 @@ from .serving import Serving
 log = logging.getLogger("freeride.job")
 
 _KEEP_HISTORY = 2_000
-MAX_RESULT = MAX_MESSAGE - (1 << 20)  # room for the rest of the message
 
 
 class Agent(Serving):
@@ -272,10 +271,10 @@ class Agent(Serving):
                 payload = pickle.dumps(path)
         except Exception as exc:  # noqa: BLE001 - a result that cannot travel fails the task
             return (f"on rank {self.rank}: the result could not be returned: {exc}", "failed", None)
-        if len(payload) > MAX_RESULT:
+        if len(payload) > m.MAX_PAYLOAD:
             error = (
                 f"on rank {self.rank}: the result is {len(payload)} bytes pickled, more than "
-                f"the queue carries ({MAX_RESULT}); give the TaskSpec result='<path>' instead"
+                f"the queue carries ({m.MAX_PAYLOAD}); give the TaskSpec result='<path>' instead"
             )
             return error, "failed", None
         return None, None, payload

@@ -60,7 +60,7 @@ from typing import Any
 
 from ..errors import QueueAuthError
 from . import auth
-from .messages import agent_box
+from .messages import MAX_MESSAGE, agent_box
 
 log = logging.getLogger("freeride.job")
 
@@ -79,7 +79,6 @@ _HELLO_AGAIN_S = (0.5, 4.0)  # a Link's first wait for an answer to its hello, a
 _RANK_LIVE_S = 3.0
 _HWM = 100_000  # messages queued per peer before new ones are dropped
 _LINGER_MS = 200  # how long a closing socket may still send what it queued
-MAX_MESSAGE = 256 << 20  # bytes; zmq drops a connection that sends more at once
 _ids = itertools.count()
 
 

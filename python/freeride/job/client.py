@@ -103,7 +103,7 @@ class JobClient:
         if not isinstance(spec, TaskSpec):
             raise TypeError(f"spec must be a freeride.TaskSpec, got {type(spec).__name__}")
         priority = check_count(priority, "priority", -(2**31), 2**31 - 1)
-        data = spec.dumps()
+        data = m.spec_payload(spec)
         if self._closed or self.closed_by_job:
             raise RuntimeError("the client is closed" if self._closed else "the job queue closed")
         task_id = f"{self._prefix}{next(self._ids)}"

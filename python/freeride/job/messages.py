@@ -43,6 +43,24 @@ from typing import Any, NamedTuple
 
 from ..handle import FINAL_STATES
 
+MAX_MESSAGE = 256 << 20  # bytes; zmq drops a connection that sends more at once
+# The most a spec or a result may pickle to: room for the rest of its message.
+MAX_PAYLOAD = MAX_MESSAGE - (1 << 20)
+
+
+def spec_payload(spec: Any) -> bytes:
+    """`spec` (a TaskSpec) pickled for "submit", or ValueError where the channel cannot
+    carry it (it would drop the message, and the task would stay queued for ever)."""
+    data = spec.dumps()
+    if len(data) > MAX_PAYLOAD:
+        raise ValueError(
+            f"the spec pickles to {len(data)} bytes, more than the job queue carries "
+            f"({MAX_PAYLOAD}): pass large inputs as fr.Load(...) placeholders, built where "
+            "the task runs, or as paths"
+        )
+    return data
+
+
 # A tuple: membership of an unhashable value (a fuzzed message) is False, not an error.
 STATES = ("queued", "running", "paused", *sorted(FINAL_STATES))
 ERROR_KINDS = ("failed", "cancelled", "rank_lost")

@@ -23,6 +23,7 @@ item ever runs twice.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import socket
@@ -243,7 +244,7 @@ class JobQueue:
         if not isinstance(spec, TaskSpec):
             raise TypeError(f"spec must be a freeride.TaskSpec, got {type(spec).__name__}")
         priority = check_count(priority, "priority", -(2**31), 2**31 - 1)
-        data = spec.dumps()
+        data = m.spec_payload(spec)
         if self._broken is not None:
             raise RankLostError(str(self._broken), self._broken.rank)
         if self._closed:
@@ -480,6 +481,21 @@ class JobQueue:
         self._agent.halt()  # its store is gone: nothing more to read
 
 
+def _is_wildcard(name: str, ip: str | None) -> bool:
+    """Whether listening on `name` (resolved to `ip`) listens on every interface: the
+    address it resolves to, not its spelling, decides (0, 0.0, 0x0, ::0, a host name that
+    resolves to 0.0.0.0, ::ffff:0.0.0.0 all do)."""
+    if name.strip("[]") in _WILDCARDS or ip is None:
+        return name.strip("[]") in _WILDCARDS
+    try:
+        address = ipaddress.ip_address(ip.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_unspecified
+
+
 def _listen_address(host: str | None) -> tuple[str, str]:
     """(the name the others connect to, the address to listen on) for the leader: `host`,
     else MASTER_ADDR, else this host's name. A wildcard from MASTER_ADDR is refused (it
@@ -487,7 +503,8 @@ def _listen_address(host: str | None) -> tuple[str, str]:
     the others connect to this host's name."""
     explicit = host is not None
     name = host if explicit else os.environ.get("MASTER_ADDR") or socket.gethostname()
-    if name.strip("[]") in _WILDCARDS:
+    ip = None if name.strip("[]") in _WILDCARDS else channel.resolve(name.strip("[]"))
+    if _is_wildcard(name, ip):
         if not explicit:
             raise ValueError(
                 f"MASTER_ADDR is {name!r}, a wildcard: the job queue would listen on every "
@@ -499,8 +516,8 @@ def _listen_address(host: str | None) -> tuple[str, str]:
             "machine can open connections to the queue (they still need its secret)",
             stacklevel=3,
         )
-        return socket.gethostname(), name.strip("[]") or "0.0.0.0"
-    return name, channel.resolve(name)
+        return socket.gethostname(), ip or name.strip("[]") or "0.0.0.0"
+    return name, ip
 
 
 def _url_host(host: str) -> str:
