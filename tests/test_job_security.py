@@ -457,6 +457,22 @@ def test_a_spec_too_large_for_the_channel_is_refused_at_submit(job, monkeypatch)
     _still_works(q)
 
 
+def test_the_leader_can_hold_many_idle_connections(job):
+    """Review J6: at a soft limit of 1024 descriptors, 1,100 idle connections to the
+    queue's port left training unable to open a file (EMFILE). The hub raises the leader
+    process's soft limit to its hard limit, and closes a transport handshake not done in
+    5 s (libzmq's default was 30 s)."""
+    import resource
+
+    q, _, _ = job
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = channel._MAX_DESCRIPTORS
+    if hard != resource.RLIM_INFINITY:
+        want = min(hard, want)
+    assert soft == resource.RLIM_INFINITY or soft >= want
+    assert q._hub._router.handshake_ivl == channel._TRANSPORT_HANDSHAKE_MS <= 5000
+
+
 # -- S2, C1: a rogue server, and an eavesdropper -----------------------------------------------
 
 

@@ -41,7 +41,10 @@ reaches its port, and one bad write could break the connection the whole queue s
   leader. Nobody else can move either clock.
 
 Not protected: anyone who reaches the port can open connections (each costs a handshake
-slot for `_HANDSHAKE_S`), and anyone on the path can drop or delay the queue's packets.
+slot for `_HANDSHAKE_S`, and a descriptor of the leader's process: the hub raises the
+process's soft limit on descriptors to its hard limit, and a transport handshake not done
+within `_TRANSPORT_HANDSHAKE_MS` is closed), and anyone on the path can drop or delay the
+queue's packets.
 """
 
 from __future__ import annotations
@@ -79,7 +82,27 @@ _HELLO_AGAIN_S = (0.5, 4.0)  # a Link's first wait for an answer to its hello, a
 _RANK_LIVE_S = 3.0
 _HWM = 100_000  # messages queued per peer before new ones are dropped
 _LINGER_MS = 200  # how long a closing socket may still send what it queued
+_TRANSPORT_HANDSHAKE_MS = 5000  # ZMTP/Curve's own handshake (libzmq's default: 30 s)
+_MAX_DESCRIPTORS = 1 << 20  # the soft limit the hub raises to, where the hard one is higher
 _ids = itertools.count()
+
+
+def raise_descriptor_limit() -> int:
+    """Raises this process's soft limit on open descriptors to its hard limit (at most
+    _MAX_DESCRIPTORS): idle connections to the hub's port each hold one, and at a soft
+    limit of 1024 a thousand of them would leave training unable to open a file.
+    Returns the soft limit now."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = _MAX_DESCRIPTORS if hard == resource.RLIM_INFINITY else min(hard, _MAX_DESCRIPTORS)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            log.debug("freeride job queue: could not raise RLIMIT_NOFILE", exc_info=True)
+    return soft
 
 
 def _zmq() -> Any:
@@ -229,7 +252,9 @@ class Hub:
         self._ctx = zmq.Context()  # its own: term() ends its I/O thread
         public, private = zmq.curve_keypair()
         self.public_key: bytes = public
+        raise_descriptor_limit()
         self._router = _socket(self._ctx, zmq.ROUTER, ip)
+        self._router.handshake_ivl = _TRANSPORT_HANDSHAKE_MS
         self._router.curve_server = True
         self._router.curve_publickey = public
         self._router.curve_secretkey = private
