@@ -18,7 +18,7 @@ CudaShared::~CudaShared() {
   if (device < 0) return;
   try {
     DeviceGuard guard(device);
-    if (held) {
+    if (held()) {
       // Never reclaimed: launches may still be queued. Streams are destroyed lazily by
       // the driver once their work is done (cudaStreamDestroy); the green context and
       // the slabs are leaked (free_pools does nothing while held).
@@ -44,7 +44,6 @@ void CudaShared::destroy_streams() noexcept {
 
 void CudaShared::hold_for_launches_left() noexcept {
   std::lock_guard<std::mutex> lk(pool_mu);
-  held = true;
   states.hold();
   words.hold();
 }
@@ -52,22 +51,18 @@ void CudaShared::hold_for_launches_left() noexcept {
 bool CudaShared::reclaim() noexcept {
   {
     std::lock_guard<std::mutex> lk(pool_mu);
-    if (!held) return true;
+    if (!held()) return true;
   }
   const RelaxedCaptureScope relaxed;  // beside a capture on another thread
-  if (test_switches::streams_never_idle()) return false;
   for (cudaStream_t stream : {side, green_side, control}) {
-    if (stream == nullptr) continue;
-    const cudaError_t err = cudaStreamQuery(stream);
-    if (err == cudaSuccess) continue;
-    (void)cudaGetLastError();
-    // Any other error is the context's own (a kernel that faulted): nothing on it runs
-    // any more, and what it held may go.
-    if (err == cudaErrorNotReady) return false;
+    // One look, no wait. Any error but "not ready" is the context's own (a kernel that
+    // faulted): nothing on it runs any more, and what it held may go.
+    if (stream != nullptr && wait_idle(stream, std::chrono::seconds(0)) == cudaErrorNotReady) {
+      return false;
+    }
   }
   destroy_streams();
   std::lock_guard<std::mutex> lk(pool_mu);
-  held = false;
   states.release_held();
   words.release_held();
   return true;

@@ -104,7 +104,7 @@ struct CudaShared {
   void finish_on_control(const char* what);
   static constexpr std::chrono::seconds kImmediateWriteWait{30};
 
-  std::mutex pool_mu;  // guards the pools, `runners`, `orphaned`, `held`
+  std::mutex pool_mu;  // guards the pools, `runners`, `orphaned`
   SlotPool states{false, kStateStride};
   SlotPool words{true, kWordStride};
   int runners = 0;
@@ -112,7 +112,9 @@ struct CudaShared {
   // Shut down with launches left on the GPU (abandoned at close, or a stream that did not
   // drain in time): the streams, the green context and the pools' slabs are kept as they
   // are, nothing handed to another harvester, until reclaim() sees the GPU has passed them.
-  bool held = false;
+  // Both pools are held together (hold_for_launches_left): the state pool says for both.
+  // Caller holds pool_mu (or is the destructor).
+  bool held() const { return states.held(); }
 
   std::mutex staging_mu;       // guards `staging`
   SlotPool::Slot staging;      // pinned bounce word for immediate reads and copies
