@@ -311,11 +311,9 @@ void Executor::advance_locked(Record& r) {
 }
 
 void Executor::abandon_locked(Record& r) {
-  finish_locked(r, TaskState::Cancelled, ErrorKind::Cancelled, kAbandonedMessage);
   // Named by take_abandoned(), never by take_finished(): its owner must keep its memory,
   // not let go of it as of a task that is merely final (review G17).
-  finished_.erase(std::remove(finished_.begin(), finished_.end(), r.id), finished_.end());
-  abandoned_.push_back(r.id);
+  finish_locked(r, TaskState::Cancelled, ErrorKind::Cancelled, kAbandonedMessage, &abandoned_);
 }
 
 bool Executor::reclaim_abandoned() {
@@ -326,7 +324,8 @@ bool Executor::reclaim_abandoned() {
   return backend_->reclaim_abandoned();
 }
 
-void Executor::finish_locked(Record& r, TaskState state, ErrorKind kind, std::string error) {
+void Executor::finish_locked(Record& r, TaskState state, ErrorKind kind, std::string error,
+                             std::vector<uint64_t>* named_by) {
   // Done: advance_locked already counted every phase. Otherwise keep what the current
   // phase finished, so items_done stays exact after a cancel or a failure.
   if (r.runner && state != TaskState::Done) r.items_before_phase += r.runner->done();
@@ -337,7 +336,7 @@ void Executor::finish_locked(Record& r, TaskState state, ErrorKind kind, std::st
   r.runner.reset();
   r.task.reset();
   r.after.reset();
-  finished_.push_back(r.id);
+  (named_by != nullptr ? *named_by : finished_).push_back(r.id);
   if (r.admitted) {
     used_ -= r.memory_bytes;
     r.admitted = false;

@@ -178,7 +178,9 @@ class Executor {
   void settle_launch_locked(Record& r);
   void admit_locked(Record& r);
   void advance_locked(Record& r);
-  void finish_locked(Record& r, TaskState state, ErrorKind kind, std::string error);
+  // The task's id goes to take_finished()'s list, or to `named_by` where given.
+  void finish_locked(Record& r, TaskState state, ErrorKind kind, std::string error,
+                     std::vector<uint64_t>* named_by = nullptr);
   // Cancelled at close with launches that may still run: see take_abandoned().
   void abandon_locked(Record& r);
   Record& record_locked(uint64_t id) const;
