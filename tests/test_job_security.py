@@ -33,6 +33,8 @@ import freeride as fr
 from conftest import wait_until
 from freeride.job import auth, channel, files
 from freeride.job import messages as m
+from freeride.job.channel import hub as hub_module
+from freeride.job.channel import sockets as channel_sockets
 from freeride.job.placement import TaskSpec
 
 torch = pytest.importorskip("torch")
@@ -90,21 +92,37 @@ def _queue_threads_alive() -> set[str]:
 
 
 class Attacker:
-    """A ZeroMQ peer of the queue's port that finished Curve's handshake (the hub's key is
-    public) but holds no secret: it sends whatever frames it likes."""
+    """A ZeroMQ peer of the queue's port that sends whatever frames it likes. Without a
+    `credential` it knows the hub's public key (which is public) but holds no credential,
+    so its Curve key is its own: the hub's ZAP handler refuses it, and it never finishes
+    the transport handshake. With one, it connects under that credential's key of `kind`
+    (a client holding the secret file, running the protocol by hand)."""
 
-    def __init__(self, q, routing_id: bytes | None = None) -> None:
+    def __init__(
+        self,
+        q,
+        routing_id: bytes | None = None,
+        credential: bytes | None = None,
+        kind: str = auth.CLIENT_KIND,
+    ) -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.linger = 0
-        public, private = zmq.curve_keypair()
+        if credential is None:
+            public, private = zmq.curve_keypair()
+        else:
+            public, private = auth.curve_keys(credential, kind)
         self.sock.curve_serverkey = q.server_key.encode()
         self.sock.curve_publickey, self.sock.curve_secretkey = public, private
         self.sock.routing_id = routing_id or os.urandom(16)
         self.sock.connect(f"tcp://127.0.0.1:{_port(q)}")
 
     def send(self, *frames: bytes) -> None:
-        self.sock.send_multipart(list(frames))
+        """Sends without waiting (dropped where the transport never connects)."""
+        try:
+            self.sock.send_multipart(list(frames), zmq.NOBLOCK)
+        except zmq.Again:
+            pass
 
     def recv(self, timeout: float = 2.0) -> list[bytes] | None:
         """The next frames other than beats, or None."""
@@ -190,23 +208,39 @@ def test_a_real_address_is_not_taken_for_a_wildcard(monkeypatch):
 
 
 def test_unauthenticated_frames_run_nothing_and_the_queue_keeps_serving(job, tmp_path):
-    """D1/D2: an attacker without the secret sends pickles, forged sequence-like frames,
-    handshake frames of wrong sizes, and plain garbage on a raw TCP connection: nothing is
-    unpickled (the marker file never appears), everything is dropped and counted, and the
-    queue goes on placing."""
-    q, _, _ = job
+    """D1/D2, review J4/J7: an attacker who knows the hub's public key but holds no
+    credential sends pickles, forged frames, handshake frames and garbage: its key is no
+    credential's, so the hub's ZAP handler refuses its connection and not one frame
+    reaches the hub's thread (nothing dropped, nothing answered, the refusal counted).
+    A client holding the secret file, sending the same by hand outside a session, is
+    told to authenticate and nothing else; garbage on a raw TCP connection is dropped by
+    the transport. Nothing is unpickled and the queue goes on placing."""
+    q, _, credential = job
     marker = tmp_path / "pwned"
-    before = q.stats()["dropped"]
+    boom = pickle.dumps(Boom(str(marker)))
+    frames = [
+        (b"msg", boom),
+        (b"msg", pickle.dumps(("submit", "0:999", boom, 0, m.agent_box(0)))),
+        (b"msg", (10**9).to_bytes(8, "little"), boom),
+        (b"hello", b"short"),
+        (b"auth", b"x" * 32),  # no challenge was asked for
+        (b"ping",),
+        (b"\xff" * 100,),
+    ]
+    before, denied = q.stats()["dropped"], q._hub.denied
     attacker = Attacker(q)
     try:
-        boom = pickle.dumps(Boom(str(marker)))
-        attacker.send(b"msg", boom)
-        attacker.send(b"msg", pickle.dumps(("submit", "0:999", boom, 0, m.agent_box(0))))
-        attacker.send(b"msg", (10**9).to_bytes(8, "little"), boom)
-        attacker.send(b"hello", b"short")
-        attacker.send(b"auth", b"x" * 32)  # no challenge was asked for
-        attacker.send(b"ping")
-        attacker.send(b"\xff" * 100)
+        for f in frames:
+            attacker.send(*f)
+        assert attacker.recv() is None
+        wait_until(lambda: q._hub.denied > denied, timeout=10)
+        assert q.stats()["dropped"] == before
+    finally:
+        attacker.close()
+    attacker = Attacker(q, credential=credential)
+    try:
+        for f in frames:
+            attacker.send(*f)
         assert attacker.recv() == [b"who"]  # "authenticate first", and nothing else
         wait_until(lambda: q.stats()["dropped"] >= before + 7, timeout=10)
     finally:
@@ -224,8 +258,8 @@ def test_handshakes_left_half_done_do_not_stall_the_queue(job):
     """D4: 300 connections that say hello and never answer the challenge (more than the
     hub keeps at once) cost the queue nothing: it places, and a real client still
     connects."""
-    q, folder, _ = job
-    attackers = [Attacker(q) for _ in range(300)]
+    q, folder, credential = job
+    attackers = [Attacker(q, credential=credential) for _ in range(300)]
     try:
         for a in attackers:
             a.send(b"hello", os.urandom(auth.NONCE_BYTES), auth.CLIENT_ROLE)
@@ -239,12 +273,12 @@ def test_handshakes_left_half_done_do_not_stall_the_queue(job):
 
 
 def test_a_wrong_proof_is_refused_and_its_sender_stays_unauthenticated(job, tmp_path):
-    q, _, _ = job
+    q, _, credential = job
     marker = tmp_path / "pwned"
     before = q.stats()
-    attacker = Attacker(q)
+    attacker = Attacker(q, credential=credential)
     try:
-        attacker.send(b"hello", os.urandom(auth.NONCE_BYTES), auth.rank_role(0))
+        attacker.send(b"hello", os.urandom(auth.NONCE_BYTES), auth.CLIENT_ROLE)
         challenge = attacker.recv()
         assert challenge is not None and challenge[0] == b"challenge"
         attacker.send(b"auth", os.urandom(auth.TAG_BYTES))
@@ -295,7 +329,7 @@ def test_a_client_credential_never_gets_a_ranks_role(job, role):
     rank keeps its box: the queue goes on placing on it."""
     q, _, credential = job
     before = q.stats()["refused"]
-    attacker = Handshaker(q)
+    attacker = Handshaker(q, credential=credential)
     try:
         assert attacker.handshake(credential, role) == [b"refused"]
         attacker.send(b"msg", pickle.dumps(("closing", 0)))
@@ -311,7 +345,7 @@ def test_a_live_ranks_box_is_never_handed_to_a_second_session(job):
     job's secret (a second process of the job), a rank's box held by a session heard from
     within the last seconds is refused ("taken"), and the rank's session goes on."""
     q, _, _ = job
-    attacker = Handshaker(q)
+    attacker = Handshaker(q, credential=q._link._secret, kind=auth.RANK_KIND)
     try:
         assert attacker.handshake(q._link._secret, auth.rank_role(0)) == [b"taken"]
     finally:
@@ -407,7 +441,7 @@ def test_a_handshake_that_is_never_welcomed_names_the_real_cause(bare_hub, monke
     once) makes the Link give up at its timeout with an error saying the queue answered
     and did not finish, not that no queue with this key exists."""
     hub, secret = bare_hub
-    monkeypatch.setattr(hub, "_authenticate", lambda rid, proof, now: None)
+    monkeypatch.setattr(hub, "_authenticate", lambda *args: None)
     with pytest.raises(ConnectionError, match="answered but did not finish the handshake"):
         _link(hub, secret, timeout=2.0)
 
@@ -424,7 +458,7 @@ def test_client_sessions_end_at_bye_and_after_silence(job, monkeypatch):
             client.status()
             assert q.stats()["sessions"] == before + 1
         wait_until(lambda: q.stats()["sessions"] == before, timeout=10)
-    monkeypatch.setattr(channel, "_CLIENT_IDLE_S", 2.5)  # (a Link pings every second)
+    monkeypatch.setattr(hub_module, "_CLIENT_IDLE_S", 2.5)  # (a Link pings every second)
     client = fr.JobQueue.connect(secret_file=folder / "queue.json")
     try:
         box = client._link.box
@@ -466,11 +500,197 @@ def test_the_leader_can_hold_many_idle_connections(job):
 
     q, _, _ = job
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = channel._MAX_DESCRIPTORS
+    want = channel_sockets.MAX_DESCRIPTORS
     if hard != resource.RLIM_INFINITY:
         want = min(hard, want)
     assert soft == resource.RLIM_INFINITY or soft >= want
-    assert q._hub._router.handshake_ivl == channel._TRANSPORT_HANDSHAKE_MS <= 5000
+    assert q._hub._router.handshake_ivl == channel_sockets.TRANSPORT_HANDSHAKE_MS <= 5000
+
+
+# -- J4, J7, J9, J11: what the transport allows ----------------------------------------------
+
+
+def _zmtp_greeting(mechanism: bytes = b"CURVE") -> bytes:
+    """ZMTP 3.0's greeting: signature, version, mechanism, as-server, filler."""
+    return b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + mechanism.ljust(20, b"\0") + bytes(32)
+
+
+def test_a_huge_frame_before_authentication_closes_the_connection(job):
+    """Review J4: every socket accepted frames of up to 256 MiB before any
+    authentication, the transport handshake's command frames included, so a raw TCP peer
+    with no key held about 250 MiB of the leader's memory per connection for 30 s. Frames
+    are now at most 64 KiB everywhere: a command frame announcing 255 MiB closes the
+    connection before the hub buffers it."""
+    q, _, _ = job
+    with socket.create_connection(("127.0.0.1", _port(q))) as raw:
+        raw.settimeout(10)
+        raw.sendall(_zmtp_greeting())
+        size = 255 << 20
+        header = b"\x06" + size.to_bytes(8, "big")  # a long command frame
+        closed = False
+        try:
+            raw.sendall(header)
+            chunk = os.urandom(1 << 16)
+            deadline = time.monotonic() + 10
+            sent = 0
+            while time.monotonic() < deadline and sent < (64 << 20):
+                raw.sendall(chunk)
+                sent += len(chunk)
+            raw.recv(1 << 16)  # the hub's greeting, then its close
+            closed = raw.recv(1 << 16) == b""
+        except (ConnectionResetError, BrokenPipeError):
+            closed = True
+        assert closed, f"the hub still reads after {sent >> 20} MiB of one frame"
+        assert sent < (64 << 20)
+    _still_works(q)
+
+
+def test_messages_larger_than_a_frame_travel_in_parts(job, tmp_path):
+    """Frames are at most 64 KiB, so a spec and a result of more travel as several frames
+    of one message: a Saxpy on 200,000 floats (1.6 MB of spec, 800 kB of result) runs from
+    a rank and from a client and comes back whole."""
+    q, folder, _ = job
+    x = torch.arange(200_000, dtype=torch.float32)
+    y = torch.ones(200_000, dtype=torch.float32)
+    spec = TaskSpec(fr.tasks.Saxpy, args=(2.0, x, y))
+    assert len(spec.dumps()) > 10 * (64 << 10)
+    handle = q.submit(spec)
+    assert handle.wait(30) and handle.state == "done", handle
+    assert torch.equal(handle.result(), 2.0 * x + y)
+    with fr.JobQueue.connect(secret_file=folder / "queue.json") as client:
+        handle = client.submit(spec)
+        assert handle.wait(30) and handle.state == "done", handle
+        assert torch.equal(handle.result(), 2.0 * x + y)
+
+
+def test_hellos_are_answered_at_most_four_times_a_second_per_connection(job):
+    """Review J7: each hello cost an HMAC and a challenge queued for a peer that may never
+    read it (2.9 GB of the leader's memory for a flood). Now no connection without a
+    credential gets a hello through at all (test above); one with the client's key is
+    answered at most once per 250 ms, and at most 1,000 challenges queue for it."""
+    q, _, credential = job
+    attacker = Attacker(q, credential=credential)
+    try:
+        before = q.stats()["dropped"]
+        for _ in range(200):
+            attacker.send(b"hello", os.urandom(auth.NONCE_BYTES), auth.CLIENT_ROLE)
+        challenges = 0
+        while (frames := attacker.recv(0.5)) is not None:
+            challenges += frames[0] == b"challenge"
+        assert 1 <= challenges <= 3, challenges
+        assert q.stats()["dropped"] >= before + 190
+        assert q._hub._router.sndhwm <= 1000
+    finally:
+        attacker.close()
+    _still_works(q)
+
+
+def test_a_reconnecting_link_takes_its_session_over_at_once(job):
+    """Review J9: a Link whose old connection the hub still held (half-open behind a NAT)
+    reconnected with the same routing id, and the ROUTER ignored the new connection: the
+    rank was never heard again. The hub now lets a reconnection take its routing id over
+    (ROUTER_HANDOVER): frames on the new connection reach the session at once, and the
+    hub's answers go there. A Link's ZMTP heartbeats close a connection whose hub stopped
+    answering (so it reconnects), and TCP keepalive finds the hub's end of a dead one."""
+    q, folder, credential = job
+    with fr.JobQueue.connect(secret_file=folder / "queue.json") as client:
+        rid = client._link._dealer.routing_id
+        assert client._link._dealer.heartbeat_ivl > 0 and q._hub._router.tcp_keepalive == 1
+        # The same Link's key and routing id on a new connection: its "reconnect".
+        again = Attacker(q, routing_id=rid, credential=credential)
+        try:
+            began = time.monotonic()
+            again.send(b"msg", pickle.dumps(("status", client._box, 99)))
+            reply = again.recv(5.0)
+            assert reply is not None and reply[0] == b"msg", reply
+            assert pickle.loads(b"".join(reply[1:]))[:2] == ("status", 99)
+            assert time.monotonic() - began < 1.0
+        finally:
+            again.close()
+
+
+def test_a_status_file_reads_the_table_and_nothing_more(job, tmp_path):
+    """Review J11: one credential gave full rights, so a user who only watches the queue
+    could submit code. JobQueue(status_file=...) writes a read-only credential: its
+    client reads the task table; submit() refuses, and its connection's key may take no
+    other role. What a status session sends is JSON, never unpickled on the leader: a
+    pickle, or a submit, from one is dropped and counted."""
+    q0, _, _ = job
+    status = tmp_path / "status.json"
+    q = fr.JobQueue(q0._h, host="127.0.0.1", status_file=status, rank_timeout=3.0)
+    marker = tmp_path / "pwned"
+    try:
+        data = json.loads(status.read_text())
+        assert data["role"] == "status" and stat.S_IMODE(os.stat(status).st_mode) == 0o600
+        credential = bytes.fromhex(data["secret"])
+        assert credential == auth.status_credential(auth.client_credential(q._link._secret))
+        handle = q.submit(_spin())
+        assert handle.wait(20)
+        with fr.JobQueue.connect(secret_file=status) as watcher:
+            assert watcher.read_only
+            assert handle.id in {row["id"] for row in watcher.status()}
+            with pytest.raises(PermissionError, match="only read the task table"):
+                watcher.submit(_spin())
+            before = q.stats()["malformed"]
+            watcher._link._json = False  # a status session that pickles anyway
+            watcher._link.send(Boom(str(marker)))
+            watcher._link.send(("submit", "c1:1", _spin().dumps(), 0, watcher._box))
+            wait_until(lambda: q.stats()["malformed"] >= before + 2, timeout=10)
+        for role in (auth.CLIENT_ROLE, auth.rank_role(0)):
+            attacker = Handshaker(q, credential=credential, kind=auth.STATUS_KIND)
+            try:
+                assert attacker.handshake(credential, role) == [b"refused"]
+            finally:
+                attacker.close()
+        _still_works(q)
+        assert not marker.exists()
+    finally:
+        q.close()
+    assert not status.exists()
+
+
+def test_liveness_costs_the_leader_what_a_thousand_ranks_would():
+    """Review J3 and the 4,096-rank target: every rank sent its stats and the hub beat to
+    every session every 100 ms, 81,920 messages a second for 4,096 ranks. Both now
+    happen every liveness.every(ranks, rank_timeout) s: 100 ms in small jobs, and about
+    1,000 a second each way in a large one, never fewer than five per rank_timeout."""
+    from freeride.job import liveness
+
+    assert liveness.every(2, liveness.rank_timeout(2)) == pytest.approx(0.1)
+    assert liveness.every(2, 0.3) == pytest.approx(0.06)
+    for ranks in (1024, 2048, 4096, 16384):
+        timeout = liveness.rank_timeout(ranks)
+        every = liveness.every(ranks, timeout)
+        assert ranks / every <= 1.05 * liveness.MESSAGES_PER_S
+        assert timeout >= 5 * every and timeout >= 5.0
+    assert liveness.rank_timeout(4096) == pytest.approx(20.48)
+
+
+def test_the_hub_beats_only_sessions_it_sent_nothing_else(bare_hub, monkeypatch):
+    """A session the hub sends messages to gets no beats besides (they would only add to
+    what the leader sends); an idle one gets one every beat."""
+    hub, secret = bare_hub
+    busy, idle = _link(hub, secret), _link(hub, secret)
+    rids = {busy._dealer.routing_id: "busy", idle._dealer.routing_id: "idle"}
+    beats = {"busy": 0, "idle": 0}
+    send = hub._send
+
+    def counting(rid, *frames):
+        if frames == (b"beat",) and rid in rids:
+            beats[rids[rid]] += 1
+        send(rid, *frames)
+
+    monkeypatch.setattr(hub, "_send", counting)
+    try:
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            hub.send(busy.box, ("status", 1, []))
+            time.sleep(0.02)
+        assert beats["idle"] >= 5, beats
+        assert beats["busy"] <= 1, beats
+    finally:
+        busy.close()
+        idle.close()
 
 
 # -- S2, C1: a rogue server, and an eavesdropper -----------------------------------------------

@@ -47,3 +47,25 @@ def test_short_soak_loses_repeats_and_leaks_nothing(tmp_path):
         assert row["rss_end_mib"] - row["rss_warm_mib"] < 50, row
         # Once closed and dropped, the queue's threads are gone too.
         assert row["threads_dropped"] == row["threads_no_queue"], row
+
+
+def test_a_short_soak_with_an_attacker_at_the_port_stays_sound(tmp_path):
+    """Review round 3's attacks all at once, for the whole run (idle connections, a frame
+    of 255 MiB announced before the handshake, hello floods from keyless peers and from a
+    client-credential holder): no item lost or repeated, nothing failed, every keyless
+    peer refused by the transport, the huge frame cut off early, and the queue's threads
+    the same at the end as after the warm-up."""
+    pytest.importorskip("torch")
+    result = bench.run("soak", mode="cpu", options={"minutes": 0.15, "attack": True})
+    assert result["settings"]["attack"] is True
+    tasks = result["tasks"]
+    assert result["sound"], result["notes"]
+    assert tasks["failed"] == tasks["rank_lost"] == tasks["stuck"] == 0, tasks
+    assert tasks["done"] > 0, tasks
+    attacked = result["attacker"]
+    assert "error" not in attacked, attacked
+    assert attacked["keyless_hellos"] > 0 and attacked["zap_denied"] > 0, attacked
+    assert attacked["client_hellos"] > 0 and attacked["idle_held"] >= 50, attacked
+    assert attacked["huge_frames"] > 0 and attacked["huge_bytes_in"] < (8 << 20), attacked
+    for row in result["rows"]:
+        assert row["threads_end"] == row["threads_warm"], row

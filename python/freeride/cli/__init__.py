@@ -56,24 +56,41 @@ def _float_in(lo: float, hi: float) -> Callable[[str], float]:
 
 
 def _json_of(kind: type, what: str) -> Callable[[str], Any]:
-    """An argparse type: JSON text of a `what` (a list or an object)."""
+    """An argparse type: JSON text of a `what` (a list or an object), or @PATH to read it
+    from a file (arguments on the command line are visible to every local user in ps;
+    a file can be private)."""
 
     def parse(text: str) -> Any:
+        source = repr(text)
+        if text.startswith("@"):
+            path, source = text[1:], f"the file {text[1:]!r}"
+            try:
+                with open(path, encoding="utf-8") as f:
+                    text = f.read(_ARGS_FILE_BYTES + 1)
+            except OSError as exc:
+                raise argparse.ArgumentTypeError(f"cannot read {source}: {exc.strerror}") from None
+            if len(text) > _ARGS_FILE_BYTES:
+                raise argparse.ArgumentTypeError(
+                    f"{source} is larger than {_ARGS_FILE_BYTES} bytes: pass large inputs "
+                    "as paths the task reads"
+                )
         try:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
             raise argparse.ArgumentTypeError(
-                f"not valid JSON ({exc.msg} at column {exc.colno}): {text!r}"
+                f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}) in "
+                f"{source:.200}"
             ) from None
         if not isinstance(value, kind):
             raise argparse.ArgumentTypeError(
-                f"must be a JSON {what}, got {type(value).__name__}: {text!r}"
+                f"must be a JSON {what}, got {type(value).__name__} in {source:.200}"
             )
         return value
 
     return parse
 
 
+_ARGS_FILE_BYTES = 16 << 20
 _FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
@@ -277,12 +294,23 @@ def bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parser.error(f"argument --plot: only preempt draws a plot, not {args.name}")
     if args.minutes is not None and args.name != "soak":
         parser.error(f"argument --minutes: only soak runs for a set time, not {args.name}")
+    if args.attack and args.name != "soak":
+        parser.error(f"argument --attack: only soak runs with an attacker, not {args.name}")
     _check_writable_file(parser, "--out", args.out)
     _check_writable_file(parser, "--plot", args.plot)
     from .bench import run
 
-    options = {"minutes": args.minutes} if args.minutes is not None else None
-    run(args.name, mode=args.mode, out=args.out, quick=args.quick, plot=args.plot, options=options)
+    options: dict[str, Any] = {} if args.minutes is None else {"minutes": args.minutes}
+    if args.attack:
+        options["attack"] = True
+    run(
+        args.name,
+        mode=args.mode,
+        out=args.out,
+        quick=args.quick,
+        plot=args.plot,
+        options=options or None,
+    )
     return 0
 
 
@@ -404,6 +432,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="soak only: how long to train and feed the queue (a fraction works: 0.1 is 6 "
         "s); None: 10, or 0.1 with --quick",
     )
+    p.add_argument(
+        "--attack",
+        action="store_true",
+        help="soak only: a process attacks the queue's port all along (idle connections, "
+        "huge frames before the handshake, hello floods with and without a credential)",
+    )
     p.set_defaults(func=bench_command, parser=p)
 
     # What submit and status share: the queue they reach, and how long they try.
@@ -412,8 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--queue",
         required=True,
         metavar="FILE",
-        help="the secret file the job's fr.JobQueue(..., secret_file=FILE) wrote: JSON with "
-        "the queue's address and secret, mode 0600 (refused if others may read it)",
+        help="the secret file the job's fr.JobQueue(..., secret_file=FILE) wrote (or, for "
+        "status, the read-only one of status_file=FILE): JSON with the queue's address and "
+        "a credential, mode 0600 (refused if others may read it)",
     )
     client.add_argument(
         "--connect-timeout",
@@ -444,13 +479,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--args",
         type=_json_of(list, "list"),
         default=[],
-        help="FACTORY's positional arguments as a JSON list",
+        help="FACTORY's positional arguments as a JSON list, or @FILE holding one (ps shows "
+        "a command line to every local user; a file can be read by you alone)",
     )
     p.add_argument(
         "--kwargs",
         type=_json_of(dict, "object"),
         default={},
-        help="FACTORY's keyword arguments as a JSON object, e.g. '{\"items\": 1000}'",
+        help="FACTORY's keyword arguments as a JSON object, e.g. '{\"items\": 1000}', or "
+        "@FILE holding one",
     )
     p.add_argument(
         "--priority", type=_int_in(-(2**31), 2**31 - 1), default=0, help="placed first if higher"

@@ -49,10 +49,11 @@ class JobClient:
         secret_file: str | os.PathLike | None = None,
         timeout: float = 10.0,
     ) -> None:
+        role = "client"
         if secret_file is not None:
             if address is not None or secret is not None or server_key is not None:
                 raise TypeError("give either secret_file or address, secret and server_key")
-            address, key, public = read_secret_file(secret_file)
+            address, key, public, role = read_secret_file(secret_file)
         else:
             if address is None or secret is None or server_key is None:
                 raise TypeError(
@@ -71,7 +72,16 @@ class JobClient:
             raise ConnectionError(f"no job queue answers at {address}: {exc}") from None
         # QueueAuthError (a wrong secret, or a server that does not prove it holds it) and
         # ConnectionError (no queue with this key answers) come from here.
-        self._link = channel.Link(ip, port, key, public, auth.CLIENT_ROLE, self._timeout, address)
+        self.read_only = role == "status"
+        self._link = channel.Link(
+            ip,
+            port,
+            key,
+            public,
+            auth.STATUS_ROLE if self.read_only else auth.CLIENT_ROLE,
+            self._timeout,
+            address,
+        )
         self._box = self._link.box
         self._prefix = m.task_prefix(self._box)
         self._ids = itertools.count(1)
@@ -100,6 +110,11 @@ class JobClient:
 
     def submit(self, spec: TaskSpec, priority: int = 0) -> RemoteHandle:
         """Queues `spec` in the job; returns a handle that follows it."""
+        if self.read_only:
+            raise PermissionError(
+                "this client connected with a status file, which may only read the task "
+                "table: submit with the job's secret file"
+            )
         if not isinstance(spec, TaskSpec):
             raise TypeError(f"spec must be a freeride.TaskSpec, got {type(spec).__name__}")
         priority = check_count(priority, "priority", -(2**31), 2**31 - 1)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..handle import FINAL_STATES
+from . import liveness
 from . import messages as m
 from .channel import Hub
 from .placement import Decision, Policy, RankState, TaskSpec
@@ -67,6 +68,8 @@ class Coordinator(Serving):
         self._rank_timeout = rank_timeout
         self._started = time.monotonic()
         self._liveness_read = 0.0
+        # Liveness is read a few times per stats interval: more often finds nothing new.
+        self._liveness_every = max(0.25, liveness.every(len(ranks), rank_timeout) / 2)
         self._told_lost: dict[int, float] = {}
         self._lost: set[int] = set()
         self._closing: set[int] = set()
@@ -132,6 +135,8 @@ class Coordinator(Serving):
             if rank is not None and rank in self._lost and kind != "gone":
                 self._tell_lost(rank, sender)
                 return
+            if m.is_status_box(sender) and kind not in ("hello", "status", "bye"):
+                raise m.Malformed(f"{kind!r} from {sender}, whose credential only reads status")
             if kind in ("stats", "state", "handback", "closing", "gone"):
                 claimed = message[1] if kind != "state" else message[2]
                 if claimed != rank or rank not in self._ranks:
@@ -270,17 +275,18 @@ class Coordinator(Serving):
     # -- ranks that go away -------------------------------------------------------------------
 
     def _check_liveness(self) -> None:
-        """4 times a second: a rank the hub has not heard from for rank_timeout (each
-        sends its stats every 100 ms) is lost. The leader's own rank is never checked:
-        this thread running is its liveness."""
+        """A few times per stats interval: a rank the hub has not heard from for
+        rank_timeout (each sends its stats every liveness.every) is lost. The leader's own
+        rank is never checked: this thread running is its liveness."""
         now = time.monotonic()
-        if now - self._liveness_read < 0.25:
+        if now - self._liveness_read < self._liveness_every:
             return
         self._liveness_read = now
+        heard_all = self._hub.heard_all()
         for rank in self._ranks:
             if rank == self._leader or rank in self._lost or rank in self._gone:
                 continue
-            heard = self._hub.heard(m.agent_box(rank))
+            heard = heard_all.get(m.agent_box(rank))
             if now - (self._started if heard is None else heard) > self._rank_timeout:
                 self._depart(rank, lost=True)
 

@@ -52,16 +52,26 @@ def _new_file_mode() -> int:
     return 0o644
 
 
+ROLES = ("client", "status")  # what a secret file's credential is for
+
+
 def write_secret_file(
-    path: str | os.PathLike, address: str, secret: bytes, server_key: bytes
+    path: str | os.PathLike, address: str, secret: bytes, server_key: bytes, role: str = "client"
 ) -> tuple[int, int, bytes]:
-    """Writes {"address", "secret", "server_key"} to `path`, readable by its owner only
-    (0600); returns what remove_secret_file needs to know the file again. A path someone
-    else's file holds in a directory others may write (sticky /tmp) cannot be replaced:
-    PermissionError naming the file, its owner and what to do."""
+    """Writes {"address", "secret", "server_key", "role"} to `path`, readable by its
+    owner only (0600); returns what remove_secret_file needs to know the file again.
+    `secret`: the credential of `role` ("client": submit and watch; "status": only read
+    the task table). A path someone else's file holds in a directory others may write
+    (sticky /tmp) cannot be replaced: PermissionError naming the file, its owner and what
+    to do."""
     path = os.fspath(path)
     data = json.dumps(
-        {"address": address, "secret": secret.hex(), "server_key": server_key.decode()}
+        {
+            "address": address,
+            "secret": secret.hex(),
+            "server_key": server_key.decode(),
+            "role": role,
+        }
     ).encode()
     try:
         write_atomically(path, lambda f: f.write(data), mode=0o600)
@@ -100,8 +110,9 @@ def _owner_of(path: str) -> int | None:
         return None
 
 
-def read_secret_file(path: str | os.PathLike) -> tuple[str, bytes, bytes]:
-    """(address, secret, server_key) from a file JobQueue(secret_file=...) wrote.
+def read_secret_file(path: str | os.PathLike) -> tuple[str, bytes, bytes, str]:
+    """(address, credential, server_key, role) from a file JobQueue(secret_file=...) or
+    JobQueue(status_file=...) wrote (role "client" or "status").
 
     Opened without following a symbolic link and checked on the open descriptor (so
     what is checked is what is read): it must be a regular file owned by this user (or
@@ -148,8 +159,11 @@ def read_secret_file(path: str | os.PathLike) -> tuple[str, bytes, bytes]:
         raise ValueError(  # noqa: TRY004 - a bad file's content, not a bad argument
             f"secret_file {path!r} lacks 'address', 'secret' and 'server_key'"
         )
+    role = data.get("role", "client")
+    if role not in ROLES:
+        raise ValueError(f"secret_file {path!r} has role {role!r}, not one of {ROLES}")
     key = server_key_bytes(data["server_key"], "secret_file's server_key")
-    return data["address"], secret_bytes(data["secret"], "secret_file's secret"), key
+    return data["address"], secret_bytes(data["secret"], "secret_file's secret"), key, role
 
 
 def server_key_bytes(key: bytes | str, name: str) -> bytes:

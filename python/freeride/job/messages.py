@@ -5,9 +5,10 @@ checked against its kind's shape before anything acts on it, so a malformed one 
 a version mismatch, a holder of the secret sending nonsense) is rejected with a reason
 instead of raising inside a serving thread.
 
-Every message travels over an authenticated connection (channel.py), and the hub tells
+Every message travels over an authenticated connection (channel/), and the hub tells
 the coordinator whose box it came from: a rank's ("fr-agent/<rank>") or an outside
-client's ("fr-client/<random>"). The coordinator acts on a message only where its fields
+client's ("fr-client/<random>"), or a status reader's ("fr-status/<random>": its hello,
+status and bye only, which the hub builds from JSON). The coordinator acts on a message only where its fields
 agree with its sender (a rank speaks for itself, a submitter names its own box and task
 ids of its own prefix, see `task_prefix`).
 
@@ -43,7 +44,7 @@ from typing import Any, NamedTuple
 
 from ..handle import FINAL_STATES
 
-MAX_MESSAGE = 256 << 20  # bytes; zmq drops a connection that sends more at once
+MAX_MESSAGE = 256 << 20  # bytes; the channel refuses a message of more parts than this fills
 # The most a spec or a result may pickle to: room for the rest of its message.
 MAX_PAYLOAD = MAX_MESSAGE - (1 << 20)
 
@@ -78,6 +79,11 @@ def rank_of(box: str) -> int | None:
         except ValueError:
             return None
     return None
+
+
+def is_status_box(box: str) -> bool:
+    """Whether `box` is a status reader's (it may only say hello, status and bye)."""
+    return box.startswith("fr-status/")
 
 
 def task_prefix(box: str) -> str:
@@ -148,7 +154,7 @@ def _rows(v: Any) -> bool:
 
 
 def _box(v: Any) -> bool:
-    return _str(v) and v.startswith(("fr-agent/", "fr-client/"))
+    return _str(v) and v.startswith(("fr-agent/", "fr-client/", "fr-status/"))
 
 
 _RANK = _count

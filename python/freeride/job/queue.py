@@ -7,12 +7,13 @@ re-evaluating as tasks finish and bubbles change; that rank builds the task from
 and runs it on its own Harvester; states and the result come back to the submitter's
 handle.
 
-Messages travel over a channel whose server is the leader (channel.py): ZeroMQ
+Messages travel over a channel whose server is the leader (channel/): ZeroMQ
 connections encrypted with CurveZMQ, each authenticated by challenge and response under
 a secret the leader makes and shares over a gloo group of the queue's own, so only the
 job's ranks and clients holding the secret talk to the queue, and the leader alone keeps
-its state (task ids, placements, liveness). Each rank sends its stats every 100 ms and the
-leader beats back; a rank the leader has not heard from for `rank_timeout` is declared
+its state (task ids, placements, liveness). Each rank sends its stats every 100 ms (less
+often in a job of more than 100 ranks, see liveness.py) and the leader beats to each rank
+it sent nothing else; a rank the leader has not heard from for `rank_timeout` is declared
 lost: the tasks it had not started go elsewhere, the ones it ran fail with RankLostError
 (and are cancelled there if it is heard from again), and close() says so.
 
@@ -37,7 +38,7 @@ from .. import _shutdown
 from .._C import _relax_capture_mode
 from .._checks import check_count, check_float
 from ..errors import HarvesterClosedError, RankLostError
-from . import auth, channel, files
+from . import auth, channel, files, liveness
 from . import messages as m
 from .agent import Agent
 from .coordinator import Coordinator
@@ -46,7 +47,6 @@ from .placement import Decision, Policy, TaskSpec
 
 log = logging.getLogger("freeride.job")
 
-_BEAT_S = 0.1
 _HOST_BYTES = 256
 _KEY_BYTES = 40  # a CurveZMQ public key, Z85 text
 _WILDCARDS = ("0.0.0.0", "::", "", "*")
@@ -68,7 +68,8 @@ class JobQueue:
             comes from MASTER_ADDR, allowed with a warning where given here.
         timeout: seconds for setup (each rank's connection included).
         rank_timeout: a rank (or the leader) not heard from for this long is declared
-            lost.
+            lost (default: 5 s, more in a job of more than 1,000 ranks: the number of
+            ranks / 200 s).
         close_timeout: how long close() waits for the other ranks to close too; it
             returns within this plus about a second whatever the others do.
         secret_file: if given, the leader writes the queue's address, the client
@@ -76,6 +77,9 @@ class JobQueue:
             public key there (JSON, mode 0600) for outside clients (fr.JobQueue.connect,
             `freeride submit`), and removes it at close() or abort(). Whoever can read
             it can run code as the job: put it in a directory only you can write.
+        status_file: like secret_file, with a read-only credential: its holder (e.g.
+            `freeride status --queue FILE`) may read the task table and nothing more;
+            nothing it sends is unpickled.
     """
 
     def __init__(
@@ -86,9 +90,10 @@ class JobQueue:
         depth: int = 2,
         host: str | None = None,
         timeout: float = 60.0,
-        rank_timeout: float = 5.0,
+        rank_timeout: float | None = None,
         close_timeout: float = 5.0,
         secret_file: str | os.PathLike | None = None,
+        status_file: str | os.PathLike | None = None,
     ) -> None:
         import torch.distributed as dist
 
@@ -100,12 +105,10 @@ class JobQueue:
         self._cuda = harvester.backend == "cuda"
         self._policy = Policy(check_count(depth, "depth", 1, 1024))
         timeout = check_float(timeout, "timeout")
-        self._rank_timeout = check_float(rank_timeout, "rank_timeout")
         self._close_timeout = check_float(close_timeout, "close_timeout")
-        if timeout <= 0 or self._rank_timeout <= 0 or self._close_timeout < 0:
+        if timeout <= 0 or self._close_timeout < 0:
             raise ValueError(
-                "timeout and rank_timeout must be positive numbers of seconds, close_timeout "
-                "at least 0"
+                "timeout must be a positive number of seconds, close_timeout at least 0"
             )
         ranks = (
             list(range(dist.get_world_size()))
@@ -113,27 +116,42 @@ class JobQueue:
             else dist.get_process_group_ranks(group)
         )
         self._ranks = ranks
+        self._rank_timeout = (
+            liveness.rank_timeout(len(ranks))
+            if rank_timeout is None
+            else check_float(rank_timeout, "rank_timeout")
+        )
+        if self._rank_timeout <= 0:
+            raise ValueError("rank_timeout must be a positive number of seconds")
+        self._beat_s = liveness.every(len(ranks), self._rank_timeout)
         self._gloo = dist.new_group(ranks, backend="gloo", timeout=timedelta(seconds=timeout))
         self._rank = dist.get_rank()
         self._leader = ranks[0]
         is_leader = self._rank == self._leader
         hub, secret, port, key = None, b"", 0, b""
         error: BaseException | None = None
-        self._secret_file: tuple[str, tuple[int, int, bytes]] | None = None
+        self._files: list[tuple[str, tuple[int, int, bytes]]] = []
         if is_leader:
             try:
                 host, ip = _listen_address(host)
                 secret = auth.new_secret()
-                hub = channel.Hub(ip, secret, ranks)
+                hub = channel.Hub(ip, secret, ranks, beat_s=self._beat_s)
                 port, key = hub.port, hub.public_key
-                if secret_file is not None:
-                    path = os.fspath(secret_file)
-                    written = files.write_secret_file(
-                        path, f"{_url_host(host)}:{port}", auth.client_credential(secret), key
-                    )
-                    self._secret_file = (path, written)
+                client = auth.client_credential(secret)
+                for path, credential, role in (
+                    (secret_file, client, "client"),
+                    (status_file, auth.status_credential(client), "status"),
+                ):
+                    if path is not None:
+                        path = os.fspath(path)
+                        written = files.write_secret_file(
+                            path, f"{_url_host(host)}:{port}", credential, key, role
+                        )
+                        self._files.append((path, written))
             except BaseException as exc:  # noqa: BLE001 - the others must hear of it
                 error, port = exc, 0
+                for written_file in self._files:
+                    files.remove_secret_file(*written_file)
                 if hub is not None:
                     hub.close()
                     hub = None
@@ -157,6 +175,7 @@ class JobQueue:
                 auth.rank_role(self._rank),
                 timeout,
                 self.address,
+                ping_s=self._beat_s,
             )
         except BaseException:
             if hub is not None:
@@ -419,8 +438,9 @@ class JobQueue:
         self._link.close()
         if self._hub is not None:
             self._hub.close()
-        if self._secret_file is not None:
-            files.remove_secret_file(*self._secret_file)
+        for written_file in self._files:
+            files.remove_secret_file(*written_file)
+        self._files = []
         try:
             import torch.distributed as dist
 
@@ -446,15 +466,16 @@ class JobQueue:
         self._link.send(message)  # never waits, never raises for the network's sake
 
     def _beat_loop(self) -> None:
-        """Every 100 ms: sends this rank's stats (its liveness, as the leader sees it);
-        notices a leader not heard from (it beats every 100 ms) for rank_timeout."""
+        """Every beat (liveness.every): sends this rank's stats (its liveness, as the
+        leader sees it); notices a leader not heard from for rank_timeout (it sends at
+        least a beat every beat)."""
         if self._cuda:
             # Each beat reads the bubble record (CUDA event timings) while training may be
             # capturing a CUDA graph on its own thread: in the default (global) capture
             # mode that call from this thread would invalidate the capture.
             _relax_capture_mode()
         is_leader = self._rank == self._leader
-        while not self._stop_beat.wait(_BEAT_S):
+        while not self._stop_beat.wait(self._beat_s):
             try:
                 self._send_coord(self._agent.stats_message())
             except Exception:

@@ -302,8 +302,47 @@ def check(totals: Totals, final: dict[int, dict[str, Any]], ran: list[dict]) -> 
             )
 
 
+def _start_attacker(queue: Any, folder: str) -> tuple[Any, Any, str]:
+    """Starts _attacker.run against `queue` (the leader's) in a process of its own."""
+    import multiprocessing
+
+    from ...job import auth
+    from . import _attacker
+
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    path = os.path.join(folder, "attacker.json")
+    credential = auth.client_credential(queue._link._secret)
+    proc = ctx.Process(
+        target=_attacker.run,
+        args=(queue.address, queue.server_key.encode(), credential, path, stop),
+        daemon=True,
+    )
+    proc.start()
+    return proc, stop, path
+
+
+def _stop_attacker(proc: Any, stop: Any, path: str) -> dict[str, Any]:
+    stop.set()
+    proc.join(30)
+    if proc.is_alive():
+        proc.kill()
+        return {"error": "the attacker did not stop within 30 s"}
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as exc:
+        return {"error": f"no counts from the attacker (exit code {proc.exitcode}): {exc}"}
+
+
 def _rank_main(
-    rank: int, folder: str, seconds: float, seed: int, sizes: str, result_path: str
+    rank: int,
+    folder: str,
+    seconds: float,
+    seed: int,
+    sizes: str,
+    result_path: str,
+    attack: bool = False,
 ) -> None:
     import torch
     import torch.distributed as dist
@@ -355,6 +394,8 @@ def _rank_main(
         h.attach(sched)
         h.attach_optimizer(opt)
         submitter = Submitter(queue, seed, sizes) if rank == SUBMITTER else None
+        attacker = _start_attacker(queue, folder) if attack and rank == 0 else None
+        attacked: dict[str, Any] | None = None
 
         def sample_and_check(t: float) -> None:
             now = sample()
@@ -396,6 +437,9 @@ def _rank_main(
             if submitter.error is not None:
                 raise submitter.error
         sample_and_check(ended)  # every task final: the last counters are checked here
+        if attacker is not None:
+            attacked = _stop_attacker(*attacker)
+            attacked["zap_denied"] = queue._hub.denied
         stats = queue.stats() if hasattr(queue, "stats") else None
         queue.close()  # collective
         closed = sample()  # the harvester still open, as in `before`
@@ -417,6 +461,7 @@ def _rank_main(
         "seconds": ended,
         "queue_stats": stats,
         "totals": totals.__dict__ if rank == SUBMITTER else None,
+        "attacker": attacked,
     }
     dist.gather_object(mine, out, dst=0)
     if rank == 0:
@@ -425,18 +470,25 @@ def _rank_main(
     dist.destroy_process_group()
 
 
-def run_ranks(seconds: float, seed: int = 0, sizes: str = "mixed") -> list[dict[str, Any]]:
+def run_ranks(
+    seconds: float, seed: int = 0, sizes: str = "mixed", attack: bool = False
+) -> list[dict[str, Any]]:
     """Runs the soak for `seconds` on WORLD processes with tasks of `sizes` (a key of
-    SIZES); returns what each rank saw."""
+    SIZES), with an attacker at the leader's port if `attack`; returns what each rank
+    saw."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "result.json")
-        spawn.run_ranks(_rank_main, WORLD, tmp, seconds, seed, sizes, path)
+        spawn.run_ranks(_rank_main, WORLD, tmp, seconds, seed, sizes, path, attack)
         with open(path) as f:
             return json.load(f)
 
 
 def measure(
-    mode: str, quick: bool, minutes: float | None = None, sizes: str = "mixed"
+    mode: str,
+    quick: bool,
+    minutes: float | None = None,
+    sizes: str = "mixed",
+    attack: bool = False,
 ) -> dict[str, Any]:
     if minutes is None:
         minutes = QUICK_MINUTES if quick else DEFAULT_MINUTES
@@ -445,8 +497,9 @@ def measure(
     if sizes not in SIZES:
         raise ValueError(f"sizes must be one of {sorted(SIZES)}, got {sizes!r}")
     seconds = 60.0 * minutes
-    ranks = run_ranks(seconds, sizes=sizes)
+    ranks = run_ranks(seconds, sizes=sizes, attack=attack)
     totals = next(r["totals"] for r in ranks if r["totals"] is not None)
+    attacked = next((r["attacker"] for r in ranks if r.get("attacker")), None)
     rows = []
     for r in ranks:
         rss = drift(r["series"], "rss_mib", r["seconds"])
@@ -510,6 +563,16 @@ def measure(
             if r["fds_left"]
         ),
         *totals["errors"],
+        *(
+            [
+                "attacker at the leader's port all along: "
+                + ", ".join(
+                    f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}" for k, v in attacked.items()
+                )
+            ]
+            if attacked
+            else []
+        ),
     ]
     return {
         "settings": {
@@ -521,6 +584,7 @@ def measure(
             "in_flight": IN_FLIGHT,
             "plans": dict(PLANS),
             "sizes": sizes,
+            "attack": attack,
             **{k: list(v) for k, v in SIZES[sizes].items()},
             "sample_every_s": min(SAMPLE_EVERY_S, max(0.2, seconds / 20)),
             "cpus": os.cpu_count(),
@@ -528,6 +592,7 @@ def measure(
         "rows": rows,
         "tasks": totals,
         "sound": sound,
+        "attacker": attacked,
         "queue_stats": [r["queue_stats"] for r in ranks],
         "series": {
             str(r["rank"]): [

@@ -1,0 +1,446 @@
+"""The leader's end of the channel: a ROUTER socket that authenticates each connection
+(ZAP on its Curve key, then challenge and response under its role's credential), keeps
+a session per authenticated connection, and hands the coordinator (box, message) pairs."""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import pickle
+import secrets
+import threading
+import time
+from typing import Any
+
+from .. import auth
+from ..messages import agent_box
+from . import frames as fr
+from .sockets import (
+    ROUTING_ID_BYTES,
+    Waker,
+    end,
+    new_socket,
+    pump,
+    raise_descriptor_limit,
+    tcp,
+    zmq_module,
+)
+from .zap import DOMAIN, Zap
+
+log = logging.getLogger("freeride.job")
+
+BEAT_S = 0.1  # how often the hub beats to a session it sent nothing else (small jobs)
+_MAX_PENDING = 256  # handshakes in progress at once (more for a job of many ranks)
+_HANDSHAKE_S = 10.0  # a handshake not finished by then is forgotten
+_WHO_EVERY_S = 1.0
+_ROLE_BYTES = 64  # the longest role a hello may name
+_HELLO_EVERY_S = 0.25  # a connection's hellos answered at most this often
+_HELLOS_PER_S = 2000  # hellos answered per second at most, beyond a burst of the pending
+_CLIENT_IDLE_S = 60.0  # a client session not heard from this long ends
+_REMEMBERED = 4096  # boxes of ended client sessions kept for their Links' return
+_HELD_MESSAGES = 64  # messages of an ended session kept until its Link authenticates again
+_STATUS_BYTES = 4096  # the longest message a status session may send (JSON)
+# A rank's session heard within this long is live: no other session may take its box (its
+# Link sends its stats at least every beat, pings every second otherwise).
+_RANK_LIVE_S = 3.0
+# Messages queued for each peer before new ones are dropped: a peer that does not read
+# cannot make the hub hold more (beats are not queued behind a backlog: they are sent
+# only to sessions sent nothing else for a beat).
+_HWM = 1000
+
+
+class _Session:
+    __slots__ = ("box", "heard", "kind", "sent")
+
+    def __init__(self, box: str, kind: str, now: float) -> None:
+        self.box = box
+        self.kind = kind
+        self.heard = now
+        self.sent = now
+
+
+class Hub:
+    """The leader's end: listens on `ip` (an address, not a name), authenticates each
+    connection, and hands the coordinator (box, message) pairs from authenticated
+    sessions. `ranks`: the ranks that may connect as ranks. `beat_s`: the longest a
+    session goes without a frame from the hub (its Link's sign that the leader lives)."""
+
+    def __init__(self, ip: str, secret: bytes, ranks: list[int], beat_s: float = BEAT_S) -> None:
+        zmq = zmq_module()
+        client = auth.client_credential(secret)
+        status = auth.status_credential(client)
+        self._credentials = {
+            auth.RANK_KIND: secret,
+            auth.CLIENT_KIND: client,
+            auth.STATUS_KIND: status,
+        }
+        self._ranks = set(ranks)
+        self._beat_s = beat_s
+        self._ctx = zmq.Context()  # its own: term() ends its I/O thread, and its ZAP
+        public, private = zmq.curve_keypair()
+        self.public_key: bytes = public
+        raise_descriptor_limit()
+        # Bound before the router listens: with DOMAIN set, a connection that no
+        # handler answers for is refused, never let through.
+        self._zap = Zap(
+            self._ctx,
+            {auth.curve_keys(c, kind)[0]: kind for kind, c in self._credentials.items()},
+        )
+        self._router = new_socket(self._ctx, zmq.ROUTER, ip, _HWM)
+        self._router.curve_server = True
+        self._router.curve_publickey = public
+        self._router.curve_secretkey = private
+        self._router.zap_domain = DOMAIN
+        # A Link that reconnects (its old connection half-open behind a NAT) takes its
+        # routing id over at once. Only the Link knows its id (it travels encrypted), and
+        # every frame's key kind is checked against its session's.
+        self._router.router_handover = 1
+        try:
+            self.port: int = self._router.bind_to_random_port(tcp(ip))
+        except zmq.ZMQError as exc:
+            self._router.close(0)
+            self._zap.close()
+            self._ctx.term()
+            raise ValueError(
+                f"cannot listen on {ip} ({exc}): give JobQueue(host=...) an address of this "
+                "machine that the other ranks reach"
+            ) from None
+        self._waker = Waker(self._ctx)
+        self._lock = threading.Lock()
+        self._out: collections.deque[tuple[str, bytes]] = collections.deque()
+        self._in: collections.deque[tuple[str, bytes]] = collections.deque()
+        self._sessions: dict[bytes, _Session] = {}
+        self._boxes: dict[str, bytes] = {}
+        self._ended: collections.OrderedDict[bytes, str] = collections.OrderedDict()
+        self._held: dict[bytes, list[bytes]] = {}  # routing id (ended) -> messages
+        self._max_pending = _MAX_PENDING + len(self._ranks)
+        # routing id -> (client nonce, server nonce, role, when the hello came)
+        self._pending: dict[bytes, tuple[bytes, bytes, bytes, float]] = {}
+        self._who: dict[bytes, float] = {}
+        self._hello_at: dict[bytes, float] = {}
+        self._burst = float(self._max_pending)  # hellos that may be answered now
+        self._burst_at = time.monotonic()
+        self._stop = threading.Event()
+        self.dropped = 0  # frames of no session, or of no known shape, or hellos over rate
+        self.refused = 0  # handshakes refused: an unknown role, a role its key's kind may
+        # not take, a proof that did not verify, or a rank's box its live session holds
+        self.malformed = 0  # authenticated messages that did not unpickle
+        self._thread = threading.Thread(target=self._serve, name="freeride-jobqueue-hub")
+        self._thread.daemon = True
+        self._thread.start()
+
+    # -- the coordinator's side ------------------------------------------------------------
+
+    def send(self, box: str, message: Any) -> None:
+        """Queues `message` for whoever holds `box` (dropped, counted, if nobody does by
+        the time the hub's thread sends it). Never waits."""
+        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._lock:
+            self._out.append((box, payload))
+        self._waker.ring()
+
+    def poll(self) -> tuple[str, Any] | None:
+        """The next (sender's box, message) from an authenticated session, or None."""
+        while True:
+            with self._lock:
+                if not self._in:
+                    return None
+                box, payload = self._in.popleft()
+            try:
+                return box, pickle.loads(payload)
+            except Exception:  # noqa: BLE001 - authenticated, but unreadable
+                self.malformed += 1
+                log.warning("freeride job queue: a message from %s did not unpickle", box)
+
+    def drop(self, box: str) -> None:
+        """Ends the session holding `box` (a client that said bye): it is beaten no more,
+        and a Link that still sends is asked to authenticate again."""
+        with self._lock:
+            rid = self._boxes.pop(box, None)
+            if rid is not None:
+                self._sessions.pop(rid, None)
+
+    def sessions(self) -> int:
+        """Sessions open now."""
+        with self._lock:
+            return len(self._sessions)
+
+    def heard(self, box: str) -> float | None:
+        """When (time.monotonic()) the hub last heard from `box`'s session; None if no
+        session holds it."""
+        with self._lock:
+            rid = self._boxes.get(box)
+            session = self._sessions.get(rid) if rid is not None else None
+            return None if session is None else session.heard
+
+    def heard_all(self) -> dict[str, float]:
+        """When the hub last heard from each session, by box (one look for all)."""
+        with self._lock:
+            return {s.box: s.heard for s in self._sessions.values()}
+
+    @property
+    def denied(self) -> int:
+        """Connections whose Curve key no credential of this queue yields."""
+        return self._zap.denied
+
+    def close(self) -> None:
+        """Ends the thread and closes the socket (what it sent last still goes out)."""
+        end(self._stop, self._waker, self._thread, [self._router, self._zap.sock], self._ctx)
+
+    # -- the hub's thread ------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        next_beat = 0.0
+
+        def after_round() -> None:
+            nonlocal next_beat
+            self._flush()
+            now = time.monotonic()
+            if now >= next_beat:
+                next_beat = now + self._beat_s / 2
+                self._beat(now)
+
+        pump(
+            self._router,
+            self._waker,
+            self._stop,
+            self._on_frames,
+            after_round,
+            "hub",
+            min(self._beat_s / 2, 0.25),
+            copy=False,
+            extra=(self._zap.sock, self._zap.answer),
+        )
+        try:
+            self._flush()  # the last messages (byes, "closed") before the socket closes
+        except Exception:
+            log.debug("freeride job queue: the hub's last sends failed", exc_info=True)
+
+    def _send(self, rid: bytes, *frames: Any) -> None:
+        """Sends without waiting: beyond the peer's queue (or to a peer gone) it is
+        dropped."""
+        zmq = zmq_module()
+        try:
+            self._router.send_multipart([rid, *frames], zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError:
+            pass
+
+    def _on_frames(self, frames: list[Any]) -> None:
+        if len(frames) < 2:
+            self.dropped += 1
+            return
+        # The kind of credential the connection's Curve key came from (ZAP's User-Id).
+        kind = frames[1].get("User-Id")
+        rid, body = frames[0].bytes, [f.bytes for f in frames[1:]]
+        if len(rid) != ROUTING_ID_BYTES:
+            self.dropped += 1
+            return
+        what, now = body[0], time.monotonic()
+        with self._lock:
+            session = self._sessions.get(rid)
+        if session is not None and session.kind != kind:
+            session = None  # another key's connection with this id: not this session's
+        if what == b"msg" and session is not None and fr.fits(body[1:]):
+            payload = fr.join(body[1:])
+            if session.kind == auth.STATUS_KIND:
+                payload = self._status_message(session.box, payload)
+            with self._lock:
+                session.heard = now
+                if payload is not None:
+                    self._in.append((session.box, payload))
+        elif (
+            what == b"hello"
+            and len(body) == 3
+            and len(body[1]) == auth.NONCE_BYTES
+            and len(body[2]) <= _ROLE_BYTES
+        ):
+            if self._may_answer_hello(rid, now):
+                self._challenge(rid, body[1], body[2], kind, now)
+        elif what == b"auth" and len(body) == 2:
+            self._authenticate(rid, body[1], kind, now)
+        elif what == b"ping" and len(body) == 1 and session is not None:
+            with self._lock:
+                session.heard = now
+        else:
+            if session is None and what == b"msg" and rid in self._ended and fr.fits(body[1:]):
+                held = self._held.setdefault(rid, [])
+                if len(held) < _HELD_MESSAGES:  # delivered once it authenticates again
+                    held.append(fr.join(body[1:]))
+            self.dropped += 1
+            if session is None and what in (b"msg", b"ping"):
+                self._ask_who(rid, now)
+
+    def _status_message(self, box: str, payload: bytes) -> bytes | None:
+        """A status session's message, which is JSON, never a pickle (nothing a status
+        credential's holder sends runs on the leader): ["hello"], ["bye"] or ["status",
+        request] become the coordinator's message from `box`; anything else is dropped
+        and counted."""
+        try:
+            message = json.loads(payload) if len(payload) <= _STATUS_BYTES else None
+        except ValueError:
+            message = None
+        if message in (["hello"], ["bye"]):
+            return pickle.dumps((message[0], box))
+        if (
+            isinstance(message, list)
+            and len(message) == 2
+            and message[0] == "status"
+            and type(message[1]) is int
+        ):
+            return pickle.dumps(("status", box, message[1]))
+        self.malformed += 1
+        return None
+
+    def _may_answer_hello(self, rid: bytes, now: float) -> bool:
+        """Whether a hello is answered: at most one per connection every
+        _HELLO_EVERY_S, and _HELLOS_PER_S in all after a burst as large as the pending
+        handshakes may be (a job's ranks all starting at once). A hello not answered is
+        said again by its Link."""
+        if now - self._hello_at.get(rid, -1.0) < _HELLO_EVERY_S:
+            self.dropped += 1
+            return False
+        self._burst = min(
+            float(self._max_pending), self._burst + (now - self._burst_at) * _HELLOS_PER_S
+        )
+        self._burst_at = now
+        if self._burst < 1.0:
+            self.dropped += 1
+            return False
+        self._burst -= 1.0
+        if len(self._hello_at) > 2 * self._max_pending:
+            self._hello_at = {r: t for r, t in self._hello_at.items() if now - t < _HELLO_EVERY_S}
+        self._hello_at[rid] = now
+        return True
+
+    def _ask_who(self, rid: bytes, now: float) -> None:
+        """Tells a Link the hub has no session for it (it authenticates again)."""
+        if now - self._who.get(rid, 0.0) < _WHO_EVERY_S:
+            return
+        if len(self._who) > 4096:
+            self._who.clear()
+        self._who[rid] = now
+        self._hello_at.pop(rid, None)  # the hello it answers with is not one too many
+        self._send(rid, b"who")
+
+    def _credential(self, role: bytes, kind: str | None) -> bytes | None:
+        """The credential a connection whose key is of `kind` must prove it holds for
+        `role`; None for a role nobody may take, or that this connection's key may not."""
+        if auth.kind_of(role) != kind or kind is None:
+            return None
+        if kind == auth.RANK_KIND:
+            try:
+                rank = int(role[5:])
+            except ValueError:
+                return None
+            if rank not in self._ranks or role != auth.rank_role(rank):
+                return None
+        return self._credentials[kind]
+
+    def _refuse(self, rid: bytes, why: str, answer: bytes = b"refused") -> None:
+        self.refused += 1
+        if self.refused == 1:
+            log.warning("freeride job queue: refused a connection: %s", why)
+        self._send(rid, answer)
+
+    def _challenge(
+        self, rid: bytes, client_nonce: bytes, role: bytes, kind: str | None, now: float
+    ) -> None:
+        credential = self._credential(role, kind)
+        if credential is None:
+            self._refuse(rid, f"it asked for a role its key ({kind}) may not take")
+            return
+        if rid not in self._pending and len(self._pending) >= self._max_pending:
+            self._expire(now)
+            if len(self._pending) >= self._max_pending:
+                # The oldest goes (dicts keep insertion order): its proof will be answered
+                # "who" and its Link says hello again.
+                del self._pending[next(iter(self._pending))]
+                self.dropped += 1
+        server_nonce = auth.new_nonce()
+        self._pending[rid] = (client_nonce, server_nonce, role, now)
+        proof = auth.server_proof(credential, client_nonce, server_nonce, self.public_key)
+        self._send(rid, b"challenge", server_nonce, proof)
+
+    def _authenticate(self, rid: bytes, proof: bytes, kind: str | None, now: float) -> None:
+        pending = self._pending.pop(rid, None)
+        if pending is None or now - pending[3] > _HANDSHAKE_S:
+            # Pushed out by newer ones, or too late: it starts again (at most once a second).
+            self.dropped += 1
+            self._ask_who(rid, now)
+            return
+        client_nonce, server_nonce, role, _ = pending
+        credential = self._credential(role, kind)
+        expected = auth.client_proof(credential or b"", client_nonce, server_nonce, role)
+        if credential is None or not auth.same(expected, proof):
+            self._refuse(rid, "its proof did not verify")
+            return
+        assert kind is not None
+        with self._lock:
+            box = self._box_for(rid, role, kind)
+            waiting = self._held.pop(rid, [])
+            old = self._boxes.get(box)
+            holder = self._sessions.get(old) if old is not None and old != rid else None
+            taken = holder is not None and now - holder.heard < _RANK_LIVE_S
+            if not taken:
+                if holder is not None:  # the rank connected again: the new session holds it
+                    self._sessions.pop(old, None)
+                self._sessions[rid] = _Session(box, kind, now)
+                self._boxes[box] = rid
+        if taken:
+            self._refuse(rid, f"{box} is held by a live session", b"taken")
+            return
+        self._send(rid, b"welcome", box.encode())
+        if waiting:
+            with self._lock:
+                self._in.extend((box, payload) for payload in waiting)
+            self.dropped -= len(waiting)  # counted when held: delivered after all
+
+    def _box_for(self, rid: bytes, role: bytes, kind: str) -> str:
+        """The box a session of `role` holds: a rank's own; for a client (or status)
+        Link authenticating again, or back after its session ended, the one it had."""
+        if kind == auth.RANK_KIND:
+            return agent_box(int(role[5:]))
+        current = self._sessions.get(rid)
+        if current is not None:
+            return current.box
+        prefix = "fr-status/" if kind == auth.STATUS_KIND else "fr-client/"
+        return self._ended.pop(rid, None) or f"{prefix}{secrets.token_hex(8)}"
+
+    def _expire(self, now: float) -> None:
+        for rid, (*_, begun) in list(self._pending.items()):
+            if now - begun > _HANDSHAKE_S:
+                del self._pending[rid]
+
+    def _flush(self) -> None:
+        while True:
+            with self._lock:
+                if not self._out:
+                    return
+                box, payload = self._out.popleft()
+                rid = self._boxes.get(box)
+                session = self._sessions.get(rid) if rid is not None else None
+                if session is not None:
+                    session.sent = time.monotonic()
+            if rid is not None:
+                self._send(rid, b"msg", *fr.split(payload))
+
+    def _beat(self, now: float) -> None:
+        """Beats to each session sent nothing for a beat (every session hears from the
+        hub at least that often, at a cost of one frame per session and beat at most),
+        and ends client sessions silent for _CLIENT_IDLE_S."""
+        beat = []
+        with self._lock:
+            for rid, session in list(self._sessions.items()):
+                if session.kind != auth.RANK_KIND and now - session.heard > _CLIENT_IDLE_S:
+                    del self._sessions[rid]
+                    self._boxes.pop(session.box, None)
+                    self._ended[rid] = session.box
+                    if len(self._ended) > _REMEMBERED:
+                        self._held.pop(self._ended.popitem(last=False)[0], None)
+                elif now - session.sent >= self._beat_s:
+                    session.sent = now
+                    beat.append(rid)
+        for rid in beat:
+            self._send(rid, b"beat")
+        self._expire(now)

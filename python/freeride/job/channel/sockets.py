@@ -1,0 +1,198 @@
+"""What the hub and each Link share: pyzmq, addresses, the sockets' limits, the waker
+that lets other threads reach a socket's owner, and that owner's loop."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .frames import WIRE_FRAME_BYTES
+
+log = logging.getLogger("freeride.job")
+
+ROUTING_ID_BYTES = 16
+LINGER_MS = 200  # how long a closing socket may still send what it queued
+TRANSPORT_HANDSHAKE_MS = 5000  # ZMTP/Curve's own handshake (libzmq's default: 30 s)
+# ZMTP heartbeats from each Link, answered by libzmq's I/O thread (no Python, no GIL): a
+# connection whose hub stopped answering (half-open behind a NAT, a host gone) is closed,
+# so the Link reconnects instead of talking into it. Not on the hub's ROUTER: with them,
+# libzmq 4.3.5 aborts (assert !_io_error in stream_engine_base.cpp) on a connection
+# refused during its handshake; the hub's end of a dead connection is replaced by the
+# Link's reconnection (ROUTER_HANDOVER) and found by TCP keepalive.
+HEARTBEAT_MS = 1000
+HEARTBEAT_TIMEOUT_MS = 5000
+KEEPALIVE_S = (30, 5, 6)  # TCP keepalive: idle before the first probe, between, how many
+MAX_DESCRIPTORS = 1 << 20  # the soft limit the hub raises to, where the hard one is higher
+_ids = itertools.count()
+
+
+def zmq_module() -> Any:
+    try:
+        import zmq
+    except ImportError as exc:  # pragma: no cover - a dependency of freeride
+        raise RuntimeError(
+            "the job queue needs pyzmq (pip install pyzmq), a dependency of freeride"
+        ) from exc
+    if not zmq.has("curve"):  # pragma: no cover - pyzmq's wheels all have it
+        raise RuntimeError("the job queue needs a pyzmq built with CurveZMQ")
+    return zmq
+
+
+def tcp(ip: str, port: int | None = None) -> str:
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"tcp://{host}" if port is None else f"tcp://{host}:{port}"
+
+
+def resolve(host: str) -> str:
+    """The first address `host` resolves to (ValueError naming it if none)."""
+    try:
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ValueError(f"host {host!r} does not resolve: {exc}") from None
+    return infos[0][4][0]
+
+
+def raise_descriptor_limit() -> int:
+    """Raises this process's soft limit on open descriptors to its hard limit (at most
+    MAX_DESCRIPTORS): idle connections to the hub's port each hold one, and at a soft
+    limit of 1024 a thousand of them would leave training unable to open a file.
+    Returns the soft limit now."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = MAX_DESCRIPTORS if hard == resource.RLIM_INFINITY else min(hard, MAX_DESCRIPTORS)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            log.debug("freeride job queue: could not raise RLIMIT_NOFILE", exc_info=True)
+    return soft
+
+
+def new_socket(ctx: Any, kind: int, ip: str, hwm: int) -> Any:
+    """A socket whose frames are at most WIRE_FRAME_BYTES each, so that no peer (nor anyone
+    before the transport handshake: libzmq applies the limit to its command frames too)
+    makes the other end hold more than that for one frame; larger messages travel in
+    several frames (frames.py)."""
+    zmq = zmq_module()
+    sock = ctx.socket(kind)
+    sock.linger = 0
+    sock.sndhwm = sock.rcvhwm = hwm
+    sock.maxmsgsize = WIRE_FRAME_BYTES
+    sock.handshake_ivl = TRANSPORT_HANDSHAKE_MS
+    sock.tcp_keepalive = 1
+    sock.tcp_keepalive_idle, sock.tcp_keepalive_intvl, sock.tcp_keepalive_cnt = KEEPALIVE_S
+    if kind == zmq.DEALER:
+        sock.heartbeat_ivl = HEARTBEAT_MS
+        sock.heartbeat_timeout = HEARTBEAT_TIMEOUT_MS
+    if ":" in ip:
+        sock.setsockopt(zmq.IPV6, 1)
+    return sock
+
+
+class Waker:
+    """Wakes a socket-owning thread from any thread (an inproc pair; sends under a
+    lock, since a zmq socket is not thread-safe)."""
+
+    def __init__(self, ctx: Any) -> None:
+        zmq = zmq_module()
+        name = f"inproc://freeride-wake-{next(_ids)}"
+        self.rx = ctx.socket(zmq.PULL)
+        self.rx.linger = 0
+        self.rx.bind(name)
+        self._tx = ctx.socket(zmq.PUSH)
+        self._tx.linger = 0
+        self._tx.connect(name)
+        self._lock = threading.Lock()
+
+    def ring(self) -> None:
+        zmq = zmq_module()
+        with self._lock:
+            try:
+                self._tx.send(b"", zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass  # already ringing, or closed
+
+    def clear(self) -> None:
+        zmq = zmq_module()
+        while True:
+            try:
+                self.rx.recv(zmq.NOBLOCK)
+            except zmq.ZMQError:
+                return
+
+    def close(self) -> None:
+        with self._lock:
+            self._tx.close(0)
+        self.rx.close(0)
+
+
+def pump(
+    sock: Any,
+    waker: Waker,
+    stop: threading.Event,
+    on_frames: Callable[[list[Any]], None],
+    after_round: Callable[[], None],
+    what: str,
+    wait_s: float,
+    copy: bool = True,
+    extra: tuple[Any, Callable[[], None]] | None = None,
+) -> None:
+    """The loop of a socket's owning thread until `stop`: waits (at most `wait_s`) for
+    frames or a ring, hands each frame list to `on_frames` (at most 1024 a round, so sends
+    and beats go on under a flood; zmq Frames where not `copy`), then calls
+    `after_round`. `extra`: another (socket, handler) this thread serves. A round that
+    raises is logged the first time; the loop goes on."""
+    zmq = zmq_module()
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(waker.rx, zmq.POLLIN)
+    if extra is not None:
+        poller.register(extra[0], zmq.POLLIN)
+    failures = 0
+    while not stop.is_set():
+        try:
+            events = dict(poller.poll(int(wait_s * 1000)))
+            if waker.rx in events:
+                waker.clear()
+            if extra is not None and extra[0] in events:
+                extra[1]()
+            if sock in events:
+                for _ in range(1024):
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=copy)
+                    except zmq.Again:
+                        break
+                    on_frames(frames)
+            after_round()
+        except Exception:
+            failures += 1
+            if failures == 1:
+                log.exception("freeride job queue: the %s's thread failed a round", what)
+
+
+def end(
+    stop: threading.Event,
+    waker: Waker,
+    thread: threading.Thread,
+    socks: list[Any],
+    ctx: Any,
+) -> None:
+    """Stops a socket's owning thread, joins it (5 s at most), then closes its sockets
+    (the first lingering LINGER_MS so that what its last round sent still goes out) and
+    the context (its I/O thread ends). A thread that would not end keeps them."""
+    stop.set()
+    waker.ring()
+    if thread is not threading.current_thread():
+        thread.join(5.0)
+    if not thread.is_alive():
+        socks[0].close(LINGER_MS)
+        for sock in socks[1:]:
+            sock.close(0)
+        waker.close()
+        ctx.term()
