@@ -19,7 +19,7 @@ Side launches run on freeride's own threads and are known to torch.profiler only
 the fact, from the launch log: ``merge_with_profiler_trace`` (report.py) adds them, with
 the bubbles and compute actions, to an exported torch.profiler trace on the profiler's
 clock. On a GPU the executor thread also makes each launch an NVTX range
-(csrc/cuda/runner.cpp), which Nsight Systems shows live.
+(csrc/cuda/runner_end.cpp), which Nsight Systems shows live.
 
 The profiler's clock (torch 2.13, read from exported traces): an event's ``ts`` is in
 microseconds and ``ts * 1000 + baseTimeNanoseconds`` (a top-level key of the trace) is

@@ -1,0 +1,139 @@
+// CudaRunner, the PhaseRunner that make_runner (cuda/runner.hpp) returns; private to
+// csrc/cuda. Its member functions are defined by concern: runner.cpp its construction,
+// destruction and phase control; runner_launch.cpp enqueueing launches (the executor's,
+// those at opens, stream_wait's hold) and the stop word; runner_end.cpp waiting for their
+// ends, settling the stream and reading counts back.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "backend.hpp"
+#include "cuda/dependency.hpp"
+#include "cuda/launch_ring.hpp"
+#include "cuda/shared.hpp"
+#include "cuda/slot_pool.hpp"
+#include "freeride/item_ctx.h"
+#include "task.hpp"
+
+namespace freeride::cuda {
+
+// One task's phases on the side (or green-context) stream.
+//
+// Launches come from two places. A training thread's stream-ordered open enqueues one
+// (launch_at_open: the runner is armed while the executor runs it), ordered after the
+// open by an event, at the open's point of host order; and the executor enqueues one
+// itself when it sees the gate open with none enqueued (a bubble whose open carried none,
+// a relaunch after a launch's time slice). Launches queue back to back on the one stream,
+// each with its own counters and end record (rings of kLaunchRing, by launch number), and
+// the executor takes their ends in order, one per run(). Nothing else is enqueued on the
+// stream while any is enqueued and not seen to end: everything the executor enqueues
+// (its own launch, a phase's reset, a read-back) goes to an idle stream, so it never
+// waits behind a launch whose bubble has not come.
+//
+// A phase's launches at opens may be queued ahead of the GPU when the phase ends: they
+// claim no item (every item of their phase is claimed) and are taken like any other; the
+// executor begins the next phase, whose counters are reset on the stream, only once the
+// last of them ended (it never calls begin_phase() with launches in flight).
+class CudaRunner final : public PhaseRunner, public OpenLauncher {
+ public:
+  CudaRunner(std::shared_ptr<CudaShared> shared, std::shared_ptr<Task> task,
+             std::unique_ptr<StreamDependency> after);
+  ~CudaRunner() override;
+
+  void begin_phase(uint64_t phase, uint64_t n_items) override;
+  LaunchMarks run(bool record) override;
+  void launch_at_open(cudaStream_t training, cudaEvent_t opened, uint32_t seq) noexcept override;
+  void stop() override;
+  void resume() override;
+  uint64_t done() const override;
+  bool executing() const override;
+  bool in_flight() const override;
+  uint64_t launches_taken() const override;
+  uint64_t launches_ending() const override;
+  void abandon() override;
+
+ private:
+  // A launch enqueued and not yet seen to end.
+  struct Launch {
+    uint64_t number = 0;
+    uint64_t n_items = 0;  // that phase's items
+    bool record = false;   // marks wanted
+    uint32_t gate_seq = 0;  // the open it was enqueued at (or seen under)
+    bool at_open = false;
+  };
+
+  bool accepting_locked() const;
+  bool end_has_come_locked(const Launch& l) const;
+  void throw_if_abandoned() const;
+  void throw_arrival_error_locked();
+  void enqueue_locked(cudaStream_t training, cudaEvent_t opened, uint32_t seq, bool at_open,
+                      bool record);
+  void hold_until_open();
+  LaunchMarks run_held(bool record);
+  LaunchMarks finish_oldest();
+  LaunchEnd wait_for_end(const Launch& l);
+  LaunchEnd ended_without_record(const Launch& l, bool stream_is_idle);
+  LaunchEnd read_back(uint64_t number);
+  void reset_counters_locked();
+  void settle();
+  bool quietly_idle() noexcept;
+  void drain_side() noexcept;
+  void destroy_events() noexcept;
+  void check_protocol(uint64_t done, uint32_t held, uint64_t n_items);
+  void set_stop(uint32_t value);
+  unsigned int* stop_word() const;
+  const void* done_word() const;
+  void raise_progress(uint64_t value);
+  void give_back_slots() noexcept;
+
+  std::shared_ptr<CudaShared> s_;
+  std::shared_ptr<Task> task_;
+  SlotPool::Slot state_slot_;
+  SlotPool::Slot word_slot_;
+  fr_phase_state* state_ = nullptr;               // device memory
+  unsigned long long* progress_dev_ = nullptr;    // word slot [0], device view
+  unsigned long long* progress_host_ = nullptr;   // word slot [0], host view
+  unsigned long long* readback_host_ = nullptr;   // word slot: [done, stop, held]
+  LaunchRing ring_;                               // each launch's counters and end record
+  std::string nvtx_name_;                         // NvtxRange's message
+  cudaEvent_t event_ = nullptr;                   // read_back()'s
+  // The stream this task's launches and their bookkeeping go to: the side stream, or the
+  // green context's. bridge_: stream_wait's admission on `side`, carried over to stream_.
+  cudaStream_t stream_ = nullptr;
+  bool green_ = false;
+  cudaEvent_t bridge_ = nullptr;
+  uint32_t last_held_ = 0;  // `held` after the previous launch (slots start zeroed)
+
+  // Guards what enqueueing a launch reads and writes: the executor's thread and training
+  // threads (launch_at_open) both enqueue. Never held while waiting for the GPU, except
+  // settle_locked's microseconds.
+  mutable std::mutex launch_mu_;
+  std::deque<Launch> pending_;            // enqueued, end not taken yet; oldest first
+  uint64_t taken_ = 0;                    // launches_taken(): ends taken from pending_
+  std::atomic<uint64_t> launch_no_{0};    // the last launch enqueued (written under launch_mu_)
+  std::unique_ptr<CudaDependency> after_;  // waited for by the first launch, then dropped
+  std::string arrival_error_;             // a launch at an open failed: run() raises it
+  uint64_t phase_ = 0;
+  uint64_t n_items_ = 0;
+  bool begun_ = false;
+  bool phase_done_ = false;     // an ended launch counted every item of the phase
+
+  std::atomic<bool> abandoned_{false};
+  std::atomic<bool> stop_requested_{false};  // host copy of the stop flag, for admission
+  // Guards the three below: stop()/resume() on any thread, launches on theirs.
+  std::mutex stop_mu_;
+  uint32_t device_stop_ = 0;         // the stop word's value as last enqueued
+  cudaEvent_t stop_written_ = nullptr;  // recorded on the control stream after that write
+  bool launch_waits_ = false;        // the next launch must wait for stop_written_
+  mutable std::mutex progress_mu_;
+  mutable uint64_t max_seen_ = 0;  // done() never goes backwards within a phase
+};
+
+}  // namespace freeride::cuda

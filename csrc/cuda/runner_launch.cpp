@@ -1,0 +1,198 @@
+// CudaRunner: enqueueing launches (the executor's own, those at stream-ordered opens on a
+// training thread, stream_wait's hold on the gate's mirror) and the stop word they read.
+#include "cuda/cuda_runner.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <exception>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+
+#include "check.hpp"
+#include "cuda/dependency.hpp"
+#include "cuda/device_guard.hpp"
+#include "cuda/driver.hpp"
+#include "freeride/item_ctx.h"
+#include "launchers.hpp"
+
+namespace freeride::cuda {
+
+void CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint32_t seq) noexcept {
+  bool rang = false;
+  try {
+    std::lock_guard<std::mutex> lk(launch_mu_);
+    if (!accepting_locked()) return;
+    enqueue_locked(training, opened, seq, true, true);
+    rang = true;
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> lk(launch_mu_);
+    arrival_error_ = std::string("a launch at a gate open failed: ") + e.what();
+    rang = true;
+  } catch (...) {
+    std::lock_guard<std::mutex> lk(launch_mu_);
+    arrival_error_ = "a launch at a gate open failed";
+    rang = true;
+  }
+  // Training's next launch must not see this call's errors as its own.
+  (void)cudaGetLastError();
+  if (rang) s_->gate.bell->ring();  // the executor takes it up (or the error)
+}
+
+// Both return without waiting for the GPU: the executor calls them under its lock, and
+// submit() and cancel() on a training thread. A launch that waits for the gate to open
+// is woken by the bell and sees stop_requested_; a stop also ends launches at opens:
+// one in progress (it holds launch_mu_) is enqueued by the time stop() returns, and none
+// after, so in_flight() then counts every launch the stop leaves to drain.
+void CudaRunner::stop() {
+  set_stop(1u);
+  { const std::lock_guard<std::mutex> lk(launch_mu_); }
+  s_->gate.bell->ring();
+}
+void CudaRunner::resume() { set_stop(0u); }
+
+// Whether a training thread's open may enqueue a launch now. Caller holds launch_mu_.
+bool CudaRunner::accepting_locked() const {
+  return begun_ && !phase_done_ && !stop_requested_.load() && task_->follows_item_protocol() &&
+         !abandoned_.load() && arrival_error_.empty() && pending_.size() < kLaunchRing &&
+         !s_->shut_down;
+}
+
+void CudaRunner::throw_arrival_error_locked() {
+  if (arrival_error_.empty()) return;
+  std::string error;
+  error.swap(arrival_error_);
+  throw RuntimeFailure(error);
+}
+
+// Enqueues one launch of the current phase on stream_; caller holds launch_mu_. With
+// `training`, after the work enqueued there so far (`opened` is recorded there and
+// waited for). stream_wait: held by a memory wait on the gate's mirror first.
+void CudaRunner::enqueue_locked(cudaStream_t training, cudaEvent_t opened, uint32_t seq,
+                                bool at_open, bool record) {
+  CudaShared& s = *s_;
+  const uint64_t number = launch_no_ + 1;
+  ring_.clear(number);
+  auto turn = s.green_turn(green_);
+  const KeepCurrentContext keep(green_ && at_open);
+  {
+    // The latest stop-word write on the control stream lands before anything of this
+    // launch reads the word (and before stream_wait's gate wait, on `side`).
+    std::lock_guard<std::mutex> slk(stop_mu_);
+    if (launch_waits_) {
+      FR_CUDA_CHECK(cudaStreamWaitEvent(s.stream_wait ? s.side : stream_, stop_written_, 0));
+      launch_waits_ = false;
+    }
+  }
+  if (training != nullptr) {
+    FR_CUDA_CHECK(cudaEventRecord(opened, training));
+    FR_CUDA_CHECK(cudaStreamWaitEvent(stream_, opened, 0));
+  }
+  if (s.stream_wait) hold_until_open();
+  if (after_) {
+    after_->enqueue_wait(stream_);
+    after_.reset();
+  }
+  Launch l;
+  l.number = number;
+  l.n_items = n_items_;
+  l.gate_seq = seq;
+  l.at_open = at_open;
+  l.record = record;
+  fr_item_ctx ctx{};
+  ctx.gate = s.gate.dev;
+  ctx.state = state_;
+  ctx.progress = progress_dev_;
+  ctx.n_items = n_items_;
+  ctx.phase = phase_;
+  ctx.slice_ns = s.slice_ns;
+  ctx.end = ring_.end_dev(number);
+  ctx.launch = number;
+  ctx.run = ring_.run_dev(number);
+  ctx.latest_close = s.latest_close_dev();
+  ctx.closes_executed = s.close_slots();
+  try {
+    // An error a previous task's failure left as this thread's last error (a handled
+    // one: a sticky error fails every call anyway) must not be taken for this launch's.
+    (void)cudaGetLastError();
+    task_->launch_cuda(s.launch(ctx, stream_, green_));
+    FR_CUDA_CHECK(cudaGetLastError());
+  } catch (...) {
+    (void)cudaGetLastError();
+    if (s.stream_wait) drain_side();
+    throw;
+  }
+  launch_no_ = number;
+  pending_.push_back(l);
+}
+
+// stream_wait: nothing of the launch may start while the gate is closed. Stop is not
+// part of the memop wait's condition: close() releases a waiting launch with unblock().
+// The wait stays on the primary context's side stream whatever stream the task runs
+// on; an event carries it over to a green-context stream.
+void CudaRunner::hold_until_open() {
+  CudaShared& s = *s_;
+  if (s.memops) {
+    // On the gate's host mirror, not the device word: whatever is queued behind this
+    // wait (on its hardware queue, which other streams may share) is released by a
+    // host store (write_gate_now, unblock), never by an operation on some stream that
+    // could itself be queued behind the wait.
+    const CUresult res = cuda_driver::api().stream_wait_value32(
+        s.side, cuda_driver::device_ptr(s.gate.mirror_dev), FREERIDE_GATE_OPEN,
+        CU_STREAM_WAIT_VALUE_EQ);
+    if (res != CUDA_SUCCESS) {
+      cuda_driver::throw_driver_error(res, "cuStreamWaitValue32", __FILE__, __LINE__);
+    }
+  } else {
+    kernels::launch_gate_wait(s.gate.mirror_dev, stop_word(), s.side);
+  }
+  if (stream_ != s.side) {
+    FR_CUDA_CHECK(cudaEventRecord(bridge_, s.side));
+    FR_CUDA_CHECK(cudaStreamWaitEvent(stream_, bridge_, 0));
+  }
+}
+
+// The stream_wait admission: each launch is enqueued at once, held on the GPU by the
+// wait on the mirror, and its end taken; no launch at opens.
+LaunchMarks CudaRunner::run_held(bool record) {
+  {
+    std::lock_guard<std::mutex> lk(launch_mu_);
+    throw_arrival_error_locked();
+    if (pending_.empty()) {
+      enqueue_locked(nullptr, nullptr, s_->mirror_seq(), false, record);
+    }
+  }
+  return finish_oldest();
+}
+
+// The stop word is written on the control stream without waiting: writes made there
+// land in the order they were made, after the constructor's clear, and the next launch
+// waits for the latest one (stop_written_). A value already written is not written
+// again, so the resume() before every relaunch costs nothing.
+void CudaRunner::set_stop(uint32_t value) {
+  CudaShared& s = *s_;
+  std::shared_lock<std::shared_mutex> lk(s.life);  // before stop_mu_, as in run()
+  std::lock_guard<std::mutex> slk(stop_mu_);
+  stop_requested_.store(value != 0u);
+  if (s.shut_down || device_stop_ == value) return;  // shut down: nothing runs any more
+  DeviceGuard guard(s.device);
+  // 0 and 1 are the gate constants' values, so the copy fallback needs no kernel.
+  static_assert(FREERIDE_GATE_CLOSED == 0u && FREERIDE_GATE_OPEN == 1u);
+  s.enqueue_write(stop_word(), value, s.control,
+                  s.memops ? cuda_driver::GateWrite::kMemop : cuda_driver::GateWrite::kCopy);
+  FR_CUDA_CHECK(cudaEventRecord(stop_written_, s.control));
+  device_stop_ = value;
+  launch_waits_ = true;
+}
+
+// Addresses inside the device-memory state, computed without dereferencing it.
+unsigned int* CudaRunner::stop_word() const {
+  return reinterpret_cast<unsigned int*>(reinterpret_cast<char*>(state_) +
+                                         offsetof(fr_phase_state, stop));
+}
+const void* CudaRunner::done_word() const {
+  return reinterpret_cast<const char*>(state_) + offsetof(fr_phase_state, done);
+}
+
+}  // namespace freeride::cuda
