@@ -109,14 +109,15 @@ void CudaRunner::begin_phase(uint64_t phase, uint64_t n_items) {
   FR_CHECK(!s.shut_down, "begin_phase() after the CUDA backend was shut down");
   DeviceGuard guard(s.device);
   std::lock_guard<std::mutex> lk(launch_mu_);
+  // The previous phase's launches would claim this phase's items with that phase's
+  // arguments: the executor begins a phase only once none is in flight. Checked before
+  // the progress is zeroed, so that a refused call leaves done() where it was.
+  FR_CHECK(pending_.empty(), "begin_phase() with launches of the task in flight");
   {
     std::lock_guard<std::mutex> plk(progress_mu_);
     std::atomic_ref<unsigned long long>(*progress_host_).store(0);
     max_seen_ = 0;
   }
-  // The previous phase's launches would claim this phase's items with that phase's
-  // arguments: the executor begins a phase only once none is in flight.
-  FR_CHECK(pending_.empty(), "begin_phase() with launches of the task in flight");
   phase_ = phase;
   n_items_ = n_items;
   phase_done_ = false;

@@ -89,30 +89,31 @@ void CudaRunner::enqueue_locked(cudaStream_t training, cudaEvent_t opened, uint3
     FR_CUDA_CHECK(cudaEventRecord(opened, training));
     FR_CUDA_CHECK(cudaStreamWaitEvent(stream_, opened, 0));
   }
-  if (s.stream_wait) hold_until_open();
-  if (after_) {
-    after_->enqueue_wait(stream_);
-    after_.reset();
-  }
   Launch l;
   l.number = number;
   l.n_items = n_items_;
   l.gate_seq = seq;
   l.at_open = at_open;
   l.record = record;
-  fr_item_ctx ctx{};
-  ctx.gate = s.gate.dev;
-  ctx.state = state_;
-  ctx.progress = progress_dev_;
-  ctx.n_items = n_items_;
-  ctx.phase = phase_;
-  ctx.slice_ns = s.slice_ns;
-  ctx.end = ring_.end_dev(number);
-  ctx.launch = number;
-  ctx.run = ring_.run_dev(number);
-  ctx.latest_close = s.latest_close_dev();
-  ctx.closes_executed = s.close_slots();
   try {
+    // hold_until_open's wait may be on `side` already when a later step fails.
+    if (s.stream_wait) hold_until_open();
+    if (after_) {
+      after_->enqueue_wait(stream_);
+      after_.reset();
+    }
+    fr_item_ctx ctx{};
+    ctx.gate = s.gate.dev;
+    ctx.state = state_;
+    ctx.progress = progress_dev_;
+    ctx.n_items = n_items_;
+    ctx.phase = phase_;
+    ctx.slice_ns = s.slice_ns;
+    ctx.end = ring_.end_dev(number);
+    ctx.launch = number;
+    ctx.run = ring_.run_dev(number);
+    ctx.latest_close = s.latest_close_dev();
+    ctx.closes_executed = s.close_slots();
     // An error a previous task's failure left as this thread's last error (a handled
     // one: a sticky error fails every call anyway) must not be taken for this launch's.
     (void)cudaGetLastError();
@@ -120,7 +121,12 @@ void CudaRunner::enqueue_locked(cudaStream_t training, cudaEvent_t opened, uint3
     FR_CUDA_CHECK(cudaGetLastError());
   } catch (...) {
     (void)cudaGetLastError();
-    if (s.stream_wait) drain_side();
+    if (s.stream_wait) {
+      // drain_side takes the green context's turn itself: a second lock of the same
+      // mutex on this thread would never return.
+      if (turn.owns_lock()) turn.unlock();
+      drain_side();
+    }
     throw;
   }
   launch_no_ = number;

@@ -33,7 +33,10 @@ class Link:
     credential). Authenticates before it returns: QueueAuthError if the hub refuses the
     credential (at the transport, or its proof), or another live session holds the
     rank's box; ConnectionError if no hub with that key answers within `timeout` s.
-    `address` names the hub in errors. `ping_s`: the longest the Link stays silent."""
+    `address` names the hub in errors. `ping_s`: the longest the Link stays silent.
+    `context`: a zmq.Context to share (many Links in one process: one I/O thread for all,
+    as a benchmark of thousands of ranks needs), which close() leaves open; None: one of
+    the Link's own."""
 
     def __init__(
         self,
@@ -45,6 +48,7 @@ class Link:
         timeout: float,
         address: str,
         ping_s: float = PING_S,
+        context: Any = None,
     ) -> None:
         zmq = zmq_module()
         kind = auth.kind_of(role)
@@ -56,14 +60,15 @@ class Link:
         self._json = kind == auth.STATUS_KIND  # a status session's messages are never pickled
         self._address = address
         self._ping_s = ping_s
-        self._ctx = zmq.Context()
+        self._own_ctx = context is None
+        self._ctx = zmq.Context() if context is None else context
         self._dealer = new_socket(self._ctx, zmq.DEALER, ip, _HWM)
         public, private = auth.curve_keys(credential, kind)
         try:
             self._dealer.curve_serverkey = server_key
         except zmq.ZMQError:
             self._dealer.close(0)
-            self._ctx.term()
+            self._term()
             raise ValueError(
                 "server_key is not a CurveZMQ public key (40 Z85 characters)"
             ) from None
@@ -93,7 +98,7 @@ class Link:
         except BaseException:
             self._unmonitor()
             self._dealer.close(0)
-            self._ctx.term()
+            self._term()
             raise
         self._unmonitor()
         self._waker = Waker(self._ctx)
@@ -101,6 +106,10 @@ class Link:
         self._thread = threading.Thread(target=self._serve, name="freeride-jobqueue-link")
         self._thread.daemon = True
         self._thread.start()
+
+    def _term(self) -> None:
+        if self._own_ctx:
+            self._ctx.term()
 
     def _unmonitor(self) -> None:
         if self._monitor is not None:
@@ -264,7 +273,13 @@ class Link:
 
     def close(self) -> None:
         """Ends the thread and closes the socket (what it sent last still goes out)."""
-        end(self._stop, self._waker, self._thread, [self._dealer], self._ctx)
+        end(
+            self._stop,
+            self._waker,
+            self._thread,
+            [self._dealer],
+            self._ctx if self._own_ctx else None,
+        )
 
     # -- the Link's thread -----------------------------------------------------------------
 

@@ -23,8 +23,8 @@ TRANSPORT_HANDSHAKE_MS = 5000  # ZMTP/Curve's own handshake (libzmq's default: 3
 # libzmq 4.3.5 aborts (assert !_io_error in stream_engine_base.cpp) on a connection
 # refused during its handshake; the hub's end of a dead connection is replaced by the
 # Link's reconnection (ROUTER_HANDOVER) and found by TCP keepalive.
-HEARTBEAT_MS = 1000
-HEARTBEAT_TIMEOUT_MS = 5000
+HEARTBEAT_MS = 5000  # each costs the hub's I/O thread a Curve-boxed PONG: 800 a second
+HEARTBEAT_TIMEOUT_MS = 15000  # at 4,096 ranks
 KEEPALIVE_S = (30, 5, 6)  # TCP keepalive: idle before the first probe, between, how many
 MAX_DESCRIPTORS = 1 << 20  # the soft limit the hub raises to, where the hard one is higher
 _ids = itertools.count()
@@ -181,11 +181,11 @@ def end(
     waker: Waker,
     thread: threading.Thread,
     socks: list[Any],
-    ctx: Any,
+    ctx: Any | None,
 ) -> None:
     """Stops a socket's owning thread, joins it (5 s at most), then closes its sockets
     (the first lingering LINGER_MS so that what its last round sent still goes out) and
-    the context (its I/O thread ends). A thread that would not end keeps them."""
+    the context if given (its I/O thread ends). A thread that would not end keeps them."""
     stop.set()
     waker.ring()
     if thread is not threading.current_thread():
@@ -195,4 +195,5 @@ def end(
         for sock in socks[1:]:
             sock.close(0)
         waker.close()
-        ctx.term()
+        if ctx is not None:
+            ctx.term()
