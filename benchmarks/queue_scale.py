@@ -89,10 +89,16 @@ def accepts(function: Any, name: str) -> bool:
     return name in inspect.signature(function).parameters
 
 
-def stats_message(rank: int) -> tuple:
-    """What a rank with an idle harvester and 1 GiB free sends as its beat
-    (agent.stats_message's shape)."""
-    return ("stats", rank, 0, 0, 1 << 30, 0)
+def send_stats(link: Any, rank: int) -> None:
+    """Sends what a rank with an idle harvester and 1 GiB free sends as its beat: packed
+    stats where the channel has them (Link.send_stats), else the pickled message an
+    older rank sent."""
+    if hasattr(link, "send_stats"):
+        from freeride.job import messages
+
+        link.send_stats(messages.pack_stats(0, 0, 1 << 30, 0))
+    else:
+        link.send(("stats", rank, 0, 0, 1 << 30, 0))
 
 
 def split(first: int, end: int, parts: int) -> list[tuple[int, int]]:
@@ -155,7 +161,7 @@ class Beats(threading.Thread):
                 if lag < -0.002 and self._stop_event.wait(-lag):
                     return
                 self.max_lag = max(self.max_lag, lag)
-                link.send(stats_message(rank))
+                send_stats(link, rank)
                 self.sent += 1
                 self._drain(link)
             begun += self._interval
@@ -581,8 +587,16 @@ def run(
         budget = (-(-widest // threads) + 1) * link_timeout + window + settle + 120
     deadline = time.monotonic() + budget
     secret = auth.new_secret()
-    # As JobQueue makes it: beating at the stats interval, where the channel takes one.
-    beat = {"beat_s": interval} if accepts(channel.Hub, "beat_s") else {}
+    # As JobQueue makes it: beating at liveness.beat_every where there is one, else at
+    # the stats interval, where the channel takes one.
+    beat = {}
+    if accepts(channel.Hub, "beat_s"):
+        try:
+            from freeride.job import liveness
+
+            beat = {"beat_s": liveness.beat_every(ranks, rank_timeout)}
+        except (ImportError, AttributeError):
+            beat = {"beat_s": interval}
     hub = channel.Hub(HOST, secret, list(range(ranks)), **beat)
     config = {
         "secret": secret.hex(),

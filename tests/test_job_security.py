@@ -590,12 +590,12 @@ def test_a_reconnecting_link_takes_its_session_over_at_once(job):
     reconnected with the same routing id, and the ROUTER ignored the new connection: the
     rank was never heard again. The hub now lets a reconnection take its routing id over
     (ROUTER_HANDOVER): frames on the new connection reach the session at once, and the
-    hub's answers go there. A Link's ZMTP heartbeats close a connection whose hub stopped
-    answering (so it reconnects), and TCP keepalive finds the hub's end of a dead one."""
+    hub's answers go there. TCP_USER_TIMEOUT closes a Link's connection whose data goes
+    unacknowledged (so it reconnects), and TCP keepalive finds an idle dead one."""
     q, folder, credential = job
     with fr.JobQueue.connect(secret_file=folder / "queue.json") as client:
         rid = client._link._dealer.routing_id
-        assert client._link._dealer.heartbeat_ivl > 0 and q._hub._router.tcp_keepalive == 1
+        assert client._link._dealer.tcp_maxrt > 0 and q._hub._router.tcp_keepalive == 1
         # The same Link's key and routing id on a new connection: its "reconnect".
         again = Attacker(q, routing_id=rid, credential=credential)
         try:
@@ -649,21 +649,42 @@ def test_a_status_file_reads_the_table_and_nothing_more(job, tmp_path):
     assert not status.exists()
 
 
-def test_liveness_costs_the_leader_what_a_thousand_ranks_would():
+def test_liveness_costs_the_leader_what_five_hundred_ranks_would():
     """Review J3 and the 4,096-rank target: every rank sent its stats and the hub beat to
     every session every 100 ms, 81,920 messages a second for 4,096 ranks. Both now
     happen every liveness.every(ranks, rank_timeout) s: 100 ms in small jobs, and about
-    1,000 a second each way in a large one, never fewer than five per rank_timeout."""
+    500 a second each way in a large one, never fewer than five per rank_timeout."""
     from freeride.job import liveness
 
     assert liveness.every(2, liveness.rank_timeout(2)) == pytest.approx(0.1)
     assert liveness.every(2, 0.3) == pytest.approx(0.06)
-    for ranks in (1024, 2048, 4096, 16384):
+    for ranks in (500, 1024, 2048, 4096, 16384):
         timeout = liveness.rank_timeout(ranks)
         every = liveness.every(ranks, timeout)
         assert ranks / every <= 1.05 * liveness.MESSAGES_PER_S
         assert timeout >= 5 * every and timeout >= 5.0
-    assert liveness.rank_timeout(4096) == pytest.approx(20.48)
+    assert liveness.rank_timeout(4096) == pytest.approx(40.96)
+    assert liveness.beat_every(4096, 40.96) == liveness.every(4096, 40.96)
+
+
+def test_only_a_ranks_session_may_send_stats(job):
+    """A rank's stats travel as a frame of their own that the hub keeps for the
+    coordinator (not a pickled message): a client's session sending one is dropped and
+    counted, and never reaches the placement's view of any rank."""
+    q, _, credential = job
+    attacker = Handshaker(q, credential=credential)
+    try:
+        welcome = attacker.handshake(credential, auth.CLIENT_ROLE)
+        assert welcome is not None and welcome[0] == b"welcome", welcome
+        before = q.stats()["dropped"]
+        attacker.send(b"stats", m.pack_stats(10**15, 10**15, 1 << 40, 7))
+        wait_until(lambda: q.stats()["dropped"] > before, timeout=10)
+        assert not any(box.startswith("fr-client/") for box in q._hub._stats)
+        assert q._coordinator._ranks[0].iterations != 7
+    finally:
+        attacker.close()
+    assert m.unpack_stats(m.pack_stats(1, 2, None, 3)) == (1, 2, None, 3)
+    assert m.unpack_stats(b"short") is None
 
 
 def test_the_hub_beats_only_sessions_it_sent_nothing_else(bare_hub, monkeypatch):

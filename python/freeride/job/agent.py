@@ -279,9 +279,9 @@ class Agent(Serving):
             return error, "failed", None
         return None, None, payload
 
-    def stats_message(self) -> tuple:
-        """("stats", ...) with this rank's bubbles and free budget: also its heartbeat, so
-        it is sent even when the harvester has nothing to tell."""
+    def stats(self) -> bytes:
+        """This rank's bubbles and free budget, packed (messages.pack_stats): also its
+        heartbeat, so it is sent even when the harvester has nothing to tell."""
         bubble, longest, iterations = 0, 0, 0
         try:
             bubble, longest, iterations = self._h.bubble_stats()
@@ -294,7 +294,7 @@ class Agent(Serving):
                 free = max(0, int(budget - self._h.memory_used))
             except Exception:  # noqa: BLE001
                 free = 0
-        return ("stats", self.rank, max(0, bubble), max(0, longest), free, max(0, iterations))
+        return m.pack_stats(bubble, longest, free, iterations)
 
 
 def _started(handle: Any) -> bool:

@@ -64,10 +64,12 @@ class Coordinator(Serving):
         self._policy = policy
         self._hub = hub
         self._ranks = {r: RankState(r) for r in ranks}
+        self._all_ranks = frozenset(ranks)
         self._leader = leader
         self._rank_timeout = rank_timeout
         self._started = time.monotonic()
         self._liveness_read = 0.0
+        self._stats_read = 0.0
         # Liveness is read a few times per stats interval: more often finds nothing new.
         self._liveness_every = max(0.25, liveness.every(len(ranks), rank_timeout) / 2)
         self._told_lost: dict[int, float] = {}
@@ -106,15 +108,21 @@ class Coordinator(Serving):
         if received is not None:
             self.handle(*received)
             return True
+        self._read_stats()
         self._check_liveness()
         if not self._finished.is_set():
-            if self._finish_now.is_set() or self._closing | self._lost >= set(self._ranks):
+            if self._finish_now.is_set() or self._closing | self._lost >= self._all_ranks:
                 self._finish()
             else:
                 self._place()
         elif self._all_gone():
             self.halt()
         return False
+
+    def idle(self, seconds: float) -> None:
+        """Sleeps until the hub has a message (or `seconds`): a job's stats arrive a
+        thousand times a second, each one a wake-up, never a poll in between."""
+        self._hub.wait(seconds)
 
     def _all_gone(self) -> bool:
         waiting = self._closing - self._gone
@@ -180,6 +188,23 @@ class Coordinator(Serving):
             )
             return
         heapq.heappush(self._pending, (-priority, next(self._seq), task_id))
+
+    def _read_stats(self) -> None:
+        """Every rank's latest stats, at most 10 times a second (the hub keeps the latest
+        of each; a job of thousands of ranks sends a thousand a second)."""
+        now = time.monotonic()
+        if now - self._stats_read < 0.1:
+            return
+        self._stats_read = now
+        for box, raw in self._hub.take_stats().items():
+            rank = m.rank_of(box)
+            values = m.unpack_stats(raw)
+            if rank is None or rank not in self._ranks or values is None:
+                self.malformed += 1
+            elif rank in self._lost:
+                self._tell_lost(rank, box)
+            else:
+                self._on_stats(rank, *values)
 
     def _on_stats(
         self, rank: int, bubble: int, longest: int, free: int | None, iterations: int
@@ -360,8 +385,10 @@ class Coordinator(Serving):
 
     def _place(self) -> None:
         """Places pending tasks, most urgent first, while some rank has room."""
+        if not self._pending:
+            return  # (most idle steps: nothing to walk the ranks for)
         ranks = list(self._ranks.values())
-        if not self._pending or self._measuring(ranks):
+        if self._measuring(ranks):
             return
         deferred = []
         while self._pending:

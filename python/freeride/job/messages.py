@@ -39,6 +39,7 @@ To a rank's agent or a client:
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -47,6 +48,36 @@ from ..handle import FINAL_STATES
 MAX_MESSAGE = 256 << 20  # bytes; the channel refuses a message of more parts than this fills
 # The most a spec or a result may pickle to: room for the rest of its message.
 MAX_PAYLOAD = MAX_MESSAGE - (1 << 20)
+
+
+# A rank's stats, its heartbeat, travel as a frame of their own, not pickled: (bubble ns,
+# longest bubble ns, free bytes or -1 for none, iterations). The hub keeps only each
+# rank's latest, and the coordinator reads them all at once, so a job of thousands of
+# ranks costs the leader a dictionary store per heartbeat, not a message to act on.
+_STATS = struct.Struct("<QQqQ")
+STATS_BYTES = _STATS.size
+_U64 = (1 << 64) - 1
+
+
+def _u64(v: int) -> int:
+    return min(max(0, int(v)), _U64)
+
+
+def pack_stats(bubble: int, longest: int, free: int | None, iterations: int) -> bytes:
+    """A rank's stats as the frame its Link sends (free None: no memory budget)."""
+    free_field = -1 if free is None else min(max(0, int(free)), (1 << 63) - 1)
+    return _STATS.pack(_u64(bubble), _u64(longest), free_field, _u64(iterations))
+
+
+def unpack_stats(raw: bytes) -> tuple[int, int, int | None, int] | None:
+    """(bubble, longest, free | None, iterations), or None for a frame that is not
+    stats (a wrong size, a negative free other than -1)."""
+    if len(raw) != STATS_BYTES:
+        return None
+    bubble, longest, free, iterations = _STATS.unpack(raw)
+    if free < -1:
+        return None
+    return bubble, longest, None if free == -1 else free, iterations
 
 
 def spec_payload(spec: Any) -> bytes:

@@ -135,7 +135,12 @@ class JobQueue:
             try:
                 host, ip = _listen_address(host)
                 secret = auth.new_secret()
-                hub = channel.Hub(ip, secret, ranks, beat_s=self._beat_s)
+                hub = channel.Hub(
+                    ip,
+                    secret,
+                    ranks,
+                    beat_s=liveness.beat_every(len(ranks), self._rank_timeout),
+                )
                 port, key = hub.port, hub.public_key
                 client = auth.client_credential(secret)
                 for path, credential, role in (
@@ -477,7 +482,7 @@ class JobQueue:
         is_leader = self._rank == self._leader
         while not self._stop_beat.wait(self._beat_s):
             try:
-                self._send_coord(self._agent.stats_message())
+                self._link.send_stats(self._agent.stats())
             except Exception:
                 log.debug("freeride job queue: a beat failed", exc_info=True)
             if not is_leader and self._link.silent_for() > self._rank_timeout:

@@ -39,6 +39,11 @@ class Serving:
         """One round of work; True if there was some (a message handled)."""
         raise NotImplementedError
 
+    def idle(self, seconds: float) -> None:
+        """Waits after a step with nothing to do: `seconds`, or less where a subclass
+        knows work has come."""
+        time.sleep(seconds)
+
     def start(self) -> None:
         self._thread.start()
 
@@ -77,5 +82,5 @@ class Serving:
             if busy:
                 idle = 0.001
                 continue
-            time.sleep(idle)
+            self.idle(idle)
             idle = min(idle * 2, self._max_idle)

@@ -46,8 +46,9 @@ reaches its port, and one bad write could break the connection the whole queue s
   notes when it last heard from each session (a Link that has sent nothing for its ping
   interval pings), and sends a beat only to a session it sent nothing else for a beat
   (liveness.py sets both by the job's size), which is how Links notice a silent leader.
-  ZMTP heartbeats, in libzmq's I/O thread, close connections whose peer stopped
-  answering. Nobody else can move either clock.
+  A rank's stats are a fixed frame the hub keeps (the latest per rank) for the
+  coordinator to read in bulk. The kernel closes dead connections (TCP_USER_TIMEOUT,
+  keepalive). Nobody else can move either clock.
 
 Not protected: anyone who reaches the port can open connections (each costs a descriptor
 of the leader's process for at most the transport handshake's 5 s, and at most one frame

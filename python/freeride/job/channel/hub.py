@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from .. import auth
-from ..messages import agent_box
+from ..messages import STATS_BYTES, agent_box
 from . import frames as fr
 from .sockets import (
     ROUTING_ID_BYTES,
@@ -44,6 +44,9 @@ _STATUS_BYTES = 4096  # the longest message a status session may send (JSON)
 # A rank's session heard within this long is live: no other session may take its box (its
 # Link sends its stats at least every beat, pings every second otherwise).
 _RANK_LIVE_S = 3.0
+# The hub's shortest round: what a message waits at most before the hub takes it, for
+# frames taken a few at a time when a job's ranks send a thousand a second.
+_ROUND_S = 0.01
 # Messages queued for each peer before new ones are dropped: a peer that does not read
 # cannot make the hub hold more (beats are not queued behind a backlog: they are sent
 # only to sessions sent nothing else for a beat).
@@ -110,6 +113,8 @@ class Hub:
         self._lock = threading.Lock()
         self._out: collections.deque[tuple[str, bytes]] = collections.deque()
         self._in: collections.deque[tuple[str, bytes]] = collections.deque()
+        self._arrived = threading.Event()  # set when _in gains a message
+        self._stats: dict[str, bytes] = {}  # each rank's latest stats, by box
         self._sessions: dict[bytes, _Session] = {}
         self._boxes: dict[str, bytes] = {}
         self._ended: collections.OrderedDict[bytes, str] = collections.OrderedDict()
@@ -152,6 +157,18 @@ class Hub:
             except Exception:  # noqa: BLE001 - authenticated, but unreadable
                 self.malformed += 1
                 log.warning("freeride job queue: a message from %s did not unpickle", box)
+
+    def take_stats(self) -> dict[str, bytes]:
+        """Each rank's latest stats (messages.pack_stats) received since the last call,
+        by box."""
+        with self._lock:
+            stats, self._stats = self._stats, {}
+        return stats
+
+    def wait(self, timeout: float) -> None:
+        """Waits until a message may be waiting for poll() (or `timeout` s)."""
+        if self._arrived.wait(timeout):
+            self._arrived.clear()
 
     def drop(self, box: str) -> None:
         """Ends the session holding `box` (a client that said bye): it is beaten no more,
@@ -211,6 +228,7 @@ class Hub:
             min(self._beat_s / 2, 0.25),
             copy=False,
             extra=(self._zap.sock, self._zap.answer),
+            round_s=_ROUND_S,
         )
         try:
             self._flush()  # the last messages (byes, "closed") before the socket closes
@@ -249,6 +267,18 @@ class Hub:
                 session.heard = now
                 if payload is not None:
                     self._in.append((session.box, payload))
+            if payload is not None:
+                self._arrived.set()
+        elif (
+            what == b"stats"
+            and session is not None
+            and session.kind == auth.RANK_KIND
+            and len(body) == 2
+            and len(body[1]) == STATS_BYTES
+        ):
+            with self._lock:
+                session.heard = now
+                self._stats[session.box] = body[1]
         elif (
             what == b"hello"
             and len(body) == 3
@@ -394,6 +424,7 @@ class Hub:
         if waiting:
             with self._lock:
                 self._in.extend((box, payload) for payload in waiting)
+            self._arrived.set()
             self.dropped -= len(waiting)  # counted when held: delivered after all
 
     def _box_for(self, rid: bytes, role: bytes, kind: str) -> str:

@@ -82,6 +82,7 @@ class Link:
         self._lock = threading.Lock()
         self._in: collections.deque[bytes] = collections.deque()
         self._out: collections.deque[bytes] = collections.deque(maxlen=_HWM)
+        self._stats: bytes | None = None  # the latest stats not yet sent (a rank's)
         self._nonce: bytes | None = None
         # Nonces of this handshake's earlier hellos: a challenge to one is stale, not forged.
         self._stale: collections.deque[bytes] = collections.deque(maxlen=8)
@@ -244,6 +245,13 @@ class Link:
             self._out.append(payload)
         self._waker.ring()
 
+    def send_stats(self, packed: bytes) -> None:
+        """Queues a rank's stats (messages.pack_stats), replacing any not sent yet: only
+        the latest matters. Never waits."""
+        with self._lock:
+            self._stats = packed
+        self._waker.ring()
+
     def poll(self) -> Any | None:
         """The next message from the hub, or None."""
         while True:
@@ -330,6 +338,14 @@ class Link:
 
     def _flush(self) -> None:
         zmq = zmq_module()
+        if self._ready and not self._held.is_set() and self._stats is not None:
+            with self._lock:
+                packed, self._stats = self._stats, None
+            try:
+                self._dealer.send_multipart([b"stats", packed], zmq.NOBLOCK)
+                self._sent_at = time.monotonic()
+            except zmq.Again:
+                pass  # the next one replaces it
         while self._ready and not self._held.is_set():
             with self._lock:
                 if not self._out:

@@ -7,6 +7,7 @@ import itertools
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,14 +18,16 @@ log = logging.getLogger("freeride.job")
 ROUTING_ID_BYTES = 16
 LINGER_MS = 200  # how long a closing socket may still send what it queued
 TRANSPORT_HANDSHAKE_MS = 5000  # ZMTP/Curve's own handshake (libzmq's default: 30 s)
-# ZMTP heartbeats from each Link, answered by libzmq's I/O thread (no Python, no GIL): a
-# connection whose hub stopped answering (half-open behind a NAT, a host gone) is closed,
-# so the Link reconnects instead of talking into it. Not on the hub's ROUTER: with them,
-# libzmq 4.3.5 aborts (assert !_io_error in stream_engine_base.cpp) on a connection
-# refused during its handshake; the hub's end of a dead connection is replaced by the
-# Link's reconnection (ROUTER_HANDOVER) and found by TCP keepalive.
-HEARTBEAT_MS = 5000  # each costs the hub's I/O thread a Curve-boxed PONG: 800 a second
-HEARTBEAT_TIMEOUT_MS = 15000  # at 4,096 ranks
+# A dead connection (half-open behind a NAT that forgot it, a host gone) is found by the
+# kernel, at no cost to the hub: data unacknowledged for MAX_RETRANSMIT_MS closes it
+# (TCP_USER_TIMEOUT; a Link sends at least every beat, so its side notices and
+# reconnects), and an idle one by TCP keepalive. Not ZMTP heartbeats: each is a
+# Curve-boxed PING and PONG through the hub's I/O thread (800 each a second from 4,096
+# ranks at one per 5 s), and on the hub's ROUTER libzmq 4.3.5 aborts with them (assert
+# !_io_error in stream_engine_base.cpp) on a connection refused during its handshake.
+# The hub's end of a dead connection is replaced at once by the Link's reconnection
+# (ROUTER_HANDOVER).
+MAX_RETRANSMIT_MS = 10_000
 KEEPALIVE_S = (30, 5, 6)  # TCP keepalive: idle before the first probe, between, how many
 MAX_DESCRIPTORS = 1 << 20  # the soft limit the hub raises to, where the hard one is higher
 _ids = itertools.count()
@@ -87,9 +90,7 @@ def new_socket(ctx: Any, kind: int, ip: str, hwm: int) -> Any:
     sock.handshake_ivl = TRANSPORT_HANDSHAKE_MS
     sock.tcp_keepalive = 1
     sock.tcp_keepalive_idle, sock.tcp_keepalive_intvl, sock.tcp_keepalive_cnt = KEEPALIVE_S
-    if kind == zmq.DEALER:
-        sock.heartbeat_ivl = HEARTBEAT_MS
-        sock.heartbeat_timeout = HEARTBEAT_TIMEOUT_MS
+    sock.tcp_maxrt = MAX_RETRANSMIT_MS
     if ":" in ip:
         sock.setsockopt(zmq.IPV6, 1)
     return sock
@@ -142,12 +143,15 @@ def pump(
     wait_s: float,
     copy: bool = True,
     extra: tuple[Any, Callable[[], None]] | None = None,
+    round_s: float = 0.0,
 ) -> None:
     """The loop of a socket's owning thread until `stop`: waits (at most `wait_s`) for
     frames or a ring, hands each frame list to `on_frames` (at most 1024 a round, so sends
     and beats go on under a flood; zmq Frames where not `copy`), then calls
-    `after_round`. `extra`: another (socket, handler) this thread serves. A round that
-    raises is logged the first time; the loop goes on."""
+    `after_round`. `extra`: another (socket, handler) this thread serves. `round_s`: the
+    shortest round, so that frames arriving a thousand a second are taken a few at a time,
+    not each with a wake-up of its own. A round that raises is logged the first time; the
+    loop goes on."""
     zmq = zmq_module()
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
@@ -155,8 +159,14 @@ def pump(
     if extra is not None:
         poller.register(extra[0], zmq.POLLIN)
     failures = 0
+    began = 0.0
     while not stop.is_set():
         try:
+            if round_s > 0:
+                rest = began + round_s - time.monotonic()
+                if rest > 0 and stop.wait(rest):
+                    break
+                began = time.monotonic()
             events = dict(poller.poll(int(wait_s * 1000)))
             if waker.rx in events:
                 waker.clear()
