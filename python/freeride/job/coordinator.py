@@ -60,7 +60,8 @@ class Coordinator(Serving):
         rank_timeout: float,
         cuda: bool = False,
     ) -> None:
-        super().__init__("freeride-jobqueue-coord", cuda=cuda)
+        # Messages wake it (Hub.wait); the pause only bounds how late liveness is read.
+        super().__init__("freeride-jobqueue-coord", max_idle=0.05, cuda=cuda)
         self._policy = policy
         self._hub = hub
         self._ranks = {r: RankState(r) for r in ranks}

@@ -46,7 +46,7 @@ _STATUS_BYTES = 4096  # the longest message a status session may send (JSON)
 _RANK_LIVE_S = 3.0
 # The hub's shortest round: what a message waits at most before the hub takes it, for
 # frames taken a few at a time when a job's ranks send a thousand a second.
-_ROUND_S = 0.01
+_ROUND_S = 0.02
 # Messages queued for each peer before new ones are dropped: a peer that does not read
 # cannot make the hub hold more (beats are not queued behind a backlog: they are sent
 # only to sessions sent nothing else for a beat).
