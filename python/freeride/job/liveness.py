@@ -4,7 +4,7 @@ Each rank sends its stats (its heartbeat) every `every(ranks, rank_timeout)` sec
 100 ms in a small job, and in a large one as often as keeps the leader at about
 MESSAGES_PER_S stats a second (so a job of 4,096 ranks costs the leader what one of 500
 does), never less often than five times per rank_timeout. The hub beats to each session it
-sent nothing else as often (`beat_every`). The default rank_timeout grows with the job past 500
+sent nothing else half as often (`beat_every`). The default rank_timeout grows with the job past 500
 ranks, so that a rank is declared lost only after several missed beats."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def every(ranks: int, rank_timeout: float) -> float:
 
 
 def beat_every(ranks: int, rank_timeout: float) -> float:
-    """Seconds the hub lets pass without a frame to a rank: the stats interval (with the
-    hub's sweep every half beat, a rank hears the hub at least three times per
-    rank_timeout even on a leader slowed by a busy machine)."""
-    return every(ranks, rank_timeout)
+    """Seconds the hub lets pass without a frame to a rank: twice the stats interval, so
+    half the leader's liveness frames are beats. With the hub's sweep every quarter beat
+    a rank hears the hub at least every half rank_timeout."""
+    return 2 * every(ranks, rank_timeout)

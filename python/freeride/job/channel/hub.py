@@ -215,7 +215,7 @@ class Hub:
             self._flush()
             now = time.monotonic()
             if now >= next_beat:
-                next_beat = now + self._beat_s / 2
+                next_beat = now + self._beat_s / 4
                 self._beat(now)
 
         pump(
