@@ -668,6 +668,64 @@ def test_liveness_costs_the_leader_what_five_hundred_ranks_would():
     assert liveness.beat_every(4096, 40.96) * 1.25 <= 40.96 / 2
 
 
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_under_every_flood_at_once_a_client_still_connects_within_a_second(job, tmp_path):
+    """Review J4, J6, J7 together, as the attacker of `bench soak --attack` does them from
+    a process of its own: 50 idle connections held, frames of 255 MiB announced before the
+    handshake, keyless peers and a client-credential holder saying hello in floods. Before:
+    each huge frame held about 250 MiB of the leader's memory, and 600 hello-flooding
+    connections kept every client out and cost 2.2 GB. Now a real client connects within
+    a second, every time, and the leader's memory grows by less than 64 MiB."""
+    import multiprocessing
+
+    from freeride.cli.bench import _attacker
+
+    q, folder, credential = job
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    out = tmp_path / "attacker.json"
+    proc = ctx.Process(
+        target=_attacker.run,
+        args=(str(folder / "queue.json"), str(out), stop),
+        daemon=True,
+    )
+    assert _attacker.client_keys(credential) == auth.curve_keys(credential, auth.CLIENT_KIND)
+    denied = q._hub.denied
+    rss_before = _rss_mib()
+    fds_before = len(os.listdir("/proc/self/fd"))
+    proc.start()
+    try:
+        time.sleep(2.0)  # the floods under way
+        took = []
+        for _ in range(3):
+            began = time.monotonic()
+            with fr.JobQueue.connect(secret_file=folder / "queue.json", timeout=10) as client:
+                took.append(time.monotonic() - began)
+                assert client.status() is not None
+        rss_during = _rss_mib()
+        fds_during = len(os.listdir("/proc/self/fd"))
+        _still_works(q)
+    finally:
+        stop.set()
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+    counts = json.loads(out.read_text())
+    assert counts["keyless_hellos"] > 0 and counts["idle_held"] >= 50, counts
+    assert counts["huge_frames"] > 0 and counts["huge_bytes_in"] < (8 << 20), counts
+    assert max(took) < 1.0, took
+    assert q._hub.denied > denied  # every keyless peer refused by the transport
+    assert rss_during - rss_before < 64, (rss_before, rss_during)
+    assert fds_during - fds_before < 200, (fds_before, fds_during)
+
+
 def test_only_a_ranks_session_may_send_stats(job):
     """A rank's stats travel as a frame of their own that the hub keeps for the
     coordinator (not a pickled message): a client's session sending one is dropped and

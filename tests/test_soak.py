@@ -64,8 +64,9 @@ def test_a_short_soak_with_an_attacker_at_the_port_stays_sound(tmp_path):
     assert tasks["done"] > 0, tasks
     attacked = result["attacker"]
     assert "error" not in attacked, attacked
-    assert attacked["keyless_hellos"] > 0 and attacked["zap_denied"] > 0, attacked
+    assert attacked["keyless_hellos"] > 0, attacked
     assert attacked["client_hellos"] > 0 and attacked["idle_held"] >= 50, attacked
     assert attacked["huge_frames"] > 0 and attacked["huge_bytes_in"] < (8 << 20), attacked
+    assert result["queue_stats"][0]["denied"] > 0, result["queue_stats"]
     for row in result["rows"]:
         assert row["threads_end"] == row["threads_warm"], row

@@ -320,18 +320,20 @@ class JobQueue:
 
     def stats(self) -> dict[str, Any]:
         """What the queue turned away on this rank: "dropped" (frames of no authenticated
-        session or of no known shape, never unpickled), "refused" (connections whose proof
-        did not verify, on the leader), "malformed" (authenticated but of no known shape,
+        session or of no known shape, never unpickled), "denied" (connections whose Curve
+        key is no credential's, refused by the transport, on the leader), "refused"
+        (connections whose proof did not verify, on the leader), "malformed" (authenticated but of no known shape,
         or speaking for someone else), "lost_ranks" (ranks declared lost), and
         "sessions" (connections authenticated now, on the leader; 0 elsewhere)."""
         dropped = self._agent.dropped
         malformed = self._agent.malformed + self._agent.unreadable
-        refused = sessions = 0
+        refused = sessions = denied = 0
         lost = set(self._agent.lost)
         coord = self._coordinator
         if coord is not None and self._hub is not None:
             dropped += self._hub.dropped
             refused += self._hub.refused
+            denied = self._hub.denied
             sessions = self._hub.sessions()
             malformed += coord.malformed + self._hub.malformed
             lost |= coord.lost
@@ -339,6 +341,7 @@ class JobQueue:
             lost.add(self._broken.rank)
         return {
             "dropped": dropped,
+            "denied": denied,
             "refused": refused,
             "malformed": malformed,
             "lost_ranks": sorted(lost),

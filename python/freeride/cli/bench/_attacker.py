@@ -9,10 +9,15 @@ hitting the leader's port, for the whole run, with what the security reviews fou
 - a peer with the client credential (a secret-file holder) flooding hellos and frames
   outside a session (J7 from the inside: rate-limited and dropped).
 
-It counts what it did and reports it when told to stop."""
+It knows what the secret file tells (the address, the public key and the client
+credential) and derives the client's Curve key as the channel documents, without
+freeride's internals: what a holder of the file could do by hand. It counts what it did
+and reports it when told to stop."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import socket
@@ -43,13 +48,32 @@ def _huge_frame(host: str, port: int) -> int:
     return sent
 
 
-def run(address: str, server_key: bytes, client_credential: bytes, out_path: str, stop) -> None:
-    """Attacks the queue at `address` until `stop` (a multiprocessing Event) is set; writes
-    its counts as JSON to `out_path`."""
+_NONCE_BYTES = 32
+_CLIENT_ROLE = b"client"
+
+
+def client_keys(credential: bytes) -> tuple[bytes, bytes]:
+    """The client's Curve key pair (Z85), derived from the client credential: HMAC-SHA256
+    over length-prefixed fields, the curve's secret key, and its public key."""
+    import zmq
+    from zmq.utils import z85
+
+    mac = hmac.new(credential, digestmod=hashlib.sha256)
+    for field in (b"freeride-queue-curve-key", b"client"):
+        mac.update(len(field).to_bytes(8, "little"))
+        mac.update(field)
+    secret = z85.encode(mac.digest())
+    return zmq.curve_public(secret), secret
+
+
+def run(secret_file: str, out_path: str, stop) -> None:
+    """Attacks the queue that `secret_file` names until `stop` (a multiprocessing Event)
+    is set; writes its counts as JSON to `out_path`."""
     import zmq
 
-    from ...job import auth
-
+    with open(secret_file) as f:
+        known = json.load(f)
+    address, server_key = known["address"], known["server_key"].encode()
     host, _, port_text = address.rpartition(":")
     port = int(port_text)
     ctx = zmq.Context()
@@ -60,9 +84,7 @@ def run(address: str, server_key: bytes, client_credential: bytes, out_path: str
     client.linger = 0
     client.sndhwm = 1000
     client.curve_serverkey = server_key
-    client.curve_publickey, client.curve_secretkey = auth.curve_keys(
-        client_credential, auth.CLIENT_KIND
-    )
+    client.curve_publickey, client.curve_secretkey = client_keys(bytes.fromhex(known["secret"]))
     client.connect(f"tcp://{host}:{port}")
 
     def keyless() -> Any:
@@ -89,7 +111,7 @@ def run(address: str, server_key: bytes, client_credential: bytes, out_path: str
                 for _ in range(20):
                     try:
                         sock.send_multipart(
-                            [b"hello", os.urandom(auth.NONCE_BYTES), auth.CLIENT_ROLE],
+                            [b"hello", os.urandom(_NONCE_BYTES), _CLIENT_ROLE],
                             zmq.NOBLOCK,
                         )
                         counts["keyless_hellos"] += 1
@@ -98,7 +120,7 @@ def run(address: str, server_key: bytes, client_credential: bytes, out_path: str
             for _ in range(50):
                 try:
                     client.send_multipart(
-                        [b"hello", os.urandom(auth.NONCE_BYTES), auth.CLIENT_ROLE], zmq.NOBLOCK
+                        [b"hello", os.urandom(_NONCE_BYTES), _CLIENT_ROLE], zmq.NOBLOCK
                     )
                     client.send_multipart([b"msg", os.urandom(64)], zmq.NOBLOCK)
                     counts["client_hellos"] += 1

@@ -302,22 +302,17 @@ def check(totals: Totals, final: dict[int, dict[str, Any]], ran: list[dict]) -> 
             )
 
 
-def _start_attacker(queue: Any, folder: str) -> tuple[Any, Any, str]:
-    """Starts _attacker.run against `queue` (the leader's) in a process of its own."""
+def _start_attacker(secret_file: str, folder: str) -> tuple[Any, Any, str]:
+    """Starts _attacker.run, knowing what `secret_file` (the leader's) tells, in a
+    process of its own."""
     import multiprocessing
 
-    from ...job import auth
     from . import _attacker
 
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
     path = os.path.join(folder, "attacker.json")
-    credential = auth.client_credential(queue._link._secret)
-    proc = ctx.Process(
-        target=_attacker.run,
-        args=(queue.address, queue.server_key.encode(), credential, path, stop),
-        daemon=True,
-    )
+    proc = ctx.Process(target=_attacker.run, args=(secret_file, path, stop), daemon=True)
     proc.start()
     return proc, stop, path
 
@@ -390,11 +385,14 @@ def _rank_main(
             step()
         before = sample()
         before_fds = fd_kinds()
-        queue = fr.JobQueue(h)  # collective
+        secret_file = os.path.join(folder, "queue.json") if attack else None
+        queue = fr.JobQueue(h, secret_file=secret_file)  # collective
         h.attach(sched)
         h.attach_optimizer(opt)
         submitter = Submitter(queue, seed, sizes) if rank == SUBMITTER else None
-        attacker = _start_attacker(queue, folder) if attack and rank == 0 else None
+        attacker = (
+            _start_attacker(secret_file, folder) if secret_file is not None and rank == 0 else None
+        )
         attacked: dict[str, Any] | None = None
 
         def sample_and_check(t: float) -> None:
@@ -439,7 +437,6 @@ def _rank_main(
         sample_and_check(ended)  # every task final: the last counters are checked here
         if attacker is not None:
             attacked = _stop_attacker(*attacker)
-            attacked["zap_denied"] = queue._hub.denied
         stats = queue.stats() if hasattr(queue, "stats") else None
         queue.close()  # collective
         closed = sample()  # the harvester still open, as in `before`
