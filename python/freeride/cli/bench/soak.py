@@ -322,7 +322,9 @@ def _stop_attacker(proc: Any, stop: Any, path: str) -> dict[str, Any]:
     proc.join(30)
     if proc.is_alive():
         proc.kill()
+        proc.join(5)
         return {"error": "the attacker did not stop within 30 s"}
+    proc.close()  # its sentinel pipe, which the descriptor count would see
     try:
         with open(path) as f:
             return json.load(f)
