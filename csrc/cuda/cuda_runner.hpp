@@ -112,8 +112,10 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   uint32_t last_held_ = 0;  // `held` after the previous launch (slots start zeroed)
 
   // Guards what enqueueing a launch reads and writes: the executor's thread and training
-  // threads (launch_at_open) both enqueue. Never held while waiting for the GPU, except
-  // settle_locked's microseconds.
+  // threads (launch_at_open) both enqueue. Never held while waiting for the GPU: settle()
+  // holds it around one stream query at a time. The exception is drain_side(), after an
+  // enqueue failed in stream_wait mode, which waits for the side stream unbounded (left
+  // for the settle and drain work of issue 36).
   mutable std::mutex launch_mu_;
   std::deque<Launch> pending_;            // enqueued, end not taken yet; oldest first
   uint64_t taken_ = 0;                    // launches_taken(): ends taken from pending_

@@ -201,7 +201,7 @@ LaunchEnd CudaRunner::read_back(uint64_t number) {
 // After an end was taken: until the stream is idle, so that the next thing the executor
 // enqueues (its own launch, a phase's reset, a read-back) does not queue behind the
 // kernel, which retires microseconds after its last block wrote the record. Asking,
-// without launch_mu_ (review G12): a kernel that goes on working after for_each_item
+// with launch_mu_ held only around each look, never between them (review G12): a kernel that goes on working after for_each_item
 // would otherwise hold a training thread's open, which takes launch_mu_ with the GIL
 // held. Ends early where a launch at an open is enqueued meanwhile (the executor takes
 // that one next, and it is stream-ordered behind this kernel anyway) or the runner is
