@@ -235,6 +235,8 @@ def test_unauthenticated_frames_run_nothing_and_the_queue_keeps_serving(job, tmp
         assert attacker.recv() is None
         wait_until(lambda: q._hub.denied > denied, timeout=10)
         assert q.stats()["dropped"] == before
+        # Fails closed: without an answer from the handler, no connection.
+        assert q._hub._router.getsockopt(zmq.ZAP_ENFORCE_DOMAIN) == 1
     finally:
         attacker.close()
     attacker = Attacker(q, credential=credential)

@@ -84,8 +84,9 @@ class Hub:
         public, private = zmq.curve_keypair()
         self.public_key: bytes = public
         raise_descriptor_limit()
-        # Bound before the router listens: with DOMAIN set, a connection that no
-        # handler answers for is refused, never let through.
+        # Bound before the router listens; and with ZAP_ENFORCE_DOMAIN, a connection
+        # that no handler answers for is refused, never let through (with DOMAIN alone,
+        # libzmq 4.3.5 lets it in).
         self._zap = Zap(
             self._ctx,
             {auth.curve_keys(c, kind)[0]: kind for kind, c in self._credentials.items()},
@@ -95,6 +96,7 @@ class Hub:
         self._router.curve_publickey = public
         self._router.curve_secretkey = private
         self._router.zap_domain = DOMAIN
+        self._router.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
         # A Link that reconnects (its old connection half-open behind a NAT) takes its
         # routing id over at once. Only the Link knows its id (it travels encrypted), and
         # every frame's key kind is checked against its session's.
