@@ -146,7 +146,7 @@ class Coordinator(Serving):
                 return
             if m.is_status_box(sender) and kind not in ("hello", "status", "bye"):
                 raise m.Malformed(f"{kind!r} from {sender}, whose credential only reads status")
-            if kind in ("stats", "state", "handback", "closing", "gone"):
+            if kind in ("state", "handback", "closing", "gone"):
                 claimed = message[1] if kind != "state" else message[2]
                 if claimed != rank or rank not in self._ranks:
                     raise m.Malformed(f"{kind!r} for rank {claimed} from {sender}")

@@ -15,7 +15,7 @@ ids of its own prefix, see `task_prefix`).
 To the coordinator:
     ("submit", task_id, spec_bytes, priority, reply_box)
     ("cancel", task_id)
-    ("stats", rank, bubble_ns, longest_bubble_ns, free_bytes | None, iterations)
+    (a rank's stats are not a message: a frame of their own, pack_stats, that the hub keeps)
     ("state", task_id, rank, state, items_done, items_total | None, error | None,
         error_kind | None, result | None)
     ("handback", rank, [task_id, ...])
@@ -192,7 +192,6 @@ _RANK = _count
 _TO_COORD: dict[str, tuple[Callable[[Any], bool], ...]] = {
     "submit": (_str, _bytes, _int, _box),
     "cancel": (_str,),
-    "stats": (_RANK, _count, _count, _opt(_count), _count),
     "state": (_str, _RANK, _state, _count, _opt(_count), _opt(_text), _error_kind, _opt(_bytes)),
     "handback": (_RANK, _ids),
     "closing": (_RANK,),

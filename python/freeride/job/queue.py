@@ -12,7 +12,7 @@ connections encrypted with CurveZMQ, each authenticated by challenge and respons
 a secret the leader makes and shares over a gloo group of the queue's own, so only the
 job's ranks and clients holding the secret talk to the queue, and the leader alone keeps
 its state (task ids, placements, liveness). Each rank sends its stats every 100 ms (less
-often in a job of more than 100 ranks, see liveness.py) and the leader beats to each rank
+often in a job of more than 50 ranks, see liveness.py) and the leader beats to each rank
 it sent nothing else; a rank the leader has not heard from for `rank_timeout` is declared
 lost: the tasks it had not started go elsewhere, the ones it ran fail with RankLostError
 (and are cancelled there if it is heard from again), and close() says so.
@@ -68,8 +68,8 @@ class JobQueue:
             comes from MASTER_ADDR, allowed with a warning where given here.
         timeout: seconds for setup (each rank's connection included).
         rank_timeout: a rank (or the leader) not heard from for this long is declared
-            lost (default: 5 s, more in a job of more than 1,000 ranks: the number of
-            ranks / 200 s).
+            lost (default: 5 s, more in a job of more than 500 ranks: the number of
+            ranks / 100 s).
         close_timeout: how long close() waits for the other ranks to close too; it
             returns within this plus about a second whatever the others do.
         secret_file: if given, the leader writes the queue's address, the client
@@ -322,8 +322,8 @@ class JobQueue:
         """What the queue turned away on this rank: "dropped" (frames of no authenticated
         session or of no known shape, never unpickled), "denied" (connections whose Curve
         key is no credential's, refused by the transport, on the leader), "refused"
-        (connections whose proof did not verify, on the leader), "malformed" (authenticated but of no known shape,
-        or speaking for someone else), "lost_ranks" (ranks declared lost), and
+        (connections whose proof did not verify, on the leader), "malformed"
+        (authenticated but of no known shape, or speaking for someone else), "lost_ranks" (ranks declared lost), and
         "sessions" (connections authenticated now, on the leader; 0 elsewhere)."""
         dropped = self._agent.dropped
         malformed = self._agent.malformed + self._agent.unreadable

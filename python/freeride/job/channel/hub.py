@@ -185,14 +185,6 @@ class Hub:
         with self._lock:
             return len(self._sessions)
 
-    def heard(self, box: str) -> float | None:
-        """When (time.monotonic()) the hub last heard from `box`'s session; None if no
-        session holds it."""
-        with self._lock:
-            rid = self._boxes.get(box)
-            session = self._sessions.get(rid) if rid is not None else None
-            return None if session is None else session.heard
-
     def heard_all(self) -> dict[str, float]:
         """When the hub last heard from each session, by box (one look for all)."""
         with self._lock:
