@@ -437,6 +437,24 @@ void register_test_hooks(py::module_& m) {
       },
       py::arg("ran_ns"), py::arg("slice_ns"),
       "freeride/slice.h's slice_time: 0 within the slice, 1 extendable, 2 over.");
+  t.def(
+      "look_at_pending",
+      [](uint64_t word, uint64_t now_ns) {
+        const freeride::PendingLook look = freeride::look_at_pending(word, now_ns);
+        return py::make_tuple(look.refresh, look.answer, static_cast<uint64_t>(look.kept));
+      },
+      py::arg("word"), py::arg("now_ns"),
+      "freeride/slice.h's look_at_pending: (refresh, answer, kept).");
+  t.def(
+      "pending_word",
+      [](bool pending, uint64_t at_ns) {
+        return static_cast<uint64_t>(freeride::pending_word(pending, at_ns));
+      },
+      py::arg("pending"), py::arg("at_ns"), "freeride/slice.h's pending_word.");
+  t.def(
+      "pending_answer", [](uint64_t word) { return freeride::pending_answer(word); },
+      py::arg("word"), "freeride/slice.h's pending_answer.");
+  t.attr("PENDING_FRESH_NS") = py::int_(FREERIDE_PENDING_FRESH_NS);
 
   py::class_<FakeWatcher>(t, "FakeWatcher",
                           "An open watcher (csrc/cuda/open_watcher.hpp) with fake events: "

@@ -74,6 +74,7 @@ _SYSTEM_FENCE = re.compile(r"(?:membar\.sys|fence(?:\.\w+)*\.sys)\b")
 _ANY_FENCE = re.compile(r"(?:membar|fence)\.")
 _SYSTEM_ATOMIC = re.compile(r"(?:atom|red)(?:\.\w+)*\.sys\b")
 _VOLATILE_U32_LOAD = re.compile(r"ld\.volatile\.global\.u32\s+(%r\d+)")
+_VOLATILE_V4_LOAD = re.compile(r"ld\.volatile\.global\.v4\.u32\s")
 
 
 @functools.cache
@@ -138,19 +139,22 @@ def test_gate_and_stop_loads_are_issued_together(arch):
     """The leader's two volatile loads (gate, stop flag) are adjacent instructions, so
     neither waits for the other's round trip: nothing compares the first before the
     second is issued. (They come from one asm block in may_run, so the compiler cannot
-    put anything between them; ptxas keeps volatile loads in order.)"""
+    put anything between them; ptxas keeps volatile loads in order.) The claim path has
+    the pair twice: every claim, and again after a read across the bus (claim_item)."""
     code = instructions(_ptx(SCALE, arch), "scale")
     loads = [(n, m.group(1)) for n, i in enumerate(code) if (m := _VOLATILE_U32_LOAD.match(i))]
-    # The body has none: one claim path's two loads, the read of the latest close's
-    # ordinal (close_pending: only past the slice, behind a branch), and leave_launch's
+    # The body has none: the claim path's two pairs, the read of the latest close's
+    # ordinal (only by the block refreshing the launch's answer), and leave_launch's
     # read of `held` for the end record, once per launch, after the loop.
-    assert len(loads) == 4, loads
-    (first, reg_a), (second, reg_b) = loads[:2]
-    assert second == first + 1, code[first : second + 1]
-    assert reg_a != reg_b
-    either = re.compile(rf"(?:{re.escape(reg_a)}|{re.escape(reg_b)})\b")
-    uses = [n for n, i in enumerate(code) if n not in (first, second) and either.search(i)]
-    assert uses and min(uses) > second
+    assert len(loads) == 6, loads
+    latest = next(n for n, i in enumerate(code) if _VOLATILE_V4_LOAD.match(i)) - 1
+    pairs = [load for load in loads if load[0] != latest][:4]
+    for (first, reg_a), (second, reg_b) in (pairs[:2], pairs[2:]):
+        assert second == first + 1, code[first : second + 1]
+        assert reg_a != reg_b
+        either = re.compile(rf"(?:{re.escape(reg_a)}|{re.escape(reg_b)})\b")
+        uses = [n for n, i in enumerate(code) if n not in (first, second) and either.search(i)]
+        assert uses and min(uses) > second
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -170,16 +174,39 @@ def test_a_block_leaves_through_a_barrier_then_one_fence_by_its_leader(arch):
     assert not any(_ANY_FENCE.match(i) for i in before), before
 
 
-_VOLATILE_V4_LOAD = re.compile(r"ld\.volatile\.global\.v4\.u32\s")
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 def test_close_pending_reads_both_words_in_one_round_trip(arch):
-    """Past its slice a block asks, at each claim, whether the close ending its bubble is
-    pending (freeride/slice.h): the latest close's ordinal (host memory, across the bus)
-    and the executed slots (one 16-byte load) are issued together, so the question costs
-    one round trip, and there is one such pair in the claim path (no second copy)."""
+    """Past its slice the block that refreshes its launch's answer asks whether the close
+    ending its bubble is pending (freeride/slice.h): the latest close's ordinal (host
+    memory, across the bus) and the executed slots (one 16-byte load) are issued together,
+    so the question costs one round trip, and there is one such pair in the claim path
+    (no second copy)."""
     code = instructions(_ptx(SCALE, arch), "scale")
     vectors = [n for n, i in enumerate(code) if _VOLATILE_V4_LOAD.match(i)]
     assert len(vectors) == 1, vectors
     assert _VOLATILE_U32_LOAD.match(code[vectors[0] - 1]), code[vectors[0] - 2 : vectors[0] + 1]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_only_the_block_that_takes_the_refresh_reads_across_the_bus(arch):
+    """Past its slice a block looks at its launch's shared answer (one volatile 64-bit
+    load of fr_launch_run.pending); only when that is stale does it try to take the
+    refresh (a compare-and-swap on the same word), and only the winner issues the read of
+    the latest close's ordinal (host memory) with the slots, then publishes the answer
+    (an exchange) and reads the gate again. One read per claim of every block flooded
+    the bus on an H200 (freeride/slice.h)."""
+    code = instructions(_ptx(SCALE, arch), "scale")
+    cas = [n for n, i in enumerate(code) if i.startswith("atom.global.cas.b64")]
+    exch = [n for n, i in enumerate(code) if i.startswith("atom.global.exch.b64")]
+    vector = [n for n, i in enumerate(code) if _VOLATILE_V4_LOAD.match(i)]
+    assert len(exch) == 1 and len(vector) == 1, (exch, vector)
+    # leave_launch's reads of the end record's counts come after the claim path.
+    look = [n for n, i in enumerate(code) if i.startswith("ld.volatile.global.u64") and n < exch[0]]
+    assert len(look) == 1, look
+    # enter_launch's compare-and-swap of the launch's start comes first; the refresh's
+    # is the one after the look.
+    refresh = [n for n in cas if n > look[0]]
+    assert len(refresh) == 1, cas
+    assert look[0] < refresh[0] < vector[0] - 1 < vector[0] < exch[0]
+    regather = [n for n, i in enumerate(code) if _VOLATILE_U32_LOAD.match(i) and n > exch[0]]
+    assert regather, "the gate is not read again after the read across the bus"

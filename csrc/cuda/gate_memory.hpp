@@ -49,7 +49,7 @@ static_assert(kCloseSlots * sizeof(unsigned int) % 16 == 0 &&
 // A runner's device memory: its fr_phase_state, then its ring of fr_launch_run.
 constexpr size_t kRunsOffset = 64;
 constexpr size_t kStateStride = 1024;
-static_assert(sizeof(fr_phase_state) <= kRunsOffset && sizeof(fr_launch_run) == 16 &&
+static_assert(sizeof(fr_phase_state) <= kRunsOffset && sizeof(fr_launch_run) == 24 &&
               kRunsOffset + kLaunchRing * sizeof(fr_launch_run) <= kStateStride);
 // A runner's host words: [0, 8) the progress mirror, [8, 24) the fallback read-back
 // [done, stop, held], then its ring of fr_launch_end.

@@ -29,6 +29,9 @@ typedef struct fr_launch_run {
   unsigned long long start; /* %globaltimer when the launch's first block started: every
                                block's time slice counts from there, so a block that
                                became resident late gets what is left of the slice */
+  unsigned long long pending; /* past the slice: the blocks' shared answer to whether the
+                                 close that ends the bubble is pending, and when it was
+                                 read (freeride/slice.h: pending_word); 0: none yet */
 } fr_launch_run;
 
 /* What a launch writes to host-visible memory: its first block the start, its last

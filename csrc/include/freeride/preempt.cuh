@@ -141,6 +141,7 @@ __device__ __forceinline__ void leave_launch(const fr_item_ctx& ctx) {
   const unsigned long long start = run->start;
   run->exited = 0u;
   run->start = 0ull;
+  run->pending = 0ull;
   if (ctx.end == 0) return;
   ctx.end->done = done;
   ctx.end->held = held;
@@ -151,11 +152,10 @@ __device__ __forceinline__ void leave_launch(const fr_item_ctx& ctx) {
 }
 
 // Leader only, past the launch's time slice: whether the close that ends the current
-// bubble is pending (freeride/slice.h). Read afresh at every claim past the slice, never
-// remembered: the latest close's ordinal (host memory, across the bus) and the slots of
-// the ordinals executed (device memory), both loads issued together, so one round trip.
-__device__ __forceinline__ bool close_pending(const fr_item_ctx& ctx) {
-  if (ctx.latest_close == 0) return false;
+// bubble is pending (freeride/slice.h), read across the bus: the latest close's ordinal
+// (host memory) and the slots of the ordinals executed (device memory), both loads issued
+// together, so one round trip.
+__device__ __forceinline__ bool read_close_pending(const fr_item_ctx& ctx) {
   unsigned int latest;
   unsigned int executed[FREERIDE_CLOSE_SLOTS];
   static_assert(FREERIDE_CLOSE_SLOTS == 4u, "one 16-byte load reads every slot");
@@ -170,18 +170,49 @@ __device__ __forceinline__ bool close_pending(const fr_item_ctx& ctx) {
   return close_pending(latest, executed);
 }
 
+// Leader only, past the launch's time slice: whether the close that ends the current
+// bubble is pending, through the launch's shared answer (freeride/slice.h: at most one
+// block reads across the bus per freshness window, however many blocks claim). `read`
+// says this block read it itself just now, which may have taken long: the caller reads
+// the gate again before it claims on that answer.
+__device__ __forceinline__ bool close_pending(const fr_item_ctx& ctx, bool& read) {
+  read = false;
+  if (ctx.latest_close == 0) return false;
+  unsigned long long* word = &ctx.run->pending;
+  const unsigned long long now = globaltimer_ns();
+  const unsigned long long seen = *const_cast<volatile unsigned long long*>(word);
+  const PendingLook look = look_at_pending(seen, now);
+  if (!look.refresh) return look.answer;
+  const unsigned long long was = atomicCAS(word, seen, look.kept);
+  if (was != seen) return pending_answer(was);  // another block took the refresh
+  const bool pending = read_close_pending(ctx);
+  // Stamped with the time before the read: its age counts from when it was asked.
+  atomicExch(word, pending_word(pending, now));
+  read = true;
+  return pending;
+}
+
 // Leader only: claim the next item, or kNoItem when paused, out of time or the phase is
 // drained. A block held back by the gate, the stop flag or the end of the launch's time
 // (freeride/slice.h: the slice, or past it no close pending, or the bound on running on)
 // says so in `held` (once, as it exits): a device-wide synchronisation the host issues
 // (torch.cuda.synchronize, cudaFree) while it has not enqueued the close of the bubble
-// waits at most a slice, and between launches the executor may pick another task.
+// waits at most a slice, and between launches the executor may pick another task. The
+// claim rests on a gate read no older than any read across the bus it made: after one,
+// the gate is read again (a close that landed meanwhile stops the block now, not an item
+// later).
 __device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx,
                                                          unsigned long long started_ns) {
-  const bool open = may_run(ctx);
-  const SliceTime t = slice_time(globaltimer_ns() - started_ns, ctx.slice_ns);
-  const bool in_time = t == kWithinSlice || (open && t == kExtendable && close_pending(ctx));
-  if (!(open && in_time)) {
+  bool in_time = may_run(ctx);
+  if (in_time) {
+    const SliceTime t = slice_time(globaltimer_ns() - started_ns, ctx.slice_ns);
+    if (t != kWithinSlice) {
+      bool read = false;
+      in_time = t == kExtendable && close_pending(ctx, read);
+      if (in_time && read) in_time = may_run(ctx);
+    }
+  }
+  if (!in_time) {
     atomicAdd(&ctx.state->held, 1u);
     return kNoItem;
   }

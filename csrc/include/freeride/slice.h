@@ -29,7 +29,21 @@
  * the launch's start: a training kernel larger than the reserve, launched in a bubble on
  * another stream (a bucket copy, a reduction, an optimizer on its own stream), gets the
  * SMs the side launch holds when it ends, so the bound is how long such a kernel can be
- * confined to the reserve. */
+ * confined to the reserve.
+ *
+ * The latest ordinal lives in host memory, so each look at it is a read across the bus.
+ * A launch has up to thousands of blocks claiming an item every few microseconds: one
+ * read per claim floods the bus (on an H200 a launch past its slice then ran a quarter of
+ * its items, and a close took effect milliseconds late, because a claim combined the gate
+ * as read before such a read with its answer). So a launch shares one answer among its
+ * blocks, in its own device memory (fr_launch_run.pending): an answer younger than
+ * FREERIDE_PENDING_FRESH_NS is used as it is; an older one is refreshed by the one block
+ * whose compare-and-swap takes it (the others go on with the answer there is meanwhile),
+ * and that block reads the gate again after its read. An answer is thus at most two
+ * freshness windows plus one read old when used: the launch runs on at most that long
+ * past the moment nothing is pending, which bounds a device-wide synchronisation's wait
+ * as the slice does. A launch's first look has no answer yet: it counts as pending until
+ * the first read lands (within the same bound). */
 #ifndef FREERIDE_SLICE_H_
 #define FREERIDE_SLICE_H_
 
@@ -47,6 +61,12 @@
 
 namespace freeride {
 
+/* How old a launch's shared answer to "is a close pending" may be and still be used. */
+#define FREERIDE_PENDING_FRESH_NS 10000ull
+/* fr_launch_run.pending: this bit is the answer, the other bits the %globaltimer at which
+ * the read it came from was taken; 0 is no answer yet. */
+#define FREERIDE_PENDING_BIT (1ull << 63)
+
 /* Where a launch that has run `ran_ns` stands in its time. */
 enum SliceTime {
   kWithinSlice = 0, /* claims freely (also: no slice at all, slice_ns == 0) */
@@ -61,15 +81,59 @@ FREERIDE_HOST_DEVICE SliceTime slice_time(unsigned long long ran_ns,
   return ran_ns / FREERIDE_MAX_SLICES < slice_ns ? kExtendable : kSliceOver;
 }
 
+#if FREERIDE_CLOSE_SLOTS != 4u
+#error "close_pending selects among exactly four slots"
+#endif
+
 /* Whether the latest close the host has enqueued (`latest`, 0: none yet) has not executed:
  * `executed` is the slots as read, FREERIDE_CLOSE_SLOTS of them. */
 FREERIDE_HOST_DEVICE bool close_pending(unsigned int latest, const unsigned int* executed) {
-  return executed[latest & (FREERIDE_CLOSE_SLOTS - 1u)] != latest;
+  /* Selected with constant indices: a slot indexed by a loaded value would put the slots,
+   * loaded into registers, through local memory in a kernel. */
+  const unsigned int slot = latest & (FREERIDE_CLOSE_SLOTS - 1u);
+  unsigned int seen = executed[0];
+  seen = slot == 1u ? executed[1] : seen;
+  seen = slot == 2u ? executed[2] : seen;
+  seen = slot == 3u ? executed[3] : seen;
+  return seen != latest;
+}
+
+/* The shared answer's word: `pending` as read at `at_ns` (never 0: that is no answer). */
+FREERIDE_HOST_DEVICE unsigned long long pending_word(bool pending, unsigned long long at_ns) {
+  unsigned long long stamp = at_ns & ~FREERIDE_PENDING_BIT;
+  if (stamp == 0ull) stamp = 1ull;
+  return stamp | (pending ? FREERIDE_PENDING_BIT : 0ull);
+}
+
+/* The answer a word gives; no answer yet counts as pending (see the top of this file). */
+FREERIDE_HOST_DEVICE bool pending_answer(unsigned long long word) {
+  return word == 0ull || (word & FREERIDE_PENDING_BIT) != 0ull;
+}
+
+/* One block's look at the shared answer at `now_ns`: use it as it is, or take the refresh
+ * by swapping `word` for `kept` (the same answer, stamped now, so that no other block
+ * refreshes meanwhile) and then read across the bus. */
+struct PendingLook {
+  bool refresh;            /* take the refresh: compare-and-swap `word` for `kept` */
+  bool answer;             /* the answer to go on with unless this block refreshes */
+  unsigned long long kept; /* with `refresh`: the word to swap in */
+};
+
+FREERIDE_HOST_DEVICE PendingLook look_at_pending(unsigned long long word,
+                                                 unsigned long long now_ns) {
+  PendingLook look;
+  look.answer = pending_answer(word);
+  /* Unsigned: a stamp ahead of now (another block's later look) reads as stale. */
+  const unsigned long long stamp = word & ~FREERIDE_PENDING_BIT;
+  look.refresh = word == 0ull || now_ns - stamp >= FREERIDE_PENDING_FRESH_NS;
+  look.kept = look.refresh ? pending_word(look.answer, now_ns) : word;
+  return look;
 }
 
 /* The whole decision at one claim, for the host's tests: the gate reads open and the
  * launch is within its slice, or past it with a close pending and within the bound. The
- * kernels make the same decision but read the close's words only when past the slice. */
+ * kernels make the same decision but look at the close's words only when past the slice,
+ * and then through their launch's shared answer (look_at_pending). */
 FREERIDE_HOST_DEVICE bool may_claim(bool gate_open, unsigned long long ran_ns,
                                     unsigned long long slice_ns, unsigned int latest,
                                     const unsigned int* executed) {

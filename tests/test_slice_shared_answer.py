@@ -1,0 +1,144 @@
+"""A launch's shared answer to "is the close of this bubble pending" (freeride/slice.h),
+checked on the CPU.
+
+Past its time slice a block may claim on only while the close that ends its bubble is
+pending, and the latest close's ordinal lives in host memory: each look is a read across
+the bus. On an H200 (2026-11-27), with every block reading it at every claim, a launch
+past its slice ran a quarter of its items and a close took effect milliseconds late. So
+a launch's blocks share one answer in device memory: used while younger than
+PENDING_FRESH_NS, refreshed by the one block whose compare-and-swap takes it.
+
+These tests run the kernels' protocol (preempt.cuh, close_pending: a volatile look, the
+compare-and-swap, the read, the exchange) over many blocks in simulated time, with the
+look itself made by slice.h's host-device functions, and check what the design claims:
+reads across the bus are bounded by time, not by claims; no block claims on past the
+moment nothing is pending by more than two freshness windows and one read; and while a
+close stays pending no block stops.
+"""
+
+import heapq
+from dataclasses import dataclass, field
+
+import pytest
+
+from freeride import _C
+
+T = _C._testing
+FRESH = T.PENDING_FRESH_NS
+BIT = 1 << 63
+
+
+@dataclass
+class Launch:
+    """The launch's shared word and the truth the host's ledger gives: the close is
+    pending from `pending_from` to `pending_until` (ns)."""
+
+    pending_from: int = 0
+    pending_until: int = 10**18
+    word: int = 0  # fr_launch_run.pending: 0 before the first look
+    reads: int = 0
+    claims: list = field(default_factory=list)  # (time, claimed)
+
+    def truth(self, t: int) -> bool:
+        return self.pending_from <= t < self.pending_until
+
+
+def run(launch: Launch, blocks: int, item_ns: int, read_ns: int, until_ns: int) -> Launch:
+    """Every block's leader claims every `item_ns` (offset per block) from 0 to
+    `until_ns`, all past the slice with the gate open; a read across the bus takes
+    `read_ns` and samples the truth when it is issued; a block whose claim is refused
+    leaves. Returns the launch with every claim's time and outcome."""
+    events = [(b * item_ns // blocks, b, "claim", None) for b in range(blocks)]
+    heapq.heapify(events)
+    while events:
+        now, b, kind, sample = heapq.heappop(events)
+        if now >= until_ns:
+            continue
+        if kind == "read done":  # the refreshing block publishes, then claims on it
+            launch.word = T.pending_word(sample[0], sample[1])
+            launch.claims.append((now, sample[0]))
+            if sample[0]:
+                heapq.heappush(events, (now + item_ns, b, "claim", None))
+            continue
+        seen = launch.word
+        refresh, answer, kept = T.look_at_pending(seen, now)
+        if refresh:
+            if launch.word == seen:  # the compare-and-swap succeeds
+                launch.word = kept
+                launch.reads += 1
+                sample = (launch.truth(now), now)
+                heapq.heappush(events, (now + read_ns, b, "read done", sample))
+                continue
+            answer = T.pending_answer(launch.word)
+        launch.claims.append((now, answer))
+        if answer:  # a block refused its claim leaves the launch
+            heapq.heappush(events, (now + item_ns, b, "claim", None))
+    return launch
+
+
+def test_words_and_the_first_look():
+    """A word carries the answer in its top bit and the read's time in the rest; 0 is no
+    answer yet, which counts as pending until the first read lands (a launch's blocks do
+    not all stop at their slice while one block asks)."""
+    assert T.pending_answer(0)
+    assert T.pending_word(True, 5) == BIT | 5
+    assert T.pending_word(False, 5) == 5
+    assert T.pending_word(False, 0) != 0  # a read at time 0 is still an answer
+    assert not T.pending_answer(T.pending_word(False, 0))
+    refresh, answer, kept = T.look_at_pending(0, 123)
+    assert refresh and answer and kept == T.pending_word(True, 123)
+
+
+def test_a_fresh_answer_is_used_and_a_stale_one_refreshed_keeping_its_answer():
+    word = T.pending_word(False, 1_000)
+    assert T.look_at_pending(word, 1_000 + FRESH - 1) == (False, False, word)
+    refresh, answer, kept = T.look_at_pending(word, 1_000 + FRESH)
+    assert refresh and not answer and kept == T.pending_word(False, 1_000 + FRESH)
+    # A stamp ahead of the looking block's clock reads as stale, never as fresh for ever.
+    assert T.look_at_pending(T.pending_word(True, 5_000), 4_000)[0]
+
+
+@pytest.mark.parametrize(
+    ("blocks", "item_ns", "read_ns"), [(256, 1_000, 2_000), (64, 20_000, 1_500)]
+)
+def test_reads_across_the_bus_are_bounded_by_time_not_by_claims(blocks, item_ns, read_ns):
+    """With the close pending the whole time, a launch of `blocks` blocks claiming every
+    `item_ns` for 2 ms reads the host's word about once per freshness window in all,
+    where one read per claim would have been blocks x 2 ms / item_ns; and no block ever
+    stops."""
+    until = 2_000_000
+    launch = run(Launch(), blocks, item_ns, read_ns, until)
+    per_claim = blocks * until // item_ns
+    assert launch.reads <= until // FRESH + 2, (launch.reads, per_claim)
+    assert len(launch.claims) > per_claim // 2  # the blocks claimed throughout
+    assert all(claimed for _, claimed in launch.claims)
+
+
+@pytest.mark.parametrize("read_ns", [1_000, 8_000])
+def test_no_block_claims_on_long_after_nothing_is_pending(read_ns):
+    """The close the blocks ran on for executes, and the gate reopens before any block
+    saw it closed (review G1's first case): from then on nothing is pending. The
+    blocks' shared answer may lag, but no block claims on past that moment by more than
+    two freshness windows and one read: the slice's bound on a device-wide
+    synchronisation stays a bound. The moment falls at every place between two
+    refreshes, so that the answer's lag is exercised, not just allowed."""
+    bound = 2 * FRESH + read_ns
+    lags = []
+    for offset in range(0, FRESH, FRESH // 10):
+        flip = 200_000 + offset
+        launch = run(Launch(pending_until=flip), 64, 1_000, read_ns, 400_000)
+        assert all(claimed for t, claimed in launch.claims if t < flip)
+        late = [t - flip for t, claimed in launch.claims if claimed and t >= flip]
+        lags.append(max(late, default=0))
+    assert max(lags) <= bound, lags
+    assert max(lags) > FRESH // 2, f"the answer never lagged: the test proves nothing ({lags})"
+
+
+def test_a_launch_with_nothing_pending_stops_once_the_first_read_lands():
+    """No close pending from the start (the host has not enqueued the bubble's close):
+    the first look counts as pending only until the first read lands."""
+    read_ns = 2_000
+    launch = run(Launch(pending_from=10**17), 128, 1_000, read_ns, 200_000)
+    claimed = [t for t, ok in launch.claims if ok]
+    assert claimed and max(claimed) <= read_ns
+    assert launch.reads <= 200_000 // FRESH + 2
