@@ -94,6 +94,11 @@ class PhaseRunner {
   virtual uint64_t launches_taken() const { return 0; }
   virtual uint64_t launches_ending() const { return launches_taken(); }
 
+  // How long one block (CUDA) or worker (host) spends on one item of this task, in ns,
+  // measured over its launches so far (freeride/item_time.hpp); 0 until one says. Any
+  // thread, never blocking.
+  virtual uint64_t block_item_ns() const { return 0; }
+
   // Close-time, past the executor's deadline (Executor::close): a run() in progress and
   // every later one throws Abandoned (check.hpp) at its next look instead of waiting on for a launch
   // that may never end. The runner then must not free what such a launch may still write.

@@ -400,6 +400,7 @@ void Executor::loop() {
     }
     last_run_ = r->id;
     PhaseRunner* runner = r->runner.get();
+    running_item_ns_.store(runner->block_item_ns(), std::memory_order_relaxed);
     // Picked from the queue: it may run. Draining: its launches in flight end and no
     // further one starts where it must stop (a close, a cancel, a failure, or a more
     // urgent task that could run now).
@@ -435,6 +436,7 @@ void Executor::loop() {
     }
     if (!lock.owns_lock()) lock.lock();
     active_ = nullptr;
+    running_item_ns_.store(runner->block_item_ns(), std::memory_order_relaxed);
     // Logged below, or dropped with its marks (not recording, or no item ran).
     r->ends_logged = runner->launches_taken();
     if (marks.start != 0 && !recording_) {

@@ -2,6 +2,7 @@
 // them phase by phase through a backend, behind the gate.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -129,6 +130,11 @@ class Executor {
   uint64_t open_launches() const;
   uint64_t idle_open_launches() const;
 
+  // How long one block spends on one item of the task run last (PhaseRunner::
+  // block_item_ns; 0 until measured): what a training thread weighs a bubble's predicted
+  // length against before its open carries a launch. Lock-free: read at every open.
+  uint64_t running_item_ns() const { return running_item_ns_.load(std::memory_order_relaxed); }
+
  private:
   struct Record {
     uint64_t id = 0;
@@ -211,6 +217,7 @@ class Executor {
   uint64_t idle_launches_ = 0;
   uint64_t open_launches_ = 0;
   uint64_t idle_open_launches_ = 0;
+  std::atomic<uint64_t> running_item_ns_{0};
   std::vector<uint64_t> abandoned_;
   std::deque<LaunchRecord> launch_log_;
   std::vector<uint64_t> finished_;

@@ -85,6 +85,12 @@ class HostRunner final : public PhaseRunner {
     std::lock_guard<std::mutex> lock(take_mutex_);
     return taken_ + (live_ && end_has_come() ? 1 : 0);
   }
+  // A worker's mean item time, over every item this task ran (a worker is the host's
+  // block: it runs its items one after another).
+  uint64_t block_item_ns() const override {
+    const uint64_t items = items_timed_.load(std::memory_order_relaxed);
+    return items == 0 ? 0 : item_ns_total_.load(std::memory_order_relaxed) / items;
+  }
 
   // The claim loop of one worker: exits when the gate closes, stop is set, an item
   // failed or no item is left. A claimed item always runs to completion, even when the
@@ -132,7 +138,9 @@ class HostRunner final : public PhaseRunner {
       }
       last = steady_ns();
       first = std::min(first, start);
+      item_ns_total_.fetch_add(static_cast<uint64_t>(last - start), std::memory_order_relaxed);
       done_.fetch_add(1);
+      items_timed_.fetch_add(1, std::memory_order_relaxed);
       // A training thread that yields its core rather than sleeping (gloo's buffer
       // teardown spins on sched_yield) hands it to this idle-priority worker, which
       // would keep it for a whole scheduler slice (measured: up to 3.6 ms); yielding
@@ -170,6 +178,8 @@ class HostRunner final : public PhaseRunner {
   uint64_t n_items_ = 0;
   std::atomic<uint64_t> next_{0};
   std::atomic<uint64_t> done_{0};
+  std::atomic<uint64_t> item_ns_total_{0};  // block_item_ns(): every item's time, summed
+  std::atomic<uint64_t> items_timed_{0};
   std::atomic<bool> stop_{false};
   std::atomic<bool> executing_{false};
   std::mutex error_mutex_;

@@ -447,6 +447,9 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("open_launches",
                              py::cpp_function(&Executor::open_launches, release_gil()),
                              "Launches enqueued at stream-ordered opens (CUDA).")
+      .def_property_readonly("running_item_ns", &Executor::running_item_ns,
+                             "How long one block (CUDA) or worker (host) spends on one item "
+                             "of the task run last, in ns; 0 until measured.")
       .def_property_readonly("idle_open_launches",
                              py::cpp_function(&Executor::idle_open_launches, release_gil()),
                              "Launches enqueued at opens that ran no item.")

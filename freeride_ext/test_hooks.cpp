@@ -23,6 +23,7 @@
 #include "cuda/slot_pool.hpp"
 #include "doorbell.hpp"
 #include "executor.hpp"
+#include "item_time.hpp"
 #include "latch_dependency.hpp"
 #include "queue_backend.hpp"
 #include "test_switches.hpp"
@@ -455,6 +456,10 @@ void register_test_hooks(py::module_& m) {
       "pending_answer", [](uint64_t word) { return freeride::pending_answer(word); },
       py::arg("word"), "freeride/slice.h's pending_answer.");
   t.attr("PENDING_FRESH_NS") = py::int_(FREERIDE_PENDING_FRESH_NS);
+  t.def("launch_block_item_ns", &freeride::launch_block_item_ns, py::arg("duration_ns"),
+        py::arg("blocks"), py::arg("items"), "freeride/item_time.hpp's launch_block_item_ns.");
+  t.def("smoothed_item_ns", &freeride::smoothed_item_ns, py::arg("estimate"),
+        py::arg("measured"), "freeride/item_time.hpp's smoothed_item_ns.");
 
   py::class_<FakeWatcher>(t, "FakeWatcher",
                           "An open watcher (csrc/cuda/open_watcher.hpp) with fake events: "

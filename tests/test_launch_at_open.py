@@ -26,9 +26,9 @@ from gpu_worker import run_worker
 from test_recorder import FakeCudaExecutor, _recorder, fake_free_memory
 
 import freeride as fr
-from freeride import gate
+from freeride import _C, gate
 from freeride._C import GATE_OPEN
-from freeride.record.recorder import MIN_LAUNCH_BUBBLE_NS
+from freeride.record.recorder import MIN_LAUNCH_BUBBLE_ITEMS, MIN_LAUNCH_BUBBLE_NS
 
 HARVEST_SHARE = 0.5  # of the open-gate rate over the bubbles' time
 OVERHEAD_PCT = 5.0  # of the queue's GPU time without side work
@@ -129,6 +129,52 @@ def test_a_recorded_open_carries_a_launch_only_where_its_slot_pays_for_one(monke
     assert ex.opens[-1][1] is True
 
 
+def test_a_slot_carries_a_launch_only_if_it_holds_several_of_the_tasks_items(monkeypatch):
+    """Review G10: the 50 µs floor ignored how long the task's items are. A block holds
+    its SM up to an item past the close, so a slot of 150 µs pays for a task of 10 µs
+    items but not for one of 100 µs items (MIN_LAUNCH_BUBBLE_ITEMS of them do not fit);
+    the item time is the executor's measurement of the task run last."""
+    fake_free_memory(monkeypatch, lambda device: 1)
+    monkeypatch.setattr(gate, "stream_is_capturing", lambda handle, device: False)
+    ex = _Clocked()
+    rec = _recorder(ex, "cuda", 0)
+    slot_ns = 3 * MIN_LAUNCH_BUBBLE_NS
+    for _ in range(6):
+        ex.gap = 1000
+        rec.begin_iteration(0)
+        ex.gap = slot_ns
+        rec.compute_begin("a", 0)
+        ex.gap = 1000
+        rec.compute_end(0)
+        rec.end_iteration(0)
+        rec.flush(block=True, timeout=5)
+    assert rec.predicted_slot_ns(0) == pytest.approx(slot_ns, rel=0.05)
+
+    def opens_slot_0(item_ns):
+        ex.running_item_ns = item_ns
+        rec.begin_iteration(0)
+        rec.compute_begin("a", 0)
+        rec.compute_end(0)
+        rec.end_iteration(0)
+        return ex.opens[-2][1]  # the iteration's first open: slot 0's
+
+    assert opens_slot_0(0) is True  # no measurement yet: the floor alone
+    assert opens_slot_0(10_000) is True
+    assert slot_ns < MIN_LAUNCH_BUBBLE_ITEMS * 100_000
+    assert opens_slot_0(100_000) is False
+
+
+def test_the_executor_measures_the_running_tasks_item_time(host):
+    """What the skip above weighs a slot against: the time one worker (a CUDA block) spends
+    on one item of the task run last, measured from its launches (here 2 ms Spin items on
+    the host backend: each worker's items, timed)."""
+    assert host._ex.running_item_ns == 0
+    task = host.submit(fr.tasks.Spin(items=8, ns_per_item=2_000_000))
+    assert task.wait(30)
+    measured = host._ex.running_item_ns
+    assert 2_000_000 <= measured < 20_000_000, measured
+
+
 def test_the_host_backend_makes_no_launches_at_opens(host):
     assert host.launches_at_opens is False
     task = host.submit(fr.tasks.Spin(items=64, ns_per_item=1000))
@@ -145,3 +191,19 @@ def test_the_report_carries_the_launch_counts_through_a_round_trip(host):
     again = fr.Report.from_dict(rep.to_dict())
     assert again.launch_counts == rep.launch_counts
     assert "side launches" in rep.summary()
+
+
+def test_a_launchs_item_time_from_its_end_record():
+    """The CUDA runner's measurement (freeride/item_time.hpp): a launch of `blocks` blocks
+    that finished `items` items in `duration` spent duration x blocks / items per item
+    and block; one that finished fewer items than it had blocks says nothing; the
+    estimate moves a quarter of the way to each new measurement."""
+    T = _C._testing
+    assert T.launch_block_item_ns(2_000_000, 100, 1_000) == 200_000
+    assert T.launch_block_item_ns(2_000_000, 100, 99) == 0
+    assert T.launch_block_item_ns(0, 100, 1_000) == 0
+    assert T.launch_block_item_ns(-1, 100, 1_000) == 0
+    assert T.launch_block_item_ns(2**62, 2**31, 2**31) == 2**62  # no overflow in the product
+    assert T.smoothed_item_ns(0, 800) == 800
+    assert T.smoothed_item_ns(800, 0) == 800
+    assert T.smoothed_item_ns(800, 1600) == 1000

@@ -23,6 +23,7 @@ class FakeCudaExecutor:
         self.next_mark = 1
         self.writes: list[tuple[int, int]] = []
         self.released: list[int] = []
+        self.running_item_ns = 0  # Executor.running_item_ns: not measured yet
 
     def set_recording(self, on):
         pass

@@ -57,6 +57,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   bool in_flight() const override;
   uint64_t launches_taken() const override;
   uint64_t launches_ending() const override;
+  uint64_t block_item_ns() const override { return block_item_ns_.load(); }
   void abandon() override;
 
  private:
@@ -126,6 +127,8 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   uint64_t n_items_ = 0;
   bool begun_ = false;
   bool phase_done_ = false;     // an ended launch counted every item of the phase
+  uint64_t ended_done_ = 0;     // the phase's `done` at the last end taken (its items: the rest)
+  std::atomic<uint64_t> block_item_ns_{0};  // block_item_ns(), over every phase
 
   std::atomic<bool> abandoned_{false};
   std::atomic<bool> stop_requested_{false};  // host copy of the stop flag, for admission

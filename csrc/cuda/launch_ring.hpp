@@ -19,6 +19,7 @@ struct LaunchEnd {
   uint32_t held = 0;        // the phase's `held` then
   int64_t duration_ns = -1;  // < 0: no end record (counts read back, or none)
   uint64_t start_ns = 0;    // %globaltimer of its first block (with duration_ns >= 0)
+  uint64_t blocks = 0;      // its grid (0: no end record)
   bool broken = false;      // no end record from a task that follows the item protocol
 };
 
@@ -35,7 +36,7 @@ class LaunchRing {
   // the slot before has ended: a runner has fewer than kLaunchRing in flight).
   void clear(uint64_t number) {
     fr_launch_end& e = ends_host_[number % kLaunchRing];
-    for (unsigned long long* word : {&e.done, &e.held, &e.start_ns, &e.end_ns, &e.launch}) {
+    for (unsigned long long* word : {&e.done, &e.held, &e.start_ns, &e.end_ns, &e.blocks, &e.launch}) {
       std::atomic_ref<unsigned long long>(*word).store(0);
     }
   }
@@ -68,6 +69,7 @@ class LaunchRing {
     const uint64_t stop = std::atomic_ref<const unsigned long long>(e.end_ns).load();
     end.duration_ns = start != 0 && stop >= start ? static_cast<int64_t>(stop - start) : -1;
     end.start_ns = start;
+    end.blocks = std::atomic_ref<const unsigned long long>(e.blocks).load();
     return end;
   }
 

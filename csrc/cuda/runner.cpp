@@ -121,6 +121,7 @@ void CudaRunner::begin_phase(uint64_t phase, uint64_t n_items) {
   phase_ = phase;
   n_items_ = n_items;
   phase_done_ = false;
+  ended_done_ = 0;
   begun_ = true;
   reset_counters_locked();
 }

@@ -17,6 +17,7 @@
 #include "cuda/launch_ring.hpp"
 #include "cuda/stream_idle.hpp"
 #include "freeride/item_ctx.h"
+#include "item_time.hpp"
 
 namespace freeride::cuda {
 namespace {
@@ -81,6 +82,11 @@ LaunchMarks CudaRunner::finish_oldest() {
     std::lock_guard<std::mutex> lk(launch_mu_);
     pending_.pop_front();
     ++taken_;
+    if (end.done >= ended_done_) {
+      const uint64_t measured = launch_block_item_ns(end.duration_ns, end.blocks, end.done - ended_done_);
+      block_item_ns_.store(smoothed_item_ns(block_item_ns_.load(), measured));
+      ended_done_ = end.done;
+    }
     raise_progress(end.done);
     if (end.done >= l.n_items) phase_done_ = true;  // no further launch at an open
   }

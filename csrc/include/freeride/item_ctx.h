@@ -45,6 +45,8 @@ typedef struct fr_launch_end {
   unsigned long long held;     /* the phase's `held` then */
   unsigned long long start_ns; /* %globaltimer: the first block's start (written then) */
   unsigned long long end_ns;   /* %globaltimer: the last block's exit */
+  unsigned long long blocks;   /* the launch's grid, in blocks (its item time: the host's
+                                  estimate of how long a block spends on an item) */
   unsigned long long launch;   /* fr_item_ctx.launch of the launch that ended */
 } fr_launch_end;
 

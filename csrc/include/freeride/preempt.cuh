@@ -147,6 +147,7 @@ __device__ __forceinline__ void leave_launch(const fr_item_ctx& ctx) {
   ctx.end->held = held;
   ctx.end->start_ns = start;
   ctx.end->end_ns = globaltimer_ns();
+  ctx.end->blocks = blocks;
   __threadfence_system();  // the record, then its number: the host reads it in that order
   ctx.end->launch = ctx.launch;
 }

@@ -29,6 +29,10 @@ _MAX_PENDING = 64
 # over before its blocks are up (a launch takes some microseconds to reach the SMs), and
 # still costs the GPU its dispatch and the training thread its enqueue.
 MIN_LAUNCH_BUBBLE_NS = 50_000
+# ... nor shorter than this many of the task's items (its blocks' measured item time):
+# a block holds its SM up to an item past the close, so a bubble of a few items would
+# hand training's next compute more of the side task than the bubble gave it.
+MIN_LAUNCH_BUBBLE_ITEMS = 4
 
 
 @dataclass
@@ -212,13 +216,17 @@ class Recorder:
                 self.timed(self.end_iteration, stream)
 
     def _launch_pays(self, slot: int) -> bool:
-        """Whether an open of `slot` should carry a side launch (MIN_LAUNCH_BUBBLE_NS):
-        yes until the slot's length is known. The host backend enqueues nothing (its
-        writes are immediate): nothing to look up on its training thread."""
+        """Whether an open of `slot` should carry a side launch: yes until the slot's
+        length is known, then only if it is at least MIN_LAUNCH_BUBBLE_NS and
+        MIN_LAUNCH_BUBBLE_ITEMS of the running task's items. The host backend enqueues
+        nothing (its writes are immediate): nothing to look up on its training thread."""
         if self._kind != "cuda":
             return True
         predicted = self.predicted_slot_ns(slot)
-        return predicted is None or predicted >= MIN_LAUNCH_BUBBLE_NS
+        if predicted is None:
+            return True
+        item_ns = self._ex.running_item_ns
+        return predicted >= max(MIN_LAUNCH_BUBBLE_NS, MIN_LAUNCH_BUBBLE_ITEMS * item_ns)
 
     # -- what iterative tasks ask -----------------------------------------------------------
 
