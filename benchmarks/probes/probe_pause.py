@@ -63,6 +63,7 @@ own child's no-side-work row of the same timing, "SLOW" otherwise. The ANSWER li
 Limits: each child CHILD_S = 25 s (a hung one is reported with its stacks, killed, and the
 next variant runs), the whole probe TOTAL_S = 115 s (variants not started by then are
 listed), every trial's wait TRIAL_LIMIT_S = 2 s (a pause is bounded by 8 slices, 16 ms).
+Exit status 1 when a variant hung, failed or was not run.
 """
 
 from __future__ import annotations
@@ -403,7 +404,10 @@ def answers(results: dict[str, dict[str, Any]]) -> None:
     slow = slow_keys(default)
     slow_timings = sorted({t for _, t in slow}, key=[t[0] for t in TIMINGS].index)
     fast_timings = [t[0] for t in TIMINGS if t[0] not in slow_timings]
-    pattern = f"the default is SLOW at {slow_timings or 'none'}, fast at {fast_timings or 'none'}"
+    pattern = (
+        f"the default is SLOW at {', '.join(slow_timings) or 'none'}, "
+        f"fast at {', '.join(fast_timings) or 'none'}"
+    )
     if not slow:
         answer(f"no long pause in any default row ({pattern}): (a) did not reproduce here")
     elif any(t == WITHIN for _, t in slow):
@@ -493,6 +497,9 @@ def main() -> None:
         report(name, got, results.get("default"))
     answers(results)
     note(NAME, f"total {time.monotonic() - begin:.1f} s")
+    # A variant that hung, failed or never ran shows as this probe's failure in the summary.
+    if len(results) < len(VARIANTS) or any(g["status"] != "ok" for g in results.values()):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ ANSWER: harvest is "low" below LOW_SHARE = 0.5 (the test's threshold). Low in 1 
 not the run-on path alone. Not low in 1 -> the failure did not reproduce here.
 
 Limits: each run RUN_S = 25 s (run_worker reports a hung child with its stacks and kills
-it), the whole probe TOTAL_S = 80 s; a run not started by then is listed.
+it), the whole probe TOTAL_S = 80 s; a run not started by then is listed. Exit status 1
+when a run hung, failed or was not run.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def run(label: str, env: dict[str, str], args: dict[str, Any], limit: float) -> 
         raise
     except BaseException as exc:  # noqa: BLE001 - pytest.fail's Failed is a BaseException
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [repr(exc)]
-        note(NAME, f"{label}: the worker failed:\n{str(exc)[-6000:]}")
+        note(NAME, f"{label}: no result from the worker:\n{str(exc)[-6000:]}")
         why = lines[0][:200] + ("" if len(lines) == 1 else f" ... {lines[-1][:200]}")
         result(NAME, f"{label}: FAILED ({why})")
         return None
@@ -151,6 +152,9 @@ def main() -> None:
             result(NAME, f"{line(label, r)}; {time.monotonic() - t0:.1f} s")
     answers(results)
     note(NAME, f"total {time.monotonic() - begin:.1f} s")
+    # A run that hung, failed or never ran shows as this probe's failure in the summary.
+    if len(results) < len(RUNS) or any(r is None for r in results.values()):
+        sys.exit(1)
 
 
 if __name__ == "__main__":
