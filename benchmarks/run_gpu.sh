@@ -165,7 +165,7 @@ if step qualify; then
   # In order of importance; [~N s] is the estimate on an H100/H200 when things pass (the
   # 2026-11-27 H200 run's time where it ran them; a fresh Python with torch and CUDA takes
   # ~5 s), the number after the name the hard limit. Items 1-5 come to ~325 s when things
-  # pass, and the limits of 1-4 to 410 s: with QUALIFY_BUDGET=480, 1-4 run whatever
+  # pass, and the limits of 1-4 to 415 s: with QUALIFY_BUDGET=480, 1-4 run whatever
   # happens, and the benchmarks (5) unless earlier items hang. The rest (all passed on
   # 2026-11-27, ~220 s) run where time is left and are listed NOT RUN otherwise. A hung
   # item costs its limit, plus the watchdog's stack dumps (py-spy: about a second a
@@ -173,11 +173,11 @@ if step qualify; then
   # 1. Why a close frees the GPU of Spin side work only ~7 ms later (bench preempt,
   #    2026-11-27): the run-on past the slice, the memory-op close (P1), launches at
   #    opens (P2) or shared hardware queues (P3). 8 variants in fresh processes, each at
-  #    most 25 s, the probe at most 115 s. [~80 s]
+  #    most 25 s, the probe at most 105 s. [~80 s]
   probe $deadline probe_pause 130 probe_pause.py
   # 2. Is side work starved only in queued bubbles that outlast the slice
-  #    (test_launch_at_open's 0.20-0.26 harvest)? 5 workers, at most 80 s. [~45 s]
-  probe $deadline probe_queued_harvest 95 probe_queued_harvest.py
+  #    (test_launch_at_open's 0.20-0.26 harvest)? 5 workers, at most 75 s. [~45 s]
+  probe $deadline probe_queued_harvest 100 probe_queued_harvest.py
   # 3. The morning's failures again. tests/test_hardware_queues.py hung on a lazy kernel
   #    load in its worker (4 workers of ~10-12 s) [~55 s]; the queued-ahead harvest
   #    tests [~27 s].

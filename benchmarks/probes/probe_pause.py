@@ -61,9 +61,10 @@ own child's no-side-work row of the same timing, "SLOW" otherwise. The ANSWER li
   side. The other variants' SLOW rows follow.
 
 Limits: each child CHILD_S = 25 s (a hung one is reported with its stacks, killed, and the
-next variant runs), the whole probe TOTAL_S = 115 s (variants not started by then are
-listed), every trial's wait TRIAL_LIMIT_S = 2 s (a pause is bounded by 8 slices, 16 ms).
-Exit status 1 when a variant hung, failed or was not run.
+next variant runs), the whole probe TOTAL_S = 105 s (variants not started by then are
+listed; with a last child's hang, its stacks and its kill, under 130 s), every trial's
+wait TRIAL_LIMIT_S = 2 s (a pause is bounded by 8 slices, 16 ms). Exit status 1 when a
+variant hung, failed or was not run.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ TRIALS = 40
 ITEM_US = (1, 20)
 FAST_US = 20.0
 CHILD_S = 25.0
-TOTAL_S = 115.0
+TOTAL_S = 105.0
 MIN_CHILD_S = 10.0  # a child needs ~5 s to start: less left and it is not begun
 TRIAL_LIMIT_S = 2.0
 MARK = "PROBE_PAUSE_JSON "
@@ -323,11 +324,11 @@ def native_stacks(pid: int) -> str:
             [spy, "dump", "--native", "--pid", str(pid)],
             capture_output=True,
             text=True,
-            timeout=20,
+            timeout=10,
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return "(py-spy did not finish within 20 s)"
+        return "(py-spy did not finish within 10 s)"
     return (dumped.stdout + dumped.stderr)[-8000:]
 
 

@@ -27,7 +27,7 @@ ANSWER: harvest is "low" below LOW_SHARE = 0.5 (the test's threshold). Low in 1 
 not the run-on path alone. Not low in 1 -> the failure did not reproduce here.
 
 Limits: each run RUN_S = 25 s (run_worker reports a hung child with its stacks and kills
-it), the whole probe TOTAL_S = 80 s; a run not started by then is listed. Exit status 1
+it), the whole probe TOTAL_S = 75 s; a run not started by then is listed. Exit status 1
 when a run hung, failed or was not run.
 """
 
@@ -43,7 +43,7 @@ from _probe import note, result
 NAME = "probe_queued_harvest"
 LOW_SHARE = 0.5
 RUN_S = 25.0
-TOTAL_S = 80.0
+TOTAL_S = 75.0
 MIN_RUN_S = 12.0  # a worker needs ~8 s (torch, CUDA, the queue twice): less left, skip it
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.join(HERE, "..", "..", "tests")
