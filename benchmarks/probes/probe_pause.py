@@ -410,7 +410,9 @@ def answers(results: dict[str, dict[str, Any]]) -> None:
         f"fast at {', '.join(fast_timings) or 'none'}"
     )
     if not slow:
-        answer(f"no long pause in any default row ({pattern}): (a) did not reproduce here")
+        answer(
+            f"no long pause in any default row ({pattern}): (a) does not reproduce at this commit"
+        )
     elif any(t == WITHIN for _, t in slow):
         answer(
             f"not only past the slice: {pattern}; a close that meets a launch within its "

@@ -24,7 +24,7 @@ with the harvest share, items, launches (at opens, idle at opens) and training o
 
 ANSWER: harvest is "low" below LOW_SHARE = 0.5 (the test's threshold). Low in 1 and not in
 2 and 3 -> low only when bubbles outlast the slice: the run-on path. Low in 2 or 3 too ->
-not the run-on path alone. Not low in 1 -> the failure did not reproduce here.
+not the run-on path alone. Not low in 1 -> the failure does not reproduce at this commit.
 
 Limits: each run RUN_S = 25 s (run_worker reports a hung child with its stacks and kills
 it), the whole probe TOTAL_S = 75 s; a run not started by then is listed. Exit status 1
@@ -107,7 +107,7 @@ def answers(results: dict[str, dict | None]) -> None:
         return
     if base["harvest_share"] >= LOW_SHARE:
         answer(
-            f"the failure did not reproduce: '{failing}' harvested {base['harvest_share']:.3f} "
+            f"the failure does not reproduce at this commit: '{failing}' harvested {base['harvest_share']:.3f} "
             f">= {LOW_SHARE} (within one slice: "
             + ", ".join(f"'{w}' {share(results, w)}" for w in within)
             + ")"
