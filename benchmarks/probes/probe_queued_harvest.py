@@ -107,8 +107,8 @@ def answers(results: dict[str, dict | None]) -> None:
         return
     if base["harvest_share"] >= LOW_SHARE:
         answer(
-            f"the failure does not reproduce at this commit: '{failing}' harvested {base['harvest_share']:.3f} "
-            f">= {LOW_SHARE} (within one slice: "
+            f"the failure does not reproduce at this commit: '{failing}' harvested "
+            f"{base['harvest_share']:.3f} >= {LOW_SHARE} (within one slice: "
             + ", ".join(f"'{w}' {share(results, w)}" for w in within)
             + ")"
         )
