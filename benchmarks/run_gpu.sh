@@ -4,20 +4,25 @@
 # builds again, and at most 8 files come back). Steps:
 #
 #   build     pip install -e . for sm_90 (its log goes in the archive; ~25 s)
-#   qualify   the default, run first: what the 2026-11-26 static review
-#             (G1, G2, G4, G7, G8, G15, Q3) and the 2026-11-25 H200 run left open, in
-#             QUALIFY_BUDGET s (480: with the build, one 9-minute command), most
-#             important first: the G1 deadlock tests (tests/test_slice_gpu.py -k g1), the
-#             abandon-in-a-green-context probe, the reruns of the cudaFree removal (exit,
-#             close), the hardware-queue probe (both reserves, launches at opens on and
-#             off), stream creation beside side work, the admission probe (ring, poll,
-#             at-open), tests/test_hardware_queues.py (it hung on the H200), the G4 test,
-#             the lifetime tests (tests/test_abandon_gpu.py), G18's partition and JIT
-#             tests, compute-sanitizer's memcheck over a small run of side kernels
-#             (benchmarks/probes/memcheck_small.py), the F12 launch and the admission
-#             negative control, mem_get_info beside a capture, the capture tests, the
-#             queued-ahead harvest tests, and the rest of tests/test_gpu.py. Probes are benchmarks/probes/*.py (README there);
-#             their RESULT/ANSWER lines are copied into summary.txt.
+#   qualify   the default, run first: what the 2026-11-27 H200 run (at 51c0fe7) left
+#             open, in QUALIFY_BUDGET s (480: with the build, one 9-minute command), most
+#             important first: why a close frees the GPU of Spin side work only ~7 ms
+#             later (benchmarks/probes/probe_pause.py: the run-on past the time slice,
+#             the memory-op close, launches at opens, shared hardware queues), whether
+#             side work starves only in queued bubbles that outlast the slice
+#             (probe_queued_harvest.py), then that run's failures again
+#             (tests/test_hardware_queues.py, tests/test_launch_at_open.py,
+#             compute-sanitizer's memcheck over benchmarks/probes/memcheck_small.py, API
+#             errors not reported), `bench preempt` and `bench pipeline` with --quick;
+#             then, where time is left, the rest of the 2026-11-26 review's list, all
+#             passed on 2026-11-27: the G1 deadlock tests, the abandon-in-a-green-context
+#             probe, the cudaFree removal's reruns (exit, close), the hardware-queue
+#             probe, stream creation beside side work, the admission probe, the G4 test,
+#             the lifetime tests, G18's partition and JIT tests, the F12 launch and the
+#             admission negative control, mem_get_info beside a capture, the capture
+#             tests and the rest of tests/test_gpu.py. Probes are benchmarks/probes/*.py
+#             (README there); their RESULT/ANSWER lines, and the benchmarks' main rows,
+#             are copied into summary.txt.
 #   quick     the checks of the 2026-11-25 run, at most QUICK_BUDGET s (300). First the
 #             open questions of issue 27: side work in bubbles the host queued ahead of the
 #             GPU under one hardware queue and the default (launches at opens, and the
@@ -118,6 +123,15 @@ results_of() {
   return 0
 }
 
+# table_of NAME REGEX: copies the lines of NAME's log that match REGEX (a benchmark's
+# table rows, and its header line) into the summary, under NAME's line, cut to 130
+# characters (the columns after that are in the archive's JSON).
+table_of() {
+  local log="$work/${1//[^A-Za-z0-9_.-]/_}.log"
+  [ -f "$log" ] && grep -E "^ *variant |$2" "$log" | cut -c1-130 | sed 's/ *$//; s/^/    /' >>"$summary"
+  return 0
+}
+
 # probe DEADLINE NAME LIMIT [VAR=VALUE ...] SCRIPT [ARGS]: benchmarks/probes/SCRIPT under
 # budgeted (python3 -X faulthandler, with those variables set), then its result lines.
 probe() {
@@ -148,82 +162,104 @@ fi
 
 if step qualify; then
   deadline=$((SECONDS + ${QUALIFY_BUDGET:-480}))
-  # In order of importance; [~N s] is the estimate on an H100/H200 when things pass (a
-  # fresh Python with torch and CUDA takes ~5 s), the number after the name the hard
-  # limit. Estimated total ~510 s: the last items (the queued-ahead harvest tests, the
-  # rest of test_gpu) run only where the earlier ones left time, and are listed NOT RUN
-  # otherwise. A hung item costs its limit, plus the watchdog's stack dumps (py-spy: about
-  # a second a process) and 10 s.
-  # 1. G1, the deadlock: a close/open pair no block saw, then torch.cuda.synchronize(),
-  #    both reserves, and the same after an empty compute action. 4 worker processes;
-  #    on the reviewed code each hangs 5 s and reports it. [~45 s]
-  pytest_file $deadline 90 tests/test_slice_gpu.py -m gpu -k g1
-  # 2. G7: close abandoning a launch queued in the green context; the normal close
-  #    beside unrelated GPU work. [~20 s: a 5 s deadline, a 2 s and an 8 s kernel]
-  probe $deadline probe_abandon_green 40 probe_abandon_green.py
-  # 3. The cudaFree removal, not rerun since the H200: exit with an open ahead of the
-  #    GPU [~17 s], close with a task waiting on a busy stream and the rest of the
-  #    memory lifetime tests [~10 s].
-  pytest_file $deadline 40 tests/test_gpu.py -m gpu -k process_exits
-  pytest_file $deadline 40 tests/test_lifetime.py -m gpu
-  # 4. G2: does a launch queued at an open hold other streams' hardware queues? Both
-  #    reserves, launches at opens on and off. [~4 x 8 s]
-  for r in occupancy-cap green-context; do
-    for v in 1 0; do
-      probe $deadline "probe_channels_${r}_at_open_$v" 20 \
-        FREERIDE_LAUNCH_AT_OPEN=$v probe_channels.py $r
-    done
-  done
-  # 5. Q3: does creating a stream wait for side kernels, and for a bubble whose close is
-  #    enqueued? [~2 x 12 s]
-  for r in occupancy-cap green-context; do
-    probe $deadline "probe_stream_create_$r" 30 probe_stream_create.py $r
-  done
-  # 6. G8: the admission delay, executor's path (ring, poll) and at opens. [~3 x 8 s]
-  probe $deadline probe_admission_ring 30 FREERIDE_LAUNCH_AT_OPEN=0 probe_admission.py
-  probe $deadline probe_admission_poll 30 FREERIDE_LAUNCH_AT_OPEN=0 FREERIDE_ADMISSION=poll \
-    probe_admission.py
-  probe $deadline probe_admission_at_open 30 probe_admission.py
-  # 7. Hung on the H200 (stream creation beside a time_slice=None launch); the worker now
-  #    makes its streams first. 4 workers of ~10-12 s. [~55 s]
+  # In order of importance; [~N s] is the estimate on an H100/H200 when things pass (the
+  # 2026-11-27 H200 run's time where it ran them; a fresh Python with torch and CUDA takes
+  # ~5 s), the number after the name the hard limit. Items 1-5 come to ~325 s when things
+  # pass, and the limits of 1-4 to 415 s: with QUALIFY_BUDGET=480, 1-4 run whatever
+  # happens, and the benchmarks (5) unless earlier items hang. The rest (all passed on
+  # 2026-11-27, ~220 s) run where time is left and are listed NOT RUN otherwise. A hung
+  # item costs its limit, plus the watchdog's stack dumps (py-spy: about a second a
+  # process) and 10 s.
+  # 1. Why a close frees the GPU of Spin side work only ~7 ms later (bench preempt,
+  #    2026-11-27): the run-on past the slice, the memory-op close (P1), launches at
+  #    opens (P2) or shared hardware queues (P3). 8 variants in fresh processes, each at
+  #    most 25 s, the probe at most 105 s. [~80 s]
+  probe $deadline probe_pause 130 probe_pause.py
+  # 2. Is side work starved only in queued bubbles that outlast the slice
+  #    (test_launch_at_open's 0.20-0.26 harvest)? 5 workers, at most 75 s. [~45 s]
+  probe $deadline probe_queued_harvest 100 probe_queued_harvest.py
+  # 3. The morning's failures again. tests/test_hardware_queues.py hung on a lazy kernel
+  #    load in its worker (4 workers of ~10-12 s) [~55 s]; the queued-ahead harvest
+  #    tests [~27 s].
   pytest_file $deadline 80 tests/test_hardware_queues.py -m gpu
-  # 8. G4: a training grid larger than the reserve in a bubble whose close is enqueued
-  #    waits at most the slice bound. [~25 s]
-  pytest_file $deadline 60 tests/test_slice_gpu.py -m gpu -k g4
-  # The lifetime fixes: held slabs, an abandoned launch queued in the green context and
-  # reclaimed once passed (G5, G7). 4 workers. [~30 s]
-  pytest_file $deadline 60 tests/test_abandon_gpu.py -m gpu
-  # G18: the green context's blocks stay on its SMs (and the fallback where they would
-  # not), and PTX the driver cannot JIT named (forced). [~25 s]
-  pytest_file $deadline 50 tests/test_reserve_gpu.py -m gpu \
-    -k "stay_on_its_sms or outside_the_green_context"
-  pytest_file $deadline 40 tests/test_drivers_gpu.py -m gpu -k cannot_jit
-  # memcheck over a small run of side kernels (RawKernel and built-ins, host and
-  # stream-ordered bubbles). examples/raw_kernel.py ran into 60 s under memcheck. [~45 s]
+  pytest_file $deadline 60 tests/test_launch_at_open.py -m gpu
+  # 4. memcheck over a small run of side kernels (RawKernel and built-ins, host and
+  #    stream-ordered bubbles) [~12 s]. Its purpose here is memory errors, so API errors
+  #    are not reported: freeride meets CUDA_ERROR_INVALID_VALUE by design twice (a
+  #    RawKernel's parameter count is asked of cuFuncGetParamInfo until it answers that
+  #    error, the documented way to find the last parameter; and the first batched gate
+  #    write tries CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER, which a driver may refuse that
+  #    way before the fenced batch is used), and memcheck counted those as 3 errors (exit
+  #    99) on 2026-11-27 with every result right.
   if [ -x "$sanitizer" ]; then
-    budgeted $deadline memcheck_small 90 "$sanitizer" --tool memcheck --error-exitcode 99 \
-      $py -X faulthandler benchmarks/probes/memcheck_small.py
+    budgeted $deadline memcheck_small 45 "$sanitizer" --tool memcheck --report-api-errors no \
+      --error-exitcode 99 $py -X faulthandler benchmarks/probes/memcheck_small.py
     results_of memcheck_small
   else
     note "memcheck_small                               NOT RUN (no compute-sanitizer)"
   fi
-  # The H200's other failures: F12's launch drawn where its first block began (the report
-  # now waits for ended launches), the admission negative control (measured with
-  # FREERIDE_LAUNCH_AT_OPEN=0 now) [~20 s]; test_reserve_gpu's admission tests where that
-  # file has any (it had none at 5a9c43b).
-  pytest_file $deadline 60 tests/test_gpu.py -m gpu -k "first_block or admission_sleeps"
+  # 5. The two benchmarks that showed (a) and (c), small (--quick: 50 pause trials; 3
+  #    pipeline iterations per variant, both hardware-queue settings), their JSON in the
+  #    archive and their main rows in the summary. [~70 s, ~35 s]
+  budgeted $deadline bench_preempt_quick 150 $py -m freeride bench preempt --mode gpu \
+    --quick --out "$work/preempt_quick.json"
+  table_of bench_preempt_quick "^ *(no side work|freeride, gate|sliced grid)"
+  budgeted $deadline bench_pipeline_quick 90 $py -m freeride bench pipeline --mode gpu \
+    --quick --out "$work/pipeline_quick.json"
+  table_of bench_pipeline_quick "^ *(baseline|freeride: (spin|saxpy|blur)) "
+  # The rest of the qualify list, all passed on 2026-11-27 (its times in brackets).
+  # G1, the deadlock: a close/open pair no block saw, then torch.cuda.synchronize(), both
+  # reserves, and the same after an empty compute action; 4 workers. [~23 s]
+  pytest_file $deadline 60 tests/test_slice_gpu.py -m gpu -k g1
+  # G7: close abandoning a launch queued in the green context; the normal close beside
+  # unrelated GPU work. [~14 s]
+  probe $deadline probe_abandon_green 30 probe_abandon_green.py
+  # The cudaFree removal: exit with an open ahead of the GPU [~16 s], close with a task
+  # waiting on a busy stream and the rest of the memory lifetime tests [~10 s].
+  pytest_file $deadline 30 tests/test_gpu.py -m gpu -k process_exits
+  pytest_file $deadline 30 tests/test_lifetime.py -m gpu
+  # G2: does a launch queued at an open hold other streams' hardware queues? Both
+  # reserves, launches at opens on and off. [~4 x 5 s]
+  for r in occupancy-cap green-context; do
+    for v in 1 0; do
+      probe $deadline "probe_channels_${r}_at_open_$v" 15 \
+        FREERIDE_LAUNCH_AT_OPEN=$v probe_channels.py $r
+    done
+  done
+  # Q3: does creating a stream wait for side kernels, and for a bubble whose close is
+  # enqueued? [~2 x 6 s]
+  for r in occupancy-cap green-context; do
+    probe $deadline "probe_stream_create_$r" 20 probe_stream_create.py $r
+  done
+  # G8: the admission delay, executor's path (ring, poll) and at opens. [~3 x 7 s]
+  probe $deadline probe_admission_ring 20 FREERIDE_LAUNCH_AT_OPEN=0 probe_admission.py
+  probe $deadline probe_admission_poll 20 FREERIDE_LAUNCH_AT_OPEN=0 FREERIDE_ADMISSION=poll \
+    probe_admission.py
+  probe $deadline probe_admission_at_open 20 probe_admission.py
+  # G4: a training grid larger than the reserve in a bubble whose close is enqueued waits
+  # at most the slice bound. [~12 s]
+  pytest_file $deadline 40 tests/test_slice_gpu.py -m gpu -k g4
+  # The lifetime fixes: held slabs, an abandoned launch queued in the green context and
+  # reclaimed once passed (G5, G7). 4 workers. [~25 s]
+  pytest_file $deadline 45 tests/test_abandon_gpu.py -m gpu
+  # G18: the green context's blocks stay on its SMs (and the fallback where they would
+  # not), and PTX the driver cannot JIT named (forced). [~2 x 6 s]
+  pytest_file $deadline 30 tests/test_reserve_gpu.py -m gpu \
+    -k "stay_on_its_sms or outside_the_green_context"
+  pytest_file $deadline 30 tests/test_drivers_gpu.py -m gpu -k cannot_jit
+  # F12's launch drawn where its first block began, the admission negative control
+  # [~16 s]; test_reserve_gpu's admission tests where that file has any.
+  pytest_file $deadline 40 tests/test_gpu.py -m gpu -k "first_block or admission_sleeps"
   if grep -q "def test_[a-z0-9_]*admission" tests/test_reserve_gpu.py; then
     pytest_file $deadline 40 tests/test_reserve_gpu.py -m gpu -k admission
   fi
-  # G15(c): does mem_get_info on another thread invalidate a global-mode capture? [~10 s]
-  probe $deadline probe_mem_get_info_capture 40 probe_mem_get_info_capture.py
+  # G15(c): does mem_get_info on another thread invalidate a global-mode capture? [~8 s]
+  probe $deadline probe_mem_get_info_capture 30 probe_mem_get_info_capture.py
   # Captures beside side work, job threads, bubble_stats, free-memory samples and
-  # backends being made; the negative control. [~70 s]
-  pytest_file $deadline 100 tests/test_capture.py -m gpu
-  # Side work in bubbles queued ahead of the GPU (launches at opens). [~25 s]
-  pytest_file $deadline 60 tests/test_launch_at_open.py -m gpu
-  # What remains of the GPU basics. [~25 s]
-  pytest_file $deadline 60 tests/test_gpu.py -m gpu \
+  # backends being made; the negative control. [~24 s]
+  pytest_file $deadline 60 tests/test_capture.py -m gpu
+  # What remains of the GPU basics. [~10 s]
+  pytest_file $deadline 40 tests/test_gpu.py -m gpu \
     -k "not process_exits and not first_block and not admission_sleeps"
 fi
 

@@ -526,7 +526,9 @@ def mode_queued_bubbles(args: dict) -> dict:
     (the open-gate rate, measured first with the gate opened from the host) is the
     harvest. The same queue without a side task gives the baseline of its GPU time, for
     the overhead. Reserve and launch at opens follow `reserve` and the environment
-    (FREERIDE_LAUNCH_AT_OPEN), CUDA_DEVICE_MAX_CONNECTIONS the parent's setting."""
+    (FREERIDE_LAUNCH_AT_OPEN), CUDA_DEVICE_MAX_CONNECTIONS the parent's setting; the time
+    slice is `time_slice` where given (null: none), else the harvester's default, so that a
+    bubble (`recv_ms`) can fit in one slice or outlast it."""
     import torch
 
     import freeride as fr
@@ -537,16 +539,24 @@ def mode_queued_bubbles(args: dict) -> dict:
     recv_ms = float(args.get("recv_ms", 20.0))
     hold_ms = float(args.get("hold_ms", 100.0))
     reserve = fr.Reserve(mechanism=args["reserve"]) if args.get("reserve") else fr.Reserve()
+    options: dict = {"reserve": reserve}
+    if "time_slice" in args:  # absent: the harvester's default; null: no slice at all
+        options["time_slice"] = args["time_slice"]
     torch.cuda.init()
     out: dict = {
         "connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
         "launch_at_open_env": os.environ.get("FREERIDE_LAUNCH_AT_OPEN"),
+        "item_us": item_us,
+        "iterations": iterations,
+        "recv_ms": recv_ms,
     }
     train = torch.cuda.Stream()
     comm = torch.cuda.Stream()
-    with fr.Harvester("cuda:0", reserve=reserve) as h:
+    with fr.Harvester("cuda:0", **options) as h:
         out["reserve_mechanism"] = h.reserve_mechanism
         out["launches_at_opens"] = h.launches_at_opens
+        out["time_slice"] = h.time_slice
+        out["slice_bound"] = h.slice_bound
         # Baseline: the queue's GPU time without side work (after one warm-up).
         baseline = []
         for _ in range(2):
