@@ -20,6 +20,7 @@
 #include "cuda/green_context_plan.hpp"
 #include "cuda/kernel_image.hpp"
 #include "cuda/open_watcher.hpp"
+#include "cuda/skipped_opens.hpp"
 #include "cuda/slot_pool.hpp"
 #include "doorbell.hpp"
 #include "executor.hpp"
@@ -456,6 +457,15 @@ void register_test_hooks(py::module_& m) {
       "pending_answer", [](uint64_t word) { return freeride::pending_answer(word); },
       py::arg("word"), "freeride/slice.h's pending_answer.");
   t.attr("PENDING_FRESH_NS") = py::int_(FREERIDE_PENDING_FRESH_NS);
+  py::class_<freeride::cuda::SkippedOpens>(
+      t, "SkippedOpens",
+      "The CUDA backend's record of stream-ordered opens written without a launch "
+      "(csrc/cuda/skipped_opens.hpp).")
+      .def(py::init<>())
+      .def("note", &freeride::cuda::SkippedOpens::note, py::arg("seq"))
+      .def("contains", &freeride::cuda::SkippedOpens::contains, py::arg("seq"))
+      .def_property_readonly_static(
+          "KEPT", [](const py::object&) { return freeride::cuda::SkippedOpens::kKept; });
   t.def("launch_block_item_ns", &freeride::launch_block_item_ns, py::arg("duration_ns"),
         py::arg("blocks"), py::arg("items"), "freeride/item_time.hpp's launch_block_item_ns.");
   t.def("smoothed_item_ns", &freeride::smoothed_item_ns, py::arg("estimate"),

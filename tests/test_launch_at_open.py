@@ -171,8 +171,9 @@ def test_the_executor_measures_the_running_tasks_item_time(host):
     assert host._ex.running_item_ns == 0
     task = host.submit(fr.tasks.Spin(items=8, ns_per_item=2_000_000))
     assert task.wait(30)
-    measured = host._ex.running_item_ns
-    assert 2_000_000 <= measured < 20_000_000, measured
+    # Wall time per item: at least the item, more where the idle-priority workers wait
+    # for a core (a busy machine).
+    assert host._ex.running_item_ns >= 2_000_000
 
 
 def test_the_host_backend_makes_no_launches_at_opens(host):
@@ -207,3 +208,61 @@ def test_a_launchs_item_time_from_its_end_record():
     assert T.smoothed_item_ns(0, 800) == 800
     assert T.smoothed_item_ns(800, 0) == 800
     assert T.smoothed_item_ns(800, 1600) == 1000
+
+
+def test_the_executor_stays_out_of_opens_skipped_for_their_length():
+    """Review G10's second half: an open the training thread wrote without a launch (its
+    slot too short) must not get the executor's own launch either, which would come a
+    host round trip late and land in the next compute. The CUDA backend notes such opens
+    by sequence number before it enqueues them; the executor's wait for the gate passes
+    over a mirror open under a noted one. The last KEPT are remembered (more than a
+    pipeline iteration's opens queued ahead), and sequence number 0 is one like another."""
+    skipped = _C._testing.SkippedOpens()
+    kept = _C._testing.SkippedOpens.KEPT
+    assert kept >= 32
+    assert not skipped.contains(0)
+    skipped.note(0)
+    skipped.note(7)
+    assert skipped.contains(0) and skipped.contains(7) and not skipped.contains(8)
+    for seq in range(100, 100 + kept - 2):
+        skipped.note(seq)
+    assert skipped.contains(0) and skipped.contains(100 + kept - 3)
+    skipped.note(2**32 - 1)  # the oldest (0) is forgotten
+    assert not skipped.contains(0) and skipped.contains(7) and skipped.contains(2**32 - 1)
+
+
+@pytest.mark.gpu
+def test_an_open_written_without_a_launch_gets_none_from_the_executor_either():
+    """On a GPU: a 5 ms bubble opened with launch=False (as the recorder opens a slot too
+    short for the running task) runs no side launch at all; the same bubble opened with a
+    launch runs one. Before, the executor launched into the first one a host round trip
+    after the open took effect."""
+    import time
+
+    import torch
+    from gpu_worker import CYCLES_PER_MS
+
+    torch.cuda.init()
+    train = torch.cuda.Stream()
+    torch.cuda._sleep(1000)  # loaded before side work runs (a lazy load synchronises)
+    torch.cuda.synchronize()
+    with fr.Harvester("cuda:0") as h:
+        h.gate.close(stream="host")
+        t = h.submit(fr.tasks.Spin(items=2**40, ns_per_item=20_000))
+
+        def bubble(launch: bool) -> int:
+            before = h.launch_counts().launches
+            with torch.cuda.stream(train):
+                h.gate.write(GATE_OPEN, train, launch=launch)
+                torch.cuda._sleep(int(5 * CYCLES_PER_MS))
+                h.gate.close(stream=train)
+            train.synchronize()
+            time.sleep(0.05)  # the executor takes any launch's end
+            return h.launch_counts().launches - before
+
+        skipped = bubble(False)
+        carried = bubble(True)
+        t.cancel()
+        assert t.wait(30)
+    assert carried >= 1, "the control bubble ran no launch: the test proves nothing"
+    assert skipped == 0, f"{skipped} launch(es) in a bubble opened without one"

@@ -146,12 +146,16 @@ LaunchMarks CudaRunner::run(bool record) {
   if (!in_flight()) {
     // Until a launch at an open is enqueued, the gate's mirror reads open (an open that
     // carried no launch, or the rest of a bubble whose launch ended with its slice), or
-    // a stop.
+    // a stop. Not under an open the training thread skipped (predicted too short for a
+    // launch: SkippedOpens): a launch this late would land in the compute after it.
     if (!s.ring) tighten_timer_slack();  // this thread only ever waits for the gate
     const bool go = wait_for_gate(
         s, std::chrono::steady_clock::time_point::max(),
         [&] { return abandoned_.load() || (stop_requested_.load() && !in_flight()); },
-        [&] { return in_flight() || s.mirror() == FREERIDE_GATE_OPEN; });
+        [&] {
+          return in_flight() ||
+                 (s.mirror() == FREERIDE_GATE_OPEN && !s.skipped.contains(s.mirror_seq()));
+        });
     throw_if_abandoned();
     if (!go) return LaunchMarks{};  // stopped (or abandoned) while the gate was closed
   }

@@ -24,6 +24,7 @@
 #include "cuda/gate_memory.hpp"
 #include "cuda/occupancy.hpp"
 #include "cuda/open_watcher.hpp"
+#include "cuda/skipped_opens.hpp"
 #include "doorbell.hpp"
 #include "launchers.hpp"
 #include "task.hpp"
@@ -250,6 +251,8 @@ struct CudaShared {
   // Stream-ordered closes and their ordinals (freeride/slice.h). The latest ordinal is the
   // mirror line's kMirrorCloses word; the slots are in the gate's own line.
   CloseLedger closes;
+  // Stream-ordered opens written without a launch: the executor's own stays out too.
+  SkippedOpens skipped;
   unsigned int* close_slots() const { return gate.dev + kCloseSlots; }
   const unsigned int* latest_close_dev() const { return gate.mirror_dev + kMirrorCloses; }
   // The constructor's: the latest ordinal and the slots read zero (no close yet). Caller
