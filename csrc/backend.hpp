@@ -115,9 +115,9 @@ class Backend {
   // How gate writes on a stream are made: "batch", "memop", "copy" or "kernel" (see
   // cuda_driver::GateWrite); "host" on the host backend.
   virtual std::string gate_write_mechanism() const = 0;
-  // Which writes of a batched gate write wait for the stream's earlier writes: "all", or
-  // "gate and open's mirror" where the driver took CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER
-  // for the others; "" for every other mechanism.
+  // Which writes of a batched gate write wait for the stream's earlier writes: "all" (the
+  // batch's memory operations keep every fence, see CudaShared::enqueue_gate_batch); ""
+  // for every other mechanism.
   virtual std::string gate_write_fences() const { return ""; }
   // How side kernels leave room for training's kernels: "occupancy-cap" or
   // "green-context (120 of 132 SMs)" on CUDA, "none" on the host. reserve_fallback():

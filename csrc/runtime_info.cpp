@@ -95,6 +95,7 @@ void query_cuda(BackendInfo& info) {
     dev.green_sms_seen = reserve.green_sms_seen;
     info.devices.push_back(std::move(dev));
   }
+  info.module_loading = cuda_driver::module_loading_mode();
   info.cuda = true;
 }
 

@@ -30,6 +30,9 @@ struct BackendInfo {
   // The CUDA runtime's name for the error that made CUDA unusable ("" otherwise), e.g.
   // cudaErrorInsufficientDriver: a driver older than the runtime freeride was built with.
   std::string cuda_error;
+  // "lazy" or "eager": how the driver loads kernels in this process
+  // (cuda_driver::module_loading_mode); "" without a usable device.
+  std::string module_loading;
 };
 
 BackendInfo query_backend_info();

@@ -59,6 +59,8 @@ py::dict backend_info() {
   out["devices"] = devices;
   out["reason"] = info.reason;
   out["cuda_error"] = info.cuda_error;
+  out["module_loading"] = info.module_loading.empty() ? py::object(py::none())
+                                                      : py::object(py::str(info.module_loading));
   return out;
 }
 

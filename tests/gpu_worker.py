@@ -189,11 +189,19 @@ def mode_hardware_queues(args: dict) -> dict:
     torch.cuda.init()
     x = torch.ones(16, device="cuda")
     x.cpu()
-    # Made before any side work: creating a stream synchronises the device (seen on an
-    # H200, driver 580: cudaStreamCreateWithPriority waited for the running side launch),
-    # so with time_slice=None it would wait for a close this thread never gets to enqueue.
-    # A training process makes its streams up front; the Harvester's docs say why.
+    # Made before any side work, as a training process makes its streams. (The 2026-11-25
+    # hang in cudaStreamCreateWithPriority was most likely the lazy load below: on
+    # 2026-11-27 a probe created streams beside a time_slice=None launch in 0.1 ms.)
     other = torch.cuda.Stream()
+    # Every kernel the measurement launches for the first time, launched once before any
+    # side work: under CUDA's lazy loading (the default) a kernel's first launch loads it,
+    # and loading may synchronise the context. With time_slice=None that waits for the
+    # side launch, which ends only at a close this thread never gets to enqueue (seen on
+    # an H200: stuck in cuLaunchKernel of torch.cuda._sleep).
+    with torch.cuda.stream(other):
+        torch.cuda._sleep(1)
+    x.add_(1.0)
+    torch.cuda.synchronize()
     out: dict = {"connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}
     for label, kwargs in (("none", {"time_slice": None}), ("default", {})):
         with fr.Harvester("cuda:0", reserve=reserve, **kwargs) as h:

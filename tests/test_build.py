@@ -20,6 +20,7 @@ def test_backend_info_shape():
         "runtime_version",
         "driver_version",
         "default_backend",
+        "module_loading",
     ):
         assert key in info
     assert isinstance(info["devices"], list)

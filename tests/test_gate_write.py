@@ -61,9 +61,13 @@ def test_batch_is_the_default_where_the_driver_has_it(monkeypatch):
     monkeypatch.setenv("FREERIDE_GATE_WRITE", "batch")
     with fr.Harvester("cuda:0") as h:
         with_batch = h._ex.gate_write_mechanism
+        # A batch keeps every write's fence (no NO_MEMORY_BARRIER: the v2 memory
+        # operations do not support it).
+        assert h.gate.write_fences == ("all" if with_batch == "batch" else None)
     monkeypatch.setenv("FREERIDE_GATE_WRITE", "copy")
     with fr.Harvester("cuda:0") as h:
         assert h._ex.gate_write_mechanism == "copy", "the mechanism asked for was not used"
+        assert h.gate.write_fences is None
     monkeypatch.delenv("FREERIDE_GATE_WRITE")
     with fr.Harvester("cuda:0") as h:
         default = h._ex.gate_write_mechanism

@@ -220,9 +220,7 @@ class CudaBackend final : public Backend {
     return cuda_driver::gate_write_name(s_->gate_write);
   }
   std::string gate_write_fences() const override {
-    if (s_->gate_write != cuda_driver::GateWrite::kBatch) return "";
-    return s_->batch_flags == CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER ? "gate and open's mirror"
-                                                                       : "all";
+    return s_->gate_write == cuda_driver::GateWrite::kBatch ? "all" : "";
   }
   std::string reserve_mechanism() const override { return s_->reserve_mechanism; }
   std::string reserve_fallback() const override { return s_->reserve_fallback; }

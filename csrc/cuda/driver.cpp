@@ -98,6 +98,7 @@ const Api& api() {
       resolve("cuCtxFromGreenCtx", 12040, &a.ctx_from_green_ctx, &a.green_error);
       resolve("cuCtxGetCurrent", 4000, &a.ctx_get_current, &a.green_error);
       resolve("cuCtxSetCurrent", 4000, &a.ctx_set_current, &a.green_error);
+      resolve("cuModuleGetLoadingMode", 11070, &a.module_get_loading_mode, &a.info_error);
     } catch (...) {
       // Only std::string growth can throw here; keep whatever resolved.
     }
@@ -132,6 +133,20 @@ std::string error_name(int result) {
     }
   }
   return "CUresult " + std::to_string(result);
+}
+
+std::string module_loading_mode() {
+  const Api& a = api();
+  if (a.module_get_loading_mode == nullptr) return "";
+  CUmoduleLoadingMode mode{};
+  if (a.module_get_loading_mode(&mode) != CUDA_SUCCESS) return "";
+  switch (mode) {
+    case CU_MODULE_LAZY_LOADING:
+      return "lazy";
+    case CU_MODULE_EAGER_LOADING:
+      return "eager";
+  }
+  return "";
 }
 
 bool primary_context_active(int device) {

@@ -53,10 +53,13 @@ struct Api {
   PFN_cuCtxFromGreenCtx_v12040 ctx_from_green_ctx = nullptr;
   PFN_cuCtxGetCurrent_v4000 ctx_get_current = nullptr;
   PFN_cuCtxSetCurrent_v4000 ctx_set_current = nullptr;
+  // For backend_info only: whether modules load lazily (module_loading_mode()).
+  PFN_cuModuleGetLoadingMode_v11070 module_get_loading_mode = nullptr;
   std::string error;         // why a gate or context entry point is missing
   std::string kernel_error;  // why a user-kernel entry point is missing
   std::string batch_error;   // why cuStreamBatchMemOp is missing
   std::string green_error;   // why a green-context entry point is missing
+  std::string info_error;    // why cuModuleGetLoadingMode is missing
 
   bool has_memops() const {
     return stream_write_value32 != nullptr && stream_wait_value32 != nullptr;
@@ -91,6 +94,13 @@ bool memops_disabled_by_env();
 
 // "CUDA_ERROR_NOT_SUPPORTED" for 801; "CUresult N" where the driver cannot name it.
 std::string error_name(int result);
+
+// How this process loads kernels: "lazy" (each at its first launch, CUDA's default since
+// 12.2) or "eager" (CUDA_MODULE_LOADING=EAGER, read once when CUDA initialised); "" where
+// unknown (no driver, a driver before 11.7, or CUDA not initialised yet). A lazy load may
+// synchronise the context, so a first launch beside a side launch that waits for a close
+// can deadlock (Harvester(time_slice=None) warns). Never throws.
+std::string module_loading_mode();
 
 // Whether the primary context of a device already exists. False where unknown: callers
 // use it to avoid creating a context (hundreds of MiB of device memory) as a side effect.

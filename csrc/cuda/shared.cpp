@@ -151,7 +151,7 @@ void CudaShared::write_now(unsigned int* word, uint32_t value) {
 void CudaShared::enqueue_gate_write(uint32_t value, cudaStream_t stream, uint32_t seq,
                                     uint32_t ordinal) const {
   if (gate_write == cuda_driver::GateWrite::kBatch) {
-    const CUresult res = enqueue_gate_batch(value, stream, seq, batch_flags, ordinal);
+    const CUresult res = enqueue_gate_batch(value, stream, seq, ordinal);
     if (res != CUDA_SUCCESS) {
       cuda_driver::throw_driver_error(res, "cuStreamBatchMemOp (gate write)", __FILE__, __LINE__);
     }
@@ -167,24 +167,23 @@ void CudaShared::enqueue_gate_write(uint32_t value, cudaStream_t stream, uint32_
 }
 
 CUresult CudaShared::enqueue_gate_batch(uint32_t value, cudaStream_t stream, uint32_t seq,
-                                        unsigned int relaxed_flags, uint32_t ordinal) const {
+                                        uint32_t ordinal) const {
   CUstreamBatchMemOpParams ops[4];
   unsigned int count = 0;
-  auto add = [&](unsigned int* word, uint32_t v, unsigned int flags) {
+  auto add = [&](unsigned int* word, uint32_t v) {
     CUstreamBatchMemOpParams& op = ops[count++];
     std::memset(&op, 0, sizeof(op));
     op.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
     op.writeValue.address = cuda_driver::device_ptr(word);
     op.writeValue.value = v;
-    op.writeValue.flags = flags;
+    op.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
   };
   const bool open = value == FREERIDE_GATE_OPEN;
-  if (open) add(gate.mirror_dev + kMirrorSeq, seq, relaxed_flags);
-  add(gate.dev, value, CU_STREAM_WRITE_VALUE_DEFAULT);
-  if (!host_gate) add(gate.mirror_dev, value, open ? CU_STREAM_WRITE_VALUE_DEFAULT : relaxed_flags);
-  if (!open) add(gate.mirror_dev + kMirrorSeq, seq, CU_STREAM_WRITE_VALUE_DEFAULT);
-  // Either side of the gate's write is safe (see enqueue_gate_write): no fence of its own.
-  if (ordinal != 0u) add(close_slots() + CloseLedger::slot(ordinal), ordinal, relaxed_flags);
+  if (open) add(gate.mirror_dev + kMirrorSeq, seq);
+  add(gate.dev, value);
+  if (!host_gate) add(gate.mirror_dev, value);
+  if (!open) add(gate.mirror_dev + kMirrorSeq, seq);
+  if (ordinal != 0u) add(close_slots() + CloseLedger::slot(ordinal), ordinal);
   return cuda_driver::api().stream_batch_mem_op(stream, count, ops, 0);
 }
 
@@ -204,23 +203,15 @@ void CudaShared::clear_close_slots() {
 
 bool CudaShared::try_batch() {
   if (cuda_driver::api().stream_batch_mem_op == nullptr) return false;
-  const uint32_t seq = mirror_seq();
-  for (unsigned int flags : {static_cast<unsigned int>(CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER),
-                             static_cast<unsigned int>(CU_STREAM_WRITE_VALUE_DEFAULT)}) {
-    const CUresult res = enqueue_gate_batch(FREERIDE_GATE_OPEN, control, seq, flags);
-    FR_CUDA_CHECK(cudaStreamSynchronize(control));
-    if (res == CUDA_SUCCESS) {
-      batch_flags = flags;
-      return true;
-    }
-  }
-  return false;
+  const CUresult res = enqueue_gate_batch(FREERIDE_GATE_OPEN, control, mirror_seq());
+  FR_CUDA_CHECK(cudaStreamSynchronize(control));
+  return res == CUDA_SUCCESS;
 }
 
 void CudaShared::write_gate_now(uint32_t value, uint32_t seq) {
   const bool open = value == FREERIDE_GATE_OPEN;
   if (!host_gate && !stream_wait && gate_write == cuda_driver::GateWrite::kBatch) {
-    const CUresult res = enqueue_gate_batch(value, control, seq, batch_flags);
+    const CUresult res = enqueue_gate_batch(value, control, seq);
     if (res != CUDA_SUCCESS) {
       cuda_driver::throw_driver_error(res, "cuStreamBatchMemOp (immediate gate write)",
                                       __FILE__, __LINE__);

@@ -56,9 +56,8 @@ struct CudaShared {
   bool stream_wait = false;  // admit launches with cuStreamWaitValue32 instead of polling
   bool memops = false;  // stream memory operations usable on this device
   std::string memops_reason;
-  // How gate writes on a stream are made, and the flags of a batch's unfenced writes.
+  // How gate writes on a stream are made.
   cuda_driver::GateWrite gate_write = cuda_driver::GateWrite::kCopy;
-  unsigned int batch_flags = CU_STREAM_WRITE_VALUE_DEFAULT;
   int sm_count = 0;
   SmLimits sm;
   SmReserve reserve;
@@ -236,17 +235,12 @@ struct CudaShared {
                           uint32_t ordinal = 0) const;
 
   // The same writes, in the same order, as one batch: one operation for the stream to
-  // execute instead of three. Every write of a batch is fenced by default (all of the
-  // stream's earlier writes visible first), and each fence is a wait on the training
-  // stream; `relaxed_flags` drops it where the order argued above does not need it. The
-  // gate word keeps its fence: it is ordered after the preceding kernel's work (and, on
-  // an open, after the sequence word). So does the mirror of an open, which must not be
-  // seen open before the gate is. The mirror of a close may land early (the host then
-  // admits nothing a little sooner). The sequence word of a close keeps its fence too:
-  // the iterative runner reads the mirror, then the number, and a number seen before the
-  // closed mirror would make a closing bubble look like a new one.
+  // execute instead of three. Every write keeps its memory fence (all of the stream's
+  // earlier writes visible first): the v2 memory operations that cuStreamBatchMemOp
+  // resolves to do not support CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER, and the H200's
+  // driver (580) refused a batch asking for it.
   CUresult enqueue_gate_batch(uint32_t value, cudaStream_t stream, uint32_t seq,
-                              unsigned int relaxed_flags, uint32_t ordinal = 0) const;
+                              uint32_t ordinal = 0) const;
 
   // Stream-ordered closes and their ordinals (freeride/slice.h). The latest ordinal is the
   // mirror line's kMirrorCloses word; the slots are in the gate's own line.
@@ -260,10 +254,7 @@ struct CudaShared {
   void clear_close_slots();
 
   // Whether the driver takes the batch of an open, tried on the control stream with the
-  // gate's current words (the constructor's state: nothing else writes them yet). The
-  // driver documents CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER as unsupported by the v2
-  // memory operations that cuStreamBatchMemOp resolves to: where it refuses the flag,
-  // the batch keeps every fence.
+  // gate's current words (the constructor's state: nothing else writes them yet).
   bool try_batch();
 
   // Immediate gate write, complete on return.

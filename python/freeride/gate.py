@@ -127,8 +127,8 @@ class Gate:
     @property
     def write_fences(self) -> str | None:
         """With "batch" writes: which of a write's parts wait for the stream's earlier
-        writes ("all", or "gate and open's mirror" where the driver lets the others go
-        without a memory barrier); None with every other mechanism."""
+        writes ("all": every part keeps its memory fence); None with every other
+        mechanism."""
         return str(self._ex.gate_write_fences) or None
 
     @property

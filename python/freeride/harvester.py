@@ -22,6 +22,7 @@ from .attach import Attachment
 from .errors import CudaUnavailableError, HarvesterClosedError
 from .gate import Gate
 from .handle import TaskHandle
+from .info import backend_info
 from .iterative import IterativeHandle, IterativeRunner, IterativeTask
 from .record.model import TaskSummary
 from .record.recorder import Recorder, attribute_side_work
@@ -75,6 +76,28 @@ def _check_time_slice(value: Any) -> float | None:
     if not 1e-5 <= value <= 60:
         raise ValueError(f"time_slice must be between 1e-05 and 60 seconds (or None), got {value}")
     return value
+
+
+def _warn_if_lazy_loading(kind: str, time_slice: float | None) -> None:
+    """Warns where a CUDA harvester without a time slice meets CUDA's lazy module
+    loading (backend_info()["module_loading"]): a kernel's first launch may then wait for
+    a side launch that only the gate's close ends."""
+    if kind != "cuda" or time_slice is not None:
+        return
+    if backend_info().get("module_loading") != "lazy":
+        return
+    # _warn_if_lazy_loading <- Harvester.__init__ <- the caller
+    warnings.warn(
+        "freeride: Harvester(time_slice=None) with CUDA's lazy module loading (the default "
+        "since CUDA 12.2): the first launch of a kernel not yet loaded may synchronise the "
+        "device, which waits for a side launch running with the gate open, and that launch "
+        "ends only at the gate's close; a thread that launches such a kernel before "
+        "enqueueing the close never returns. Set CUDA_MODULE_LOADING=EAGER in the "
+        "environment before CUDA initialises, or launch every kernel once before side work "
+        "starts.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def _default_workers() -> int:
@@ -203,8 +226,13 @@ class Harvester:
             reserve). None: a launch runs until the gate
             closes; then a call that synchronises the device made by the thread that
             would enqueue the close never returns (creating a stream, cudaFree,
-            torch.cuda.synchronize while the gate is open: each waits for the side
-            launch). Make streams before side work starts, as a training process does.
+            torch.cuda.synchronize while the gate is open, and the first launch of a
+            kernel not yet loaded under CUDA's lazy module loading, the default since
+            CUDA 12.2: each waits for the side launch). Make streams before side work
+            starts, as a training process does, and set CUDA_MODULE_LOADING=EAGER (read
+            when CUDA initialises) or launch every kernel once before side work starts;
+            backend_info()["module_loading"] says which, and a CUDA harvester made with
+            None warns (RuntimeWarning) where loading is lazy.
 
     Use it as a context manager, or call close().
 
@@ -270,6 +298,7 @@ class Harvester:
                 raise
             self._kind, self._device_index = "host", -1
             self._ex = executor(self._kind, self._device_index)
+        _warn_if_lazy_loading(self._kind, self._time_slice)
         self._lock = threading.Lock()
         self._closed = False
         # Every handle the user still holds, for tasks() and report()...

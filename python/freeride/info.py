@@ -35,11 +35,16 @@ def backend_info() -> dict[str, Any]:
     ``"copy"`` or ``"kernel"``, as chosen by FREERIDE_GATE_WRITE and what the driver
     offers; ``"host"`` without a GPU; one value per device under ``devices``), and
     ``reason`` and ``cuda_error`` (the CUDA runtime's name for the failure, e.g.
-    ``"cudaErrorInsufficientDriver"``) when cuda is False, and ``gpu_unused``: None, or why
+    ``"cudaErrorInsufficientDriver"``) when cuda is False, ``module_loading``: how the
+    driver loads kernels in this process, ``"lazy"`` (each at its first launch, CUDA's
+    default since 12.2; a first launch may then wait for the whole device, see
+    Harvester's ``time_slice``) or ``"eager"`` (``CUDA_MODULE_LOADING=EAGER``, read when
+    CUDA initialises), None without a driver or device, and ``gpu_unused``: None, or why
     this machine has a GPU freeride's CUDA backend cannot use (torch, if already imported,
     sees one, or an NVIDIA driver is installed), with what is needed and what to do; the
     text ``device="auto"`` warns with and ``freeride info`` prints."""
     info = dict(core_backend_info())
+    info.setdefault("module_loading", None)  # an extension built before the key
     info["stream_mem_ops"] = bool(info["devices"]) and all(
         d["stream_mem_ops"] for d in info["devices"]
     )
