@@ -185,12 +185,12 @@ if step qualify; then
   pytest_file $deadline 60 tests/test_launch_at_open.py -m gpu
   # 4. memcheck over a small run of side kernels (RawKernel and built-ins, host and
   #    stream-ordered bubbles) [~12 s]. Its purpose here is memory errors, so API errors
-  #    are not reported: freeride meets CUDA_ERROR_INVALID_VALUE by design twice (a
-  #    RawKernel's parameter count is asked of cuFuncGetParamInfo until it answers that
-  #    error, the documented way to find the last parameter; and the first batched gate
-  #    write tries CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER, which a driver may refuse that
-  #    way before the fenced batch is used), and memcheck counted those as 3 errors (exit
-  #    99) on 2026-11-27 with every result right.
+  #    are not reported: a RawKernel's parameter count is asked of cuFuncGetParamInfo
+  #    until it answers CUDA_ERROR_INVALID_VALUE (the documented way to find the last
+  #    parameter), which memcheck counts as an error. On 2026-11-27 it counted 3 (exit 99)
+  #    with every result right: two of those, and the batched gate write's trial of
+  #    CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER, which the driver refused (no longer
+  #    tried).
   if [ -x "$sanitizer" ]; then
     budgeted $deadline memcheck_small 45 "$sanitizer" --tool memcheck --report-api-errors no \
       --error-exitcode 99 $py -X faulthandler benchmarks/probes/memcheck_small.py
