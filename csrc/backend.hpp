@@ -30,6 +30,10 @@ struct LaunchMarks {
   // nothing then about the gate's mirror (the executor backs off only after one of its
   // own), only that its bubble was short or its phase already done.
   bool at_open = false;
+  // CUDA: the executor's, queued behind a running launch (freeride/successor_rule.hpp).
+  // One that runs no item found its predecessor's bubble closed: nothing about the
+  // mirror either.
+  bool successor = false;
 };
 
 // What a task must wait for before its first launch: the work its submitter's streams had

@@ -468,7 +468,7 @@ void Executor::loop() {
     }
     // Only a launch of the executor's own, admitted on the gate's mirror, that ran
     // nothing says the mirror may be stale (see kBackoffMinS).
-    const bool idle_launch = ran_nothing && !marks.at_open;
+    const bool idle_launch = ran_nothing && !marks.at_open && !marks.successor;
     if (!error.empty() && r->failure.empty()) r->failure = r->task->name() + ": " + error;
     draining = runner->in_flight() ? r : nullptr;
     if (draining == nullptr) settle_launch_locked(*r);

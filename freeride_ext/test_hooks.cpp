@@ -27,11 +27,13 @@
 #include "item_time.hpp"
 #include "latch_dependency.hpp"
 #include "queue_backend.hpp"
+#include "successor_rule.hpp"
 #include "test_switches.hpp"
 
 #ifdef FREERIDE_WITH_CUDA
 #include <cuda_runtime_api.h>
 
+#include "cuda/admission.hpp"
 #include "cuda/device_guard.hpp"
 #include "launchers.hpp"
 #endif
@@ -387,6 +389,8 @@ void register_test_hooks(py::module_& m) {
       "build's and machine's facts; None without CUDA.");
 
 #ifdef FREERIDE_WITH_CUDA
+  t.def("successors_enabled", &freeride::cuda::successors_enabled,
+        "csrc/cuda/admission.hpp's successors_enabled: FREERIDE_SUCCESSORS as read.");
   t.def("sm_census_on_primary", &sm_census_on_primary, py::arg("device"),
         "(distinct SMs, blocks, blocks past the bitmap) of the partition check's census "
         "launched on a stream of the primary context (not confined).");
@@ -466,6 +470,23 @@ void register_test_hooks(py::module_& m) {
       .def("contains", &freeride::cuda::SkippedOpens::contains, py::arg("seq"))
       .def_property_readonly_static(
           "KEPT", [](const py::object&) { return freeride::cuda::SkippedOpens::kKept; });
+  t.def(
+      "queue_successor",
+      [](bool enabled, size_t pending, bool newest_begun, bool gate_open, bool stopping,
+         bool phase_done, bool follows_protocol) {
+        freeride::SuccessorState s;
+        s.enabled = enabled;
+        s.pending = pending;
+        s.newest_begun = newest_begun;
+        s.gate_open = gate_open;
+        s.stopping = stopping;
+        s.phase_done = phase_done;
+        s.follows_protocol = follows_protocol;
+        return freeride::queue_successor(s);
+      },
+      py::arg("enabled") = true, py::arg("pending") = 1, py::arg("newest_begun") = true,
+      py::arg("gate_open") = true, py::arg("stopping") = false, py::arg("phase_done") = false,
+      py::arg("follows_protocol") = true, "freeride/successor_rule.hpp's queue_successor.");
   t.def("launch_block_item_ns", &freeride::launch_block_item_ns, py::arg("duration_ns"),
         py::arg("blocks"), py::arg("items"), "freeride/item_time.hpp's launch_block_item_ns.");
   t.def("smoothed_item_ns", &freeride::smoothed_item_ns, py::arg("estimate"),

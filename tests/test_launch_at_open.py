@@ -266,3 +266,36 @@ def test_an_open_written_without_a_launch_gets_none_from_the_executor_either():
         assert t.wait(30)
     assert carried >= 1, "the control bubble ran no launch: the test proves nothing"
     assert skipped == 0, f"{skipped} launch(es) in a bubble opened without one"
+
+
+def test_the_executor_queues_a_successor_only_behind_one_running_launch():
+    """Issue 36: a launch that ends at its slice while its bubble goes on hands over to
+    the executor's next launch, already queued behind it, instead of a host round trip.
+    The rule (freeride/successor_rule.hpp): one launch pending and begun, the gate open,
+    work left, no stop, a task that follows the item protocol; never behind a launch
+    queued ahead that has not begun, never a second one, and not where switched off
+    (FREERIDE_SUCCESSORS=0)."""
+    q = _C._testing.queue_successor
+    assert q()
+    assert not q(enabled=False)
+    assert not q(pending=0) and not q(pending=2)
+    assert not q(newest_begun=False)
+    assert not q(gate_open=False)
+    assert not q(stopping=True)
+    assert not q(phase_done=True)
+    assert not q(follows_protocol=False)
+
+
+def test_successors_are_switched_by_the_environment(monkeypatch):
+    """FREERIDE_SUCCESSORS is read when a CUDA harvester is made, as
+    FREERIDE_LAUNCH_AT_OPEN is: "1" (the default) or "0"; anything else is refused
+    there, naming the variable."""
+    if not hasattr(_C._testing, "successors_enabled"):
+        pytest.skip("this build of freeride has no CUDA backend")
+    monkeypatch.setenv("FREERIDE_SUCCESSORS", "maybe")
+    with pytest.raises(ValueError, match="FREERIDE_SUCCESSORS"):
+        _C._testing.successors_enabled()
+    monkeypatch.setenv("FREERIDE_SUCCESSORS", "0")
+    assert _C._testing.successors_enabled() is False
+    monkeypatch.delenv("FREERIDE_SUCCESSORS")
+    assert _C._testing.successors_enabled() is True

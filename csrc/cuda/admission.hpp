@@ -62,6 +62,11 @@ bool single_connection();
 // InvalidArgument for another value.
 bool launch_at_opens_enabled();
 
+// Whether the executor queues its next launch behind the one running (freeride/
+// successor_rule.hpp; FREERIDE_SUCCESSORS "1", the default; "0" turns it off, for
+// comparison). Throws InvalidArgument for another value.
+bool successors_enabled();
+
 // Whether gate opens ring the executor's bell (FREERIDE_ADMISSION "ring", the default:
 // see OpenWatcher) or it polls the mirror ("poll", for comparison in bench preempt).
 // Throws InvalidArgument for another value.

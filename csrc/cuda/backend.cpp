@@ -114,6 +114,7 @@ class CudaBackend final : public Backend {
     const cuda_driver::GateWrite wanted = cuda_driver::requested_gate_write(options.gate_write);
     const bool ring = admission_rings();
     const bool at_opens = launch_at_opens_enabled();
+    const bool successors = successors_enabled();
     const bool green_wanted = options.reserve_mechanism == "green-context";
     FR_ARG(green_wanted || options.reserve_mechanism == "occupancy-cap",
            "reserve.mechanism must be 'occupancy-cap' or 'green-context', got '"
@@ -160,6 +161,7 @@ class CudaBackend final : public Backend {
     if (s.ring) s.watcher = std::make_unique<OpenWatcher>(device);
     // stream_wait holds every launch on the GPU already: launches at opens are its own.
     s.launch_at_opens = at_opens && !options.stream_wait;
+    s.successors = successors && !options.stream_wait;
     if (s.launch_at_opens) FR_CUDA_CHECK(cudaEventCreateWithFlags(&s.opened, cudaEventDisableTiming));
     if (green_wanted) s.try_green_context(options.reserve_sms, least);
     {

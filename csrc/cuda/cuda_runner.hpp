@@ -68,9 +68,13 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     bool record = false;   // marks wanted
     uint32_t gate_seq = 0;  // the open it was enqueued at (or seen under)
     bool at_open = false;
+    bool successor = false;  // the executor's, queued behind a running launch
   };
 
   bool accepting_locked() const;
+  // While the oldest launch runs: the executor's next one behind it, where
+  // freeride/successor_rule.hpp says so.
+  void maybe_queue_successor();
   bool end_has_come_locked(const Launch& l) const;
   void throw_if_abandoned() const;
   void throw_arrival_error_locked();

@@ -84,6 +84,7 @@ LaunchMarks CudaRunner::finish_oldest() {
   marks.admitted = true;
   marks.gate_seq = l.gate_seq;
   marks.at_open = l.at_open;
+  marks.successor = l.successor;
   {
     std::lock_guard<std::mutex> lk(launch_mu_);
     pending_.pop_front();
@@ -134,9 +135,14 @@ LaunchEnd CudaRunner::wait_for_end(const Launch& l) {
     return s_->mirror() != FREERIDE_GATE_OPEN || stop_requested_.load() ||
            std::atomic_ref<unsigned long long>(*progress_host_).load() >= l.n_items;
   };
+  bool successor_asked = false;
   while (true) {
     throw_if_abandoned();
     if (ring_.published(l.number)) return ring_.read(l.number);
+    if (!successor_asked && ring_.started(l.number, launch_no_.load())) {
+      successor_asked = true;
+      maybe_queue_successor();
+    }
     const auto now = clock::now();
     if (now >= next_query) {
       bool idle = false;

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstddef>
 #include <exception>
 #include <mutex>
@@ -16,6 +17,7 @@
 #include "cuda/driver.hpp"
 #include "freeride/item_ctx.h"
 #include "launchers.hpp"
+#include "successor_rule.hpp"
 
 namespace freeride::cuda {
 
@@ -51,6 +53,26 @@ void CudaRunner::stop() {
   s_->gate.bell->ring();
 }
 void CudaRunner::resume() { set_stop(0u); }
+
+// The executor's thread, waiting for the oldest launch's end once it has begun. The
+// successor is admitted on the mirror as the executor's own launches are (and, like
+// them, not under an open written without a launch).
+void CudaRunner::maybe_queue_successor() {
+  CudaShared& s = *s_;
+  std::lock_guard<std::mutex> lk(launch_mu_);
+  SuccessorState st;
+  st.enabled = s.successors;
+  st.pending = pending_.size();
+  st.newest_begun = !pending_.empty() && ring_.started(pending_.back().number, launch_no_.load());
+  st.gate_open = s.mirror() == FREERIDE_GATE_OPEN && !s.skipped.contains(s.mirror_seq());
+  st.stopping = stop_requested_.load() || abandoned_.load();
+  st.phase_done = phase_done_ || std::atomic_ref<unsigned long long>(*progress_host_).load() >= n_items_;
+  st.follows_protocol = task_->follows_item_protocol();
+  if (!queue_successor(st) || !accepting_locked()) return;
+  const bool record = pending_.back().record;
+  enqueue_locked(nullptr, nullptr, s.mirror_seq(), false, record);
+  pending_.back().successor = true;
+}
 
 // Whether a training thread's open may enqueue a launch now. Caller holds launch_mu_.
 bool CudaRunner::accepting_locked() const {

@@ -302,6 +302,9 @@ struct CudaShared {
   std::mutex arm_mu;
   OpenLauncher* armed = nullptr;
   cudaEvent_t opened = nullptr;
+  // The executor queues its next launch behind the one running (FREERIDE_SUCCESSORS, see
+  // freeride/successor_rule.hpp).
+  bool successors = true;
   void arm(OpenLauncher* runner) {
     std::lock_guard<std::mutex> lk(arm_mu);
     if (!refusing) armed = runner;
