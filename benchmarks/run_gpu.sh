@@ -172,12 +172,18 @@ if step qualify; then
   # process) and 10 s.
   # 1. Why a close frees the GPU of Spin side work only ~7 ms later (bench preempt,
   #    2026-11-27): the run-on past the slice, the memory-op close (P1), launches at
-  #    opens (P2) or shared hardware queues (P3). 8 variants in fresh processes, each at
-  #    most 25 s, the probe at most 105 s. [~80 s]
+  #    opens (P2) or shared hardware queues (P3); since dfb32e6 it measures the fix (one
+  #    shared answer per launch), and FREERIDE_SUCCESSORS=1's cost. 9 variants in fresh
+  #    processes, each at most 25 s, the probe at most 105 s. [~85 s]
   probe $deadline probe_pause 130 probe_pause.py
   # 2. Is side work starved only in queued bubbles that outlast the slice
   #    (test_launch_at_open's 0.20-0.26 harvest)? 5 workers, at most 75 s. [~45 s]
   probe $deadline probe_queued_harvest 100 probe_queued_harvest.py
+  # 2b. Successors (off by default, FREERIDE_SUCCESSORS=1): G1's deadlock tests must still
+  #    pass with them on (a device synchronisation in a bubble whose close is not enqueued
+  #    returns within 50 ms). [~25 s]
+  budgeted $deadline "test_slice_gpu_g1_successors" 60 env FREERIDE_SUCCESSORS=1 \
+    $py -X faulthandler -m pytest -q -p no:cacheprovider tests/test_slice_gpu.py -m gpu -k g1
   # 3. The morning's failures again. tests/test_hardware_queues.py hung on a lazy kernel
   #    load in its worker (4 workers of ~10-12 s) [~55 s]; the queued-ahead harvest
   #    tests [~27 s].

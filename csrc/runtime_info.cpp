@@ -11,6 +11,7 @@
 #include "capture_mode.hpp"
 #include "cuda/device_guard.hpp"
 #include "cuda/driver.hpp"
+#include "cuda/kernel_image.hpp"
 #endif
 
 namespace freeride {
@@ -106,6 +107,10 @@ BackendInfo query_backend_info() {
   BackendInfo info;
 #ifdef FREERIDE_WITH_CUDA
   info.cuda_built = true;
+  const KernelImageFacts build = cuda_build_facts();
+  info.build_toolkit = build.toolkit;
+  info.build_architectures = build.architectures;
+  info.build_ptx_isa = build.ptx_isa;
   try {
     query_cuda(info);
   } catch (const std::exception& e) {

@@ -30,6 +30,12 @@ struct BackendInfo {
   // The CUDA runtime's name for the error that made CUDA unusable ("" otherwise), e.g.
   // cudaErrorInsufficientDriver: a driver older than the runtime freeride was built with.
   std::string cuda_error;
+  // The build's CUDA code (with cuda_built): the nvcc that made it (as CUDA_VERSION
+  // writes it), its architectures (CMAKE_CUDA_ARCHITECTURES, ',' between them) and the
+  // PTX ISA version it wrote.
+  int build_toolkit = 0;
+  std::string build_architectures;
+  std::string build_ptx_isa;
   // "lazy" or "eager": how the driver loads kernels in this process
   // (cuda_driver::module_loading_mode); "" without a usable device.
   std::string module_loading;

@@ -59,6 +59,15 @@ py::dict backend_info() {
   out["devices"] = devices;
   out["reason"] = info.reason;
   out["cuda_error"] = info.cuda_error;
+  if (info.cuda_built) {
+    py::dict build;
+    build["toolkit"] = py::make_tuple(info.build_toolkit / 1000, info.build_toolkit % 1000 / 10);
+    build["architectures"] = info.build_architectures;
+    build["ptx_isa"] = info.build_ptx_isa;
+    out["cuda_build"] = build;
+  } else {
+    out["cuda_build"] = py::none();
+  }
   out["module_loading"] = info.module_loading.empty() ? py::object(py::none())
                                                       : py::object(py::str(info.module_loading));
   return out;

@@ -453,13 +453,15 @@ void register_test_hooks(py::module_& m) {
       "freeride/slice.h's look_at_pending: (refresh, answer, kept).");
   t.def(
       "pending_word",
-      [](bool pending, uint64_t at_ns) {
-        return static_cast<uint64_t>(freeride::pending_word(pending, at_ns));
+      [](bool pending, uint64_t at_ns, bool in_flight) {
+        return static_cast<uint64_t>(freeride::pending_word(pending, at_ns, in_flight));
       },
-      py::arg("pending"), py::arg("at_ns"), "freeride/slice.h's pending_word.");
+      py::arg("pending"), py::arg("at_ns"), py::arg("in_flight") = false,
+      "freeride/slice.h's pending_word.");
   t.def(
-      "pending_answer", [](uint64_t word) { return freeride::pending_answer(word); },
-      py::arg("word"), "freeride/slice.h's pending_answer.");
+      "pending_answer",
+      [](uint64_t word, uint64_t now_ns) { return freeride::pending_answer(word, now_ns); },
+      py::arg("word"), py::arg("now_ns"), "freeride/slice.h's pending_answer.");
   t.attr("PENDING_FRESH_NS") = py::int_(FREERIDE_PENDING_FRESH_NS);
   py::class_<freeride::cuda::SkippedOpens>(
       t, "SkippedOpens",
@@ -472,20 +474,22 @@ void register_test_hooks(py::module_& m) {
           "KEPT", [](const py::object&) { return freeride::cuda::SkippedOpens::kKept; });
   t.def(
       "queue_successor",
-      [](bool enabled, size_t pending, bool newest_begun, bool gate_open, bool stopping,
-         bool phase_done, bool follows_protocol) {
+      [](bool enabled, bool has_slice, size_t pending, bool newest_running, bool progressed,
+         bool gate_open, bool stopping, bool phase_done, bool follows_protocol) {
         freeride::SuccessorState s;
         s.enabled = enabled;
+        s.has_slice = has_slice;
         s.pending = pending;
-        s.newest_begun = newest_begun;
+        s.newest_running = newest_running;
+        s.progressed = progressed;
         s.gate_open = gate_open;
         s.stopping = stopping;
         s.phase_done = phase_done;
         s.follows_protocol = follows_protocol;
         return freeride::queue_successor(s);
       },
-      py::arg("enabled") = true, py::arg("pending") = 1, py::arg("newest_begun") = true,
-      py::arg("gate_open") = true, py::arg("stopping") = false, py::arg("phase_done") = false,
+      py::arg("enabled") = true, py::arg("has_slice") = true, py::arg("pending") = 1,
+      py::arg("newest_running") = true, py::arg("progressed") = true, py::arg("gate_open") = true, py::arg("stopping") = false, py::arg("phase_done") = false,
       py::arg("follows_protocol") = true, "freeride/successor_rule.hpp's queue_successor.");
   t.def("launch_block_item_ns", &freeride::launch_block_item_ns, py::arg("duration_ns"),
         py::arg("blocks"), py::arg("items"), "freeride/item_time.hpp's launch_block_item_ns.");

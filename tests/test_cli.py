@@ -14,6 +14,7 @@ import pytest
 import freeride as fr
 from freeride.cli._stats import paired_overhead
 from freeride.cli.demo import DemoConfig, Progress, describe_work, harvesting_text
+from freeride.cli.info_text import summary
 
 HAS_GPU = bool(fr.backend_info()["cuda"])
 
@@ -154,11 +155,83 @@ def test_help_shows_defaults_and_every_command():
     assert "(default: auto)" in " ".join(freeride("bench", "--help").stdout.split())
 
 
-def test_info_prints_backend_info():
-    proc = freeride("info")
+def test_info_prints_a_summary_and_backend_info_as_json():
+    """Issue 37: `freeride info` is readable by default (where side tasks run, the build,
+    CUDA, the devices) and JSON with --json."""
+    proc = freeride("info", "--json")
     assert proc.returncode == 0
     info = json.loads(proc.stdout)
     assert info["cuda"] == HAS_GPU and "default_backend" in info
+    proc = freeride("info")
+    assert proc.returncode == 0
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith(f"freeride {info['version']}: side tasks run on ")
+    rows = {line.split()[0] for line in lines[1:] if line.startswith("  ")}
+    assert {"build", "CUDA"} <= rows
+    assert ("devices" in rows) != bool(info["devices"])
+    if info["cuda_built"]:
+        major, minor = info["cuda_build"]["toolkit"]
+        assert f"nvcc {major}.{minor}" in proc.stdout
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(proc.stdout)
+
+
+def test_info_summary_of_a_gpu_machine_and_of_one_without_cuda():
+    """The summary's lines from backend_info() as a GPU machine and a host-only build
+    give it (no GPU is needed to check the wording)."""
+    gpu = {
+        "version": "9.9",
+        "default_backend": "cuda",
+        "cuda_built": True,
+        "cuda_build": {"toolkit": (13, 0), "architectures": "80-real,90", "ptx_isa": "9.0"},
+        "cuda": True,
+        "runtime_version": 13000,
+        "driver_version": 13000,
+        "reason": "",
+        "cuda_error": "",
+        "devices": [
+            {
+                "index": 0,
+                "name": "NVIDIA H200",
+                "sm_count": 132,
+                "compute_capability": (9, 0),
+                "stream_mem_ops": True,
+                "gate_write": "batch",
+                "green_contexts": True,
+            }
+        ],
+        "module_loading": "lazy",
+        "reserve_mechanism": "green-context (120 of 132 SMs)",
+        "reserve_fallback": None,
+        "gpu_unused": None,
+    }
+    text = summary(gpu)
+    assert text.splitlines()[0] == 'freeride 9.9: side tasks run on CUDA with device="auto"'
+    assert "nvcc 13.0, architectures 80-real 90, PTX ISA 9.0" in text
+    assert "runtime 13.0, driver 13.0" in text
+    assert "device 0  NVIDIA H200: compute capability 9.0, 132 SMs, gate writes batch" in text
+    assert "reserve   green-context (120 of 132 SMs)" in text
+    assert "loading   lazy" in text
+    host = dict(
+        gpu,
+        default_backend="host",
+        cuda_built=False,
+        cuda_build=None,
+        cuda=False,
+        runtime_version=0,
+        driver_version=0,
+        reason="built without CUDA",
+        devices=[],
+        module_loading=None,
+        gpu_unused="this machine has a GPU: rebuild with nvcc",
+    )
+    text = summary(host)
+    assert "the host backend (CPU threads)" in text.splitlines()[0]
+    assert "host backend only (built without CUDA" in text
+    assert "driver none: unusable, built without CUDA" in text
+    assert "devices  none" in text or "devices   none" in text
+    assert "reserve" not in text and "loading" not in text
+    assert text.splitlines()[-1] == "GPU unused: this machine has a GPU: rebuild with nvcc"
 
 
 class _Tty(io.StringIO):

@@ -203,26 +203,35 @@ _STUB_TORCH = textwrap.dedent(
 
 def test_freeride_info_prints_the_diagnosis(tmp_path):
     """`freeride info` asks torch (here a stub that sees 3 GPUs) and prints the warning's
-    text on stderr and as gpu_unused; on a machine whose GPU freeride uses, neither."""
+    text: in its summary, and with --json on stderr and as gpu_unused; on a machine whose
+    GPU freeride uses, neither."""
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "__init__.py").write_text(_STUB_TORCH)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
-    proc = subprocess.run(
-        [sys.executable, "-m", "freeride", "info"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
+
+    def info(*args):
+        proc = subprocess.run(
+            [sys.executable, "-m", "freeride", "info", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc
+
+    proc = info("--json")
     found = json.loads(proc.stdout)
+    readable = info().stdout
     if HAS_GPU:
         assert found["gpu_unused"] is None and "torch sees" not in proc.stderr
+        assert "GPU unused" not in readable
         return
     assert found["gpu_unused"].startswith("freeride: torch sees 3 CUDA device(s)")
     assert found["gpu_unused"] in proc.stderr
     assert found["reason"] in found["gpu_unused"]
+    assert f"GPU unused: {found['gpu_unused']}" in readable
 
 
 # -- a driver that cannot run the build's kernels on the GPU ---------------------------------

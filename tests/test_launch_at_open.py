@@ -28,7 +28,11 @@ from test_recorder import FakeCudaExecutor, _recorder, fake_free_memory
 import freeride as fr
 from freeride import _C, gate
 from freeride._C import GATE_OPEN
-from freeride.record.recorder import MIN_LAUNCH_BUBBLE_ITEMS, MIN_LAUNCH_BUBBLE_NS
+from freeride.record.recorder import (
+    ITEM_SKIP_PROBE_EVERY,
+    MIN_LAUNCH_BUBBLE_ITEMS,
+    MIN_LAUNCH_BUBBLE_NS,
+)
 
 HARVEST_SHARE = 0.5  # of the open-gate rate over the bubbles' time
 OVERHEAD_PCT = 5.0  # of the queue's GPU time without side work
@@ -161,7 +165,10 @@ def test_a_slot_carries_a_launch_only_if_it_holds_several_of_the_tasks_items(mon
     assert opens_slot_0(0) is True  # no measurement yet: the floor alone
     assert opens_slot_0(10_000) is True
     assert slot_ns < MIN_LAUNCH_BUBBLE_ITEMS * 100_000
-    assert opens_slot_0(100_000) is False
+    # Skipped, but one in ITEM_SKIP_PROBE_EVERY carries a launch anyway: the item time is
+    # measured again, so an estimate too high cannot keep the task out for good.
+    carried = [opens_slot_0(100_000) for _ in range(2 * ITEM_SKIP_PROBE_EVERY)]
+    assert carried.count(True) == 2, carried
 
 
 def test_the_executor_measures_the_running_tasks_item_time(host):
@@ -269,33 +276,42 @@ def test_an_open_written_without_a_launch_gets_none_from_the_executor_either():
 
 
 def test_the_executor_queues_a_successor_only_behind_one_running_launch():
-    """Issue 36: a launch that ends at its slice while its bubble goes on hands over to
+    """Issue 36: a launch that ends at its slice while its bubble goes on can hand over to
     the executor's next launch, already queued behind it, instead of a host round trip.
-    The rule (freeride/successor_rule.hpp): one launch pending and begun, the gate open,
-    work left, no stop, a task that follows the item protocol; never behind a launch
-    queued ahead that has not begun, never a second one, and not where switched off
-    (FREERIDE_SUCCESSORS=0)."""
+    The rule (freeride/successor_rule.hpp): switched on, a time slice, one launch pending,
+    begun and near its slice's end, items running (progress moved: a launch a stale mirror
+    let in must end and start the executor's backoff), the gate open, work left, no stop,
+    a task that follows the item protocol. Never behind a launch queued ahead that has not
+    begun, never a second one."""
     q = _C._testing.queue_successor
     assert q()
-    assert not q(enabled=False)
-    assert not q(pending=0) and not q(pending=2)
-    assert not q(newest_begun=False)
-    assert not q(gate_open=False)
-    assert not q(stopping=True)
-    assert not q(phase_done=True)
-    assert not q(follows_protocol=False)
+    for off in (
+        {"enabled": False},
+        {"has_slice": False},
+        {"pending": 0},
+        {"pending": 2},
+        {"newest_running": False},
+        {"progressed": False},
+        {"gate_open": False},
+        {"stopping": True},
+        {"phase_done": True},
+        {"follows_protocol": False},
+    ):
+        assert not q(**off), off
 
 
-def test_successors_are_switched_by_the_environment(monkeypatch):
+def test_successors_are_off_unless_the_environment_asks(monkeypatch):
     """FREERIDE_SUCCESSORS is read when a CUDA harvester is made, as
-    FREERIDE_LAUNCH_AT_OPEN is: "1" (the default) or "0"; anything else is refused
-    there, naming the variable."""
+    FREERIDE_LAUNCH_AT_OPEN is: off unless "1" until a GPU run has measured successors;
+    anything but "0" or "1" is refused there, naming the variable."""
     if not hasattr(_C._testing, "successors_enabled"):
         pytest.skip("this build of freeride has no CUDA backend")
+    monkeypatch.delenv("FREERIDE_SUCCESSORS", raising=False)
+    assert _C._testing.successors_enabled() is False
+    monkeypatch.setenv("FREERIDE_SUCCESSORS", "1")
+    assert _C._testing.successors_enabled() is True
+    monkeypatch.setenv("FREERIDE_SUCCESSORS", "0")
+    assert _C._testing.successors_enabled() is False
     monkeypatch.setenv("FREERIDE_SUCCESSORS", "maybe")
     with pytest.raises(ValueError, match="FREERIDE_SUCCESSORS"):
         _C._testing.successors_enabled()
-    monkeypatch.setenv("FREERIDE_SUCCESSORS", "0")
-    assert _C._testing.successors_enabled() is False
-    monkeypatch.delenv("FREERIDE_SUCCESSORS")
-    assert _C._testing.successors_enabled() is True

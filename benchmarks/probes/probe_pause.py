@@ -46,9 +46,10 @@ Variants, each in a fresh child (CUDA and freeride read the environment when the
 default; time_slice=None (no slice: nothing runs on or reads the close ordinal);
 time_slice=0.0005; FREERIDE_GATE_WRITE=kernel (one-thread write kernels, no memory
 operation; of the accepted values batch, memop, copy and kernel, copy still writes the
-sequence words with the kernel); FREERIDE_LAUNCH_AT_OPEN=0; FREERIDE_SUCCESSORS=0 (what
-the executor's next launch, queued behind the running one, adds to a pause: its blocks
-start as the running one's leave, then exit at their first claim);
+sequence words with the kernel); FREERIDE_LAUNCH_AT_OPEN=0; FREERIDE_SUCCESSORS=1 (what
+the executor's next launch, queued behind the running one near its slice's end, adds to a
+pause: its blocks start as the running one's leave, then exit at their first claim; off
+by default until measured);
 CUDA_DEVICE_MAX_CONNECTIONS=32
 and =1; Reserve(mechanism="occupancy-cap"). Items: Spin(items=2**40, ns_per_item=1 and 20
 us), 40 trials per timing. Each child first runs the same trials with no side work (no
@@ -109,7 +110,7 @@ VARIANTS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     "time_slice=None": ({}, {"time_slice": None}),
     "FREERIDE_GATE_WRITE=kernel": ({"FREERIDE_GATE_WRITE": "kernel"}, {}),
     "FREERIDE_LAUNCH_AT_OPEN=0": ({"FREERIDE_LAUNCH_AT_OPEN": "0"}, {}),
-    "FREERIDE_SUCCESSORS=0": ({"FREERIDE_SUCCESSORS": "0"}, {}),
+    "FREERIDE_SUCCESSORS=1": ({"FREERIDE_SUCCESSORS": "1"}, {}),
     "CUDA_DEVICE_MAX_CONNECTIONS=32": ({"CUDA_DEVICE_MAX_CONNECTIONS": "32"}, {}),
     "time_slice=0.0005": ({}, {"time_slice": 0.0005}),
     "reserve=occupancy-cap": ({}, {"reserve": "occupancy-cap"}),

@@ -42,7 +42,7 @@ bool env_switch(const char* name, const char* on, const char* off) {
 
 bool launch_at_opens_enabled() { return env_switch("FREERIDE_LAUNCH_AT_OPEN", "1", "0"); }
 
-bool successors_enabled() { return env_switch("FREERIDE_SUCCESSORS", "1", "0"); }
+bool successors_enabled() { return !env_switch("FREERIDE_SUCCESSORS", "0", "1"); }
 
 bool admission_rings() { return env_switch("FREERIDE_ADMISSION", "ring", "poll"); }
 

@@ -63,8 +63,8 @@ bool single_connection();
 bool launch_at_opens_enabled();
 
 // Whether the executor queues its next launch behind the one running (freeride/
-// successor_rule.hpp; FREERIDE_SUCCESSORS "1", the default; "0" turns it off, for
-// comparison). Throws InvalidArgument for another value.
+// successor_rule.hpp; FREERIDE_SUCCESSORS "0", the default, or "1", until a GPU run has
+// measured it). Throws InvalidArgument for another value.
 bool successors_enabled();
 
 // Whether gate opens ring the executor's bell (FREERIDE_ADMISSION "ring", the default:

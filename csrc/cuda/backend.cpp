@@ -254,8 +254,9 @@ class CudaBackend final : public Backend {
       });
       return;
     }
-    // Before the write: the executor must never see this open take effect unnoted.
-    if (!launch) s.skipped.note(seq);
+    // Before the write: the executor must never see this open take effect unnoted. Not
+    // one captured into a graph: every replay repeats its number, and would find it noted.
+    if (!launch && !CudaShared::captures(handle)) s.skipped.note(seq);
     s.enqueue_gate_write(value, handle, seq);
     // An open captured into a graph rings nothing and carries no launch.
     if (CudaShared::captures(handle)) return;

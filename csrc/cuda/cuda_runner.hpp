@@ -72,9 +72,12 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   };
 
   bool accepting_locked() const;
-  // While the oldest launch runs: the executor's next one behind it, where
-  // freeride/successor_rule.hpp says so.
-  void maybe_queue_successor();
+  // While the oldest launch runs, near its slice's end (`progressed`: the phase's progress
+  // moved since it began): the executor's next one behind it, where
+  // freeride/successor_rule.hpp says so. A failed enqueue is kept as arrival_error_, as a
+  // failed launch at an open is (run() raises it, and the executor drains what is in
+  // flight), never thrown here: the running launch must stay pending.
+  void maybe_queue_successor(bool progressed) noexcept;
   bool end_has_come_locked(const Launch& l) const;
   void throw_if_abandoned() const;
   void throw_arrival_error_locked();

@@ -27,6 +27,11 @@ struct KernelImageFacts {
   int driver = 0;             // cudaDriverGetVersion: the CUDA version the driver supports
 };
 
+// What the build's CUDA code was made with (KernelImageFacts' toolkit, ptx_isa and
+// architectures): `freeride info` reports it. Defined in kernels/load_error.cu, whose
+// compile definitions carry them.
+KernelImageFacts cuda_build_facts();
+
 // Whether a failed load with this error (cudaGetErrorName) means the build has no code
 // the driver can run on the device: no image for it, PTX it cannot or may not JIT.
 bool is_kernel_image_error(std::string_view error);

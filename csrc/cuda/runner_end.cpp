@@ -18,6 +18,7 @@
 #include "cuda/stream_idle.hpp"
 #include "freeride/item_ctx.h"
 #include "item_time.hpp"
+#include "successor_rule.hpp"
 
 namespace freeride::cuda {
 namespace {
@@ -135,15 +136,27 @@ LaunchEnd CudaRunner::wait_for_end(const Launch& l) {
     return s_->mirror() != FREERIDE_GATE_OPEN || stop_requested_.load() ||
            std::atomic_ref<unsigned long long>(*progress_host_).load() >= l.n_items;
   };
-  bool successor_asked = false;
+  // Successors (freeride/successor_rule.hpp): decided once, kHandOverLeadNs before the
+  // slice ends by this clock, counted from when the launch was first seen begun.
+  bool successor_asked = !s_->successors || s_->slice_ns == 0;
+  clock::time_point seen_begun{};
+  uint64_t progress_at_begin = 0;
   while (true) {
     throw_if_abandoned();
     if (ring_.published(l.number)) return ring_.read(l.number);
-    if (!successor_asked && ring_.started(l.number, launch_no_.load())) {
-      successor_asked = true;
-      maybe_queue_successor();
-    }
     const auto now = clock::now();
+    if (!successor_asked && ring_.started(l.number, launch_no_.load())) {
+      const uint64_t progress = std::atomic_ref<unsigned long long>(*progress_host_).load();
+      if (seen_begun == clock::time_point{}) {
+        seen_begun = now;
+        progress_at_begin = progress;
+      }
+      const long long lead = static_cast<long long>(s_->slice_ns) - kHandOverLeadNs;
+      if (now - seen_begun >= std::chrono::nanoseconds(std::max(0LL, lead))) {
+        successor_asked = true;
+        maybe_queue_successor(progress > progress_at_begin);
+      }
+    }
     if (now >= next_query) {
       bool idle = false;
       {
@@ -172,6 +185,9 @@ LaunchEnd CudaRunner::wait_for_end(const Launch& l) {
     } else {
       std::this_thread::sleep_for(end_is_near() ? kEndPoll : kEndPollFar);
     }
+    // Once it has begun, or the gate reads open, the driver is asked as often as before
+    // (a query put 20 ms out while it waited in compute is brought back).
+    if (!not_begun_in_compute()) next_query = std::min(next_query, clock::now() + kStreamQueryEvery);
   }
 }
 

@@ -57,21 +57,33 @@ void CudaRunner::resume() { set_stop(0u); }
 // The executor's thread, waiting for the oldest launch's end once it has begun. The
 // successor is admitted on the mirror as the executor's own launches are (and, like
 // them, not under an open written without a launch).
-void CudaRunner::maybe_queue_successor() {
+void CudaRunner::maybe_queue_successor(bool progressed) noexcept {
   CudaShared& s = *s_;
   std::lock_guard<std::mutex> lk(launch_mu_);
-  SuccessorState st;
-  st.enabled = s.successors;
-  st.pending = pending_.size();
-  st.newest_begun = !pending_.empty() && ring_.started(pending_.back().number, launch_no_.load());
-  st.gate_open = s.mirror() == FREERIDE_GATE_OPEN && !s.skipped.contains(s.mirror_seq());
-  st.stopping = stop_requested_.load() || abandoned_.load();
-  st.phase_done = phase_done_ || std::atomic_ref<unsigned long long>(*progress_host_).load() >= n_items_;
-  st.follows_protocol = task_->follows_item_protocol();
-  if (!queue_successor(st) || !accepting_locked()) return;
-  const bool record = pending_.back().record;
-  enqueue_locked(nullptr, nullptr, s.mirror_seq(), false, record);
-  pending_.back().successor = true;
+  try {
+    SuccessorState st;
+    st.enabled = s.successors;
+    st.has_slice = s.slice_ns != 0;
+    st.pending = pending_.size();
+    st.newest_running = !pending_.empty() &&
+                        ring_.started(pending_.back().number, launch_no_.load()) &&
+                        !ring_.published(pending_.back().number);
+    st.progressed = progressed;
+    st.gate_open = s.mirror() == FREERIDE_GATE_OPEN && !s.skipped.contains(s.mirror_seq());
+    st.stopping = stop_requested_.load() || abandoned_.load();
+    st.phase_done =
+        phase_done_ || std::atomic_ref<unsigned long long>(*progress_host_).load() >= n_items_;
+    st.follows_protocol = task_->follows_item_protocol();
+    if (!queue_successor(st) || !accepting_locked()) return;
+    const bool record = pending_.back().record;
+    enqueue_locked(nullptr, nullptr, s.mirror_seq(), false, record);
+    pending_.back().successor = true;
+  } catch (const std::exception& e) {
+    arrival_error_ = std::string("queueing a successor launch failed: ") + e.what();
+  } catch (...) {
+    arrival_error_ = "queueing a successor launch failed";
+  }
+  (void)cudaGetLastError();
 }
 
 // Whether a training thread's open may enqueue a launch now. Caller holds launch_mu_.

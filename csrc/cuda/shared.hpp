@@ -304,7 +304,7 @@ struct CudaShared {
   cudaEvent_t opened = nullptr;
   // The executor queues its next launch behind the one running (FREERIDE_SUCCESSORS, see
   // freeride/successor_rule.hpp).
-  bool successors = true;
+  bool successors = false;
   void arm(OpenLauncher* runner) {
     std::lock_guard<std::mutex> lk(arm_mu);
     if (!refusing) armed = runner;

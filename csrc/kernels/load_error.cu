@@ -19,6 +19,18 @@
 #define FREERIDE_PTX_ISA ""
 #endif
 
+namespace freeride {
+
+KernelImageFacts cuda_build_facts() {
+  KernelImageFacts facts;
+  facts.toolkit = __CUDACC_VER_MAJOR__ * 1000 + __CUDACC_VER_MINOR__ * 10;
+  facts.ptx_isa = FREERIDE_PTX_ISA;
+  facts.architectures = FREERIDE_CUDA_ARCHITECTURES;
+  return facts;
+}
+
+}  // namespace freeride
+
 namespace freeride::kernels {
 
 void load_failed(int error, const char* call) {
@@ -30,11 +42,8 @@ void load_failed(int error, const char* call) {
                                         << cudaGetErrorString(err))
                              .str());
   }
-  KernelImageFacts facts;
+  KernelImageFacts facts = cuda_build_facts();
   facts.error = name;
-  facts.toolkit = __CUDACC_VER_MAJOR__ * 1000 + __CUDACC_VER_MINOR__ * 10;
-  facts.ptx_isa = FREERIDE_PTX_ISA;
-  facts.architectures = FREERIDE_CUDA_ARCHITECTURES;
   // Best effort: each stays 0 where the runtime cannot say.
   (void)cudaRuntimeGetVersion(&facts.runtime);
   (void)cudaDriverGetVersion(&facts.driver);

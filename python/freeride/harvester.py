@@ -219,9 +219,9 @@ class Harvester:
             and is relaunched (if the gate is still open), so that a device-wide
             synchronisation issued while the gate is open (torch.cuda.synchronize,
             cudaFree, empty_cache) waits at most this long, or twice that where the
-            executor's next launch was already queued behind the running one (it is, once
-            that one has begun, so that the GPU goes on at the slice's end without a host
-            round trip; FREERIDE_SUCCESSORS=0 turns that off). While the close that ends the
+            executor's next launch was already queued behind the running one (with
+            FREERIDE_SUCCESSORS=1, off by default: near the slice's end, so that the GPU
+            goes on without a host round trip). While the close that ends the
             launch's bubble is already enqueued and has not yet taken effect, a
             synchronisation waits for that close anyway, and the launch runs on until it,
             for at most ``slice_bound`` in all (the longest a training kernel larger than

@@ -20,6 +20,9 @@ except metadata.PackageNotFoundError:  # run from a source tree that was never i
 
 def backend_info() -> dict[str, Any]:
     """What this build and machine offer: ``cuda`` (a usable GPU), ``cuda_built``,
+    ``cuda_build`` (with cuda_built: ``toolkit``, the nvcc that compiled the CUDA code as
+    (major, minor), ``architectures``, its CMAKE_CUDA_ARCHITECTURES joined by ",", and
+    ``ptx_isa``; None without),
     ``devices`` (name, SMs, compute capability, ``stream_mem_ops``), ``stream_mem_ops``
     (all devices support them), ``runtime_version``, ``driver_version``, ``version``,
     ``reserve_mechanism`` (how side kernels leave room for training's kernels on a GPU:
@@ -45,6 +48,7 @@ def backend_info() -> dict[str, Any]:
     text ``device="auto"`` warns with and ``freeride info`` prints."""
     info = dict(core_backend_info())
     info.setdefault("module_loading", None)  # an extension built before the key
+    info.setdefault("cuda_build", None)
     info["stream_mem_ops"] = bool(info["devices"]) and all(
         d["stream_mem_ops"] for d in info["devices"]
     )

@@ -185,10 +185,12 @@ __device__ __forceinline__ bool close_pending(const fr_item_ctx& ctx, bool& read
   const PendingLook look = look_at_pending(seen, now);
   if (!look.refresh) return look.answer;
   const unsigned long long was = atomicCAS(word, seen, look.kept);
-  if (was != seen) return pending_answer(was);  // another block took the refresh
+  if (was != seen) return pending_answer(was, now);  // another block took the refresh
   const bool pending = read_close_pending(ctx);
-  // Stamped with the time before the read: its age counts from when it was asked.
-  atomicExch(word, pending_word(pending, now));
+  // Stamped with the time before the read: its age counts from when it was asked. Over
+  // the word this block put in only (nothing else replaces an in-flight word; the launch's
+  // last block clears it after every block has left).
+  atomicCAS(word, look.kept, pending_word(pending, now));
   read = true;
   return pending;
 }

@@ -38,12 +38,14 @@
  * as read before such a read with its answer). So a launch shares one answer among its
  * blocks, in its own device memory (fr_launch_run.pending): an answer younger than
  * FREERIDE_PENDING_FRESH_NS is used as it is; an older one is refreshed by the one block
- * whose compare-and-swap takes it (the others go on with the answer there is meanwhile),
- * and that block reads the gate again after its read. An answer is thus at most two
- * freshness windows plus one read old when used: the launch runs on at most that long
- * past the moment nothing is pending, which bounds a device-wide synchronisation's wait
- * as the slice does. A launch's first look has no answer yet: it counts as pending until
- * the first read lands (within the same bound). */
+ * whose compare-and-swap takes it, which marks the refresh in flight (no second read
+ * starts meanwhile) and reads the gate again after its read; the others go on with the
+ * old answer only while it is younger than two windows, and read "not pending" after
+ * that. No claim is therefore decided on an answer read more than two windows earlier,
+ * whatever the items' length: a launch claims its last item at most that long after
+ * nothing is pending, which bounds a device-wide synchronisation's wait as the slice
+ * does (plus the item, as with the slice). A launch's first look has no answer yet: it
+ * counts as pending, stamped then, until the first read lands, within the same bound. */
 #ifndef FREERIDE_SLICE_H_
 #define FREERIDE_SLICE_H_
 
@@ -63,9 +65,12 @@ namespace freeride {
 
 /* How old a launch's shared answer to "is a close pending" may be and still be used. */
 #define FREERIDE_PENDING_FRESH_NS 10000ull
-/* fr_launch_run.pending: this bit is the answer, the other bits the %globaltimer at which
- * the read it came from was taken; 0 is no answer yet. */
+/* fr_launch_run.pending: the top bit is the answer, the next says a block is refreshing
+ * it, the others are the %globaltimer at which the read it came from was issued; 0 is no
+ * answer yet. */
 #define FREERIDE_PENDING_BIT (1ull << 63)
+#define FREERIDE_PENDING_IN_FLIGHT (1ull << 62)
+#define FREERIDE_PENDING_STAMP (FREERIDE_PENDING_IN_FLIGHT - 1ull)
 
 /* Where a launch that has run `ran_ns` stands in its time. */
 enum SliceTime {
@@ -98,21 +103,38 @@ FREERIDE_HOST_DEVICE bool close_pending(unsigned int latest, const unsigned int*
   return seen != latest;
 }
 
-/* The shared answer's word: `pending` as read at `at_ns` (never 0: that is no answer). */
-FREERIDE_HOST_DEVICE unsigned long long pending_word(bool pending, unsigned long long at_ns) {
-  unsigned long long stamp = at_ns & ~FREERIDE_PENDING_BIT;
+/* The shared answer's word: `pending` as read at `at_ns`, with `in_flight` while a block
+ * refreshes it (never 0: that is no answer). */
+FREERIDE_HOST_DEVICE unsigned long long pending_word(bool pending, unsigned long long at_ns,
+                                                     bool in_flight = false) {
+  unsigned long long stamp = at_ns & FREERIDE_PENDING_STAMP;
   if (stamp == 0ull) stamp = 1ull;
-  return stamp | (pending ? FREERIDE_PENDING_BIT : 0ull);
+  return stamp | (pending ? FREERIDE_PENDING_BIT : 0ull) |
+         (in_flight ? FREERIDE_PENDING_IN_FLIGHT : 0ull);
 }
 
-/* The answer a word gives; no answer yet counts as pending (see the top of this file). */
-FREERIDE_HOST_DEVICE bool pending_answer(unsigned long long word) {
-  return word == 0ull || (word & FREERIDE_PENDING_BIT) != 0ull;
+/* How long ago a word's answer was read, at `now_ns`; a stamp ahead of the looking block's
+ * clock (another block's look a moment later) counts as just read. */
+FREERIDE_HOST_DEVICE unsigned long long pending_age(unsigned long long word,
+                                                    unsigned long long now_ns) {
+  const unsigned long long stamp = word & FREERIDE_PENDING_STAMP;
+  return now_ns > stamp ? now_ns - stamp : 0ull;
 }
 
-/* One block's look at the shared answer at `now_ns`: use it as it is, or take the refresh
- * by swapping `word` for `kept` (the same answer, stamped now, so that no other block
- * refreshes meanwhile) and then read across the bus. */
+/* The answer a block may go on with, without refreshing: a pending close read less than
+ * two freshness windows ago. No answer yet (0) and an older one both read as not pending:
+ * the block stops at its slice, as it would without the rule. */
+FREERIDE_HOST_DEVICE bool pending_answer(unsigned long long word, unsigned long long now_ns) {
+  return word != 0ull && (word & FREERIDE_PENDING_BIT) != 0ull &&
+         pending_age(word, now_ns) < 2ull * FREERIDE_PENDING_FRESH_NS;
+}
+
+/* One block's look at the shared answer at `now_ns`: go on with `answer`, or take the
+ * refresh by swapping `word` for `kept` and then read across the bus. Refreshed: no answer
+ * yet, or one at least a window old that nobody is refreshing. `kept` marks the refresh in
+ * flight and keeps the answer's own stamp, so that the others use it only while it is
+ * less than two windows old (a first look's kept word is a provisional "pending", stamped
+ * now: the launch's blocks do not all stop at their slice while one of them asks). */
 struct PendingLook {
   bool refresh;            /* take the refresh: compare-and-swap `word` for `kept` */
   bool answer;             /* the answer to go on with unless this block refreshes */
@@ -122,11 +144,12 @@ struct PendingLook {
 FREERIDE_HOST_DEVICE PendingLook look_at_pending(unsigned long long word,
                                                  unsigned long long now_ns) {
   PendingLook look;
-  look.answer = pending_answer(word);
-  /* Unsigned: a stamp ahead of now (another block's later look) reads as stale. */
-  const unsigned long long stamp = word & ~FREERIDE_PENDING_BIT;
-  look.refresh = word == 0ull || now_ns - stamp >= FREERIDE_PENDING_FRESH_NS;
-  look.kept = look.refresh ? pending_word(look.answer, now_ns) : word;
+  look.refresh = word == 0ull || ((word & FREERIDE_PENDING_IN_FLIGHT) == 0ull &&
+                                  pending_age(word, now_ns) >= FREERIDE_PENDING_FRESH_NS);
+  look.answer = pending_answer(word, now_ns);
+  look.kept = !look.refresh          ? word
+              : word == 0ull         ? pending_word(true, now_ns, true)
+                                     : word | FREERIDE_PENDING_IN_FLIGHT;
   return look;
 }
 

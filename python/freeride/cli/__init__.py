@@ -20,6 +20,8 @@ from typing import Any
 from freeride import JobClient, TaskSpec, backend_info
 from freeride.simulate import SCHEDULES
 
+from .info_text import summary
+
 _HELP = argparse.ArgumentDefaultsHelpFormatter
 
 
@@ -322,6 +324,9 @@ def info(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except Exception:  # noqa: BLE001, S110 - no torch, or a broken one: it tells nothing
         pass
     found = backend_info()
+    if not args.json:
+        print(summary(found))
+        return 0
     print(json.dumps(found, indent=2))
     if found["gpu_unused"]:
         print(found["gpu_unused"], file=sys.stderr)
@@ -537,10 +542,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "info",
         help="print what this build and machine offer",
-        description="Print fr.backend_info() as JSON, and on stderr why a GPU goes unused "
-        "where freeride's CUDA backend cannot use one that torch sees or whose driver is "
+        description="Print a summary of what this build and machine offer: where side "
+        "tasks run with device='auto', the build (CUDA backend, nvcc, architectures), the "
+        "CUDA runtime and driver, each device, the reserve, and why a GPU goes unused where "
+        "freeride's CUDA backend cannot use one that torch sees or whose driver is "
         "installed (the warning device='auto' gives).",
         formatter_class=_HELP,
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print fr.backend_info() as JSON instead (and why a GPU goes unused on stderr)",
     )
     p.set_defaults(func=info, parser=p)
     return parser

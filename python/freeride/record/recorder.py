@@ -33,6 +33,11 @@ MIN_LAUNCH_BUBBLE_NS = 50_000
 # a block holds its SM up to an item past the close, so a bubble of a few items would
 # hand training's next compute more of the side task than the bubble gave it.
 MIN_LAUNCH_BUBBLE_ITEMS = 4
+# Of the opens long enough for the floor but skipped for the task's items, every this
+# many carries a launch anyway: the item time is measured again from it. An estimate too
+# high (a launch slowed by what shared its SMs, a phase of longer items) would otherwise
+# keep the task out of those bubbles for good, since only launches measure it.
+ITEM_SKIP_PROBE_EVERY = 16
 
 
 @dataclass
@@ -77,6 +82,7 @@ class Recorder:
         self._memory_slot = 0
         self._slots_last = 1
         self._slot_ns: dict[int, deque[int]] = {}  # slot -> recent durations
+        self._item_skips = 0  # opens skipped for the task's items (ITEM_SKIP_PROBE_EVERY)
         self._task_names: dict[int, str] = {}
         # The iterative runner's thread reads slot predictions and adds launches while the
         # training thread records: these two structures are shared.
@@ -225,8 +231,12 @@ class Recorder:
         predicted = self.predicted_slot_ns(slot)
         if predicted is None:
             return True
-        item_ns = self._ex.running_item_ns
-        return predicted >= max(MIN_LAUNCH_BUBBLE_NS, MIN_LAUNCH_BUBBLE_ITEMS * item_ns)
+        if predicted < MIN_LAUNCH_BUBBLE_NS:
+            return False
+        if predicted >= MIN_LAUNCH_BUBBLE_ITEMS * self._ex.running_item_ns:
+            return True
+        self._item_skips += 1
+        return self._item_skips % ITEM_SKIP_PROBE_EVERY == 0
 
     # -- what iterative tasks ask -----------------------------------------------------------
 
