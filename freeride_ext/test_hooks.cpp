@@ -489,7 +489,8 @@ void register_test_hooks(py::module_& m) {
         return freeride::queue_successor(s);
       },
       py::arg("enabled") = true, py::arg("has_slice") = true, py::arg("pending") = 1,
-      py::arg("newest_running") = true, py::arg("progressed") = true, py::arg("gate_open") = true, py::arg("stopping") = false, py::arg("phase_done") = false,
+      py::arg("newest_running") = true, py::arg("progressed") = true,
+      py::arg("gate_open") = true, py::arg("stopping") = false, py::arg("phase_done") = false,
       py::arg("follows_protocol") = true, "freeride/successor_rule.hpp's queue_successor.");
   t.def("launch_block_item_ns", &freeride::launch_block_item_ns, py::arg("duration_ns"),
         py::arg("blocks"), py::arg("items"), "freeride/item_time.hpp's launch_block_item_ns.");
