@@ -1,5 +1,6 @@
 // freeride._C: thin pybind11 bindings over the core. Converts types, maps C++
 // exceptions to Python ones, and releases the GIL around anything that may block.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -21,6 +22,7 @@
 #include "doorbell.hpp"
 #include "executor.hpp"
 #include "freeride/slice.h"
+#include "graph_layout.hpp"
 #include "raw_kernel_task.hpp"
 #include "runtime_info.hpp"
 #include "sigterm_guard.hpp"
@@ -256,6 +258,30 @@ PYBIND11_MODULE(_C, m) {
   m.def("item_counter_task", &freeride::make_item_counter_task, py::arg("items"),
         py::arg("phases"), py::arg("counts"), py::arg("phase_done"), py::arg("violations"),
         py::arg("times"), py::arg("ns_per_item"), py::arg("fail_phase"), py::arg("fail_item"));
+
+  using Int64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+  m.def(
+      "csr_transpose",
+      [](const Int64Array& indptr, const Int64Array& indices) {
+        FR_ARG(indptr.ndim() == 1 && indices.ndim() == 1, "indptr and indices must be 1-D");
+        FR_ARG(indptr.size() >= 2, "indptr must have at least 2 entries (1 node)");
+        const int64_t n = static_cast<int64_t>(indptr.size()) - 1;
+        const int64_t edges = static_cast<int64_t>(indices.size());
+        Int64Array in_indptr(n + 1);
+        Int64Array in_indices(edges);
+        const int64_t* ptr = indptr.data();
+        const int64_t* idx = indices.data();
+        int64_t* in_ptr = in_indptr.mutable_data();
+        int64_t* in_idx = in_indices.mutable_data();
+        {
+          py::gil_scoped_release release;
+          freeride::csr_transpose(ptr, idx, n, edges, in_ptr, in_idx);
+        }
+        return py::make_tuple(in_indptr, in_indices);
+      },
+      py::arg("indptr"), py::arg("indices"),
+      "(in_indptr, in_indices): the CSC (in-links) of the graph whose out-links are the CSR "
+      "(indptr, indices); sources grouped by destination in out-link order.");
 
   m.def(
       "pagerank_task",

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import freeride as fr
+from freeride import _C
 
 
 def random_graph(n, m, seed):
@@ -118,3 +119,40 @@ def test_matches_networkx(host):
     want = nx.pagerank(g, alpha=0.85, max_iter=1000, tol=1e-14)
     got = host.submit(fr.tasks.PageRank(indptr, indices, iters=200)).result()
     np.testing.assert_allclose(got, [want[i] for i in range(200)], atol=1e-6)
+
+
+@pytest.mark.parametrize(("nodes", "edges"), [(1, 0), (1, 3), (5, 0), (50, 400), (1_000, 20_000)])
+def test_csr_transpose_matches_a_stable_sort(nodes, edges):
+    """The in-links PageRank pulls from (freeride._C.csr_transpose, a counting sort) are
+    exactly what a stable sort of the destinations gives, with parallel edges, self-loops
+    and nodes without links; a stable comparison sort of the 1.6M edges of a 200k-node
+    graph took a quarter of a second of every submit (the H200 pipeline benchmark's
+    PageRank never started in its 134 ms iterations)."""
+    rng = np.random.default_rng(nodes + edges)
+    counts = rng.multinomial(edges, np.ones(nodes) / nodes) if edges else np.zeros(nodes, int)
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    indices = rng.integers(0, nodes, size=edges, dtype=np.int64)
+    in_indptr, in_indices = _C.csr_transpose(indptr, indices)
+    src = np.repeat(np.arange(nodes, dtype=np.int64), np.diff(indptr))
+    assert np.array_equal(in_indices, src[np.argsort(indices, kind="stable")])
+    expected_ptr = np.concatenate([[0], np.cumsum(np.bincount(indices, minlength=nodes))])
+    assert np.array_equal(in_indptr, expected_ptr)
+
+
+@pytest.mark.parametrize(
+    ("indptr", "indices", "match"),
+    [
+        ([0, 2], [0, 5], r"indices must be in \[0, 1\)"),
+        ([0, 2], [0, -1], r"indices must be in \[0, 1\)"),
+        ([0, 3, 2], [0, 1], r"indptr\[1\] \(3\) exceeds the edge count 2"),
+        ([0, 2, 1, 2], [0, 1], r"non-decreasing; indptr\[2\] < indptr\[1\]"),
+        ([1, 2], [0, 0], "indptr must run from 0 to the edge count 2"),
+        ([0, 1], [0, 0], "indptr must run from 0 to the edge count 2"),
+        ([0], [], "at least 2 entries"),
+    ],
+)
+def test_csr_transpose_refuses_a_malformed_graph(indptr, indices, match):
+    """Out-of-range destinations or offsets get an exception naming them, never a read
+    past the arrays (PageRank validates first; the function checks again)."""
+    with pytest.raises(ValueError, match=match):
+        _C.csr_transpose(np.array(indptr, np.int64), np.array(indices, np.int64))

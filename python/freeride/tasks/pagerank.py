@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .._C import pagerank_task
+from .._C import csr_transpose, pagerank_task
 from .._checks import check_count, check_float
 from ._base import BoundTask, Task, describe, to_numpy, upload, zeros
 
@@ -93,11 +93,7 @@ class PageRank(Task):
     def _build(self, kind: str, device: int) -> BoundTask:
         n, ptr, idx = self.n, self.indptr, self.indices
         # Pull needs in-links: the CSC of the same graph, built once on the host.
-        src = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
-        order = np.argsort(idx, kind="stable")
-        in_indices = src[order]
-        in_indptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(idx, minlength=n), out=in_indptr[1:])
+        in_indptr, in_indices = csr_transpose(ptr, idx)
         outdeg = np.diff(ptr).astype(np.float64)
         inv = np.divide(1.0, outdeg, out=np.zeros(n), where=outdeg > 0)
         bufs = {
