@@ -171,6 +171,9 @@ class Backend {
   // CUDA: whether a stream-ordered open enqueues the running task's next launch then, at
   // the open's point of host order (see CudaShared::launch_at_open); false on the host.
   virtual bool launches_at_opens() const { return false; }
+  // Stream-ordered opens whose launch was left out because it would wait behind another
+  // training stream's open (freeride/open_launch_rule.hpp's G11); any thread.
+  virtual uint64_t skipped_open_launches() const { return 0; }
 
   // Timestamps in stream order. mark() records "now" when `stream` reaches it (host: the
   // steady clock now) and returns an id; elapsed_ns(a, b) is the time from a to b once

@@ -487,6 +487,11 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("running_item_ns", &Executor::running_item_ns,
                              "How long one block (CUDA) or worker (host) spends on one item "
                              "of the task run last, in ns; 0 until measured.")
+      .def_property_readonly(
+          "skipped_open_launches",
+          [](Executor& ex) { return ex.backend().skipped_open_launches(); },
+          "Stream-ordered opens whose launch was left out: it would have waited behind "
+          "another training stream's open.")
       .def_property_readonly("idle_open_launches",
                              py::cpp_function(&Executor::idle_open_launches, release_gil()),
                              "Launches enqueued at opens that ran no item.")

@@ -27,6 +27,7 @@
 #include "item_time.hpp"
 #include "latch_dependency.hpp"
 #include "queue_backend.hpp"
+#include "open_launch_rule.hpp"
 #include "successor_rule.hpp"
 #include "test_switches.hpp"
 
@@ -492,6 +493,9 @@ void register_test_hooks(py::module_& m) {
       py::arg("newest_running") = true, py::arg("progressed") = true,
       py::arg("gate_open") = true, py::arg("stopping") = false, py::arg("phase_done") = false,
       py::arg("follows_protocol") = true, "freeride/successor_rule.hpp's queue_successor.");
+  t.def("waits_behind_another_stream", &freeride::waits_behind_another_stream,
+        py::arg("newest_at_open"), py::arg("newest_begun"), py::arg("same_stream"),
+        "freeride/open_launch_rule.hpp's waits_behind_another_stream.");
   t.def("launch_block_item_ns", &freeride::launch_block_item_ns, py::arg("duration_ns"),
         py::arg("blocks"), py::arg("items"), "freeride/item_time.hpp's launch_block_item_ns.");
   t.def("smoothed_item_ns", &freeride::smoothed_item_ns, py::arg("estimate"),

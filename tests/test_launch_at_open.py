@@ -315,3 +315,62 @@ def test_successors_are_off_unless_the_environment_asks(monkeypatch):
     monkeypatch.setenv("FREERIDE_SUCCESSORS", "maybe")
     with pytest.raises(ValueError, match="FREERIDE_SUCCESSORS"):
         _C._testing.successors_enabled()
+
+
+def test_an_open_behind_another_streams_queued_open_gets_no_launch():
+    """Review G11: launches at opens run in order on one side stream, each after its own
+    open. An open on stream B while the newest launch still waits for stream A's open
+    (not begun) would hold B's launch until A gets there, however far behind A runs: it
+    is left out and counted. Opens on the same stream, behind a launch that has begun, or
+    behind the executor's own launch queue as before."""
+    rule = _C._testing.waits_behind_another_stream
+    assert rule(newest_at_open=True, newest_begun=False, same_stream=False)
+    assert not rule(newest_at_open=True, newest_begun=False, same_stream=True)
+    assert not rule(newest_at_open=True, newest_begun=True, same_stream=False)
+    assert not rule(newest_at_open=False, newest_begun=False, same_stream=False)
+
+
+def test_the_report_shows_opens_left_without_a_launch():
+    counts = {"launches": 3, "idle": 1, "at_opens": 2, "idle_at_opens": 0}
+    report = fr.Report(device="cuda:0", backend="cuda", launch_counts=counts)
+    assert "left without" not in report.summary()
+    report = fr.Report(
+        device="cuda:0", backend="cuda", launch_counts={**counts, "skipped_at_opens": 4}
+    )
+    assert "4 opens left without, behind another stream's open" in report.summary()
+    assert fr.Report.from_dict(report.to_dict()).launch_counts["skipped_at_opens"] == 4
+
+
+@pytest.mark.gpu
+def test_opens_on_a_second_stream_behind_a_lagging_one_are_counted_not_queued():
+    """On a GPU: stream A is held by a 200 ms kernel, then opens and closes the gate; stream
+    B, free, then opens and closes it too, with a Spin task running. B's open finds the
+    newest launch at an open waiting for A's (not begun): it is left out and counted."""
+    import time
+
+    import torch
+    from gpu_worker import CYCLES_PER_MS
+
+    torch.cuda.init()
+    a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    torch.cuda._sleep(1000)  # loaded before side work runs (a lazy load synchronises)
+    torch.cuda.synchronize()
+    with fr.Harvester("cuda:0") as h:
+        h.gate.close(stream="host")
+        t = h.submit(fr.tasks.Spin(items=2**40, ns_per_item=20_000))
+        time.sleep(0.2)  # admitted, and its runner armed for launches at opens
+        before = h.launch_counts().skipped_at_opens
+        with torch.cuda.stream(a):
+            torch.cuda._sleep(int(200 * CYCLES_PER_MS))
+            h.gate.open(stream=a)
+            torch.cuda._sleep(int(2 * CYCLES_PER_MS))
+            h.gate.close(stream=a)
+        with torch.cuda.stream(b):
+            h.gate.open(stream=b)
+            torch.cuda._sleep(int(2 * CYCLES_PER_MS))
+            h.gate.close(stream=b)
+        skipped = h.launch_counts().skipped_at_opens - before
+        torch.cuda.synchronize()
+        t.cancel()
+        assert t.wait(30)
+    assert skipped == 1, skipped

@@ -69,6 +69,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     uint32_t gate_seq = 0;  // the open it was enqueued at (or seen under)
     bool at_open = false;
     bool successor = false;  // the executor's, queued behind a running launch
+    cudaStream_t training = nullptr;  // at an open: the training stream it waits on
   };
 
   bool accepting_locked() const;

@@ -17,6 +17,7 @@
 #include "cuda/driver.hpp"
 #include "freeride/item_ctx.h"
 #include "launchers.hpp"
+#include "open_launch_rule.hpp"
 #include "successor_rule.hpp"
 
 namespace freeride::cuda {
@@ -26,7 +27,17 @@ void CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint3
   try {
     std::lock_guard<std::mutex> lk(launch_mu_);
     if (!accepting_locked()) return;
+    if (!pending_.empty()) {
+      const Launch& newest = pending_.back();
+      if (waits_behind_another_stream(newest.at_open,
+                                      ring_.started(newest.number, launch_no_.load()),
+                                      newest.training == training)) {
+        s_->cross_stream_skips.fetch_add(1);
+        return;
+      }
+    }
     enqueue_locked(training, opened, seq, true, true);
+    pending_.back().training = training;
     rang = true;
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lk(launch_mu_);

@@ -302,6 +302,8 @@ struct CudaShared {
   std::mutex arm_mu;
   OpenLauncher* armed = nullptr;
   cudaEvent_t opened = nullptr;
+  // Opens whose launch waits_behind_another_stream left out (open_launch_rule.hpp).
+  std::atomic<uint64_t> cross_stream_skips{0};
   // The executor queues its next launch behind the one running (FREERIDE_SUCCESSORS, see
   // freeride/successor_rule.hpp).
   bool successors = false;

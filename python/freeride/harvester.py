@@ -50,6 +50,9 @@ class LaunchCounts(NamedTuple):
     idle: int  # of those, launches that ran no item
     at_opens: int  # of those, launches enqueued at stream-ordered opens (CUDA)
     idle_at_opens: int  # of those, launches at opens that ran no item
+    # Stream-ordered opens that got no launch because it would have waited behind another
+    # training stream's open (CUDA; gate writes are meant to come from one stream).
+    skipped_at_opens: int = 0
 
 
 class BubbleStats(NamedTuple):
@@ -406,7 +409,13 @@ class Harvester:
         """The side launches so far: how many, how many ran no item, and how many of each
         were enqueued at opens."""
         ex = self._ex
-        return LaunchCounts(ex.launches, ex.idle_launches, ex.open_launches, ex.idle_open_launches)
+        return LaunchCounts(
+            ex.launches,
+            ex.idle_launches,
+            ex.open_launches,
+            ex.idle_open_launches,
+            ex.skipped_open_launches,
+        )
 
     @property
     def reserve_fallback(self) -> str | None:

@@ -396,6 +396,9 @@ class Report:
         launches, idle = counts.get("launches", 0), counts.get("idle", 0)
         at_opens, idle_at_opens = counts.get("at_opens", 0), counts.get("idle_at_opens", 0)
         text = f"{launches:,} ({at_opens:,} at opens), {idle:,} ran no item ({idle_at_opens:,})"
+        skipped = counts.get("skipped_at_opens", 0)
+        if skipped:
+            text += f"; {skipped:,} opens left without, behind another stream's open"
         return [("side launches", text)]
 
     def __str__(self) -> str:
