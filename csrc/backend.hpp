@@ -174,6 +174,10 @@ class Backend {
   // Stream-ordered opens whose launch was left out because it would wait behind another
   // training stream's open (freeride/open_launch_rule.hpp's G11); any thread.
   virtual uint64_t skipped_open_launches() const { return 0; }
+  // The most launches at opens enqueued and not yet begun at once, each counted as one
+  // more was enqueued: how far ahead of the GPU the host queued side work (the lookahead
+  // issue 36 asks to bound and report); any thread.
+  virtual uint64_t max_lookahead() const { return 0; }
 
   // Timestamps in stream order. mark() records "now" when `stream` reaches it (host: the
   // steady clock now) and returns an id; elapsed_ns(a, b) is the time from a to b once

@@ -492,6 +492,9 @@ PYBIND11_MODULE(_C, m) {
           [](Executor& ex) { return ex.backend().skipped_open_launches(); },
           "Stream-ordered opens whose launch was left out: it would have waited behind "
           "another training stream's open.")
+      .def_property_readonly(
+          "max_lookahead", [](Executor& ex) { return ex.backend().max_lookahead(); },
+          "The most launches at opens enqueued and not yet begun at once.")
       .def_property_readonly("idle_open_launches",
                              py::cpp_function(&Executor::idle_open_launches, release_gil()),
                              "Launches enqueued at opens that ran no item.")

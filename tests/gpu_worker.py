@@ -613,6 +613,7 @@ def mode_queued_bubbles(args: dict) -> dict:
             "launches": counts.launches - counts_before.launches,
             "at_opens": counts.at_opens - counts_before.at_opens,
             "idle_at_opens": counts.idle_at_opens - counts_before.idle_at_opens,
+            "max_lookahead": counts.max_lookahead,
         }
     )
     return out

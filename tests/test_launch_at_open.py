@@ -339,6 +339,17 @@ def test_the_report_shows_opens_left_without_a_launch():
     )
     assert "4 opens left without, behind another stream's open" in report.summary()
     assert fr.Report.from_dict(report.to_dict()).launch_counts["skipped_at_opens"] == 4
+    report.launch_counts["max_lookahead"] = 12
+    assert "up to 12 queued ahead of the GPU" in report.summary()
+
+
+def test_the_host_backend_queues_nothing_ahead(host):
+    """The lookahead (launches at opens queued ahead of the GPU, not yet begun) is a CUDA
+    figure: the host backend's writes are immediate, so it reports none."""
+    task = host.submit(fr.tasks.Spin(items=64, ns_per_item=1000))
+    assert task.wait(30)
+    counts = host.launch_counts()
+    assert counts.max_lookahead == 0 and counts.skipped_at_opens == 0
 
 
 @pytest.mark.gpu

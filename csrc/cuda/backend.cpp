@@ -321,6 +321,7 @@ class CudaBackend final : public Backend {
 
   bool launches_at_opens() const override { return s_->launch_at_opens; }
   uint64_t skipped_open_launches() const override { return s_->cross_stream_skips.load(); }
+  uint64_t max_lookahead() const override { return s_->max_lookahead.load(); }
 
   uint64_t mark(uintptr_t stream) override {
     CudaShared& s = *s_;

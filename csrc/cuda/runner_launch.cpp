@@ -38,6 +38,13 @@ void CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint3
     }
     enqueue_locked(training, opened, seq, true, true);
     pending_.back().training = training;
+    uint64_t ahead = 0;
+    for (const Launch& l : pending_) {
+      if (l.at_open && !ring_.started(l.number, launch_no_.load())) ++ahead;
+    }
+    uint64_t seen = s_->max_lookahead.load();
+    while (ahead > seen && !s_->max_lookahead.compare_exchange_weak(seen, ahead)) {
+    }
     rang = true;
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lk(launch_mu_);

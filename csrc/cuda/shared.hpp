@@ -304,6 +304,8 @@ struct CudaShared {
   cudaEvent_t opened = nullptr;
   // Opens whose launch waits_behind_another_stream left out (open_launch_rule.hpp).
   std::atomic<uint64_t> cross_stream_skips{0};
+  // Backend::max_lookahead: raised by each launch at an open as it is enqueued.
+  std::atomic<uint64_t> max_lookahead{0};
   // The executor queues its next launch behind the one running (FREERIDE_SUCCESSORS, see
   // freeride/successor_rule.hpp).
   bool successors = false;

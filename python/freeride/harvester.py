@@ -53,6 +53,9 @@ class LaunchCounts(NamedTuple):
     # Stream-ordered opens that got no launch because it would have waited behind another
     # training stream's open (CUDA; gate writes are meant to come from one stream).
     skipped_at_opens: int = 0
+    # The most launches at opens queued ahead of the GPU at once, not yet begun (CUDA): how
+    # far ahead of the GPU the host runs, in bubbles.
+    max_lookahead: int = 0
 
 
 class BubbleStats(NamedTuple):
@@ -415,6 +418,7 @@ class Harvester:
             ex.open_launches,
             ex.idle_open_launches,
             ex.skipped_open_launches,
+            ex.max_lookahead,
         )
 
     @property

@@ -399,6 +399,9 @@ class Report:
         skipped = counts.get("skipped_at_opens", 0)
         if skipped:
             text += f"; {skipped:,} opens left without, behind another stream's open"
+        ahead = counts.get("max_lookahead", 0)
+        if ahead:
+            text += f"; up to {ahead:,} queued ahead of the GPU"
         return [("side launches", text)]
 
     def __str__(self) -> str:
