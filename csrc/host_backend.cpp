@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "atomic_bounds.hpp"
 #include "backend.hpp"
 #include "check.hpp"
 #include "doorbell.hpp"
@@ -29,18 +30,6 @@ int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-void atomic_min(std::atomic<int64_t>& word, int64_t value) {
-  int64_t seen = word.load();
-  while (value < seen && !word.compare_exchange_weak(seen, value)) {
-  }
-}
-
-void atomic_max(std::atomic<int64_t>& word, int64_t value) {
-  int64_t seen = word.load();
-  while (value > seen && !word.compare_exchange_weak(seen, value)) {
-  }
 }
 
 // How often a worker gives its core back between items (see HostRunner::work): often
@@ -103,6 +92,8 @@ class HostRunner final : public PhaseRunner {
   void work(const std::atomic<uint32_t>& gate, const std::atomic<uint32_t>& seq) {
     int64_t first = INT64_MAX;
     int64_t last = INT64_MIN;
+    uint64_t busy_ns = 0;  // this worker's items, timed (block_item_ns)
+    uint64_t items = 0;
     int64_t yielded = steady_ns();
     // Before the first item too: a worker woken by an open may find the cores wanted.
     int64_t looked = yielded - kYieldEveryNs;
@@ -138,9 +129,9 @@ class HostRunner final : public PhaseRunner {
       }
       last = steady_ns();
       first = std::min(first, start);
-      item_ns_total_.fetch_add(static_cast<uint64_t>(last - start), std::memory_order_relaxed);
+      busy_ns += static_cast<uint64_t>(last - start);
+      ++items;
       done_.fetch_add(1);
-      items_timed_.fetch_add(1, std::memory_order_relaxed);
       // A training thread that yields its core rather than sleeping (gloo's buffer
       // teardown spins on sched_yield) hands it to this idle-priority worker, which
       // would keep it for a whole scheduler slice (measured: up to 3.6 ms); yielding
@@ -153,6 +144,10 @@ class HostRunner final : public PhaseRunner {
     if (first != INT64_MAX) {
       atomic_min(first_start_ns_, first);
       atomic_max(last_end_ns_, last);
+      // Once per worker and launch, not per item: run() returns, and the executor asks
+      // block_item_ns(), only after every worker has left.
+      item_ns_total_.fetch_add(busy_ns, std::memory_order_relaxed);
+      items_timed_.fetch_add(items, std::memory_order_relaxed);
     }
   }
 

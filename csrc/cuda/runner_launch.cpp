@@ -16,6 +16,7 @@
 #include "cuda/device_guard.hpp"
 #include "cuda/driver.hpp"
 #include "freeride/item_ctx.h"
+#include "atomic_bounds.hpp"
 #include "launchers.hpp"
 #include "open_launch_rule.hpp"
 #include "successor_rule.hpp"
@@ -38,13 +39,14 @@ void CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint3
     }
     enqueue_locked(training, opened, seq, true, true);
     pending_.back().training = training;
+    // Launches begin in the order they were enqueued (one stream): those not begun are
+    // the newest, counted from the back until one has.
     uint64_t ahead = 0;
-    for (const Launch& l : pending_) {
-      if (l.at_open && !ring_.started(l.number, launch_no_.load())) ++ahead;
+    for (auto l = pending_.rbegin(); l != pending_.rend(); ++l) {
+      if (ring_.started(l->number, launch_no_.load())) break;
+      if (l->at_open) ++ahead;
     }
-    uint64_t seen = s_->max_lookahead.load();
-    while (ahead > seen && !s_->max_lookahead.compare_exchange_weak(seen, ahead)) {
-    }
+    atomic_max(s_->max_lookahead, ahead);
     rang = true;
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lk(launch_mu_);
