@@ -74,8 +74,7 @@ _DRIVER_FOR_RUNTIME = {12: "r525", 13: "r580"}
 NVIDIA_PROC_VERSION = "/proc/driver/nvidia/version"
 
 
-def cuda_version_text(version: int) -> str:
-    """A CUDA version as the runtime and driver report it (12040) as people write it."""
+def _cuda_version(version: int) -> str:
     return f"{version // 1000}.{version % 1000 // 10}"
 
 
@@ -130,7 +129,7 @@ def gpu_unused(
         )
     ]
     if driver > 0 or kernel_driver:
-        supports = f" supports CUDA {cuda_version_text(driver)}" if driver > 0 else " is loaded"
+        supports = f" supports CUDA {_cuda_version(driver)}" if driver > 0 else " is loaded"
         parts.append(f"The NVIDIA driver{f' {kernel_driver}' if kernel_driver else ''}{supports}.")
     how = "its nvcc on PATH, then FREERIDE_CUDA=1 pip install . from a clone"
     if not info.get("cuda_built"):
@@ -149,7 +148,7 @@ def gpu_unused(
         branch = _DRIVER_FOR_RUNTIME.get(major)
         needs = f"driver {branch} or newer" if branch else f"driver for CUDA {major}.x"
         parts.append(
-            f"This freeride was built with the CUDA {cuda_version_text(runtime)} runtime, which "
+            f"This freeride was built with the CUDA {_cuda_version(runtime)} runtime, which "
             f"needs an NVIDIA {needs}; its CUDA backend says: {info.get('reason') or error}."
         )
         if error == "cudaErrorInsufficientDriver":

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from freeride.info import cuda_version_text
-
 
 def _cuda_version(value: int) -> str:
-    return cuda_version_text(value) if value else "none"
+    """A CUDA version as the runtime and driver report it (12040) as people write it."""
+    return f"{value // 1000}.{value % 1000 // 10}" if value else "none"
 
 
 def _build(info: dict[str, Any]) -> str:
