@@ -92,8 +92,6 @@ class HostRunner final : public PhaseRunner {
   void work(const std::atomic<uint32_t>& gate, const std::atomic<uint32_t>& seq) {
     int64_t first = INT64_MAX;
     int64_t last = INT64_MIN;
-    uint64_t busy_ns = 0;  // this worker's items, timed (block_item_ns)
-    uint64_t items = 0;
     int64_t yielded = steady_ns();
     // Before the first item too: a worker woken by an open may find the cores wanted.
     int64_t looked = yielded - kYieldEveryNs;
@@ -129,9 +127,9 @@ class HostRunner final : public PhaseRunner {
       }
       last = steady_ns();
       first = std::min(first, start);
-      busy_ns += static_cast<uint64_t>(last - start);
-      ++items;
+      item_ns_total_.fetch_add(static_cast<uint64_t>(last - start), std::memory_order_relaxed);
       done_.fetch_add(1);
+      items_timed_.fetch_add(1, std::memory_order_relaxed);
       // A training thread that yields its core rather than sleeping (gloo's buffer
       // teardown spins on sched_yield) hands it to this idle-priority worker, which
       // would keep it for a whole scheduler slice (measured: up to 3.6 ms); yielding
@@ -144,10 +142,6 @@ class HostRunner final : public PhaseRunner {
     if (first != INT64_MAX) {
       atomic_min(first_start_ns_, first);
       atomic_max(last_end_ns_, last);
-      // Once per worker and launch, not per item: run() returns, and the executor asks
-      // block_item_ns(), only after every worker has left.
-      item_ns_total_.fetch_add(busy_ns, std::memory_order_relaxed);
-      items_timed_.fetch_add(items, std::memory_order_relaxed);
     }
   }
 
