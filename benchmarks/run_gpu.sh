@@ -164,9 +164,9 @@ if step qualify; then
   deadline=$((SECONDS + ${QUALIFY_BUDGET:-480}))
   # In order of importance; [~N s] is the estimate on an H100/H200 when things pass (the
   # 2026-11-27 H200 run's time where it ran them; a fresh Python with torch and CUDA takes
-  # ~5 s), the number after the name the hard limit. Items 1-5 come to ~325 s when things
-  # pass, and the limits of 1-4 to 415 s: with QUALIFY_BUDGET=480, 1-4 run whatever
-  # happens, and the benchmarks (5) unless earlier items hang. The rest (all passed on
+  # ~5 s), the number after the name the hard limit. Items 1-5 come to ~405 s when things
+  # pass, and the limits of 1-4 to 595 s: with QUALIFY_BUDGET=480, 1-4 run unless an
+  # earlier one hangs, and the benchmarks (5) where none does. The rest (all passed on
   # 2026-11-27, ~220 s) run where time is left and are listed NOT RUN otherwise. A hung
   # item costs its limit, plus the watchdog's stack dumps (py-spy: about a second a
   # process) and 10 s.
@@ -184,6 +184,15 @@ if step qualify; then
   #    returns within 50 ms). [~25 s]
   budgeted $deadline "test_slice_gpu_g1_successors" 60 env FREERIDE_SUCCESSORS=1 \
     $py -X faulthandler -m pytest -q -p no:cacheprovider tests/test_slice_gpu.py -m gpu -k g1
+  # 2c. Phases ahead (off by default, FREERIDE_PHASES_AHEAD=1; issue 36, review G3): a
+  #    30-phase ItemCounter in bubbles queued ahead, both ways (no item may start before
+  #    the phase before completed, every item once; phases done in the bubbles printed:
+  #    about twice as many expected with it on) [~40 s]; then the multi-phase GPU tests
+  #    with it on, stream-ordered bubbles included [~40 s].
+  pytest_file $deadline 90 tests/test_phases_ahead.py -m gpu -s
+  budgeted $deadline "test_gpu_phases_ahead" 90 env FREERIDE_PHASES_AHEAD=1 \
+    $py -X faulthandler -m pytest -q -p no:cacheprovider tests/test_gpu.py -m gpu \
+    -k "exactly_once or fallback_without_stream_memops or image_tasks"
   # 3. The morning's failures again. tests/test_hardware_queues.py hung on a lazy kernel
   #    load in its worker (4 workers of ~10-12 s) [~55 s]; the queued-ahead harvest
   #    tests [~27 s].

@@ -83,8 +83,15 @@ class PhaseRunner {
   // this runner, one ended launch each, whatever else is queued: nothing else may be
   // enqueued on the stream behind them, the task is not final (its memory in use) until
   // they ended, and its next phase does not begin (begin_phase() is never called while
-  // any is in flight).
+  // any is in flight) unless the runner begins phases in flight.
   virtual bool in_flight() const { return false; }
+
+  // Phases ahead (phase_ahead_rule.hpp): begin_phase() may be called while launches of
+  // the phase before are in flight (they claim nothing of the new phase), and launches at
+  // opens may run the next phase before the executor begins it (done() then counts what
+  // they finished as soon as it does). The executor still lets every launch end before
+  // the task is final.
+  virtual bool begins_phases_in_flight() const { return false; }
 
   // For the bubble record (Executor::wait_launches_taken); any thread, never blocking.
   // launches_taken(): launches whose end run() has taken so far (returned it, or thrown
@@ -178,6 +185,9 @@ class Backend {
   // more was enqueued: how far ahead of the GPU the host queued side work (the lookahead
   // issue 36 asks to bound and report); any thread.
   virtual uint64_t max_lookahead() const { return 0; }
+  // Stream-ordered opens that carried no launch because the lookahead bound was reached
+  // (open_launch_rule.hpp's within_lookahead); any thread.
+  virtual uint64_t opens_beyond_lookahead() const { return 0; }
 
   // Timestamps in stream order. mark() records "now" when `stream` reaches it (host: the
   // steady clock now) and returns an id; elapsed_ns(a, b) is the time from a to b once

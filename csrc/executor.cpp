@@ -1,3 +1,5 @@
+// Executor: the queue of side tasks, their admission, phases and launches, and the
+// thread that runs them (loop). Closing is in executor_close.cpp.
 #include "executor.hpp"
 
 #include <algorithm>
@@ -29,10 +31,6 @@ constexpr std::chrono::milliseconds kDependencyPoll{1};
 // the wait at once, as do submit, cancel and close.
 constexpr double kBackoffMinS = 100e-6;
 constexpr double kBackoffMaxS = 10e-3;
-
-constexpr const char* kAbandonedMessage =
-    "cancelled: the harvester was closed while a launch of the task was still enqueued or "
-    "running on the GPU (abandoned)";
 
 }  // namespace
 
@@ -310,18 +308,20 @@ void Executor::advance_locked(Record& r) {
   }
 }
 
-void Executor::abandon_locked(Record& r) {
-  // Named by take_abandoned(), never by take_finished(): its owner must keep its memory,
-  // not let go of it as of a task that is merely final (review G17).
-  finish_locked(r, TaskState::Cancelled, ErrorKind::Cancelled, kAbandonedMessage, &abandoned_);
-}
-
-bool Executor::reclaim_abandoned() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    FR_CHECK(closed_, "reclaim_abandoned() before close()");
+// Phases ahead (phase_ahead_rule.hpp): past every completed phase while launches are in
+// flight, but never to the task's end, which waits for them (its memory is in use until
+// they ended). A failure is the task's, raised once they have.
+void Executor::advance_in_flight_locked(Record& r) {
+  try {
+    while (r.phase + 1 < r.task->num_phases() &&
+           r.runner->done() >= r.task->num_items(r.phase)) {
+      r.items_before_phase += r.task->num_items(r.phase);
+      ++r.phase;
+      r.runner->begin_phase(r.phase, r.task->num_items(r.phase));
+    }
+  } catch (const std::exception& e) {
+    r.failure = r.task->name() + ": " + e.what();
   }
-  return backend_->reclaim_abandoned();
 }
 
 void Executor::finish_locked(Record& r, TaskState state, ErrorKind kind, std::string error,
@@ -471,7 +471,11 @@ void Executor::loop() {
     const bool idle_launch = ran_nothing && !marks.at_open && !marks.successor;
     if (!error.empty() && r->failure.empty()) r->failure = r->task->name() + ": " + error;
     draining = runner->in_flight() ? r : nullptr;
-    if (draining == nullptr) settle_launch_locked(*r);
+    if (draining == nullptr) {
+      settle_launch_locked(*r);
+    } else if (runner->begins_phases_in_flight() && r->failure.empty() && !r->cancel_requested) {
+      advance_in_flight_locked(*r);
+    }
     done_cv_.notify_all();
     if (draining != nullptr) continue;
     // No wait where something else is due: a close, or a more urgent task that can run
@@ -508,91 +512,6 @@ void Executor::settle_launch_locked(Record& r) {
     // Held by the closed gate or preempted: it goes back to the queue as it is.
     if (!is_final(r.state)) r.state = TaskState::Paused;
   }
-}
-
-void Executor::close(double deadline_s) {
-  std::lock_guard<std::mutex> close_lock(close_mutex_);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (closed_) return;
-  }
-  backend_->refuse_launches_at_opens();  // before closing_: see loop()
-  std::unique_lock<std::mutex> lock(mutex_);
-  closing_ = true;
-  done_cv_.notify_all();  // wait_launches_taken() waits no more
-  // Whatever fails, the executor thread is joined and every record made final before the
-  // error is raised: a joinable std::thread destroyed later would std::terminate the
-  // process. So a stop that fails (a sticky CUDA error) is kept for later, as is a nudge.
-  std::exception_ptr error;
-  try {
-    if (active_ != nullptr) active_->runner->stop();
-  } catch (...) {
-    error = std::current_exception();
-  }
-  work_cv_.notify_all();
-  // Every side thread is told at once and may run at normal priority: on a busy machine
-  // an idle-priority thread waits for a free core at each wake-up, and a close used to
-  // need several such wake-ups one after the other (the workers to finish the launch,
-  // this loop to exit, the workers again to exit).
-  lock.unlock();
-  leave_idle_priority(thread_);
-  backend_->begin_shutdown();
-  backend_->interrupt_waits();
-  lock.lock();
-  const auto deadline = std::chrono::steady_clock::now() + clamp_timeout(deadline_s);
-  bool abandoning = false;
-  // A launch held by a closed gate (cuda: a stream wait) must be let through to see its
-  // stop flag; keep nudging until the loop has left it. A nudge that fails is not retried.
-  // Launches in flight (queued ahead at opens) end as the GPU reaches them; past the
-  // deadline they are abandoned (PhaseRunner::abandon), and the loop leaves at its next
-  // look.
-  while (!loop_exited_) {
-    if (!abandoning && std::chrono::steady_clock::now() >= deadline) {
-      abandoning = true;
-      for (auto& [id, r] : records_) {
-        if (r->runner) r->runner->abandon();
-      }
-    }
-    lock.unlock();
-    if (!error) {
-      try {
-        backend_->unblock();
-      } catch (...) {
-        error = std::current_exception();
-      }
-    }
-    lock.lock();
-    done_cv_.wait_for(lock, std::chrono::milliseconds(1), [&] { return loop_exited_; });
-  }
-  lock.unlock();
-  if (thread_.joinable()) thread_.join();
-  lock.lock();
-  for (auto& [id, r] : records_) {
-    // Left in flight (the loop drains or abandons every launch it can see, so this is a
-    // backstop): such a launch may still run, and is abandoned like the others.
-    if (r->runner && !is_final(r->state) && r->runner->in_flight()) {
-      r->runner->abandon();
-      abandon_locked(*r);
-    }
-    if (!is_final(r->state)) {
-      finish_locked(*r, TaskState::Cancelled, ErrorKind::Cancelled,
-                    "cancelled: the harvester was closed");
-    }
-  }
-  const bool any_abandoned = !abandoned_.empty();
-  lock.unlock();
-  try {
-    // Abandoned launches may still run: the backend then waits for none of its streams and
-    // frees nothing they may write.
-    if (any_abandoned) backend_->abandon_work();
-    backend_->shutdown();
-  } catch (...) {
-    if (!error) error = std::current_exception();
-  }
-  lock.lock();
-  closed_ = true;
-  done_cv_.notify_all();
-  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace freeride

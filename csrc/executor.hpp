@@ -184,6 +184,7 @@ class Executor {
   void settle_launch_locked(Record& r);
   void admit_locked(Record& r);
   void advance_locked(Record& r);
+  void advance_in_flight_locked(Record& r);
   // The task's id goes to take_finished()'s list, or to `named_by` where given.
   void finish_locked(Record& r, TaskState state, ErrorKind kind, std::string error,
                      std::vector<uint64_t>* named_by = nullptr);

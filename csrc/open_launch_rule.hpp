@@ -16,4 +16,17 @@ inline bool waits_behind_another_stream(bool newest_at_open, bool newest_begun,
   return newest_at_open && !newest_begun && !same_stream;
 }
 
+// The lookahead bound (issue 36, review G2): whether an open may carry a launch while
+// `opens_ahead` launches enqueued at earlier opens wait for theirs (not begun). Each waits
+// on the side stream for a future open, and under shared hardware queues (the default
+// eight) a stream sharing the side stream's may be held behind that wait until training
+// reaches the open; the bound keeps such a hold to the next `bound` bubbles. An open past
+// it carries no launch (counted, Harvester.launch_counts().beyond_lookahead); the
+// executor's own launch serves its bubble where the gate reads open with none in flight.
+// `bound` 0: no bound (FREERIDE_MAX_LOOKAHEAD, unset or 0: the default, since the H200
+// run of 2026-11-27 saw no other stream held, 0 of 24, under either reserve).
+inline bool within_lookahead(unsigned long long opens_ahead, unsigned long long bound) {
+  return bound == 0 || opens_ahead < bound;
+}
+
 }  // namespace freeride

@@ -495,6 +495,10 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly(
           "max_lookahead", [](Executor& ex) { return ex.backend().max_lookahead(); },
           "The most launches at opens enqueued and not yet begun at once.")
+      .def_property_readonly(
+          "opens_beyond_lookahead",
+          [](Executor& ex) { return ex.backend().opens_beyond_lookahead(); },
+          "Stream-ordered opens that carried no launch: the lookahead bound was reached.")
       .def_property_readonly("idle_open_launches",
                              py::cpp_function(&Executor::idle_open_launches, release_gil()),
                              "Launches enqueued at opens that ran no item.")

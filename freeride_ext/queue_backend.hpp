@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -19,6 +20,9 @@
 #include "backend.hpp"
 #include "check.hpp"
 #include "doorbell.hpp"
+#include "open_launch_rule.hpp"
+#include "phase_ahead_rule.hpp"
+#include "task.hpp"
 
 namespace freeride {
 
@@ -31,12 +35,28 @@ struct QueuedLaunches {
   struct Launch {
     int64_t items = -1;  // what it ran once ended; -1 while it has not
     bool at_open = true;  // false: the executor's own (seen open on the mirror)
+    uint64_t phase = 0;   // the phase it launches
+    bool guarded = false;  // chained at an open behind phase - 1's (phases ahead)
+    bool waits_open = false;  // the first of an open's launches (the lookahead counts them)
   };
   std::deque<Launch> pending;
   uint64_t phases = 0;  // begin_phase() calls
+  uint64_t phase = 0;   // the current phase (the last begun)
   uint64_t n_items = 0;
-  uint64_t done = 0;
+  uint64_t done = 0;    // the current phase's, as the runner reports it
   bool phase_done = false;
+  // Phases ahead (phase_ahead_rule.hpp): begin_phase() with launches in flight, and
+  // opens that chain a guarded launch of the next phase. The model's device: what every
+  // phase finished (a launch's items are capped by what its phase has left, and a guarded
+  // one runs none unless the phase before is complete as it ends).
+  bool phases_ahead = false;
+  std::shared_ptr<Task> task;
+  // The lookahead bound (open_launch_rule.hpp), and the opens past it left without a launch
+  // (the backend's count, shared by its runners). The model's "not begun": not ended.
+  uint64_t lookahead_bound = 0;
+  std::shared_ptr<std::atomic<uint64_t>> beyond_lookahead;
+  std::map<uint64_t, uint64_t> phase_done_items;
+  uint64_t ran = 0;  // items every ended launch ran, in all
   bool stopped = false;
   bool abandoned = false;
   std::string failure;  // the next run() throws it (see fail())
@@ -54,14 +74,34 @@ struct QueuedLaunches {
   // phase begins, once stopped, once the phase is done, when kCapacity are pending or
   // once the backend refuses them. How many were taken. `at_open` false: launches of the
   // executor's own instead (taken whatever the backend refuses: the executor makes them).
+  // With phases ahead, an open takes what launches_at_open says (one launch or two), and
+  // the count is of launches; the executor's own launch the current phase only.
   size_t arrive(size_t count, bool at_open = true) {
     size_t taken = 0;
     {
       std::lock_guard<std::mutex> lk(mu);
-      while (taken < count && phases > 0 && !stopped && !phase_done && !abandoned &&
-             pending.size() < kCapacity && !(at_open && refusing->load())) {
-        pending.push_back({-1, at_open});
-        ++taken;
+      for (size_t open = 0; open < count; ++open) {
+        if (phases == 0 || stopped || abandoned || (at_open && refusing->load())) break;
+        PhaseAheadState st;
+        st.enabled = phases_ahead && at_open;
+        st.phase = phase;
+        st.num_phases = task ? task->num_phases() : phase + 1;
+        st.phase_done = phase_done;
+        st.next_items = st.phase + 1 < st.num_phases ? task->num_items(st.phase + 1) : 0;
+        st.room = kCapacity - pending.size();
+        const OpenLaunches go = launches_at_open(st);
+        if (!go.current && !go.next) break;
+        if (at_open) {
+          uint64_t ahead = 0;
+          for (const Launch& l : pending) ahead += l.waits_open && l.items < 0 ? 1 : 0;
+          if (!within_lookahead(ahead, lookahead_bound)) {
+            if (beyond_lookahead) beyond_lookahead->fetch_add(1);
+            continue;
+          }
+        }
+        if (go.current) pending.push_back({-1, at_open, phase, false, at_open});
+        if (go.next) pending.push_back({-1, at_open, phase + 1, true, !go.current});
+        taken += (go.current ? 1 : 0) + (go.next ? 1 : 0);
       }
       cv.notify_all();
     }
@@ -69,13 +109,23 @@ struct QueuedLaunches {
     return taken;
   }
 
-  // The oldest launch not yet ended ends, having run `items` items.
+  // The oldest launch not yet ended ends, having run `items` items (fewer where its phase
+  // has fewer left, none where it is guarded and the phase before is not complete).
   void end(int64_t items) {
     FR_ARG(items >= 0, "items must not be negative");
     std::lock_guard<std::mutex> lk(mu);
     for (Launch& l : pending) {
       if (l.items < 0) {
-        l.items = items;
+        uint64_t can = static_cast<uint64_t>(items);
+        if (phases_ahead && task) {
+          uint64_t& finished = phase_done_items[l.phase];
+          const bool ready = !l.guarded || phase_done_items[l.phase - 1] >=
+                                                task->num_items(l.phase - 1);
+          can = ready ? std::min<uint64_t>(can, task->num_items(l.phase) - finished) : 0;
+          finished += can;
+        }
+        l.items = static_cast<int64_t>(can);
+        ran += can;
         cv.notify_all();
         return;
       }
@@ -98,14 +148,18 @@ class QueuedRunner final : public PhaseRunner {
  public:
   explicit QueuedRunner(std::shared_ptr<QueuedLaunches> q) : q_(std::move(q)) {}
 
-  void begin_phase(uint64_t, uint64_t n_items) override {
+  void begin_phase(uint64_t phase, uint64_t n_items) override {
     std::lock_guard<std::mutex> lk(q_->mu);
-    FR_CHECK(q_->pending.empty(), "begin_phase() with launches in flight");
+    FR_CHECK(q_->phases_ahead || q_->pending.empty(), "begin_phase() with launches in flight");
+    FR_CHECK(!q_->phases_ahead || q_->phases == 0 || phase == q_->phase + 1,
+             "phases ahead: begin_phase(" << phase << ") after phase " << q_->phase);
     ++q_->phases;
+    q_->phase = phase;
     q_->n_items = n_items;
-    q_->done = 0;
-    q_->phase_done = false;
+    q_->done = q_->phases_ahead ? q_->phase_done_items[phase] : 0;
+    q_->phase_done = q_->phases_ahead && q_->done >= n_items;
   }
+  bool begins_phases_in_flight() const override { return q_->phases_ahead; }
 
   // One launch's end, oldest first; with none pending, waits for one (or a stop).
   LaunchMarks run(bool) override {
@@ -136,7 +190,11 @@ class QueuedRunner final : public PhaseRunner {
     LaunchMarks marks;
     marks.admitted = true;
     marks.at_open = l.at_open;
-    q.done = std::min<uint64_t>(q.n_items, q.done + static_cast<uint64_t>(l.items));
+    if (q.phases_ahead) {
+      q.done = q.phase_done_items[q.phase];
+    } else {
+      q.done = std::min<uint64_t>(q.n_items, q.done + static_cast<uint64_t>(l.items));
+    }
     if (q.done >= q.n_items) q.phase_done = true;
     return marks;
   }
@@ -183,6 +241,9 @@ class QueuedRunner final : public PhaseRunner {
 
 class QueueBackend final : public Backend {
  public:
+  explicit QueueBackend(bool phases_ahead = false, uint64_t lookahead_bound = 0)
+      : phases_ahead_(phases_ahead), lookahead_bound_(lookahead_bound) {}
+  uint64_t opens_beyond_lookahead() const override { return beyond_lookahead_->load(); }
   std::string kind() const override { return "queue"; }
   int device() const override { return -1; }
   std::string gate_write_mechanism() const override { return "host"; }
@@ -233,9 +294,13 @@ class QueueBackend final : public Backend {
   std::unique_ptr<StreamDependency> after_streams(const std::vector<uintptr_t>&) override {
     return nullptr;
   }
-  std::unique_ptr<PhaseRunner> make_runner(std::shared_ptr<Task>,
+  std::unique_ptr<PhaseRunner> make_runner(std::shared_ptr<Task> task,
                                            std::unique_ptr<StreamDependency>) override {
     auto q = std::make_shared<QueuedLaunches>();
+    q->phases_ahead = phases_ahead_ && task->follows_item_protocol();
+    q->lookahead_bound = lookahead_bound_;
+    q->beyond_lookahead = beyond_lookahead_;
+    q->task = std::move(task);
     q->refusing = refusing_;
     q->bell = &bell_;
     {
@@ -299,6 +364,10 @@ class QueueBackend final : public Backend {
   mutable uint64_t backoffs_ = 0;
   uint64_t interrupts_ = 0;
   bool hold_backoffs_ = false;
+  bool phases_ahead_ = false;
+  uint64_t lookahead_bound_ = 0;
+  std::shared_ptr<std::atomic<uint64_t>> beyond_lookahead_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
   std::shared_ptr<std::atomic<bool>> refusing_ = std::make_shared<std::atomic<bool>>(false);
   uint32_t gate_ = 1u;
   uint32_t seq_ = 0;

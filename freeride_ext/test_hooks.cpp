@@ -28,6 +28,7 @@
 #include "latch_dependency.hpp"
 #include "queue_backend.hpp"
 #include "open_launch_rule.hpp"
+#include "phase_ahead_rule.hpp"
 #include "successor_rule.hpp"
 #include "test_switches.hpp"
 
@@ -252,6 +253,16 @@ void register_test_hooks(py::module_& m) {
                                std::lock_guard<std::mutex> lk(q.mu);
                                return q.pending.size();
                              })
+      .def_property_readonly("not_ended",
+                             [](QueuedLaunches& q) {
+                               std::lock_guard<std::mutex> lk(q.mu);
+                               size_t n = 0;
+                               for (const QueuedLaunches::Launch& l : q.pending) {
+                                 n += l.items < 0 ? 1 : 0;
+                               }
+                               return n;
+                             },
+                             "Launches pending that the test has not ended yet.")
       .def_property_readonly("stopped",
                              [](QueuedLaunches& q) {
                                std::lock_guard<std::mutex> lk(q.mu);
@@ -274,19 +285,65 @@ void register_test_hooks(py::module_& m) {
                                std::lock_guard<std::mutex> lk(q.mu);
                                return q.phases > 0;
                              })
-      .def_property_readonly("runs", [](QueuedLaunches& q) {
+      .def_property_readonly("runs",
+                             [](QueuedLaunches& q) {
+                               std::lock_guard<std::mutex> lk(q.mu);
+                               return q.runs;
+                             })
+      .def_property_readonly("phase",
+                             [](QueuedLaunches& q) {
+                               std::lock_guard<std::mutex> lk(q.mu);
+                               return q.phase;
+                             },
+                             "The runner's current phase (the last begin_phase()).")
+      .def_property_readonly("pending_phases",
+                             [](QueuedLaunches& q) {
+                               std::lock_guard<std::mutex> lk(q.mu);
+                               py::list out;
+                               for (const QueuedLaunches::Launch& l : q.pending) {
+                                 out.append(py::make_tuple(l.phase, l.guarded));
+                               }
+                               return out;
+                             },
+                             "(phase, guarded) of every launch pending, oldest first.")
+      .def_property_readonly("ran", [](QueuedLaunches& q) {
         std::lock_guard<std::mutex> lk(q.mu);
-        return q.runs;
-      });
+        return q.ran;
+      }, "Items every ended launch ran, in all (the model's device).");
 
   t.def(
       "queue_executor",
-      [](uint64_t memory_budget) {
-        return std::make_unique<Executor>(std::make_unique<QueueBackend>(), memory_budget);
+      [](uint64_t memory_budget, bool phases_ahead, uint64_t max_lookahead) {
+        return std::make_unique<Executor>(
+            std::make_unique<QueueBackend>(phases_ahead, max_lookahead), memory_budget);
       },
-      py::arg("memory_budget") = 0,
+      py::arg("memory_budget") = 0, py::arg("phases_ahead") = false,
+      py::arg("max_lookahead") = 0,
       "An Executor on the test queue backend: its launches are enqueued and ended by the "
-      "test (queue_launches).");
+      "test (queue_launches). phases_ahead: its runners begin phases with launches in "
+      "flight and chain the next phase's at opens (csrc/phase_ahead_rule.hpp). "
+      "max_lookahead: the lookahead bound (csrc/open_launch_rule.hpp; 0: none).");
+  t.def("within_lookahead", &freeride::within_lookahead, py::arg("opens_ahead"),
+        py::arg("bound"), "csrc/open_launch_rule.hpp's within_lookahead.");
+  t.def(
+      "launches_at_open",
+      [](bool enabled, uint64_t phase, uint64_t num_phases, bool phase_done, uint64_t next_items,
+         size_t room) {
+        freeride::PhaseAheadState st;
+        st.enabled = enabled;
+        st.phase = phase;
+        st.num_phases = num_phases;
+        st.phase_done = phase_done;
+        st.next_items = next_items;
+        st.room = room;
+        const freeride::OpenLaunches go = freeride::launches_at_open(st);
+        return py::make_tuple(go.current, go.next);
+      },
+      py::arg("enabled"), py::arg("phase"), py::arg("num_phases"), py::arg("phase_done"),
+      py::arg("next_items"), py::arg("room"),
+      "csrc/phase_ahead_rule.hpp's launches_at_open: (current, next) an open carries.");
+  t.def("phase_slot", &freeride::phase_slot, py::arg("phase"),
+        "csrc/phase_ahead_rule.hpp's phase_slot: which set of counters a phase uses.");
   t.def(
       "queue_launches",
       [](Executor& ex, size_t index, double timeout) {
@@ -392,6 +449,10 @@ void register_test_hooks(py::module_& m) {
 #ifdef FREERIDE_WITH_CUDA
   t.def("successors_enabled", &freeride::cuda::successors_enabled,
         "csrc/cuda/admission.hpp's successors_enabled: FREERIDE_SUCCESSORS as read.");
+  t.def("phases_ahead_enabled", &freeride::cuda::phases_ahead_enabled,
+        "csrc/cuda/admission.hpp's phases_ahead_enabled: FREERIDE_PHASES_AHEAD as read.");
+  t.def("lookahead_bound", &freeride::cuda::lookahead_bound,
+        "csrc/cuda/admission.hpp's lookahead_bound: FREERIDE_MAX_LOOKAHEAD as read.");
   t.def("sm_census_on_primary", &sm_census_on_primary, py::arg("device"),
         "(distinct SMs, blocks, blocks past the bitmap) of the partition check's census "
         "launched on a stream of the primary context (not confined).");

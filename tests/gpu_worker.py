@@ -619,8 +619,79 @@ def mode_queued_bubbles(args: dict) -> dict:
     return out
 
 
+def mode_queued_phases(args: dict) -> dict:
+    """Issue 36 (review G3): a task of many phases in bubbles queued ahead of the GPU, as
+    mode_queued_bubbles queues them, with phases ahead on or off (FREERIDE_PHASES_AHEAD in
+    the environment). An ItemCounter of `phases` phases of `items` items (`item_us` each)
+    checks that no item started before the phase before had completed (a launch chained at
+    an open claims only once it has) and, once the gate is opened from the host and the
+    task finishes, that every item ran exactly once across stale, chained and ordinary
+    launches. Reports the items and phases done in the bubbles."""
+    import numpy as np
+    import torch
+
+    import freeride as fr
+
+    item_us = float(args.get("item_us", 20.0))
+    items = int(args.get("items", 400_000))
+    phases = int(args.get("phases", 30))
+    iterations = int(args.get("iterations", 5))
+    compute_ms = float(args.get("compute_ms", 5.0))
+    recv_ms = float(args.get("recv_ms", 20.0))
+    hold_ms = float(args.get("hold_ms", 100.0))
+    torch.cuda.init()
+    out: dict = {"phases_ahead_env": os.environ.get("FREERIDE_PHASES_AHEAD"), "phases": phases}
+    train = torch.cuda.Stream()
+    comm = torch.cuda.Stream()
+    with fr.Harvester("cuda:0") as h:
+        out["launches_at_opens"] = h.launches_at_opens
+        h.gate.close(stream="host")
+        probe = fr.tasks.ItemCounter(items, phases, ns_per_item=int(item_us * 1000))
+        t = h.submit(probe)
+        with torch.cuda.stream(train):
+            torch.cuda._sleep(int(hold_ms * CYCLES_PER_MS))
+        held = torch.cuda.Event()
+        held.record(train)
+        start, end = _queue_iterations(torch, h, train, comm, iterations, compute_ms, recv_ms)
+        out["queued_ahead"] = not held.query()
+        train.synchronize()
+        comm.synchronize()
+        time.sleep(0.1)  # the executor takes the launches' ends
+        in_bubbles = t.items_done
+        counts = h.launch_counts()
+        seen = probe.snapshot()
+        out.update(
+            {
+                "items_in_bubbles": int(in_bubbles),
+                "phases_in_bubbles": int((seen.phase_done >= items).sum()),
+                "harvest_items_per_bubble_ms": in_bubbles / (iterations * recv_ms),
+                "violations_in_bubbles": int(seen.violations),
+                "max_count_in_bubbles": int(seen.counts.max()),
+                "launches": counts.launches,
+                "at_opens": counts.at_opens,
+                "idle_at_opens": counts.idle_at_opens,
+                "queue_ms": start.elapsed_time(end),
+            }
+        )
+        h.gate.open(stream="host")
+        finished = t.wait(120)
+        final = probe.snapshot()
+        out.update(
+            {
+                "finished": bool(finished),
+                "state": t.state,
+                "items_done": int(t.items_done),
+                "violations": int(final.violations),
+                "counts_all_one": bool(np.all(final.counts == 1)),
+                "max_count": int(final.counts.max()),
+            }
+        )
+    return out
+
+
 MODES = {
     "queued_bubbles": mode_queued_bubbles,
+    "queued_phases": mode_queued_phases,
     "hardware_queues": mode_hardware_queues,
     "queue_control": mode_queue_control,
     "admission": mode_admission,

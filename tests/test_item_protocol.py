@@ -213,3 +213,21 @@ def test_only_the_block_that_takes_the_refresh_reads_across_the_bus(arch):
     assert not [i for i in code if i.startswith("atom.global.exch")]
     regather = [n for n, i in enumerate(code) if _VOLATILE_U32_LOAD.match(i) and n > publish[0]]
     assert regather, "the gate is not read again after the read across the bus"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_chained_launch_reads_the_phase_before_once_per_block_before_any_claim(arch):
+    """Phases ahead (csrc/phase_ahead_rule.hpp): a launch chained at an open behind the
+    previous phase's claims nothing unless that phase is complete (fr_item_ctx.after_done).
+    The leader reads the count once, as its block begins (phase_ready), from L2
+    (ld.global.cg: a previous kernel wrote it, and nothing writes it during this launch),
+    after the launch's start and before the first gate read and claim; a block that may
+    not claim goes out through the claim path's one `held` count, so the kernel gains no
+    atomic of its own."""
+    code = instructions(_ptx(SCALE, arch), "scale")
+    reads = [n for n, i in enumerate(code) if i.startswith("ld.global.cg.u64")]
+    assert len(reads) == 1, reads
+    start = next(n for n, i in enumerate(code) if i.startswith("atom.global.cas.b64"))
+    gate = next(n for n, i in enumerate(code) if _VOLATILE_U32_LOAD.match(i))
+    assert start < reads[0] < gate
+    assert sum(1 for i in code if i.startswith("atom.global.add.u32")) == 2, "held and exited"

@@ -44,6 +44,18 @@ bool launch_at_opens_enabled() { return env_switch("FREERIDE_LAUNCH_AT_OPEN", "1
 
 bool successors_enabled() { return !env_switch("FREERIDE_SUCCESSORS", "0", "1"); }
 
+bool phases_ahead_enabled() { return !env_switch("FREERIDE_PHASES_AHEAD", "0", "1"); }
+
+uint64_t lookahead_bound() {
+  const char* value = std::getenv("FREERIDE_MAX_LOOKAHEAD");
+  const std::string text = value == nullptr ? "" : value;
+  if (text.empty()) return 0;
+  const bool digits = text.size() <= 6 && text.find_first_not_of("0123456789") == std::string::npos;
+  FR_ARG(digits, "FREERIDE_MAX_LOOKAHEAD must be a whole number of opens (0: no bound), got '"
+                     << text << "'");
+  return std::stoull(text);
+}
+
 bool admission_rings() { return env_switch("FREERIDE_ADMISSION", "ring", "poll"); }
 
 }  // namespace freeride::cuda

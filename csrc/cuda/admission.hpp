@@ -67,6 +67,17 @@ bool launch_at_opens_enabled();
 // measured it). Throws InvalidArgument for another value.
 bool successors_enabled();
 
+// Whether a runner begins a phase with launches of the one before in flight and chains a
+// launch of the next phase at opens (phase_ahead_rule.hpp; FREERIDE_PHASES_AHEAD "0", the
+// default, or "1", until a GPU run has qualified it). Throws InvalidArgument for another
+// value.
+bool phases_ahead_enabled();
+
+// The lookahead bound (open_launch_rule.hpp's within_lookahead): FREERIDE_MAX_LOOKAHEAD, a
+// whole number of opens, 0 (the default) for none. Throws InvalidArgument for anything
+// else.
+uint64_t lookahead_bound();
+
 // Whether gate opens ring the executor's bell (FREERIDE_ADMISSION "ring", the default:
 // see OpenWatcher) or it polls the mirror ("poll", for comparison in bench preempt).
 // Throws InvalidArgument for another value.

@@ -20,6 +20,7 @@
 #include "cuda/shared.hpp"
 #include "cuda/slot_pool.hpp"
 #include "freeride/item_ctx.h"
+#include "phase_ahead_rule.hpp"
 #include "task.hpp"
 
 namespace freeride::cuda {
@@ -40,7 +41,10 @@ namespace freeride::cuda {
 // A phase's launches at opens may be queued ahead of the GPU when the phase ends: they
 // claim no item (every item of their phase is claimed) and are taken like any other; the
 // executor begins the next phase, whose counters are reset on the stream, only once the
-// last of them ended (it never calls begin_phase() with launches in flight).
+// last of them ended (it never calls begin_phase() with launches in flight). With phases
+// ahead (phase_ahead_rule.hpp) it does not wait: phases alternate between two sets of
+// counters, each cleared on the stream before its new phase's first launch, and an open
+// also chains a guarded launch of the next phase.
 class CudaRunner final : public PhaseRunner, public OpenLauncher {
  public:
   CudaRunner(std::shared_ptr<CudaShared> shared, std::shared_ptr<Task> task,
@@ -48,6 +52,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   ~CudaRunner() override;
 
   void begin_phase(uint64_t phase, uint64_t n_items) override;
+  bool begins_phases_in_flight() const override { return ahead_; }
   LaunchMarks run(bool record) override;
   void launch_at_open(cudaStream_t training, cudaEvent_t opened, uint32_t seq) noexcept override;
   void stop() override;
@@ -64,6 +69,10 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   // A launch enqueued and not yet seen to end.
   struct Launch {
     uint64_t number = 0;
+    uint64_t phase = 0;    // the phase it launches
+    uint64_t slot = 0;     // the set of counters it claims from (phase_slot; 0 without ahead_)
+    bool guarded = false;  // chained behind the phase before (fr_item_ctx.after_done)
+    bool waits_open = false;  // waits on the side stream for its open (not a chained one)
     uint64_t n_items = 0;  // that phase's items
     bool record = false;   // marks wanted
     uint32_t gate_seq = 0;  // the open it was enqueued at (or seen under)
@@ -72,7 +81,19 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     cudaStream_t training = nullptr;  // at an open: the training stream it waits on
   };
 
+  // Whether launches may be enqueued at all (begun, no stop, no error...); and whether the
+  // current phase takes one more (accepting_locked). Caller holds launch_mu_.
+  bool open_for_launches_locked() const;
   bool accepting_locked() const;
+  // Launches at opens that wait for their open on the stream and have not begun: opens
+  // the host is ahead of the GPU by, as far as this runner's launches tell. Caller holds
+  // launch_mu_.
+  uint64_t opens_ahead_locked() const;
+  uint64_t slot_of(uint64_t phase) const { return ahead_ ? phase_slot(phase) : 0; }
+  // Phases ahead: the set of counters of `phase`, cleared on the stream (behind every
+  // launch enqueued so far) unless it is already that phase's. Caller holds launch_mu_
+  // and the green context's turn.
+  void claim_slot_locked(uint64_t phase);
   // While the oldest launch runs, near its slice's end (`progressed`: the phase's progress
   // moved since it began): the executor's next one behind it, where
   // freeride/successor_rule.hpp says so. A failed enqueue is kept as arrival_error_, as a
@@ -83,7 +104,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   void throw_if_abandoned() const;
   void throw_arrival_error_locked();
   void enqueue_locked(cudaStream_t training, cudaEvent_t opened, uint32_t seq, bool at_open,
-                      bool record);
+                      bool record, uint64_t phase, bool guarded = false);
   void hold_until_open();
   LaunchMarks run_held(bool record);
   LaunchMarks finish_oldest();
@@ -95,20 +116,27 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   bool quietly_idle() noexcept;
   void drain_side() noexcept;
   void destroy_events() noexcept;
-  void check_protocol(uint64_t done, uint32_t held, uint64_t n_items);
+  void check_protocol(const Launch& l, uint64_t done, uint32_t held);
   void set_stop(uint32_t value);
-  unsigned int* stop_word() const;
-  const void* done_word() const;
-  void raise_progress(uint64_t value);
+  unsigned int* stop_word(uint64_t slot = 0) const;
+  const void* done_word(uint64_t slot = 0) const;
+  void raise_progress(uint64_t slot, uint64_t value);
+  uint64_t progress_mirror(uint64_t slot) const {
+    return std::atomic_ref<unsigned long long>(*progress_host_[slot]).load();
+  }
   void give_back_slots() noexcept;
 
   std::shared_ptr<CudaShared> s_;
   std::shared_ptr<Task> task_;
   SlotPool::Slot state_slot_;
   SlotPool::Slot word_slot_;
-  fr_phase_state* state_ = nullptr;               // device memory
-  unsigned long long* progress_dev_ = nullptr;    // word slot [0], device view
-  unsigned long long* progress_host_ = nullptr;   // word slot [0], host view
+  // Phases ahead (ahead_: FREERIDE_PHASES_AHEAD, a task with the item protocol): phases
+  // use the kPhaseSlots sets of counters alternately; otherwise only the first.
+  bool ahead_ = false;
+  fr_phase_state* state_[kPhaseSlots] = {};               // device memory
+  unsigned long long* progress_dev_[kPhaseSlots] = {};    // word slot [0] and [32], device view
+  unsigned long long* progress_host_[kPhaseSlots] = {};   // the same, host view
+  uint64_t slot_phase_[kPhaseSlots] = {0, 1};  // the phase each set was last cleared for
   unsigned long long* readback_host_ = nullptr;   // word slot: [done, stop, held]
   LaunchRing ring_;                               // each launch's counters and end record
   std::string nvtx_name_;                         // NvtxRange's message
@@ -118,7 +146,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   cudaStream_t stream_ = nullptr;
   bool green_ = false;
   cudaEvent_t bridge_ = nullptr;
-  uint32_t last_held_ = 0;  // `held` after the previous launch (slots start zeroed)
+  uint32_t last_held_[kPhaseSlots] = {};  // each set's `held` after its last launch taken
 
   // Guards what enqueueing a launch reads and writes: the executor's thread and training
   // threads (launch_at_open) both enqueue. Never held while waiting for the GPU: settle()
@@ -135,7 +163,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   uint64_t n_items_ = 0;
   bool begun_ = false;
   bool phase_done_ = false;     // an ended launch counted every item of the phase
-  uint64_t ended_done_ = 0;     // the phase's `done` at the last end taken (its items: the rest)
+  uint64_t ended_done_[kPhaseSlots] = {};  // each set's `done` at its last end taken
   std::atomic<uint64_t> block_item_ns_{0};  // block_item_ns(), over every phase
 
   std::atomic<bool> abandoned_{false};
@@ -146,7 +174,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   cudaEvent_t stop_written_ = nullptr;  // recorded on the control stream after that write
   bool launch_waits_ = false;        // the next launch must wait for stop_written_
   mutable std::mutex progress_mu_;
-  mutable uint64_t max_seen_ = 0;  // done() never goes backwards within a phase
+  mutable uint64_t max_seen_[kPhaseSlots] = {};  // done() never goes backwards within a phase
 };
 
 }  // namespace freeride::cuda

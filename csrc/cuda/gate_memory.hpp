@@ -17,6 +17,7 @@
 #include "doorbell.hpp"
 #include "freeride/item_ctx.h"
 #include "freeride/slice.h"
+#include "phase_ahead_rule.hpp"
 
 namespace freeride::cuda {
 
@@ -46,17 +47,24 @@ constexpr size_t kMirrorCloses = 2;
 constexpr size_t kCloseSlots = 4;
 static_assert(kCloseSlots * sizeof(unsigned int) % 16 == 0 &&
               (kCloseSlots + FREERIDE_CLOSE_SLOTS) * sizeof(unsigned int) <= kGateStride);
-// A runner's device memory: its fr_phase_state, then its ring of fr_launch_run.
+// A runner's device memory: its fr_phase_state, one every kPhaseStateStride bytes for
+// each of phase_ahead_rule.hpp's kPhaseSlots sets of counters (only the first without
+// phases ahead), then its ring of fr_launch_run.
+constexpr size_t kPhaseStateStride = 32;
 constexpr size_t kRunsOffset = 64;
 constexpr size_t kStateStride = 1024;
-static_assert(sizeof(fr_phase_state) <= kRunsOffset && sizeof(fr_launch_run) == 24 &&
+static_assert(sizeof(fr_phase_state) <= kPhaseStateStride &&
+              kPhaseSlots * kPhaseStateStride <= kRunsOffset && sizeof(fr_launch_run) == 24 &&
               kRunsOffset + kLaunchRing * sizeof(fr_launch_run) <= kStateStride);
 // A runner's host words: [0, 8) the progress mirror, [8, 24) the fallback read-back
-// [done, stop, held], then its ring of fr_launch_end.
+// [done, stop, held], [32, 40) the second set of counters' progress mirror (phases
+// ahead), then its ring of fr_launch_end.
 constexpr size_t kReadbackOffset = 8;
+constexpr size_t kSecondProgressOffset = 32;
 constexpr size_t kEndsOffset = 64;
 constexpr size_t kWordStride = 2048;
-static_assert(kReadbackOffset + 16 <= kEndsOffset && kEndsOffset % 8 == 0 &&
+static_assert(kReadbackOffset + 16 <= kSecondProgressOffset && kPhaseSlots == 2 &&
+              kSecondProgressOffset + 8 <= kEndsOffset && kEndsOffset % 8 == 0 &&
               kEndsOffset + kLaunchRing * sizeof(fr_launch_end) <= kWordStride);
 // The pinned zeros a runner's state is cleared from is one host-word slot: large enough.
 static_assert(kStateStride <= kWordStride);

@@ -31,6 +31,7 @@ CudaRunner::CudaRunner(std::shared_ptr<CudaShared> shared, std::shared_ptr<Task>
   after_.reset(static_cast<CudaDependency*>(after.release()));
   CudaShared& s = *s_;
   green_ = s.in_green(*task_);
+  ahead_ = s.phases_ahead && task_->follows_item_protocol();
   stream_ = s.stream_for(*task_);
   nvtx_name_ = "freeride: side launch (" + task_->name() + ")";
   FR_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
@@ -55,10 +56,14 @@ CudaRunner::CudaRunner(std::shared_ptr<CudaShared> shared, std::shared_ptr<Task>
       }
       ++s.runners;
     }
-    state_ = reinterpret_cast<fr_phase_state*>(state_slot_.dev);
+    for (uint64_t k = 0; k < kPhaseSlots; ++k) {
+      state_[k] = reinterpret_cast<fr_phase_state*>(state_slot_.dev + k * kPhaseStateStride);
+      const size_t progress = k == 0 ? 0 : kSecondProgressOffset;
+      progress_dev_[k] = reinterpret_cast<unsigned long long*>(word_slot_.dev + progress);
+      progress_host_[k] = reinterpret_cast<unsigned long long*>(word_slot_.host + progress);
+      std::atomic_ref<unsigned long long>(*progress_host_[k]).store(0);
+    }
     ring_.place(state_slot_, word_slot_);
-    progress_dev_ = reinterpret_cast<unsigned long long*>(word_slot_.dev);
-    progress_host_ = reinterpret_cast<unsigned long long*>(word_slot_.host);
     readback_host_ = reinterpret_cast<unsigned long long*>(word_slot_.host + kReadbackOffset);
     try {
       // A reused slot may hold a previous runner's stop flag and launch counters (a
@@ -66,7 +71,7 @@ CudaRunner::CudaRunner(std::shared_ptr<CudaShared> shared, std::shared_ptr<Task>
       // every later stop()/resume() write follows it in order; the first launch waits
       // for it (stop_written_). A copy, not a memset: it needs no SM. Nobody waits here:
       // the executor admits under its lock.
-      FR_CUDA_CHECK(cudaMemcpyAsync(state_, s.zeros.host, kStateStride, cudaMemcpyHostToDevice,
+      FR_CUDA_CHECK(cudaMemcpyAsync(state_[0], s.zeros.host, kStateStride, cudaMemcpyHostToDevice,
                                     s.control));
       FR_CUDA_CHECK(cudaEventRecord(stop_written_, s.control));
       launch_waits_ = true;
@@ -109,19 +114,32 @@ void CudaRunner::begin_phase(uint64_t phase, uint64_t n_items) {
   FR_CHECK(!s.shut_down, "begin_phase() after the CUDA backend was shut down");
   DeviceGuard guard(s.device);
   std::lock_guard<std::mutex> lk(launch_mu_);
+  if (ahead_) {
+    // Launches of the phase before may be in flight: they claim from the other set of
+    // counters. This phase's set is cleared before its first launch (claim_slot_locked),
+    // which a launch chained at an open may have been already, and may have ended.
+    FR_CHECK(!begun_ || phase == phase_ + 1,
+             "begin_phase(" << phase << ") after phase " << phase_ << ": phases ahead go in order");
+    phase_ = phase;
+    n_items_ = n_items;
+    const uint64_t k = slot_of(phase);
+    phase_done_ = slot_phase_[k] == phase && ended_done_[k] >= n_items;
+    begun_ = true;
+    return;
+  }
   // The previous phase's launches would claim this phase's items with that phase's
   // arguments: the executor begins a phase only once none is in flight. Checked before
   // the progress is zeroed, so that a refused call leaves done() where it was.
   FR_CHECK(pending_.empty(), "begin_phase() with launches of the task in flight");
   {
     std::lock_guard<std::mutex> plk(progress_mu_);
-    std::atomic_ref<unsigned long long>(*progress_host_).store(0);
-    max_seen_ = 0;
+    std::atomic_ref<unsigned long long>(*progress_host_[0]).store(0);
+    max_seen_[0] = 0;
   }
   phase_ = phase;
   n_items_ = n_items;
   phase_done_ = false;
-  ended_done_ = 0;
+  ended_done_[0] = 0;
   begun_ = true;
   reset_counters_locked();
 }
@@ -139,7 +157,8 @@ LaunchMarks CudaRunner::run(bool record) {
     std::lock_guard<std::mutex> lk(launch_mu_);
     throw_arrival_error_locked();
     if (pending_.empty()) {
-      arm = s.launch_at_opens && !stop_requested_.load() && !phase_done_;
+      arm = s.launch_at_opens && !stop_requested_.load() &&
+            (!phase_done_ || (ahead_ && phase_ + 1 < task_->num_phases()));
     }
   }
   if (arm) s.arm(this);
@@ -165,7 +184,7 @@ LaunchMarks CudaRunner::run(bool record) {
     if (pending_.empty()) {
       if (stop_requested_.load() || abandoned_.load()) return LaunchMarks{};
       const uint32_t seq = s.mirror_seq();  // after the open mirror: the open's, or newer
-      enqueue_locked(nullptr, nullptr, seq, false, record);
+      enqueue_locked(nullptr, nullptr, seq, false, record, phase_);
     }
   }
   return finish_oldest();
@@ -175,11 +194,18 @@ LaunchMarks CudaRunner::run(bool record) {
 // phase's total) that lags the device's count. Exact after every launch (run() raised
 // it to the ended launch's count), which is when the executor advances a phase or ends
 // a task.
+// With phases ahead, the current phase's set of counters, once cleared for it (before
+// that, what it shows is the phase two back's).
 uint64_t CudaRunner::done() const {
+  uint64_t k = 0;
+  if (ahead_) {
+    std::lock_guard<std::mutex> lk(launch_mu_);
+    k = slot_of(phase_);
+    if (slot_phase_[k] != phase_) return 0;
+  }
   std::lock_guard<std::mutex> lk(progress_mu_);
-  const uint64_t mirror = std::atomic_ref<unsigned long long>(*progress_host_).load();
-  max_seen_ = std::max<uint64_t>(max_seen_, mirror);
-  return max_seen_;
+  max_seen_[k] = std::max<uint64_t>(max_seen_[k], progress_mirror(k));
+  return max_seen_[k];
 }
 
 // The oldest launch not seen to end has begun (its first block wrote its start).
@@ -241,7 +267,22 @@ void CudaRunner::throw_if_abandoned() const {
 // before (the previous phase's launches) has ended. Caller holds launch_mu_.
 void CudaRunner::reset_counters_locked() {
   const auto turn = s_->green_turn(green_);
-  FR_CUDA_CHECK(cudaMemsetAsync(state_, 0, offsetof(fr_phase_state, stop), stream_));
+  FR_CUDA_CHECK(cudaMemsetAsync(state_[0], 0, offsetof(fr_phase_state, stop), stream_));
+}
+
+// In stream order behind every launch enqueued so far, so behind each launch of the phase
+// two back that used the set (complete before the phase between began: what those find
+// left is nothing, and they are ended before this clear runs). The host's view of the
+// set starts again with it.
+void CudaRunner::claim_slot_locked(uint64_t phase) {
+  const uint64_t k = slot_of(phase);
+  if (!ahead_ || slot_phase_[k] == phase) return;
+  FR_CUDA_CHECK(cudaMemsetAsync(state_[k], 0, offsetof(fr_phase_state, stop), stream_));
+  slot_phase_[k] = phase;
+  ended_done_[k] = 0;
+  std::lock_guard<std::mutex> plk(progress_mu_);
+  std::atomic_ref<unsigned long long>(*progress_host_[k]).store(0);
+  max_seen_[k] = 0;
 }
 
 // Whether the stream has nothing left to run, without throwing (destructor).

@@ -90,13 +90,20 @@ LaunchMarks CudaRunner::finish_oldest() {
     std::lock_guard<std::mutex> lk(launch_mu_);
     pending_.pop_front();
     ++taken_;
-    if (end.done >= ended_done_) {
-      const uint64_t measured = launch_block_item_ns(end.duration_ns, end.blocks, end.done - ended_done_);
-      block_item_ns_.store(smoothed_item_ns(block_item_ns_.load(), measured));
-      ended_done_ = end.done;
+    // With phases ahead, a stale launch (its set of counters cleared since for the phase
+    // two on) counts for nothing: it ran, before that clear, none of its phase's items.
+    const uint64_t k = l.slot;
+    if (slot_phase_[k] == l.phase) {
+      if (end.done >= ended_done_[k]) {
+        const uint64_t measured =
+            launch_block_item_ns(end.duration_ns, end.blocks, end.done - ended_done_[k]);
+        block_item_ns_.store(smoothed_item_ns(block_item_ns_.load(), measured));
+        ended_done_[k] = end.done;
+      }
+      raise_progress(k, end.done);
+      // No further launch of it at an open.
+      if (l.phase == phase_ && end.done >= l.n_items) phase_done_ = true;
     }
-    raise_progress(end.done);
-    if (end.done >= l.n_items) phase_done_ = true;  // no further launch at an open
   }
   settle();
   if (l.record && end.duration_ns >= 0) {
@@ -108,12 +115,12 @@ LaunchMarks CudaRunner::finish_oldest() {
     // This launch has ended; those enqueued after it still run (the executor takes
     // them before the task fails, its memory still in use until then).
     FR_THROW(RuntimeFailure,
-             task_->name() << ": a launch of phase " << phase_ << " ended without every "
+             task_->name() << ": a launch of phase " << l.phase << " ended without every "
                            << "block leaving through freeride::for_each_item: the kernel "
                               "must call freeride::for_each_item(ctx, ...) in every block and "
                               "not return before it ends, or it would be relaunched for ever");
   }
-  check_protocol(end.done, end.held, l.n_items);
+  check_protocol(l, end.done, end.held);
   return marks;
 }
 
@@ -134,7 +141,7 @@ LaunchEnd CudaRunner::wait_for_end(const Launch& l) {
   };
   auto end_is_near = [&] {
     return s_->mirror() != FREERIDE_GATE_OPEN || stop_requested_.load() ||
-           std::atomic_ref<unsigned long long>(*progress_host_).load() >= l.n_items;
+           progress_mirror(l.slot) >= l.n_items;
   };
   // Successors (freeride/successor_rule.hpp): decided once, kHandOverLeadNs before the
   // slice ends by this clock, counted from when the launch was first seen begun.
@@ -146,7 +153,7 @@ LaunchEnd CudaRunner::wait_for_end(const Launch& l) {
     if (ring_.published(l.number)) return ring_.read(l.number);
     const auto now = clock::now();
     if (!successor_asked && ring_.started(l.number, launch_no_.load())) {
-      const uint64_t progress = std::atomic_ref<unsigned long long>(*progress_host_).load();
+      const uint64_t progress = progress_mirror(l.slot);
       if (seen_begun == clock::time_point{}) {
         seen_begun = now;
         progress_at_begin = progress;
@@ -281,21 +288,25 @@ void CudaRunner::drain_side() noexcept {
 // the stop flag held it back (and counted itself in `held`). A launch that ends with
 // its phase unfinished and nobody held back ran a kernel that never entered the item
 // loop (or left it early): relaunching it would only repeat that, forever.
-void CudaRunner::check_protocol(uint64_t done, uint32_t held, uint64_t n_items) {
-  const bool held_back = held != last_held_;
-  last_held_ = held;
+// A guarded launch whose phase before was not complete counts its blocks in `held` too
+// (freeride/preempt.cuh: phase_ready). Each set of counters keeps its own `held`, which
+// only ever counts up.
+void CudaRunner::check_protocol(const Launch& l, uint64_t done, uint32_t held) {
+  const uint64_t n_items = l.n_items;
+  const bool held_back = held != last_held_[l.slot];
+  last_held_[l.slot] = held;
   if (done >= n_items || held_back || !task_->follows_item_protocol()) return;
   FR_THROW(RuntimeFailure,
-           "a launch of phase " << phase_ << " ended with " << done << " of " << n_items
+           "a launch of phase " << l.phase << " ended with " << done << " of " << n_items
                                 << " items done although no block was held back by the gate "
                                    "or a stop: the kernel must call freeride::for_each_item"
                                    "(ctx, ...) in every block and not return before it ends, "
                                    "or it would be relaunched forever");
 }
 
-void CudaRunner::raise_progress(uint64_t value) {
+void CudaRunner::raise_progress(uint64_t slot, uint64_t value) {
   std::lock_guard<std::mutex> lk(progress_mu_);
-  max_seen_ = std::max(max_seen_, value);
+  max_seen_[slot] = std::max(max_seen_[slot], value);
 }
 
 }  // namespace freeride::cuda

@@ -27,7 +27,16 @@ void CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint3
   bool rang = false;
   try {
     std::lock_guard<std::mutex> lk(launch_mu_);
-    if (!accepting_locked()) return;
+    if (!open_for_launches_locked()) return;
+    PhaseAheadState st;
+    st.enabled = ahead_;
+    st.phase = phase_;
+    st.num_phases = task_->num_phases();
+    st.phase_done = phase_done_;
+    st.next_items = phase_ + 1 < st.num_phases ? task_->num_items(phase_ + 1) : 0;
+    st.room = kLaunchRing - pending_.size();
+    const OpenLaunches go = launches_at_open(st);
+    if (!go.current && !go.next) return;
     if (!pending_.empty()) {
       const Launch& newest = pending_.back();
       if (waits_behind_another_stream(newest.at_open,
@@ -37,16 +46,21 @@ void CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint3
         return;
       }
     }
-    enqueue_locked(training, opened, seq, true, true);
-    pending_.back().training = training;
-    // Launches begin in the order they were enqueued (one stream): those not begun are
-    // the newest, counted from the back until one has.
-    uint64_t ahead = 0;
-    for (auto l = pending_.rbegin(); l != pending_.rend(); ++l) {
-      if (ring_.started(l->number, launch_no_.load())) break;
-      if (l->at_open) ++ahead;
+    if (!within_lookahead(opens_ahead_locked(), s_->lookahead_bound)) {
+      s_->beyond_lookahead.fetch_add(1);
+      return;
     }
-    atomic_max(s_->max_lookahead, ahead);
+    if (go.current) {
+      enqueue_locked(training, opened, seq, true, true, phase_);
+      pending_.back().training = training;
+    }
+    if (go.next) {
+      // Behind the current phase's launch on the stream where there is one (so after the
+      // open already), guarded by that phase's completion.
+      enqueue_locked(go.current ? nullptr : training, opened, seq, true, true, phase_ + 1, true);
+      pending_.back().training = training;
+    }
+    atomic_max(s_->max_lookahead, opens_ahead_locked());
     rang = true;
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lk(launch_mu_);
@@ -91,12 +105,13 @@ void CudaRunner::maybe_queue_successor(bool progressed) noexcept {
     st.progressed = progressed;
     st.gate_open = s.mirror() == FREERIDE_GATE_OPEN && !s.skipped.contains(s.mirror_seq());
     st.stopping = stop_requested_.load() || abandoned_.load();
-    st.phase_done =
-        phase_done_ || std::atomic_ref<unsigned long long>(*progress_host_).load() >= n_items_;
+    // (A successor runs the current phase: not behind a launch of the next.)
+    st.phase_done = phase_done_ || progress_mirror(slot_of(phase_)) >= n_items_ ||
+                    (!pending_.empty() && pending_.back().phase != phase_);
     st.follows_protocol = task_->follows_item_protocol();
     if (!queue_successor(st) || !accepting_locked()) return;
     const bool record = pending_.back().record;
-    enqueue_locked(nullptr, nullptr, s.mirror_seq(), false, record);
+    enqueue_locked(nullptr, nullptr, s.mirror_seq(), false, record, phase_);
     pending_.back().successor = true;
   } catch (const std::exception& e) {
     arrival_error_ = std::string("queueing a successor launch failed: ") + e.what();
@@ -106,11 +121,25 @@ void CudaRunner::maybe_queue_successor(bool progressed) noexcept {
   (void)cudaGetLastError();
 }
 
-// Whether a training thread's open may enqueue a launch now. Caller holds launch_mu_.
+// Launches begin in the order they were enqueued (one stream): those not begun are the
+// newest, counted from the back until one has.
+uint64_t CudaRunner::opens_ahead_locked() const {
+  uint64_t ahead = 0;
+  for (auto l = pending_.rbegin(); l != pending_.rend(); ++l) {
+    if (ring_.started(l->number, launch_no_.load())) break;
+    if (l->waits_open) ++ahead;
+  }
+  return ahead;
+}
+
+bool CudaRunner::open_for_launches_locked() const {
+  return begun_ && !stop_requested_.load() && task_->follows_item_protocol() &&
+         !abandoned_.load() && arrival_error_.empty() && !s_->shut_down;
+}
+
+// Whether a launch of the current phase may be enqueued now. Caller holds launch_mu_.
 bool CudaRunner::accepting_locked() const {
-  return begun_ && !phase_done_ && !stop_requested_.load() && task_->follows_item_protocol() &&
-         !abandoned_.load() && arrival_error_.empty() && pending_.size() < kLaunchRing &&
-         !s_->shut_down;
+  return open_for_launches_locked() && !phase_done_ && pending_.size() < kLaunchRing;
 }
 
 void CudaRunner::throw_arrival_error_locked() {
@@ -120,11 +149,12 @@ void CudaRunner::throw_arrival_error_locked() {
   throw RuntimeFailure(error);
 }
 
-// Enqueues one launch of the current phase on stream_; caller holds launch_mu_. With
+// Enqueues one launch of `phase` (the current one, or with phases ahead the next,
+// `guarded` by the current's completion) on stream_; caller holds launch_mu_. With
 // `training`, after the work enqueued there so far (`opened` is recorded there and
 // waited for). stream_wait: held by a memory wait on the gate's mirror first.
 void CudaRunner::enqueue_locked(cudaStream_t training, cudaEvent_t opened, uint32_t seq,
-                                bool at_open, bool record) {
+                                bool at_open, bool record, uint64_t phase, bool guarded) {
   CudaShared& s = *s_;
   const uint64_t number = launch_no_ + 1;
   ring_.clear(number);
@@ -139,13 +169,19 @@ void CudaRunner::enqueue_locked(cudaStream_t training, cudaEvent_t opened, uint3
       launch_waits_ = false;
     }
   }
+  // Before the wait for the open: it needs only what is enqueued before it to have ended.
+  claim_slot_locked(phase);
   if (training != nullptr) {
     FR_CUDA_CHECK(cudaEventRecord(opened, training));
     FR_CUDA_CHECK(cudaStreamWaitEvent(stream_, opened, 0));
   }
   Launch l;
   l.number = number;
-  l.n_items = n_items_;
+  l.phase = phase;
+  l.slot = slot_of(phase);
+  l.guarded = guarded;
+  l.waits_open = training != nullptr;
+  l.n_items = phase == phase_ ? n_items_ : task_->num_items(phase);
   l.gate_seq = seq;
   l.at_open = at_open;
   l.record = record;
@@ -158,10 +194,15 @@ void CudaRunner::enqueue_locked(cudaStream_t training, cudaEvent_t opened, uint3
     }
     fr_item_ctx ctx{};
     ctx.gate = s.gate.dev;
-    ctx.state = state_;
-    ctx.progress = progress_dev_;
-    ctx.n_items = n_items_;
-    ctx.phase = phase_;
+    ctx.state = state_[l.slot];
+    ctx.progress = progress_dev_[l.slot];
+    ctx.n_items = l.n_items;
+    ctx.phase = phase;
+    if (guarded) {
+      const fr_phase_state* before = state_[slot_of(phase - 1)];
+      ctx.after_done = &before->done;
+      ctx.after_items = task_->num_items(phase - 1);
+    }
     ctx.slice_ns = s.slice_ns;
     ctx.end = ring_.end_dev(number);
     ctx.launch = number;
@@ -220,7 +261,7 @@ LaunchMarks CudaRunner::run_held(bool record) {
     std::lock_guard<std::mutex> lk(launch_mu_);
     throw_arrival_error_locked();
     if (pending_.empty()) {
-      enqueue_locked(nullptr, nullptr, s_->mirror_seq(), false, record);
+      enqueue_locked(nullptr, nullptr, s_->mirror_seq(), false, record, phase_);
     }
   }
   return finish_oldest();
@@ -239,20 +280,24 @@ void CudaRunner::set_stop(uint32_t value) {
   DeviceGuard guard(s.device);
   // 0 and 1 are the gate constants' values, so the copy fallback needs no kernel.
   static_assert(FREERIDE_GATE_CLOSED == 0u && FREERIDE_GATE_OPEN == 1u);
-  s.enqueue_write(stop_word(), value, s.control,
-                  s.memops ? cuda_driver::GateWrite::kMemop : cuda_driver::GateWrite::kCopy);
+  // With phases ahead, launches of two phases may be queued: each set of counters has
+  // its own stop word, and both are written (in order, on the control stream).
+  for (uint64_t k = 0; k < (ahead_ ? kPhaseSlots : 1); ++k) {
+    s.enqueue_write(stop_word(k), value, s.control,
+                    s.memops ? cuda_driver::GateWrite::kMemop : cuda_driver::GateWrite::kCopy);
+  }
   FR_CUDA_CHECK(cudaEventRecord(stop_written_, s.control));
   device_stop_ = value;
   launch_waits_ = true;
 }
 
 // Addresses inside the device-memory state, computed without dereferencing it.
-unsigned int* CudaRunner::stop_word() const {
-  return reinterpret_cast<unsigned int*>(reinterpret_cast<char*>(state_) +
+unsigned int* CudaRunner::stop_word(uint64_t slot) const {
+  return reinterpret_cast<unsigned int*>(reinterpret_cast<char*>(state_[slot]) +
                                          offsetof(fr_phase_state, stop));
 }
-const void* CudaRunner::done_word() const {
-  return reinterpret_cast<const char*>(state_) + offsetof(fr_phase_state, done);
+const void* CudaRunner::done_word(uint64_t slot) const {
+  return reinterpret_cast<const char*>(state_[slot]) + offsetof(fr_phase_state, done);
 }
 
 }  // namespace freeride::cuda

@@ -306,9 +306,16 @@ struct CudaShared {
   std::atomic<uint64_t> cross_stream_skips{0};
   // Backend::max_lookahead: raised by each launch at an open as it is enqueued.
   std::atomic<uint64_t> max_lookahead{0};
+  // The lookahead bound (open_launch_rule.hpp's within_lookahead; 0: none), and the opens
+  // past it that carried no launch.
+  uint64_t lookahead_bound = 0;
+  std::atomic<uint64_t> beyond_lookahead{0};
   // The executor queues its next launch behind the one running (FREERIDE_SUCCESSORS, see
   // freeride/successor_rule.hpp).
   bool successors = false;
+  // Runners of tasks with the item protocol begin phases with launches in flight and chain
+  // the next phase's at opens (FREERIDE_PHASES_AHEAD, see phase_ahead_rule.hpp).
+  bool phases_ahead = false;
   void arm(OpenLauncher* runner) {
     std::lock_guard<std::mutex> lk(arm_mu);
     if (!refusing) armed = runner;

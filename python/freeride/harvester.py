@@ -56,6 +56,9 @@ class LaunchCounts(NamedTuple):
     # The most launches at opens queued ahead of the GPU at once, not yet begun (CUDA): how
     # far ahead of the GPU the host runs, in bubbles.
     max_lookahead: int = 0
+    # Stream-ordered opens that got no launch because that many were queued ahead already
+    # (CUDA: FREERIDE_MAX_LOOKAHEAD, none by default).
+    beyond_lookahead: int = 0
 
 
 class BubbleStats(NamedTuple):
@@ -419,6 +422,7 @@ class Harvester:
             ex.idle_open_launches,
             ex.skipped_open_launches,
             ex.max_lookahead,
+            ex.opens_beyond_lookahead,
         )
 
     @property

@@ -73,6 +73,12 @@ typedef struct fr_item_ctx {
   const volatile unsigned int* closes_executed; /* FREERIDE_CLOSE_SLOTS words, 16-byte
                                                    aligned: the ordinals closes wrote as
                                                    they executed (freeride/slice.h) */
+  const volatile unsigned long long* after_done; /* the previous phase's `done`, or 0: a
+                                                    launch chained behind that phase's at
+                                                    an open claims nothing unless it reads
+                                                    at least after_items (the phase is
+                                                    complete) as its block begins */
+  unsigned long long after_items;                /* items of the previous phase */
 } fr_item_ctx;
 
 #endif /* FREERIDE_ITEM_CTX_H_ */

@@ -195,8 +195,20 @@ __device__ __forceinline__ bool close_pending(const fr_item_ctx& ctx, bool& read
   return pending;
 }
 
-// Leader only: claim the next item, or kNoItem when paused, out of time or the phase is
-// drained. A block held back by the gate, the stop flag or the end of the launch's time
+// Leader only, as the block begins: whether the launch may claim items of its phase. A
+// launch chained behind the previous phase's at an open (ctx.after_done set) may not
+// unless that phase is complete. Read once per block, from L2 (ld.global.cg): launches of
+// one runner run one after another on one stream, so the count cannot move while this
+// launch runs, and the kernel boundary made it, and the phase's results, visible. A block
+// that may not claims nothing and is counted in `held` (claim_item), as a paused one is:
+// the launch's phase is not finished and nothing is wrong with its kernel.
+__device__ __forceinline__ bool phase_ready(const fr_item_ctx& ctx) {
+  if (ctx.after_done == 0) return true;
+  return __ldcg(const_cast<const unsigned long long*>(ctx.after_done)) >= ctx.after_items;
+}
+
+// Leader only: claim the next item, or kNoItem when paused, out of time, the phase is
+// drained or (`ready` false) the phase before is not complete (phase_ready). A block held back by the gate, the stop flag or the end of the launch's time
 // (freeride/slice.h: the slice, or past it no close pending, or the bound on running on)
 // says so in `held` (once, as it exits): a device-wide synchronisation the host issues
 // (torch.cuda.synchronize, cudaFree) while it has not enqueued the close of the bubble
@@ -205,8 +217,9 @@ __device__ __forceinline__ bool close_pending(const fr_item_ctx& ctx, bool& read
 // the gate is read again (a close that landed meanwhile stops the block now, not an item
 // later).
 __device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx,
-                                                         unsigned long long started_ns) {
-  bool in_time = may_run(ctx);
+                                                         unsigned long long started_ns,
+                                                         bool ready = true) {
+  bool in_time = ready && may_run(ctx);
   if (in_time) {
     const SliceTime t = slice_time(globaltimer_ns() - started_ns, ctx.slice_ns);
     if (t != kWithinSlice) {
@@ -289,10 +302,11 @@ __device__ __forceinline__ void for_each_item(const fr_item_ctx& ctx, Body&& bod
   __shared__ unsigned long long s_item[2];
   const bool leader = leader_thread();
   const unsigned long long started_ns = leader ? enter_launch(ctx) : 0ull;
+  const bool ready = leader && phase_ready(ctx);
   bool ran = false;  // the previous pass ran an item: the leader counts it after the barrier
   unsigned int slot = 0;
   while (true) {
-    if (leader) s_item[slot] = claim_item(ctx, started_ns);
+    if (leader) s_item[slot] = claim_item(ctx, started_ns, ready);
     __syncthreads();  // every thread finished the previous item; s_item[slot] is set
     const unsigned long long item = s_item[slot];
     const bool count = leader && ran;

@@ -402,6 +402,9 @@ class Report:
         ahead = counts.get("max_lookahead", 0)
         if ahead:
             text += f"; up to {ahead:,} queued ahead of the GPU"
+        beyond = counts.get("beyond_lookahead", 0)
+        if beyond:
+            text += f"; {beyond:,} opens left without, past the lookahead bound"
         return [("side launches", text)]
 
     def __str__(self) -> str:

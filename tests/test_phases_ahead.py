@@ -1,0 +1,223 @@
+"""Phases ahead (issue 36, review G3): a phase boundary does not drain the launches queued
+ahead of the GPU, and an open chains a guarded launch of the next phase.
+
+Without it, a phase's launches at opens still queued when the phase completes must all end
+before the next phase begins, and the opens made meanwhile carry none. With it
+(csrc/phase_ahead_rule.hpp; FREERIDE_PHASES_AHEAD=1 on CUDA) the executor begins the next
+phase as soon as an ended launch says the current one is complete, and each open carries a
+launch of the current phase and one of the next, which runs only if the current phase is
+complete when it begins. The test queue backend (freeride_ext/queue_backend.hpp) models the
+device: a launch runs at most what its phase has left, a guarded one nothing unless the
+phase before is complete. What is tested here is the executor's side and the rule both
+backends take; the device side (freeride/preempt.cuh's phase_ready and the CUDA runner's
+two sets of counters) has not run on a GPU yet.
+"""
+
+import random
+import time
+
+import pytest
+from gpu_worker import run_worker
+
+from conftest import wait_until
+from freeride import _C
+
+FINAL = ("done", "failed", "cancelled")
+
+
+@pytest.fixture
+def ex():
+    executor = _C._testing.queue_executor(phases_ahead=True)
+    yield executor
+    executor.close(0.5)
+
+
+def _launches(ex, index):
+    q = _C._testing.queue_launches(ex, index)
+    wait_until(lambda: q.begun)
+    return q
+
+
+def _status(ex, task_id):
+    state, items, _total, phase = ex.status(task_id)[:4]
+    return state, items, phase
+
+
+def test_rule_an_open_carries_the_current_phase_and_chains_the_next():
+    rule = _C._testing.launches_at_open
+    # enabled, phase, num_phases, phase_done, next_items, room
+    assert rule(True, 0, 3, False, 5, 32) == (True, True)
+    assert rule(True, 0, 3, True, 5, 32) == (False, True), "a complete phase: only the next"
+    assert rule(True, 2, 3, False, 0, 32) == (True, False), "no phase after the last"
+    assert rule(True, 0, 3, False, 0, 32) == (True, False), "an empty next phase is not chained"
+    assert rule(True, 0, 3, False, 5, 1) == (True, False), "room for one launch only"
+    assert rule(True, 0, 3, True, 5, 0) == (False, False), "a full ring takes none"
+    # Off: one launch of the current phase, none once it is complete (the drain).
+    assert rule(False, 0, 3, False, 5, 32) == (True, False)
+    assert rule(False, 0, 3, True, 5, 32) == (False, False)
+    assert [_C._testing.phase_slot(p) for p in range(5)] == [0, 1, 0, 1, 0]
+
+
+def test_the_next_phase_begins_with_stale_launches_still_in_flight(ex):
+    """Phase 0 completes in the first of three opens' launches: phase 1 begins at once,
+    while the rest are still queued, and the chained launch behind it runs phase 1 in the
+    same bubble. The stale launches run nothing; every item counts exactly once."""
+    task = ex.submit(_C.spin_task(10, 3, 1000), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(3) == 6
+    assert q.pending_phases == [(0, False), (1, True)] * 3
+    q.end(10)  # phase 0 complete
+    wait_until(lambda: q.phase == 1)
+    assert q.pending == 5, "phase 1 began only once the launches in flight had ended"
+    q.end(10)  # the chained launch runs phase 1 whole
+    wait_until(lambda: q.phase == 2)
+    assert _status(ex, task)[1:] == (20, 2)
+    # An open now carries phase 2 (the last: nothing chained), behind the stale launches.
+    assert q.arrive(1) == 1
+    assert q.pending_phases[-1] == (2, False)
+    for _ in range(4):
+        q.end(10)  # stale: phases 0 and 1 are complete
+    assert _status(ex, task)[0] not in FINAL
+    q.end(10)
+    assert ex.wait(task, 10)
+    assert _status(ex, task) == ("done", 30, 2)
+    assert q.ran == 30
+    assert ex.idle_open_launches == 4
+
+
+def test_opens_made_after_a_phase_completes_carry_the_next_phase(ex):
+    """The loss the drain caused: opens made while the stale launches are still queued
+    carried no launch. Here they carry the new current phase and chain the one after."""
+    task = ex.submit(_C.spin_task(8, 3, 1000), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(2) == 4
+    q.end(8)
+    wait_until(lambda: q.phase == 1)
+    assert q.arrive(1) == 2
+    assert q.pending_phases == [(1, True), (0, False), (1, True), (1, False), (2, True)]
+    q.end(3)  # the first chained launch: phase 0 is complete, it runs 3 of phase 1
+    q.end(5)  # stale phase 0: nothing
+    q.end(5)  # phase 1's rest
+    wait_until(lambda: q.phase == 2)
+    q.end(5)  # phase 1 complete: nothing left
+    q.end(8)  # guarded on phase 1, which is complete: phase 2
+    assert ex.wait(task, 10)
+    assert _status(ex, task) == ("done", 24, 2)
+    assert q.ran == 24
+
+
+def test_a_guarded_launch_runs_nothing_until_the_phase_before_is_complete(ex):
+    """A bubble that closes before the current phase completes: the launch chained behind
+    it must not claim the next phase's items (their inputs are not ready). The task then
+    waits for a later bubble, where the same pair completes both phases."""
+    task = ex.submit(_C.spin_task(10, 2, 1000), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(1) == 2
+    q.end(4)
+    q.end(10)  # guarded: phase 0 has 4 of 10
+    wait_until(lambda: q.pending == 0 and _status(ex, task)[0] == "paused")
+    assert _status(ex, task) == ("paused", 4, 0)
+    assert q.ran == 4
+    wait_until(lambda: q.arrive(1) == 2)
+    q.end(6)
+    q.end(10)
+    assert ex.wait(task, 10)
+    assert _status(ex, task) == ("done", 20, 1)
+
+
+def test_cancel_with_launches_of_two_phases_in_flight(ex):
+    """A cancel stops both phases' launches; the task is final once they have ended, with
+    the items they ran counted exactly (the next phase's once it had begun)."""
+    task = ex.submit(_C.spin_task(10, 3, 1000), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(2) == 4
+    q.end(10)
+    wait_until(lambda: q.phase == 1)
+    assert ex.cancel(task, False)
+    wait_until(lambda: q.stopped)
+    assert q.arrive(1) == 0
+    q.end(3)
+    q.end(0)
+    q.end(0)
+    assert ex.wait(task, 10)
+    assert _status(ex, task)[:2] == ("cancelled", 13)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_opens_and_ends_count_every_item_once(ex, seed):
+    """Opens and ends in a random order, with random amounts: whatever the interleaving,
+    the executor begins phases in order, never loses or repeats an item (the model's
+    device ran exactly the task's items) and the task ends done."""
+    rng = random.Random(seed)
+    phases = rng.randint(2, 6)
+    items = rng.randint(1, 12)
+    task = ex.submit(_C.spin_task(items, phases, 1000), 0)
+    q = _launches(ex, 0)
+    total = items * phases
+    deadline = time.monotonic() + 30
+    while _status(ex, task)[0] not in FINAL:
+        assert time.monotonic() < deadline, "the task made no progress"
+        if q.not_ended and rng.random() < 0.6:
+            q.end(rng.randint(0, items))
+        elif q.arrive(rng.randint(1, 3)) == 0:
+            time.sleep(0.001)  # the executor has yet to take an end or begin a phase
+        _state, done, phase = _status(ex, task)
+        assert done <= total and 0 <= phase < phases
+    assert ex.wait(task, 10)
+    assert _status(ex, task)[:2] == ("done", total)
+    assert q.ran == total
+
+
+def test_off_by_default_the_next_phase_waits_for_the_drain():
+    """Without phases ahead the queue backend keeps the drain (the CUDA default until a
+    GPU run qualifies phases ahead): no launch is chained, and the phase does not begin
+    while launches are in flight."""
+    executor = _C._testing.queue_executor()
+    try:
+        task = executor.submit(_C.spin_task(4, 2, 1000), 0)
+        q = _launches(executor, 0)
+        assert q.arrive(2) == 2
+        assert q.pending_phases == [(0, False), (0, False)]
+        q.end(4)
+        wait_until(lambda: _status(executor, task)[1] == 4)
+        assert q.phase == 0 and q.arrive(1) == 0
+        q.end(0)
+        wait_until(lambda: q.phase == 1)
+    finally:
+        executor.close(0.5)
+
+
+def test_phases_ahead_are_off_unless_the_environment_asks(monkeypatch):
+    """FREERIDE_PHASES_AHEAD is read when a CUDA harvester is made: off unless "1" until a
+    GPU run has qualified phases ahead; anything but "0" or "1" is refused, naming it."""
+    if not hasattr(_C._testing, "phases_ahead_enabled"):
+        pytest.skip("this build of freeride has no CUDA backend")
+    monkeypatch.delenv("FREERIDE_PHASES_AHEAD", raising=False)
+    assert _C._testing.phases_ahead_enabled() is False
+    monkeypatch.setenv("FREERIDE_PHASES_AHEAD", "1")
+    assert _C._testing.phases_ahead_enabled() is True
+    monkeypatch.setenv("FREERIDE_PHASES_AHEAD", "0")
+    assert _C._testing.phases_ahead_enabled() is False
+    monkeypatch.setenv("FREERIDE_PHASES_AHEAD", "soon")
+    with pytest.raises(ValueError, match="FREERIDE_PHASES_AHEAD"):
+        _C._testing.phases_ahead_enabled()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ahead", ["1", "0"], ids=["ahead", "drain"])
+def test_many_phases_in_bubbles_queued_ahead_keep_the_item_protocol(ahead):
+    """On a GPU (tests/gpu_worker.py's queued_phases): an ItemCounter of 30 phases of about
+    4 ms each in five 20 ms bubbles queued ahead of the GPU. No item may start before the
+    phase before completed (the guard of a chained launch), every item runs exactly once
+    in the end, and the items and phases done in the bubbles are printed for both modes
+    (phases ahead should do about twice the phases per bubble: a chain of one)."""
+    r = run_worker("queued_phases", {}, env={"FREERIDE_PHASES_AHEAD": ahead}, timeout=300)
+    print(
+        f"phases ahead={ahead}: {r['items_in_bubbles']} items, {r['phases_in_bubbles']} "
+        f"phases in the bubbles; launches {r['launches']} ({r['at_opens']} at opens, "
+        f"{r['idle_at_opens']} idle); queued ahead {r['queued_ahead']}"
+    )
+    assert r["launches_at_opens"]
+    assert r["violations_in_bubbles"] == 0 and r["max_count_in_bubbles"] <= 1
+    assert r["finished"] and r["state"] == "done", r
+    assert r["violations"] == 0 and r["counts_all_one"], r
