@@ -93,6 +93,14 @@ class PhaseRunner {
   // the task is final.
   virtual bool begins_phases_in_flight() const { return false; }
 
+  // After stop(): whether no launch in flight will run an item any more (the stop has
+  // reached where launches read it, and none of them has begun) and every launch that
+  // did run one has been taken, so done() is exact. The executor then makes a cancelled
+  // task final without waiting for the GPU to reach the opens its launches were queued
+  // for (they claim nothing); it still takes their ends before the task's memory goes.
+  // Any thread, never blocking. False where a runner cannot tell.
+  virtual bool inert() const { return false; }
+
   // For the bubble record (Executor::wait_launches_taken); any thread, never blocking.
   // launches_taken(): launches whose end run() has taken so far (returned it, or thrown
   // its error, or dropped it with a failure that ended every launch enqueued).

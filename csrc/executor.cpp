@@ -94,7 +94,9 @@ uint64_t Executor::submit_after(std::shared_ptr<Task> task, int priority,
   runnable_.insert(key(r));
   // A more urgent task takes over at the running one's next item boundary; the
   // preempted task keeps its counters and resumes later.
-  if (active_ != nullptr && priority > active_->priority) active_->runner->stop();
+  if (active_ != nullptr && active_->runner && priority > active_->priority) {
+    active_->runner->stop();
+  }
   work_cv_.notify_all();
   backend_->interrupt_waits();  // a loop backing off (kBackoffMinS) looks at the queue again
   return r.id;
@@ -325,7 +327,7 @@ void Executor::advance_in_flight_locked(Record& r) {
 }
 
 void Executor::finish_locked(Record& r, TaskState state, ErrorKind kind, std::string error,
-                             std::vector<uint64_t>* named_by) {
+                             std::vector<uint64_t>* named_by, bool retire) {
   // Done: advance_locked already counted every phase. Otherwise keep what the current
   // phase finished, so items_done stays exact after a cancel or a failure.
   if (r.runner && state != TaskState::Done) r.items_before_phase += r.runner->done();
@@ -333,16 +335,67 @@ void Executor::finish_locked(Record& r, TaskState state, ErrorKind kind, std::st
   r.error_kind = kind;
   r.error = std::move(error);
   runnable_.erase(key(r));
-  r.runner.reset();
+  const uint64_t charged = r.admitted ? r.memory_bytes : 0;
+  r.admitted = false;
+  if (retire && r.runner) {
+    retiring_.push_back({r.id, std::move(r.runner), charged});
+  } else {
+    r.runner.reset();
+    (named_by != nullptr ? *named_by : finished_).push_back(r.id);
+    used_ -= charged;
+  }
   r.task.reset();
   r.after.reset();
-  (named_by != nullptr ? *named_by : finished_).push_back(r.id);
-  if (r.admitted) {
-    used_ -= r.memory_bytes;
-    r.admitted = false;
-  }
   done_cv_.notify_all();
-  work_cv_.notify_all();  // released memory may admit a queued task
+  work_cv_.notify_all();  // released memory may admit a queued task; a runner to drain
+}
+
+// Only the task run last can have launches in flight (the loop drains them before it
+// runs another).
+bool Executor::retire_pending_locked() {
+  const Record* r = last_run_locked();
+  return r != nullptr && r->cancel_requested && r->failure.empty() && r->runner->in_flight();
+}
+
+void Executor::retire_inert_locked() {
+  if (!retire_pending_locked()) return;
+  Record& r = *last_run_locked();
+  if (!r.runner->inert()) return;
+  finish_locked(r, TaskState::Cancelled, ErrorKind::Cancelled, "cancelled", nullptr, true);
+}
+
+void Executor::drain_retiring_locked(std::unique_lock<std::mutex>& lock) {
+  Retiring& t = retiring_.front();  // a deque's push_back leaves references to it valid
+  PhaseRunner* runner = t.runner.get();
+  bool abandoned = false;
+  if (runner->in_flight()) {
+    const uint64_t done_before = runner->done();
+    LaunchMarks marks;
+    lock.unlock();
+    try {
+      marks = runner->run(false);
+    } catch (const Abandoned&) {
+      abandoned = true;
+    } catch (...) {
+      // The task is final; a launch that failed after it went inert fails nothing of it
+      // (a broken context shows in the next task's run()). Its ends are gone with it.
+    }
+    lock.lock();
+    if (marks.admitted) {
+      const bool ran_nothing = runner->done() == done_before;
+      ++launches_;
+      if (ran_nothing) ++idle_launches_;
+      if (marks.at_open) ++open_launches_;
+      if (marks.at_open && ran_nothing) ++idle_open_launches_;
+    }
+  }
+  if (!abandoned && runner->in_flight()) return;
+  // Abandoned at close: its launches may still run, so its memory stays (take_abandoned).
+  (abandoned ? abandoned_ : finished_).push_back(t.id);
+  used_ -= t.memory_bytes;
+  retiring_.pop_front();
+  done_cv_.notify_all();
+  work_cv_.notify_all();
 }
 
 void Executor::loop() {
@@ -355,6 +408,12 @@ void Executor::loop() {
   // the stream behind those launches, and the task is not final until they have ended.
   Record* draining = nullptr;
   while (true) {
+    // Runners of tasks already final (cancelled, retire_inert_locked) come first: their
+    // launches are on the stream ahead of anything else.
+    if (!retiring_.empty()) {
+      drain_retiring_locked(lock);
+      continue;
+    }
     Record* r = draining;
     if (r == nullptr) {
       // Launches at opens the task run last took since this thread last looked (during a
@@ -449,6 +508,20 @@ void Executor::loop() {
         backend_->release_mark(launch_log_.front().end_mark);
         launch_log_.pop_front();
       }
+    }
+    if (is_final(r->state)) {
+      // Cancelled and retired while this launch ran (retire_inert_locked): the runner's
+      // other launches are drained as a retiring runner's (an error or an abandon of this
+      // run() shows there again); this launch's end is counted.
+      if (marks.admitted) {
+        const bool idle = runner->done() == done_before;
+        ++launches_;
+        if (idle) ++idle_launches_;
+        if (marks.at_open) ++open_launches_;
+        if (marks.at_open && idle) ++idle_open_launches_;
+      }
+      draining = nullptr;
+      continue;
     }
     if (abandoned) {
       // Past close()'s deadline. Its launches may still run: the runner keeps (leaks)

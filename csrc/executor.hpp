@@ -2,6 +2,7 @@
 // them phase by phase through a backend, behind the gate.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -185,20 +186,46 @@ class Executor {
   void admit_locked(Record& r);
   void advance_locked(Record& r);
   void advance_in_flight_locked(Record& r);
-  // The task's id goes to take_finished()'s list, or to `named_by` where given.
+  // The task's id goes to take_finished()'s list, or to `named_by` where given. `retire`:
+  // its runner, launches still in flight, goes to retiring_ instead of away, and the id
+  // and memory follow once they have ended (drain_retiring_locked).
   void finish_locked(Record& r, TaskState state, ErrorKind kind, std::string error,
-                     std::vector<uint64_t>* named_by = nullptr);
+                     std::vector<uint64_t>* named_by = nullptr, bool retire = false);
+  // A cancelled task whose launches in flight will run no item any more (PhaseRunner::
+  // inert) is made final now, its runner retired (on CUDA: without waiting for the GPU to
+  // reach the opens those launches were queued for). Waiters call it as they wait.
+  void retire_inert_locked();
+  bool retire_pending_locked();
+  // Takes one end of the oldest retiring runner's launches (the lock is released while it
+  // waits); once none is left, names the task in take_finished() (or take_abandoned()).
+  void drain_retiring_locked(std::unique_lock<std::mutex>& lock);
   // Cancelled at close with launches that may still run: see take_abandoned().
   void abandon_locked(Record& r);
   Record& record_locked(uint64_t id) const;
   // Waits on done_cv_ until ready() or timeout_s (negative: forever); ready()'s result.
+  // While a cancelled task's launches are in flight it looks every kRetirePoll whether
+  // they have gone inert (nothing signals that: it happens on the device).
+  static constexpr std::chrono::milliseconds kRetirePoll{1};
   template <typename Ready>
   bool wait_locked(std::unique_lock<std::mutex>& lock, double timeout_s, Ready ready) {
-    if (timeout_s < 0) {
-      done_cv_.wait(lock, ready);
-      return true;
+    using clock = std::chrono::steady_clock;
+    const bool forever = timeout_s < 0;
+    const auto deadline = forever ? clock::time_point::max()
+                                  : clock::now() + std::chrono::duration_cast<clock::duration>(
+                                                       std::chrono::duration<double>(timeout_s));
+    while (true) {
+      retire_inert_locked();
+      if (ready()) return true;
+      const auto now = clock::now();
+      if (!forever && now >= deadline) return false;
+      if (retire_pending_locked()) {
+        done_cv_.wait_until(lock, forever ? now + kRetirePoll : std::min(deadline, now + kRetirePoll));
+      } else if (forever) {
+        done_cv_.wait(lock);
+      } else {
+        done_cv_.wait_until(lock, deadline);
+      }
     }
-    return done_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), ready);
   }
 
   std::unique_ptr<Backend> backend_;
@@ -222,6 +249,14 @@ class Executor {
   std::vector<uint64_t> abandoned_;
   std::deque<LaunchRecord> launch_log_;
   std::vector<uint64_t> finished_;
+  // Runners of tasks made final while their launches were in flight (retire_inert_locked):
+  // the loop takes their ends before anything else, then the ids and memory go.
+  struct Retiring {
+    uint64_t id = 0;
+    std::unique_ptr<PhaseRunner> runner;
+    uint64_t memory_bytes = 0;  // still charged against the budget until they ended
+  };
+  std::deque<Retiring> retiring_;
   bool closing_ = false;
   bool loop_exited_ = false;
   bool closed_ = false;

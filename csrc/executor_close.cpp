@@ -46,7 +46,7 @@ void Executor::close(double deadline_s) {
   // process. So a stop that fails (a sticky CUDA error) is kept for later, as is a nudge.
   std::exception_ptr error;
   try {
-    if (active_ != nullptr) active_->runner->stop();
+    if (active_ != nullptr && active_->runner) active_->runner->stop();
   } catch (...) {
     error = std::current_exception();
   }
@@ -73,6 +73,7 @@ void Executor::close(double deadline_s) {
       for (auto& [id, r] : records_) {
         if (r->runner) r->runner->abandon();
       }
+      for (Retiring& t : retiring_) t.runner->abandon();
     }
     lock.unlock();
     if (!error) {
@@ -88,6 +89,14 @@ void Executor::close(double deadline_s) {
   lock.unlock();
   if (thread_.joinable()) thread_.join();
   lock.lock();
+  // A backstop as below: the loop drains retiring runners before it can exit.
+  for (Retiring& t : retiring_) {
+    const bool left = t.runner->in_flight();
+    if (left) t.runner->abandon();
+    (left ? abandoned_ : finished_).push_back(t.id);
+    used_ -= t.memory_bytes;
+  }
+  retiring_.clear();
   for (auto& [id, r] : records_) {
     // Left in flight (the loop drains or abandons every launch it can see, so this is a
     // backstop): such a launch may still run, and is abandoned like the others.

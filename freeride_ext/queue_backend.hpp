@@ -38,6 +38,8 @@ struct QueuedLaunches {
     uint64_t phase = 0;   // the phase it launches
     bool guarded = false;  // chained at an open behind phase - 1's (phases ahead)
     bool waits_open = false;  // the first of an open's launches (the lookahead counts them)
+    bool begun = false;       // its blocks have started (begin(), or its end)
+    bool saw_stop = false;    // it began with the stop set: it claims nothing
   };
   std::deque<Launch> pending;
   uint64_t phases = 0;  // begin_phase() calls
@@ -109,14 +111,33 @@ struct QueuedLaunches {
     return taken;
   }
 
-  // The oldest launch not yet ended ends, having run `items` items (fewer where its phase
-  // has fewer left, none where it is guarded and the phase before is not complete).
+  // The oldest launch not yet begun begins (its first block starts): with the stop set, it
+  // will claim nothing, as a kernel reads the stop word at its first claim.
+  void begin() {
+    std::lock_guard<std::mutex> lk(mu);
+    for (Launch& l : pending) {
+      if (!l.begun) {
+        l.begun = true;
+        l.saw_stop = stopped;
+        return;
+      }
+    }
+    FR_THROW(InvalidArgument, "no launch is waiting to begin");
+  }
+
+  // The oldest launch not yet ended ends (beginning now if it had not), having run `items`
+  // items: fewer where its phase has fewer left, none where it began stopped or is guarded
+  // and the phase before is not complete.
   void end(int64_t items) {
     FR_ARG(items >= 0, "items must not be negative");
     std::lock_guard<std::mutex> lk(mu);
     for (Launch& l : pending) {
       if (l.items < 0) {
-        uint64_t can = static_cast<uint64_t>(items);
+        if (!l.begun) {
+          l.begun = true;
+          l.saw_stop = stopped;
+        }
+        uint64_t can = l.saw_stop ? 0 : static_cast<uint64_t>(items);
         if (phases_ahead && task) {
           uint64_t& finished = phase_done_items[l.phase];
           const bool ready = !l.guarded || phase_done_items[l.phase - 1] >=
@@ -215,6 +236,12 @@ class QueuedRunner final : public PhaseRunner {
     return q_->done;
   }
   bool executing() const override { return false; }
+  // As the CUDA runner's: stopped (the model's stop lands at once) and the oldest launch in
+  // flight has not begun.
+  bool inert() const override {
+    std::lock_guard<std::mutex> lk(q_->mu);
+    return q_->stopped && !q_->pending.empty() && !q_->pending.front().begun;
+  }
   bool in_flight() const override {
     std::lock_guard<std::mutex> lk(q_->mu);
     return !q_->pending.empty();

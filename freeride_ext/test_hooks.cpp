@@ -241,6 +241,8 @@ void register_test_hooks(py::module_& m) {
            "Launches enqueued at opens (as many as the runner takes); how many were taken. "
            "at_open=False: launches of the executor's own (it backs off after one that "
            "ran nothing).")
+      .def("begin", &QueuedLaunches::begin, py::call_guard<py::gil_scoped_release>(),
+           "The oldest launch not yet begun begins: with the stop set, it claims nothing.")
       .def("end", &QueuedLaunches::end, py::arg("items"),
            py::call_guard<py::gil_scoped_release>(),
            "The oldest launch not yet ended ends, having run `items` items.")

@@ -103,38 +103,74 @@ def test_a_more_urgent_task_waits_for_the_launches_in_flight(ex):
     low = ex.submit(_task(100), 0)
     q_low = _launches(ex, 0)
     assert q_low.arrive(2) == 2
+    q_low.begin()  # the first is running on the GPU
     high = ex.submit(_task(5), 1)
     wait_until(lambda: q_low.stopped)
     assert q_low.arrive(1) == 0, "a stopped task took a launch at an open"
     with pytest.raises(RuntimeError):
         _C._testing.queue_launches(ex, 1, timeout=0.2)  # not admitted yet
     q_low.end(1)
-    q_low.end(1)
+    q_low.end(1)  # began after the stop: it claims nothing
     q_high = _launches(ex, 1)
     wait_until(lambda: q_high.arrive(1) == 1)
     q_high.end(5)
     assert ex.wait(high, 10) and _state(ex, high) == "done"
     wait_until(lambda: not q_low.stopped)  # resumed
     wait_until(lambda: q_low.arrive(1) == 1)
-    q_low.end(98)
+    q_low.end(99)
     assert ex.wait(low, 10) and _items(ex, low) == 100
 
 
-def test_cancel_is_final_only_once_the_launches_in_flight_ended(ex):
-    """A cancelled task's launches already enqueued may still run items: the task is
-    final, and its memory free to go, only once they have ended, with their items
-    counted exactly."""
+def test_cancel_is_final_once_no_launch_in_flight_can_run_an_item(ex):
+    """A cancelled task's launch running when the stop came may still run items: the task
+    is final only once it has ended, with its items counted exactly. The launches queued
+    behind it have not begun: they will read the stop and claim nothing (PhaseRunner::
+    inert), so the task is final then, without waiting for the GPU to reach their opens;
+    its memory goes only once they have ended too (take_finished)."""
     task = ex.submit(_task(100), 0)
     q = _launches(ex, 0)
-    assert q.arrive(2) == 2
+    assert q.arrive(3) == 3
+    q.begin()
     assert ex.cancel(task, False)
     time.sleep(0.05)
     assert _state(ex, task) not in FINAL
     assert q.stopped and q.arrive(1) == 0
     q.end(3)
-    q.end(2)
     assert ex.wait(task, 10)
-    assert _state(ex, task) == "cancelled" and _items(ex, task) == 5
+    assert _state(ex, task) == "cancelled" and _items(ex, task) == 3
+    assert q.pending == 2
+    time.sleep(0.05)
+    assert task not in ex.take_finished(), "its memory went with launches still in flight"
+    q.end(5)  # began stopped: nothing
+    q.end(5)
+    wait_until(lambda: q.pending == 0)
+    wait_until(lambda: task in ex.take_finished())
+    assert _items(ex, task) == 3 and q.ran == 3
+    assert ex.open_launches == 3 and ex.idle_open_launches == 2
+
+
+def test_cancel_wait_returns_before_the_gpu_reaches_the_opens_queued_ahead(ex):
+    """Review G3: cancel(wait=True) on the training thread waited until the GPU reached
+    the last open the host had queued a launch at, in effect a device synchronisation.
+    With none of them begun it returns at once, the task final, and the next task runs
+    once their ends are taken."""
+    task = ex.submit(_task(100), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(4) == 4
+    started = time.monotonic()
+    assert ex.cancel(task, True)
+    assert time.monotonic() - started < 2.0
+    assert _state(ex, task) == "cancelled" and _items(ex, task) == 0
+    other = ex.submit(_task(2), 0)
+    with pytest.raises(RuntimeError):
+        _C._testing.queue_launches(ex, 1, timeout=0.2)  # nothing behind those launches
+    for _ in range(4):
+        q.end(1)
+    q_other = _launches(ex, 1)
+    wait_until(lambda: q_other.arrive(1) == 1)
+    q_other.end(2)
+    assert ex.wait(other, 10) and _state(ex, other) == "done"
+    assert q.ran == 0
 
 
 @pytest.mark.parametrize("drop_pending", [False, True])
@@ -199,6 +235,7 @@ def test_close_waits_for_launches_that_end_in_time():
     task = ex.submit(_task(100), 0)
     q = _launches(ex, 0)
     assert q.arrive(1) == 1
+    q.begin()  # running when the close comes
     closer = threading.Thread(target=ex.close, args=(5.0,))
     started = time.monotonic()
     closer.start()
@@ -286,6 +323,7 @@ def test_close_drains_a_launch_that_arrived_during_a_backoff():
     ex = _C._testing.queue_executor()
     task, q = _into_backoff(ex)
     assert q.arrive(1) == 1  # a training thread's open during the backoff
+    q.begin()  # and its bubble has come
     closer = threading.Thread(target=ex.close, args=(5.0,))
     closer.start()
     wait_until(lambda: q.stopped)  # the loop looked, drains it, and stopped the task

@@ -53,6 +53,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
 
   void begin_phase(uint64_t phase, uint64_t n_items) override;
   bool begins_phases_in_flight() const override { return ahead_; }
+  bool inert() const override;
   LaunchMarks run(bool record) override;
   void launch_at_open(cudaStream_t training, cudaEvent_t opened, uint32_t seq) noexcept override;
   void stop() override;
@@ -85,6 +86,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   // current phase takes one more (accepting_locked). Caller holds launch_mu_.
   bool open_for_launches_locked() const;
   bool accepting_locked() const;
+  bool stop_landed_and_none_begun() const;  // inert(), which catches what this throws
   // Launches at opens that wait for their open on the stream and have not begun: opens
   // the host is ahead of the GPU by, as far as this runner's launches tell. Caller holds
   // launch_mu_.
@@ -169,7 +171,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   std::atomic<bool> abandoned_{false};
   std::atomic<bool> stop_requested_{false};  // host copy of the stop flag, for admission
   // Guards the three below: stop()/resume() on any thread, launches on theirs.
-  std::mutex stop_mu_;
+  mutable std::mutex stop_mu_;
   uint32_t device_stop_ = 0;         // the stop word's value as last enqueued
   cudaEvent_t stop_written_ = nullptr;  // recorded on the control stream after that write
   bool launch_waits_ = false;        // the next launch must wait for stop_written_

@@ -237,6 +237,44 @@ uint64_t CudaRunner::launches_ending() const {
   return n;
 }
 
+// Stopped, the stop word's latest write has landed (its event on the control stream has
+// completed: a launch that begins from now on reads 1 at its first claim and claims
+// nothing), and the oldest launch in flight has not begun. Launches begin in order, so
+// none has: every launch that ran items has ended and been taken (done() is exact). Not
+// for a task whose kernels ignore the stop word (the slicing baseline).
+bool CudaRunner::inert() const {
+  if (!stop_requested_.load() || abandoned_.load() || !task_->follows_item_protocol()) {
+    return false;
+  }
+  try {
+    return stop_landed_and_none_begun();
+  } catch (...) {
+    (void)cudaGetLastError();
+    return false;  // a broken context: the executor's next run() reports it
+  }
+}
+
+// Any thread (a training thread's cancel): the event query in relaxed capture mode, so
+// that it cannot invalidate a capture another thread runs in global mode.
+bool CudaRunner::stop_landed_and_none_begun() const {
+  CudaShared& s = *s_;
+  const RelaxedCaptureScope relaxed;
+  std::shared_lock<std::shared_mutex> life(s.life);
+  if (s.shut_down) return false;
+  {
+    DeviceGuard guard(s.device);
+    std::lock_guard<std::mutex> slk(stop_mu_);
+    if (device_stop_ != 1u) return false;
+    const cudaError_t landed = cudaEventQuery(stop_written_);
+    if (landed != cudaSuccess) {
+      if (landed != cudaErrorNotReady) (void)cudaGetLastError();
+      return false;
+    }
+  }
+  std::lock_guard<std::mutex> lk(launch_mu_);
+  return !pending_.empty() && !ring_.started(pending_.front().number, launch_no_.load());
+}
+
 void CudaRunner::abandon() {
   abandoned_.store(true);
   s_->gate.bell->ring();

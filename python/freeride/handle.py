@@ -193,8 +193,11 @@ class TaskHandle:
         or repeated). With `wait`, returns once no item of it executes any more, so
         `items_done` is final (with ``stream_wait=True`` a launch held by a closed gate
         ends only when the gate opens: pass ``wait=False`` or a `timeout` not to block on
-        it). False if the task was already final, or with `wait` not final within
-        `timeout` seconds (None: no limit). See Handle.cancel."""
+        it). On CUDA that does not wait for the GPU to reach the bubbles the host queued
+        launches for ahead of it: those that have not begun claim nothing, and the
+        harvester keeps the task's memory until they have ended. False if the task was
+        already final, or with `wait` not final within `timeout` seconds (None: no
+        limit). See Handle.cancel."""
         if timeout is not None and timeout < 0:
             raise ValueError(f"timeout must be None or >= 0, got {timeout}")
         cancelled = self._ex.cancel(self._id, False)
