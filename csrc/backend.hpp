@@ -92,6 +92,11 @@ class PhaseRunner {
   // they finished as soon as it does). The executor still lets every launch end before
   // the task is final.
   virtual bool begins_phases_in_flight() const { return false; }
+  // Phases ahead: items of the phase after the current one that launches chained at opens
+  // finished and the runner has taken (done() counts them once that phase begins). The
+  // executor adds them to items_done, so that a task cancelled or failed meanwhile keeps
+  // an exact count. Any thread.
+  virtual uint64_t done_ahead() const { return 0; }
 
   // After stop(): whether no launch in flight will run an item any more (the stop has
   // reached where launches read it, and none of them has begun) and every launch that

@@ -115,7 +115,8 @@ TaskStatus Executor::status(uint64_t id) const {
   s.state = r.state;
   // Started, not final and no item executing (held by the gate or preempted): paused.
   if (r.state == TaskState::Running && !r.runner->executing()) s.state = TaskState::Paused;
-  s.items_done = r.items_before_phase + (r.runner ? r.runner->done() : 0);
+  s.items_done =
+      r.items_before_phase + (r.runner ? r.runner->done() + r.runner->done_ahead() : 0);
   s.items_total = r.items_total;
   s.phase = r.phase;
   s.launches = r.launches;
@@ -298,15 +299,18 @@ void Executor::admit_locked(Record& r) {
 }
 
 // Moves past every completed phase; a phase starts only after the previous one completed.
+// The count moves only once the next phase has begun: a begin_phase that throws leaves
+// the record on the complete phase, whose items finish_locked then counts once.
 void Executor::advance_locked(Record& r) {
   while (r.runner->done() >= r.task->num_items(r.phase)) {
-    r.items_before_phase += r.task->num_items(r.phase);
-    if (++r.phase == r.task->num_phases()) {
-      r.phase = r.task->num_phases() - 1;
+    if (r.phase + 1 == r.task->num_phases()) {
+      r.items_before_phase += r.task->num_items(r.phase);
       finish_locked(r, TaskState::Done, ErrorKind::None, "");
       return;
     }
-    r.runner->begin_phase(r.phase, r.task->num_items(r.phase));
+    r.runner->begin_phase(r.phase + 1, r.task->num_items(r.phase + 1));
+    r.items_before_phase += r.task->num_items(r.phase);
+    ++r.phase;
   }
 }
 
@@ -317,9 +321,9 @@ void Executor::advance_in_flight_locked(Record& r) {
   try {
     while (r.phase + 1 < r.task->num_phases() &&
            r.runner->done() >= r.task->num_items(r.phase)) {
+      r.runner->begin_phase(r.phase + 1, r.task->num_items(r.phase + 1));
       r.items_before_phase += r.task->num_items(r.phase);
       ++r.phase;
-      r.runner->begin_phase(r.phase, r.task->num_items(r.phase));
     }
   } catch (const std::exception& e) {
     r.failure = r.task->name() + ": " + e.what();
@@ -329,8 +333,11 @@ void Executor::advance_in_flight_locked(Record& r) {
 void Executor::finish_locked(Record& r, TaskState state, ErrorKind kind, std::string error,
                              std::vector<uint64_t>* named_by, bool retire) {
   // Done: advance_locked already counted every phase. Otherwise keep what the current
-  // phase finished, so items_done stays exact after a cancel or a failure.
-  if (r.runner && state != TaskState::Done) r.items_before_phase += r.runner->done();
+  // phase finished (and, with phases ahead, the next), so items_done stays exact after a
+  // cancel or a failure.
+  if (r.runner && state != TaskState::Done) {
+    r.items_before_phase += r.runner->done() + r.runner->done_ahead();
+  }
   r.state = state;
   r.error_kind = kind;
   r.error = std::move(error);

@@ -181,6 +181,12 @@ class QueuedRunner final : public PhaseRunner {
     q_->phase_done = q_->phases_ahead && q_->done >= n_items;
   }
   bool begins_phases_in_flight() const override { return q_->phases_ahead; }
+  uint64_t done_ahead() const override {
+    std::lock_guard<std::mutex> lk(q_->mu);
+    if (!q_->phases_ahead) return 0;
+    auto it = q_->phase_done_items.find(q_->phase + 1);
+    return it == q_->phase_done_items.end() ? 0 : it->second;
+  }
 
   // One launch's end, oldest first; with none pending, waits for one (or a stop).
   LaunchMarks run(bool) override {

@@ -689,8 +689,61 @@ def mode_queued_phases(args: dict) -> dict:
     return out
 
 
+def mode_cancel_ahead(args: dict) -> dict:
+    """Review G3: cancel(wait=True) while the task's launches at `opens` opens are queued
+    ahead of the GPU (the training stream holds it with `hold_ms` of work first). None has
+    begun, so each will read the stop and claim nothing: the cancel must return without
+    waiting for the GPU to reach them (before, it waited for all of them). Reports how long
+    it took, whether the GPU had reached the first open by then, the items before and after
+    the GPU went through the opens, and the launch counts."""
+    import torch
+
+    import freeride as fr
+
+    opens = int(args.get("opens", 4))
+    hold_ms = float(args.get("hold_ms", 300.0))
+    torch.cuda.init()
+    train = torch.cuda.Stream()
+    out: dict = {"opens": opens, "hold_ms": hold_ms}
+    with fr.Harvester("cuda:0") as h:
+        out["launches_at_opens"] = h.launches_at_opens
+        h.gate.close(stream="host")
+        t = h.submit(fr.tasks.Spin(items=2**40, ns_per_item=20_000))
+        time.sleep(0.1)  # admitted: its runner takes launches at opens
+        with torch.cuda.stream(train):
+            torch.cuda._sleep(int(hold_ms * CYCLES_PER_MS))
+            reached = torch.cuda.Event()
+            reached.record()
+            for _ in range(opens):
+                h.gate.open()
+                torch.cuda._sleep(int(2 * CYCLES_PER_MS))
+                h.gate.close()
+                torch.cuda._sleep(CYCLES_PER_MS)
+        queued = h.launch_counts()
+        began = time.perf_counter()
+        cancelled = t.cancel(wait=True, timeout=30)
+        out["cancel_s"] = time.perf_counter() - began
+        out["reached_at_cancel"] = reached.query()
+        out["cancelled"] = bool(cancelled)
+        out["state"] = t.state
+        out["items_at_cancel"] = int(t.items_done)
+        train.synchronize()
+        time.sleep(0.1)  # the executor takes the retired launches' ends
+        counts = h.launch_counts()
+        out.update(
+            {
+                "items_after": int(t.items_done),
+                "max_lookahead": queued.max_lookahead,
+                "at_opens": counts.at_opens,
+                "idle_at_opens": counts.idle_at_opens,
+            }
+        )
+    return out
+
+
 MODES = {
     "queued_bubbles": mode_queued_bubbles,
+    "cancel_ahead": mode_cancel_ahead,
     "queued_phases": mode_queued_phases,
     "hardware_queues": mode_hardware_queues,
     "queue_control": mode_queue_control,

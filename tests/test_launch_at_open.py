@@ -69,6 +69,26 @@ def test_side_work_runs_in_bubbles_queued_ahead_of_the_gpu(connections, reserve)
 
 
 @pytest.mark.gpu
+def test_cancel_returns_before_the_gpu_reaches_the_opens_queued_ahead():
+    """Review G3: cancel(wait=True) on the training thread waited until the GPU reached
+    every open the host had queued a launch at (a device synchronisation in effect). With
+    none of them begun it returns once the stop has landed; they run nothing when their
+    opens come (tests/gpu_worker.py's cancel_ahead: four opens behind 300 ms of work)."""
+    r = run_worker("cancel_ahead", {}, timeout=120)
+    print(
+        f"cancel took {r['cancel_s'] * 1e3:.2f} ms with {r['max_lookahead']} opens queued "
+        f"ahead (GPU at the first open: {r['reached_at_cancel']}); launches at opens "
+        f"{r['at_opens']} ({r['idle_at_opens']} idle)"
+    )
+    assert r["launches_at_opens"] and r["max_lookahead"] >= 1, r
+    assert r["cancelled"] and r["state"] == "cancelled", r
+    assert not r["reached_at_cancel"], "the cancel waited for the GPU to reach the opens"
+    assert r["cancel_s"] < r["hold_ms"] / 2000, r
+    assert r["items_after"] == r["items_at_cancel"], r
+    assert r["idle_at_opens"] == r["at_opens"], r
+
+
+@pytest.mark.gpu
 def test_negative_control_launches_made_when_the_host_sees_the_open_find_the_bubble_over():
     r = _queued(1, "green-context", launch_at_open=False)
     print(

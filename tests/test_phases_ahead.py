@@ -224,3 +224,22 @@ def test_many_phases_in_bubbles_queued_ahead_keep_the_item_protocol(ahead):
     assert r["violations_in_bubbles"] == 0 and r["max_count_in_bubbles"] <= 1
     assert r["finished"] and r["state"] == "done", r
     assert r["violations"] == 0 and r["counts_all_one"], r
+
+
+def test_a_cancel_keeps_the_next_phases_items_a_chained_launch_ran(ex):
+    """Review finding F6: a chained launch that began before the stop (its phase before
+    had completed on the GPU, the host had not yet taken that end) runs items of the next
+    phase; the cancel keeps the executor from beginning that phase, so those items were
+    left out of items_done. The runner reports them (PhaseRunner::done_ahead)."""
+    task = ex.submit(_C.spin_task(10, 2, 1000), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(1) == 2
+    q.begin()
+    q.begin()  # the chained launch began too, before the stop
+    assert ex.cancel(task, False)
+    wait_until(lambda: q.stopped)
+    q.end(10)
+    q.end(4)
+    assert ex.wait(task, 10)
+    assert _status(ex, task)[:2] == ("cancelled", 14)
+    assert q.ran == 14

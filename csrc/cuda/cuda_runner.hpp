@@ -54,6 +54,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   void begin_phase(uint64_t phase, uint64_t n_items) override;
   bool begins_phases_in_flight() const override { return ahead_; }
   bool inert() const override;
+  uint64_t done_ahead() const override;
   LaunchMarks run(bool record) override;
   void launch_at_open(cudaStream_t training, cudaEvent_t opened, uint32_t seq) noexcept override;
   void stop() override;

@@ -140,6 +140,7 @@ void CudaRunner::begin_phase(uint64_t phase, uint64_t n_items) {
   n_items_ = n_items;
   phase_done_ = false;
   ended_done_[0] = 0;
+  slot_phase_[0] = phase;  // finish_oldest counts a launch only for its set's phase
   begun_ = true;
   reset_counters_locked();
 }
@@ -235,6 +236,16 @@ uint64_t CudaRunner::launches_ending() const {
     ++n;
   }
   return n;
+}
+
+// The exact count of ended launches of the next phase (ahead_ only; the mirror is not
+// used: it may still show the phase two back until that set is cleared).
+uint64_t CudaRunner::done_ahead() const {
+  if (!ahead_) return 0;
+  std::lock_guard<std::mutex> lk(launch_mu_);
+  const uint64_t next = phase_ + 1;
+  const uint64_t k = slot_of(next);
+  return begun_ && slot_phase_[k] == next ? ended_done_[k] : 0;
 }
 
 // Stopped, the stop word's latest write has landed (its event on the control stream has

@@ -93,7 +93,7 @@ LaunchMarks CudaRunner::finish_oldest() {
     // With phases ahead, a stale launch (its set of counters cleared since for the phase
     // two on) counts for nothing: it ran, before that clear, none of its phase's items.
     const uint64_t k = l.slot;
-    if (slot_phase_[k] == l.phase) {
+    if (!ahead_ || slot_phase_[k] == l.phase) {
       if (end.done >= ended_done_[k]) {
         const uint64_t measured =
             launch_block_item_ns(end.duration_ns, end.blocks, end.done - ended_done_[k]);

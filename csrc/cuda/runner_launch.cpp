@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <exception>
@@ -37,11 +38,14 @@ void CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint3
     st.room = kLaunchRing - pending_.size();
     const OpenLaunches go = launches_at_open(st);
     if (!go.current && !go.next) return;
-    if (!pending_.empty()) {
-      const Launch& newest = pending_.back();
-      if (waits_behind_another_stream(newest.at_open,
-                                      ring_.started(newest.number, launch_no_.load()),
-                                      newest.training == training)) {
+    // The newest launch that waits for an open of its own (a launch chained behind the
+    // current phase's waits for none: it begins when that one ends).
+    auto newest = std::find_if(pending_.rbegin(), pending_.rend(),
+                               [](const Launch& l) { return l.waits_open || !l.at_open; });
+    if (newest != pending_.rend()) {
+      if (waits_behind_another_stream(newest->at_open,
+                                      ring_.started(newest->number, launch_no_.load()),
+                                      newest->training == training)) {
         s_->cross_stream_skips.fetch_add(1);
         return;
       }

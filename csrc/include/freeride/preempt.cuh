@@ -208,7 +208,8 @@ __device__ __forceinline__ bool phase_ready(const fr_item_ctx& ctx) {
 }
 
 // Leader only: claim the next item, or kNoItem when paused, out of time, the phase is
-// drained or (`ready` false) the phase before is not complete (phase_ready). A block held back by the gate, the stop flag or the end of the launch's time
+// drained or (`ready` false) the phase before is not complete (phase_ready: for_each_item
+// reads it once per block; a kernel that claims by itself calls the overload below). A block held back by the gate, the stop flag or the end of the launch's time
 // (freeride/slice.h: the slice, or past it no close pending, or the bound on running on)
 // says so in `held` (once, as it exits): a device-wide synchronisation the host issues
 // (torch.cuda.synchronize, cudaFree) while it has not enqueued the close of the bubble
@@ -218,7 +219,7 @@ __device__ __forceinline__ bool phase_ready(const fr_item_ctx& ctx) {
 // later).
 __device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx,
                                                          unsigned long long started_ns,
-                                                         bool ready = true) {
+                                                         bool ready) {
   bool in_time = ready && may_run(ctx);
   if (in_time) {
     const SliceTime t = slice_time(globaltimer_ns() - started_ns, ctx.slice_ns);
@@ -235,6 +236,14 @@ __device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx,
   // Relaxed, device scope (atomicAdd): the claim orders nothing but itself.
   const unsigned long long item = atomicAdd(leader_word(&ctx.state->next), 1ull);
   return item < ctx.n_items ? item : kNoItem;
+}
+
+// The same for a kernel that claims without for_each_item: the phase-before check at every
+// claim (a chained launch's count cannot move while it runs, so the answer is the same
+// each time; a launch that is not chained pays only a test of its parameter).
+__device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx,
+                                                         unsigned long long started_ns) {
+  return claim_item(ctx, started_ns, phase_ready(ctx));
 }
 
 // Leader only, after the whole block finished an item (a __syncthreads in between):
