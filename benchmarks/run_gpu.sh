@@ -4,6 +4,16 @@
 # builds again, and at most 8 files come back). Steps:
 #
 #   build     pip install -e . for sm_90 (its log goes in the archive; ~25 s)
+#   measure   issue 36's "measured in one run", in MEASURE_BUDGET s (480: with the build,
+#             one 9-minute command): `bench preempt` (pause latency per item duration,
+#             host cost per close+open pair; MEASURE_QUICK=1 for --quick), side
+#             admission device-started and host-started (probe_admission.py, 200 trials),
+#             harvest of open-gate time in queued bubbles under 8 and 1 hardware queues
+#             for a single-phase and a many-phase task (probe_harvest_matrix.py), G2's
+#             other-stream probe with the lookahead bound off and on (probe_channels.py),
+#             `bench pipeline --quick` and `bench items` (item overhead, bandwidth against
+#             a copy); then benchmarks/measure_table.py's table of them against the
+#             targets, into summary.txt, the archive and $OUT/measure_table.md
 #   qualify   the default, run first: what the 2026-11-27 H200 run (at 51c0fe7) left
 #             open, in QUALIFY_BUDGET s (480: with the build, one 9-minute command), most
 #             important first: why a close frees the GPU of Spin side work only ~7 ms
@@ -41,17 +51,19 @@
 # Every test file and probe runs under its own hard limit (benchmarks/watchdog.py) with
 # faulthandler on, so a hang costs that item and prints its stacks: native ones too where
 # py-spy is there (its wheel carried in .whl/, below). A step stops starting items when its
-# budget (QUALIFY_BUDGET, QUICK_BUDGET, STEP_BUDGET: 480, 300, 480 s) is nearly spent, cuts
-# the last item's limit to what is left, and lists what it did not run ("NOT RUN
-# (budget)"), so a call does not reach the machine's limit (a hung item can overrun its
-# limit by the watchdog's stack dump and its 10 s grace). Everything lands in $OUT as two
-# files: summary.txt (one line per item: status, seconds, pytest's last line; the probes'
-# result lines under theirs) and results.tgz (every log, the probes' full output, the JSON
-# of each benchmark, the plots, gpu.csv, backend_info.json), re-packed after every item so
-# a call cut short still brings back what it did.
+# budget (MEASURE_BUDGET, QUALIFY_BUDGET, QUICK_BUDGET, STEP_BUDGET: 480, 480, 300, 480 s)
+# is nearly spent, cuts the last item's limit to what is left, and lists what it did not
+# run ("NOT RUN (budget)"), so a call does not reach the machine's limit (a hung item can
+# overrun its limit by the watchdog's stack dump and its 10 s grace). Everything lands in
+# $OUT as two files (three after measure, its table too): summary.txt (one line per item:
+# status, seconds, pytest's last line; the probes' result lines under theirs) and
+# results.tgz (every log, the probes' full output, the JSON of each benchmark, the plots,
+# gpu.csv, backend_info.json), re-packed after every item so a call cut short still
+# brings back what it did.
 #
 # Usage (one device call each; carry .whl):
 #   benchmarks/run_gpu.sh                       # STEPS="build qualify"
+#   STEPS="build measure" benchmarks/run_gpu.sh # issue 36's figures and their table
 #   STEPS="build quick" benchmarks/run_gpu.sh
 #   STEPS="build tests" benchmarks/run_gpu.sh
 #   STEPS="build bench" benchmarks/run_gpu.sh
@@ -146,6 +158,20 @@ probe() {
   return $rc
 }
 
+# stand_in FILE RC NAME: where item NAME ended with status RC (not 0) without writing its
+# JSON FILE, a stand-in that says so ({"stand_in": true, "error": ...}), so that
+# benchmarks/measure_table.py says "failed" rather than "not run" (an item the budget
+# skipped returns 0 and gets none).
+stand_in() {
+  local file=$1 rc=$2 name=$3 why
+  { [ "$rc" -eq 0 ] || [ -f "$file" ]; } && return 0
+  why="exited with status $rc"
+  [ "$rc" -eq 124 ] && why="timed out (its limit)"
+  why="$name $why without writing $(basename "$file") (its log is in the archive)"
+  $py -c 'import json, sys; json.dump({"stand_in": True, "error": sys.argv[2]}, \
+    open(sys.argv[1], "w"))' "$file" "$why"
+}
+
 # The compute-sanitizer of the CUDA toolkit, on PATH or in /usr/local/cuda.
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 
@@ -158,6 +184,94 @@ if step build; then
   $py -c "import freeride as fr, json; print(json.dumps(fr.backend_info(), indent=1))" \
     >"$work/backend_info.json" 2>&1
   note "backend: $($py -c "import freeride as fr; i = fr.backend_info(); print(i['cuda'], i['gate_write'], i['reserve_mechanism'])" 2>&1 | tail -1)"
+fi
+
+if step measure; then
+  # Issue 36 item 5, "measured in one run": every figure of the issue's list, then one
+  # table of them against their targets (benchmarks/measure_table.py) in the summary, in
+  # the archive and as $OUT/measure_table.md. Defaults are measured: the step unsets the
+  # settings it varies (in a subshell), and each item sets its own. [~N s] is the estimate
+  # on an H200 and where it comes from (results/h200-2026-11-27/: "measured" from its
+  # logs, JSON dates and summary, "est." where nothing like it has run on a GPU yet); the
+  # number after the name is the hard limit. Estimates add up to ~320 s, the limits to
+  # ~690 s: with MEASURE_BUDGET=480 everything runs unless something hangs, and then the
+  # last items are listed NOT RUN and their rows say "not run".
+  (
+    unset FREERIDE_LAUNCH_AT_OPEN FREERIDE_ADMISSION FREERIDE_GATE_WRITE FREERIDE_MAX_LOOKAHEAD \
+      FREERIDE_PHASES_AHEAD FREERIDE_SUCCESSORS CUDA_DEVICE_MAX_CONNECTIONS
+    deadline=$((SECONDS + ${MEASURE_BUDGET:-480}))
+    m="$work/measure"
+    mkdir -p "$m"
+    # 1. Pause latency p50/p99/max per item duration (1-100 us; the target at 10 us), the
+    #    host cost per close+open pair (gate write rows: ring, poll, launch at open), and
+    #    the training-kernel admission rows. Full sizes: 300 pause trials a row, enough for
+    #    a p99 [~155 s measured: ~153 s at 51c0fe7, between the start dates of its JSON and
+    #    the next benchmark's]; MEASURE_QUICK=1 runs --quick (50 trials) [~70 s est.].
+    preempt_args=()
+    [ "${MEASURE_QUICK:-0}" = 1 ] && preempt_args=(--quick)
+    budgeted $deadline measure_bench_preempt 200 $py -m freeride bench preempt --mode gpu \
+      ${preempt_args[@]+"${preempt_args[@]}"} --out "$m/preempt.json"
+    stand_in "$m/preempt.json" $? measure_bench_preempt
+    table_of measure_bench_preempt "^ *(no side work|freeride, gate in device)"
+    # 2. Side admission, open seen -> first items, 200 trials each (a p99): device-started
+    #    (the launch an open enqueues, the default) and host-started (the executor's
+    #    ring, FREERIDE_LAUNCH_AT_OPEN=0). [~10 s each est.: 40 trials took 5-8 s measured]
+    probe $deadline measure_admission_at_open 30 probe_admission.py --trials 200 \
+      --json "$m/admission_at_open.json"
+    stand_in "$m/admission_at_open.json" $? measure_admission_at_open
+    probe $deadline measure_admission_ring 30 FREERIDE_LAUNCH_AT_OPEN=0 probe_admission.py \
+      --trials 200 --json "$m/admission_ring.json"
+    stand_in "$m/admission_ring.json" $? measure_admission_ring
+    # 3. Harvest of open-gate time in bubbles queued ahead of the GPU (20 ms, and 0.5 ms:
+    #    both >= 200 us), 8 and 1 hardware queues, single-phase Spin and a 30-phase
+    #    ItemCounter with phases ahead off and on: 8 workers, each in a fresh process
+    #    (probes/probe_harvest_matrix.py; its own budget is what is left here, at most
+    #    150 s). [~60 s est.: 5 queued_bubbles workers took 26 s in all in
+    #    test_launch_at_open.py, measured; queued_phases has not run on a GPU yet]
+    left=$((deadline - SECONDS - 10))
+    [ $left -gt 150 ] && left=150
+    [ $left -lt 0 ] && left=0
+    probe $deadline measure_harvest 160 probe_harvest_matrix.py --budget $left \
+      --json "$m/harvest.json"
+    stand_in "$m/harvest.json" $? measure_harvest
+    # 4. Other streams' kernels held by launches waiting at opens (G2's probe), 4 opens
+    #    queued on T, the lookahead bound off and FREERIDE_MAX_LOOKAHEAD=1, both
+    #    reserves. [~5 s each measured]
+    for r in occupancy-cap green-context; do
+      for la in none 1; do
+        vars=()
+        [ "$la" != none ] && vars=(FREERIDE_MAX_LOOKAHEAD=$la)
+        probe $deadline "measure_channels_${r}_lookahead_$la" 20 ${vars[@]+"${vars[@]}"} \
+          probe_channels.py $r --opens 4 --json "$m/channels_${r}_lookahead_${la}.json"
+        stand_in "$m/channels_${r}_lookahead_${la}.json" $? "measure_channels_${r}_lookahead_$la"
+      done
+    done
+    # 5. Training overhead (and the pipeline's harvest), --quick: 3 iterations a variant,
+    #    under the default hardware queues and one, each in a fresh process. [~35 s est.;
+    #    the full run took ~95 s measured, between its JSON's and preempt's start dates]
+    budgeted $deadline measure_bench_pipeline 100 $py -m freeride bench pipeline --mode gpu \
+      --quick --out "$m/pipeline.json"
+    stand_in "$m/pipeline.json" $? measure_bench_pipeline
+    table_of measure_bench_pipeline "^ *(baseline|freeride: (spin|saxpy|pagerank|blur)) "
+    # 6. Item overhead of each built-in task against its plain kernel, and side-kernel
+    #    bandwidth against a plain copy of Saxpy's bytes. [~17 s measured: the 2026-11-27
+    #    call of the three benchmarks, 264.8 s, less the other two]
+    budgeted $deadline measure_bench_items 60 $py -m freeride bench items --mode gpu \
+      --out "$m/items.json"
+    stand_in "$m/items.json" $? measure_bench_items
+    table_of measure_bench_items "^ *(Saxpy|PageRank|GaussianBlur|Resize|copy)"
+    # 7. Where time is left: host-started admission with the executor polling. [~10 s est.]
+    probe $deadline measure_admission_poll 30 FREERIDE_LAUNCH_AT_OPEN=0 FREERIDE_ADMISSION=poll \
+      probe_admission.py --trials 200 --json "$m/admission_poll.json"
+    stand_in "$m/admission_poll.json" $? measure_admission_poll
+    # The table (no GPU; outside the budget): rows of what did not run say "not run".
+    run measure_table 30 $py benchmarks/measure_table.py "$m" --out "$work/measure_table.md"
+    if [ -f "$work/measure_table.md" ]; then
+      cat "$work/measure_table.md" >>"$summary"
+      cp "$work/measure_table.md" "$out/measure_table.md"
+    fi
+    pack
+  )
 fi
 
 if step qualify; then

@@ -619,6 +619,26 @@ def mode_queued_bubbles(args: dict) -> dict:
     return out
 
 
+def _open_gate_rate(t, total: int, limit_s: float = 60.0) -> float:
+    """Items per second of task `t` (just submitted, gate opened from the host) while it
+    runs to its end, phase boundaries included: sampled every 0.2 ms, between 5% and 95% of
+    its `total` items (the first launch's admission and the last phase's tail left out),
+    or over the whole run where too few samples fall in between. 0.0 if it never ran."""
+    samples = [(time.perf_counter(), t.items_done)]
+    deadline = time.monotonic() + limit_s
+    while not t.done() and time.monotonic() < deadline:
+        time.sleep(0.0002)
+        samples.append((time.perf_counter(), t.items_done))
+    samples.append((time.perf_counter(), t.items_done))
+    inner = [(at, n) for at, n in samples if 0.05 * total <= n <= 0.95 * total]
+    if len(inner) >= 3 and inner[-1][0] > inner[0][0] and inner[-1][1] > inner[0][1]:
+        return (inner[-1][1] - inner[0][1]) / (inner[-1][0] - inner[0][0])
+    moving = [(at, n) for at, n in samples if n > samples[0][1]]
+    if not moving or samples[-1][0] <= samples[0][0]:
+        return 0.0
+    return (moving[-1][1] - samples[0][1]) / (moving[-1][0] - samples[0][0])
+
+
 def mode_queued_phases(args: dict) -> dict:
     """Issue 36 (review G3): a task of many phases in bubbles queued ahead of the GPU, as
     mode_queued_bubbles queues them, with phases ahead on or off (FREERIDE_PHASES_AHEAD in
@@ -626,7 +646,10 @@ def mode_queued_phases(args: dict) -> dict:
     checks that no item started before the phase before had completed (a launch chained at
     an open claims only once it has) and, once the gate is opened from the host and the
     task finishes, that every item ran exactly once across stale, chained and ordinary
-    launches. Reports the items and phases done in the bubbles."""
+    launches. Reports the items and phases done in the bubbles, and their share of what the
+    same task does with the gate open (`harvest_share`, as mode_queued_bubbles'): the
+    open-gate rate is measured first, on a twin task run to its end with the gate opened
+    from the host (_open_gate_rate: its phase boundaries included)."""
     import numpy as np
     import torch
 
@@ -645,7 +668,19 @@ def mode_queued_phases(args: dict) -> dict:
     comm = torch.cuda.Stream()
     with fr.Harvester("cuda:0") as h:
         out["launches_at_opens"] = h.launches_at_opens
+        out["connections"] = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+        out["recv_ms"], out["iterations"] = recv_ms, iterations
+        # The open-gate rate: a twin task run to its end with the gate open from the host.
         h.gate.close(stream="host")
+        twin = h.submit(fr.tasks.ItemCounter(items, phases, ns_per_item=int(item_us * 1000)))
+        h.gate.open(stream="host")
+        rate = _open_gate_rate(twin, items * phases)
+        twin.wait(60)
+        out["open_gate_items_per_s"] = rate
+        out["twin_state"] = twin.state
+        h.gate.close(stream="host")
+        time.sleep(0.05)  # the executor is back waiting for an open
+        counts_before = h.launch_counts()  # the twin's launches are not the bubbles'
         probe = fr.tasks.ItemCounter(items, phases, ns_per_item=int(item_us * 1000))
         t = h.submit(probe)
         with torch.cuda.stream(train):
@@ -665,11 +700,14 @@ def mode_queued_phases(args: dict) -> dict:
                 "items_in_bubbles": int(in_bubbles),
                 "phases_in_bubbles": int((seen.phase_done >= items).sum()),
                 "harvest_items_per_bubble_ms": in_bubbles / (iterations * recv_ms),
+                "harvest_share": (
+                    in_bubbles / (rate * iterations * recv_ms / 1000) if rate > 0 else 0.0
+                ),
                 "violations_in_bubbles": int(seen.violations),
                 "max_count_in_bubbles": int(seen.counts.max()),
-                "launches": counts.launches,
-                "at_opens": counts.at_opens,
-                "idle_at_opens": counts.idle_at_opens,
+                "launches": counts.launches - counts_before.launches,
+                "at_opens": counts.at_opens - counts_before.at_opens,
+                "idle_at_opens": counts.idle_at_opens - counts_before.idle_at_opens,
                 "queue_ms": start.elapsed_time(end),
             }
         )

@@ -60,6 +60,30 @@ def test_pipeline_variants_do_side_work_only_when_allowed(tmp_path):
             assert row["side_items"] > 0, name
 
 
+def test_items_has_a_copy_row_to_read_bandwidth_against():
+    # The plain copy of Saxpy float32's bytes, and each bandwidth row's share of it.
+    from freeride.cli.bench.items import COPY_TASK
+
+    result = bench.run("items", mode="cpu", quick=True)
+    rows = {r["task"]: r for r in result["rows"]}
+    copy = rows.pop(COPY_TASK)
+    assert copy["plain_ms"] > 0 and copy["plain_GBps"] > 0
+    assert copy["preemptible_GBps"] is None and copy["vs_copy_pct"] is None
+    saxpy = rows["Saxpy float32"]
+    # The same bytes: Saxpy float32 moves 3 n floats, so its plain GB/s x its time is the
+    # copy's GB/s x the copy's time.
+    moved = saxpy["plain_GBps"] * saxpy["plain_ms"]
+    assert copy["plain_GBps"] * copy["plain_ms"] == pytest.approx(moved)
+    for row in rows.values():
+        assert "vs_copy_pct" in row
+        if row["preemptible_GBps"] is None:
+            assert row["vs_copy_pct"] is None
+        else:
+            expected = 100 * row["preemptible_GBps"] / copy["plain_GBps"]
+            assert row["vs_copy_pct"] == pytest.approx(expected)
+    assert any(COPY_TASK in note for note in result["notes"])
+
+
 def test_preempt_plot(tmp_path):
     pytest.importorskip("matplotlib")
     png = tmp_path / "preempt.png"

@@ -12,7 +12,9 @@ Nothing here imports torch or CuPy: each probe imports what it needs.
 
 from __future__ import annotations
 
+import json
 import os
+import statistics
 import sys
 import threading
 import time
@@ -83,6 +85,33 @@ def answer(probe: str, text: str) -> None:
 
 def note(probe: str, text: str) -> None:
     print(f"{probe}: {text}", flush=True)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100) of `values`, interpolated between the two nearest as
+    numpy's default does (so it matches the benchmarks' p50/p99); the value of a single one."""
+    if not values:
+        raise ValueError("percentile of no values")
+    if len(values) == 1:
+        return float(values[0])
+    if q >= 100:
+        return float(max(values))
+    if q <= 0:
+        return float(min(values))
+    cuts = statistics.quantiles(values, n=1000, method="inclusive")  # 999 cut points
+    return float(cuts[round(q * 10) - 1])
+
+
+def write_json(path: str | None, data: dict) -> None:
+    """Writes `data` as JSON at `path` (nothing where path is None), through a temporary
+    file renamed into place, so a reader never sees half a file: a probe killed while
+    writing leaves the previous version or none."""
+    if not path:
+        return
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
 
 
 def hard_exit(code: int) -> None:

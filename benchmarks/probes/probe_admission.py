@@ -21,15 +21,22 @@ us, confirms that the wake-ups dominate the executor's path; poll close to ring 
 launch itself (or the first item) costs it. At-open about 10-20 us: the launch queued at
 the open is the fast path (it can even start before the host sees the mirror: then the
 delay is about 0). "stuck" trials mean an open never took effect or nothing ran after it.
+
+`--trials N` (default 40) sets the number of trials (the measure step of
+benchmarks/run_gpu.sh runs 200, enough for a p99); `--json PATH` also writes the
+figures there (every delay, p50/p90/p99, the settings; an `error` where the probe
+stopped early), for benchmarks/measure_table.py.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-import statistics
 import time
+from collections.abc import Callable
+from typing import NoReturn
 
-from _probe import bounded, cycles_per_ms, hard_exit, result, wait_until
+from _probe import bounded, cycles_per_ms, hard_exit, percentile, result, wait_until, write_json
 
 NAME = "probe_admission"
 TRIALS = 40
@@ -37,6 +44,34 @@ SPIN_LIMIT_S = 2.0
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description="open seen -> first side items (G8)")
+    parser.add_argument("--trials", type=int, default=TRIALS)
+    parser.add_argument("--json", default=None, help="write the figures here as JSON")
+    args = parser.parse_args()
+    trials = max(1, args.trials)
+    out: dict = {
+        "probe": NAME,
+        "trials": trials,
+        "env": {
+            k: os.environ.get(k, "unset") for k in ("FREERIDE_LAUNCH_AT_OPEN", "FREERIDE_ADMISSION")
+        },
+    }
+
+    def fail(text: str, code: int) -> NoReturn:
+        result(NAME, text)
+        write_json(args.json, {**out, "error": text})
+        hard_exit(code)
+
+    try:
+        measure(args, trials, out, fail)
+    except Exception as exc:  # the JSON says why, then the traceback as usual
+        write_json(args.json, {**out, "error": f"{type(exc).__name__}: {exc}"})
+        raise
+
+
+def measure(
+    args: argparse.Namespace, trials: int, out: dict, fail: Callable[[str, int], NoReturn]
+) -> None:
     import torch
 
     import freeride as fr
@@ -48,11 +83,13 @@ def main() -> None:
     stuck = 0
     h = fr.Harvester("cuda:0")
     t = h.submit(fr.tasks.Spin(2**40, 1_000))
+    out.update(
+        admission=h.admission, launches_at_opens=h.launches_at_opens, reserve=h.reserve_mechanism
+    )
     if not wait_until(lambda: t.items_done > 0, 30):
-        result(NAME, "the Spin task never ran")
-        hard_exit(1)
+        fail("the Spin task never ran", 1)
     time.sleep(0.1)
-    for _ in range(TRIALS):
+    for _ in range(trials):
         h.gate.close(stream="host")
         time.sleep(0.02)  # the launch in flight ends; the executor waits for an open
         before = t.items_done
@@ -69,8 +106,7 @@ def main() -> None:
         if t1 >= deadline:
             stuck += 1
             if not bounded(train.synchronize, 10.0).done:
-                result(NAME, "the training stream never reached its open")
-                hard_exit(2)
+                fail("the training stream never reached its open", 2)
             continue
         d.append((t1 - t0) * 1e6)
     h.gate.close(stream="host")
@@ -81,20 +117,24 @@ def main() -> None:
         f"FREERIDE_ADMISSION={os.environ.get('FREERIDE_ADMISSION', 'unset')}), "
         f"reserve {h.reserve_mechanism}"
     )
+    d.sort()
+    out.update(delays_us=d, kept=len(d), stuck=stuck)
+    if d:
+        figures = {f"p{q}_us": percentile(d, q) for q in (50, 90, 99)}
+        out.update(figures, min_us=d[0], max_us=d[-1])
+    write_json(args.json, out)  # the figures, before the teardown can hang
     if not bounded(lambda: t.wait(30), 35.0).done:
-        hard_exit(3)
+        fail("the cancelled task did not end within 35 s", 3)
     closed = bounded(h.close, 30.0, "close")
     if not closed.done:
-        result(NAME, f"Harvester.close() {closed}")
-        hard_exit(4)
+        fail(f"Harvester.close() {closed}", 4)
     if not d:
-        result(NAME, f"{how}: every one of {TRIALS} trials stuck")
+        result(NAME, f"{how}: every one of {trials} trials stuck")
         return
-    d.sort()
     result(
         NAME,
         f"{how}: open seen -> first items, over {len(d)} trials: median "
-        f"{statistics.median(d):.0f} us, p90 {d[int(0.9 * (len(d) - 1))]:.0f} us, "
+        f"{out['p50_us']:.0f} us, p90 {out['p90_us']:.0f} us, p99 {out['p99_us']:.0f} us, "
         f"min {d[0]:.0f} us, max {d[-1]:.0f} us; stuck {stuck}",
     )
 

@@ -26,15 +26,25 @@ Outcomes:
   open's fenced write waits there for T's kernel), which is not G2.
 - never done > 0: a stream was still held 3 s later, long after T's open: worse than G2.
 - "the open carried no launch" with launches at opens on: the run tests nothing.
+
+`--opens N` (default 1) queues N open/close pairs on T after its long kernel (a 10 us
+kernel between pairs), each of which may carry a launch: with the lookahead bound
+(FREERIDE_MAX_LOOKAHEAD=K, read when the harvester is made) only the first K carry one
+and the others are counted as `beyond_lookahead` (Harvester.launch_counts()); the RESULT
+line names the bound and that count. `--json PATH` also writes the figures there (held,
+never done, launches carried, beyond the lookahead, the settings; an `error` where the
+probe stopped early), for benchmarks/measure_table.py.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-import sys
 import time
+from collections.abc import Callable
+from typing import NoReturn
 
-from _probe import bounded, cycles_per_ms, hard_exit, note, result
+from _probe import bounded, cycles_per_ms, hard_exit, note, result, write_json
 
 NAME = "probe_channels"
 OTHERS = 24
@@ -43,7 +53,39 @@ HELD_SLACK_MS = 5.0
 
 
 def main() -> None:
-    mechanism = sys.argv[1] if len(sys.argv) > 1 else "occupancy-cap"
+    parser = argparse.ArgumentParser(description="other streams held by launches at opens (G2)")
+    parser.add_argument(
+        "mechanism", nargs="?", default="occupancy-cap", choices=("occupancy-cap", "green-context")
+    )
+    parser.add_argument("--opens", type=int, default=1, help="open/close pairs queued on T")
+    parser.add_argument("--json", default=None, help="write the figures here as JSON")
+    args = parser.parse_args()
+    mechanism, opens = args.mechanism, max(1, args.opens)
+    bound = os.environ.get("FREERIDE_MAX_LOOKAHEAD", "unset")
+    out: dict = {
+        "probe": NAME,
+        "mechanism": mechanism,
+        "opens": opens,
+        "others": OTHERS,
+        "max_lookahead_env": bound,
+        "connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "unset (8)"),
+    }
+
+    def fail(text: str, code: int) -> NoReturn:
+        result(NAME, text)
+        write_json(args.json, {**out, "error": text})
+        hard_exit(code)
+
+    try:
+        measure(args, out, fail)
+    except Exception as exc:  # the JSON says why, then the traceback as usual
+        write_json(args.json, {**out, "error": f"{type(exc).__name__}: {exc}"})
+        raise
+
+
+def measure(args: argparse.Namespace, out: dict, fail: Callable[[str, int], NoReturn]) -> None:
+    mechanism, opens = args.mechanism, max(1, args.opens)
+    bound = out["max_lookahead_env"]
     import torch
 
     import freeride as fr
@@ -61,8 +103,9 @@ def main() -> None:
         f"reserve {h.reserve_mechanism} (fallback: {h.reserve_fallback}), launches at opens "
         f"{h.launches_at_opens}, CUDA_DEVICE_MAX_CONNECTIONS="
         f"{os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS', 'unset (8)')}, "
-        f"{cyc / 1e6:.2f} GHz",
+        f"{cyc / 1e6:.2f} GHz, FREERIDE_MAX_LOOKAHEAD={bound}, {opens} open(s) on T",
     )
+    out.update(reserve=h.reserve_mechanism, launches_at_opens=h.launches_at_opens)
     t = h.submit(fr.tasks.Spin(10**9, 10_000))
     time.sleep(0.2)  # it runs with the gate open
     h.gate.close(stream="host")
@@ -73,6 +116,10 @@ def main() -> None:
         reached.record()
         h.gate.open(stream=T)  # with launches at opens: a launch waiting for this point
         h.gate.close(stream=T)
+        for _ in range(opens - 1):  # more opens ahead: the lookahead bound's subject
+            torch.cuda._sleep(int(0.01 * cyc))
+            h.gate.open(stream=T)
+            h.gate.close(stream=T)
     for s, e in zip(others, events, strict=True):  # independent work, enqueued after it
         with torch.cuda.stream(s):
             torch.cuda._sleep(1000)
@@ -90,30 +137,39 @@ def main() -> None:
     sync = bounded(T.synchronize, 10.0, "T.synchronize")
     after = h.launch_counts()
     carried = after.at_opens - before.at_opens
+    beyond = after.beyond_lookahead - before.beyond_lookahead
     if reached_ms is None:
-        result(NAME, f"T did not reach its open within 3 s ({HOLD_MS:.0f} ms expected)")
-        hard_exit(1)
+        fail(f"T did not reach its open within 3 s ({HOLD_MS:.0f} ms expected)", 1)
     held = sorted(round(ms, 1) for ms in done.values() if ms >= reached_ms - HELD_SLACK_MS)
     free = sorted(round(ms, 2) for ms in done.values() if ms < reached_ms - HELD_SLACK_MS)
     never = OTHERS - len(done)
+    out.update(
+        held=len(held),
+        held_done_ms=held,
+        never_done=never,
+        reached_ms=reached_ms,
+        launches_at_these_opens=carried,
+        beyond_lookahead=beyond,
+        max_lookahead=after.max_lookahead,
+    )
+    write_json(args.json, out)  # the figures, before the teardown can hang
     result(
         NAME,
         f"{mechanism} -> {h.reserve_mechanism}, launches at opens {h.launches_at_opens}: "
         f"{len(held)}/{OTHERS} independent streams held until T's open "
         f"(T reached it at {reached_ms:.1f} ms; held streams done at ms {held}); "
         f"never done within 3 s: {never}; the others done by {max(free, default=0)} ms; "
-        f"launches at this open: {carried}",
+        f"launches at {'this open' if opens == 1 else f'these {opens} opens'}: {carried}; "
+        f"FREERIDE_MAX_LOOKAHEAD={bound}: opens left without a launch {beyond}",
     )
     if h.launches_at_opens and carried == 0:
         result(NAME, "the open carried no launch: this run does not test G2")
     if not sync.done:
-        result(NAME, f"T.synchronize() {sync}: hung after the close; leaving")
-        hard_exit(2)
+        fail(f"T.synchronize() {sync}: hung after the close; leaving", 2)
     t.cancel()
     closed = bounded(h.close, 30.0, "close")
     if not closed.done:
-        result(NAME, f"Harvester.close() {closed}")
-        hard_exit(3)
+        fail(f"Harvester.close() {closed}", 3)
 
 
 if __name__ == "__main__":

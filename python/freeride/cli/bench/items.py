@@ -7,6 +7,12 @@ preemptible run by the executor's own stream-ordered marks around each launch, s
 are kernel time and neither includes the host. The host backend runs the plain items on
 the calling thread and the preemptible ones on one worker.
 
+Side-kernel bandwidth against a plain copy: a `copy` row moves the same bytes as the
+Saxpy float32 workload (3 x its n floats: a buffer of 1.5 n floats read and one written;
+GPU: torch's `copy_`, a device-to-device cudaMemcpyAsync on the whole device, outside the
+reserve, timed with CUDA events; host: numpy's `copyto`), and every row with a bandwidth
+gets `vs_copy_pct`, its preemptible GB/s against the copy's.
+
 The one place the tooling goes under the public face: what it measures is the core's
 own launches (a bound task's core run plain and through the executor, the launch log's
 marks), which no user-facing call exposes.
@@ -54,6 +60,11 @@ def measure(mode: str, quick: bool) -> dict:
             row["plain_GBps"] = nbytes / plain / 1e9 if nbytes else None
             row["preemptible_GBps"] = nbytes / items / 1e9 if nbytes else None
             rows.append(row)
+    copy = _copy_row(gpu, quick, repeats)
+    for row in rows:
+        side = row["preemptible_GBps"]
+        row["vs_copy_pct"] = 100 * side / copy["plain_GBps"] if side else None
+    rows.append(copy)
     return {
         "rows": rows,
         "settings": {"repeats": repeats, "quick": quick, "reserve_mechanism": mechanism},
@@ -69,7 +80,62 @@ def measure(mode: str, quick: bool) -> dict:
                 "GPU times are kernel times from stream-ordered events; GBps counts the bytes "
                 "each task must read and write once"
             ),
+            (
+                f"{COPY_TASK}: Saxpy float32's bytes moved by a plain copy (GPU: torch copy_,"
+                " device to device, on the whole device; host: numpy copyto); vs_copy_pct ="
+                " preemptible GBps / the copy's GBps"
+            ),
         ],
+    }
+
+
+COPY_TASK = "copy (Saxpy float32's bytes)"
+
+
+def _saxpy_n(gpu: bool, quick: bool) -> int:
+    """The Saxpy workloads' element count (_workloads)."""
+    scale = (1 if quick else 4) if gpu else 1
+    return (1 << 24) * scale if gpu else 1 << 18
+
+
+def _copy_row(gpu: bool, quick: bool, repeats: int) -> dict:
+    """A plain copy of as many bytes as Saxpy float32 moves (it reads x and y and writes
+    y, 3 n floats; the copy reads and writes 1.5 n), timed as the plain kernels are."""
+    count = _saxpy_n(gpu, quick) * 3 // 2
+    nbytes = 2 * count * 4
+    if gpu:
+        import torch
+
+        src = torch.rand(count, device="cuda")
+        dst = torch.empty_like(src)
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            dst.copy_(src)  # warm-up
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            for _ in range(repeats):
+                dst.copy_(src)
+            end.record(stream)
+        end.synchronize()
+        seconds = start.elapsed_time(end) / 1000 / repeats
+    else:
+        host_src = np.random.default_rng(0).random(count, dtype=np.float32)
+        host_dst = np.empty_like(host_src)
+        np.copyto(host_dst, host_src)  # warm-up
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            np.copyto(host_dst, host_src)
+        seconds = (time.perf_counter() - t0) / repeats
+    return {
+        "task": COPY_TASK,
+        "plain_ms": seconds * 1000,
+        "preemptible_ms": None,
+        "item_overhead_pct": None,
+        "launches": None,
+        "plain_GBps": nbytes / seconds / 1e9,
+        "preemptible_GBps": None,
+        "vs_copy_pct": None,
     }
 
 
@@ -92,7 +158,7 @@ def _workloads(
         return torch.from_numpy(host).cuda()
 
     out: list[tuple[str, Callable[[], Any], int]] = []
-    n = (1 << 24) * scale if gpu else 1 << 18
+    n = _saxpy_n(gpu, quick)
     for dtype in (np.float32, np.float64):
         x, y = arr((n,), dtype), arr((n,), dtype)
         size = 3 * n * np.dtype(dtype).itemsize

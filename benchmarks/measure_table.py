@@ -1,0 +1,494 @@
+"""The table of benchmarks/run_gpu.sh's `measure` step: every figure of issue 36's
+"measured in one run" against its target.
+
+    python3 benchmarks/measure_table.py DIR [--out FILE]
+
+Reads what the step wrote into DIR (the file names are FILES and channels_file() below):
+the JSON of `freeride bench preempt|pipeline|items`, of probes/probe_admission.py (at
+opens, the executor's ring, poll), of probes/probe_channels.py (each reserve, with the
+lookahead bound unset and 1) and of probes/probe_harvest_matrix.py, and prints one
+markdown table: metric, setting, measured value, target, verdict. Verdicts: `met`,
+`missed`, `not run` (no output: not started, or cut short before writing), `failed` (it
+ran and gave no figure, or a figure that does not measure the metric) and `no target`
+(reported for reference). Every figure shown is one of the inputs', or a ratio or sum of
+two of them where the cell says so (a bandwidth's share of the copy's; a pair's host cost
+plus its launch's). A missing or truncated input leaves its rows `not run` (`failed`
+where run_gpu.sh's stand-in says the item exited with an error) and never stops the
+table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from typing import Any, NamedTuple
+
+MET, MISSED, NOT_RUN, FAILED, NO_TARGET = "met", "missed", "not run", "failed", "no target"
+
+FILES = {
+    "preempt": "preempt.json",
+    "pipeline": "pipeline.json",
+    "items": "items.json",
+    "harvest": "harvest.json",
+    "admission_at_open": "admission_at_open.json",
+    "admission_ring": "admission_ring.json",
+    "admission_poll": "admission_poll.json",
+}
+RESERVES = ("occupancy-cap", "green-context")
+LOOKAHEADS = ("none", "1")  # FREERIDE_MAX_LOOKAHEAD unset, and 1
+
+
+def channels_file(reserve: str, lookahead: str) -> str:
+    return f"channels_{reserve}_lookahead_{lookahead}.json"
+
+
+# Targets (benchmarks/README.md, issue 36).
+PAUSE_ITEM_US = (1, 5, 10, 20, 100)
+PAUSE_TARGET = (10, 20.0)  # p99 <= 20 us with 10 us items
+DEVICE_ADMISSION_US = 10.0
+HOST_ADMISSION_US = 30.0
+HARVEST_SHARE = 0.85
+OVERHEAD_PCT = 0.5
+ITEM_OVERHEAD_PCT = 3.0
+PAIR_HOST_US = 10.0
+TRAINING_ADMISSION_US = 10.0
+
+PAUSE_VARIANT = "freeride, gate in device memory"
+# The harvest matrix's runs, one row each (probes/probe_harvest_matrix.py's RUNS keys).
+HARVEST_ROWS = (
+    ("spin-20ms-8q", "single-phase Spin, 5 bubbles of 20 ms, 8 queues (default)"),
+    ("spin-20ms-1q", "single-phase Spin, 5 bubbles of 20 ms, 1 queue"),
+    ("phases-20ms-8q-ahead0", "30-phase ItemCounter, 20 ms bubbles, 8 queues, phases ahead off"),
+    ("phases-20ms-1q-ahead0", "30-phase ItemCounter, 20 ms bubbles, 1 queue, phases ahead off"),
+    ("phases-20ms-8q-ahead1", "30-phase ItemCounter, 20 ms bubbles, 8 queues, phases ahead on"),
+    ("phases-20ms-1q-ahead1", "30-phase ItemCounter, 20 ms bubbles, 1 queue, phases ahead on"),
+    ("spin-0.5ms-8q", "single-phase Spin, 20 bubbles of 0.5 ms, 8 queues (default)"),
+    ("spin-0.5ms-1q", "single-phase Spin, 20 bubbles of 0.5 ms, 1 queue"),
+)
+PIPELINE_TASKS = ("saxpy", "blur", "pagerank", "spin")
+PIPELINE_CONNECTIONS = (("default", "8 queues (default)"), ("1", "1 queue"))
+ITEM_TASKS = ("Saxpy float32", "Saxpy float64", "PageRank", "GaussianBlur", "Resize")
+BANDWIDTH_TASKS = ("Saxpy float32", "Saxpy float64", "GaussianBlur")
+COPY_PREFIX = "copy"
+
+
+class Row(NamedTuple):
+    metric: str
+    setting: str
+    measured: str
+    target: str
+    verdict: str
+
+
+class Source(NamedTuple):
+    """One input: its data, or why there is none (`missing`: the text for its rows;
+    `failed`: the item ran and failed, as the stand-in run_gpu.sh writes for an item that
+    exited with an error before writing its output says)."""
+
+    data: Any
+    missing: str
+    failed: bool = False
+
+
+def load(folder: str, name: str) -> Source:
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        return Source(None, f"no {name}")
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        return Source(None, f"{name} unreadable (cut short?): {type(exc).__name__}")
+    if isinstance(data, dict) and data.get("stand_in"):
+        return Source(None, str(data.get("error", "failed")), failed=True)
+    return Source(data, "")
+
+
+def judge(ok: bool) -> str:
+    return MET if ok else MISSED
+
+
+def us(value: float) -> str:
+    """Microseconds as the table shows them."""
+    if abs(value) < 10:
+        return f"{value:.2f}"
+    if abs(value) < 1000:
+        return f"{value:.1f}"
+    return f"{value:,.0f}"
+
+
+def _num(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _not_run(metric: str, setting: str, target: str, source: Source) -> Row:
+    """The row of a figure the inputs lack: not run, or failed where the item failed."""
+    verdict = FAILED if source.failed else NOT_RUN
+    return Row(metric, setting, source.missing or "absent from the output", target, verdict)
+
+
+# -- the rows, in the order of the issue's list -------------------------------------------
+
+
+def pause_rows(preempt: Source) -> list[Row]:
+    metric = "pause latency p50 / p99 / max"
+    rows = []
+    found = {}
+    for r in (preempt.data or {}).get("rows", []):
+        if r.get("variant") == PAUSE_VARIANT and _num(r.get("p99_us")):
+            found[r.get("item_us")] = r
+    for item in PAUSE_ITEM_US:
+        setting = f"{item} µs items, gate in device memory"
+        target, limit = ("—", None)
+        if item == PAUSE_TARGET[0]:
+            target, limit = f"p99 ≤ {PAUSE_TARGET[1]:g} µs", PAUSE_TARGET[1]
+        r = found.get(item)
+        if r is None:
+            rows.append(_not_run(metric, setting, target, preempt))
+            continue
+        measured = (
+            f"{us(r['p50_us'])} / {us(r['p99_us'])} / {us(r['max_us'])} µs "
+            f"({r.get('trials')} trials)"
+        )
+        verdict = NO_TARGET if limit is None else judge(r["p99_us"] <= limit)
+        rows.append(Row(metric, setting, measured, target, verdict))
+    return rows
+
+
+def side_admission_rows(at_open: Source, ring: Source, poll: Source) -> list[Row]:
+    metric = "side admission p50 / p99 (open seen → first items)"
+    cases = (
+        (at_open, "device-started: launches at opens (default)", DEVICE_ADMISSION_US, True),
+        (
+            ring,
+            "host-started: executor, ring (FREERIDE_LAUNCH_AT_OPEN=0)",
+            HOST_ADMISSION_US,
+            False,
+        ),
+        (poll, "host-started: executor, FREERIDE_ADMISSION=poll", HOST_ADMISSION_US, False),
+    )
+    rows = []
+    for source, setting, limit, at_opens in cases:
+        target = f"p99 ≤ {limit:g} µs"
+        d = source.data
+        if d is None:
+            rows.append(_not_run(metric, setting, target, source))
+            continue
+        if d.get("launches_at_opens") is not None and d["launches_at_opens"] != at_opens:
+            measured = f"ran with launches at opens {d['launches_at_opens']}: not this setting"
+            rows.append(Row(metric, setting, measured, target, FAILED))
+            continue
+        if not _num(d.get("p99_us")):
+            why = d.get("error") or f"every trial stuck ({d.get('stuck')})"
+            rows.append(Row(metric, setting, f"no figure: {why}", target, FAILED))
+            continue
+        measured = (
+            f"{us(d['p50_us'])} / {us(d['p99_us'])} µs ({d.get('kept')} of {d.get('trials')} "
+            f"trials, stuck {d.get('stuck')})"
+        )
+        if d.get("error"):
+            measured += f"; then: {d['error']}"
+        rows.append(Row(metric, setting, measured, target, judge(d["p99_us"] <= limit)))
+    return rows
+
+
+def harvest_rows(harvest: Source) -> list[Row]:
+    metric = "harvest of open-gate time, queued bubbles"
+    target = f"≥ {HARVEST_SHARE:.0%}"
+    data = harvest.data or {}
+    runs = {r.get("key"): r for r in data.get("runs", [])}
+    rows = []
+    for key, setting in HARVEST_ROWS:
+        run = runs.get(key)
+        if run is None:
+            missing = harvest
+            if harvest.data is not None:
+                planned = key in data.get("planned", [key])
+                why = "not reached (budget, or cut short)" if planned else "not in the run's plan"
+                missing = Source(None, why)
+            rows.append(_not_run(metric, setting, target, missing))
+            continue
+        r = run.get("result")
+        if not isinstance(r, dict) or not _num(r.get("harvest_share")):
+            why = run.get("error") or "no harvest share in the worker's result"
+            rows.append(Row(metric, setting, f"no figure: {why}", target, FAILED))
+            continue
+        share = r["harvest_share"]
+        items = r.get("items_in_bubbles")
+        measured = f"{share:.1%} ({f'{items:,}' if _num(items) else items} items in the bubbles"
+        if _num(r.get("open_gate_items_per_s")):
+            measured += f"; open gate {r['open_gate_items_per_s']:,.0f} items/s"
+        measured += ")"
+        if r.get("queued_ahead") is False:
+            measured += "; NOT queued ahead: the GPU caught up with the host"
+        if "phases_in_bubbles" in r:
+            measured += f"; {r['phases_in_bubbles']} phases in the bubbles"
+            if r.get("violations_in_bubbles") or r.get("violations"):
+                measured += f"; item protocol VIOLATED ({r.get('violations')})"
+            if r.get("finished") is False or r.get("counts_all_one") is False:
+                measured += "; NOT every item once"
+        rows.append(Row(metric, setting, measured, target, judge(share >= HARVEST_SHARE)))
+    return rows
+
+
+def held_rows(channels: dict[tuple[str, str], Source]) -> list[Row]:
+    metric = "other-stream kernels held (G2 probe)"
+    target = "0 of 24"
+    rows = []
+    for reserve in RESERVES:
+        for lookahead in LOOKAHEADS:
+            bound = "no lookahead bound" if lookahead == "none" else f"lookahead bound {lookahead}"
+            setting = f"{reserve}, {bound}"
+            source = channels[(reserve, lookahead)]
+            d = source.data
+            if d is None:
+                rows.append(_not_run(metric, setting, target, source))
+                continue
+            if not _num(d.get("held")):
+                why = d.get("error") or "no count in the output"
+                rows.append(Row(metric, setting, f"no figure: {why}", target, FAILED))
+                continue
+            others, never = d.get("others", 24), d.get("never_done", 0)
+            carried = d.get("launches_at_these_opens")
+            measured = (
+                f"{d['held']} of {others} held, {never} never done; {d.get('opens')} opens: "
+                f"{carried} carried a launch, {d.get('beyond_lookahead')} left without "
+                "(beyond the bound)"
+            )
+            if d.get("launches_at_opens") and carried == 0:
+                measured += "; the opens carried no launch: tests nothing"
+                rows.append(Row(metric, setting, measured, target, FAILED))
+                continue
+            if d.get("error"):
+                measured += f"; then: {d['error']}"
+            rows.append(Row(metric, setting, measured, target, judge(d["held"] == never == 0)))
+    return rows
+
+
+def overhead_rows(pipeline: Source) -> list[Row]:
+    metric = "training overhead (bench pipeline)"
+    target = f"≤ {OVERHEAD_PCT:g}%"
+    found = {}
+    for r in (pipeline.data or {}).get("rows", []):
+        found[(r.get("variant"), str(r.get("connections")))] = r
+    iters = ((pipeline.data or {}).get("settings") or {}).get("iterations_per_variant")
+    rows = []
+    for connections, shown in PIPELINE_CONNECTIONS:
+        for task in PIPELINE_TASKS:
+            setting = f"{task}, {shown}"
+            r = found.get((f"freeride: {task}", connections))
+            if r is None or not _num(r.get("overhead_pct")):
+                rows.append(_not_run(metric, setting, target, pipeline))
+                continue
+            measured = f"{r['overhead_pct']:.2f}%"
+            if _num(r.get("harvest_eff_pct")):
+                measured += f" (harvest {r['harvest_eff_pct']:.1f}%, {iters} iterations)"
+            verdict = judge(r["overhead_pct"] <= OVERHEAD_PCT)
+            rows.append(Row(metric, setting, measured, target, verdict))
+    return rows
+
+
+def _item_row(items: Source, prefix: str) -> dict | None:
+    for r in (items.data or {}).get("rows", []):
+        if str(r.get("task", "")).startswith(prefix):
+            return r
+    return None
+
+
+def item_rows(items: Source) -> list[Row]:
+    metric = "item overhead vs a plain kernel (bench items)"
+    target = f"≤ {ITEM_OVERHEAD_PCT:g}%"
+    rows = []
+    for prefix in ITEM_TASKS:
+        r = _item_row(items, prefix)
+        if r is None or not _num(r.get("item_overhead_pct")):
+            rows.append(_not_run(metric, prefix, target, items))
+            continue
+        measured = (
+            f"{r['item_overhead_pct']:+.2f}% (plain {r['plain_ms']:.3f} ms, preemptible "
+            f"{r['preemptible_ms']:.3f} ms)"
+        )
+        verdict = judge(r["item_overhead_pct"] <= ITEM_OVERHEAD_PCT)
+        rows.append(Row(metric, r["task"], measured, target, verdict))
+    return rows
+
+
+def bandwidth_rows(items: Source) -> list[Row]:
+    metric = "side-kernel bandwidth vs a plain copy (bench items)"
+    target = "—"
+    copy = _item_row(items, COPY_PREFIX)
+    rows = []
+    for prefix in BANDWIDTH_TASKS:
+        r = _item_row(items, prefix)
+        if r is None or not _num(r.get("preemptible_GBps")):
+            rows.append(_not_run(metric, prefix, target, items))
+            continue
+        if copy is None or not _num(copy.get("plain_GBps")):
+            measured = f"preemptible {r['preemptible_GBps']:,.0f} GB/s; no copy row"
+            rows.append(Row(metric, r["task"], measured, target, NOT_RUN))
+            continue
+        share = r["preemptible_GBps"] / copy["plain_GBps"]
+        measured = (
+            f"preemptible {r['preemptible_GBps']:,.0f} GB/s = {share:.0%} of the copy's "
+            f"{copy['plain_GBps']:,.0f} GB/s (plain kernel {r['plain_GBps']:,.0f} GB/s)"
+        )
+        rows.append(Row(metric, r["task"], measured, target, NO_TARGET))
+    return rows
+
+
+def _gate_row(preempt: Source, metric: str, **match: str) -> dict | None:
+    for r in (preempt.data or {}).get("rows", []):
+        if r.get("metric") == metric and all(r.get(k) == v for k, v in match.items()):
+            return r
+    return None
+
+
+def host_cost_rows(preempt: Source) -> list[Row]:
+    metric = "host cost per close+open pair (bench preempt)"
+    target = f"≤ {PAIR_HOST_US:g} µs (p50)"
+    rows = []
+    for admission, setting in (
+        ("ring", "batch write, gate in device memory, ring (default)"),
+        ("poll", "batch write, gate in device memory, FREERIDE_ADMISSION=poll"),
+    ):
+        base = {"variant": "gate write", "mechanism": "batch", "gate": "device"}
+        r = _gate_row(preempt, "close+open host cost", admission=admission, **base)
+        if r is None:
+            unavailable = _gate_row_unavailable(preempt, admission)
+            if unavailable:
+                rows.append(Row(metric, setting, unavailable, target, FAILED))
+            else:
+                rows.append(_not_run(metric, setting, target, preempt))
+            continue
+        measured = f"p50 {us(r['p50_us'])} / p99 {us(r['p99_us'])} µs"
+        rows.append(Row(metric, setting, measured, target, judge(r["p50_us"] <= PAIR_HOST_US)))
+    setting = "with the side launch an open enqueues (launch at open)"
+    idle = _gate_row(preempt, "close+open host cost, no task", variant="launch at open")
+    extra = _gate_row(preempt, "launch at open host cost", variant="launch at open")
+    if idle is None or extra is None:
+        gone = [
+            r
+            for r in (preempt.data or {}).get("rows", [])
+            if r.get("variant") == "launch at open" and r.get("unavailable")
+        ]
+        if gone:
+            rows.append(Row(metric, setting, gone[0]["unavailable"], target, FAILED))
+        else:
+            rows.append(_not_run(metric, setting, target, preempt))
+        return rows
+    total = idle["p50_us"] + extra["p50_us"]
+    measured = (
+        f"pair {us(idle['p50_us'])} + launch {us(extra['p50_us'])} = {us(total)} µs "
+        f"(sum of p50s; p99s {us(idle['p99_us'])} and {us(extra['p99_us'])}; "
+        f"{extra.get('opens_with_launch')} of {extra.get('opens')} opens carried one)"
+    )
+    rows.append(Row(metric, setting, measured, target, judge(total <= PAIR_HOST_US)))
+    return rows
+
+
+def _gate_row_unavailable(preempt: Source, admission: str) -> str:
+    for r in (preempt.data or {}).get("rows", []):
+        if (
+            r.get("variant") == "gate write"
+            and r.get("mechanism") == "batch"
+            and r.get("gate") == "device"
+            and r.get("admission") == admission
+            and r.get("unavailable")
+        ):
+            return f"unavailable: {r['unavailable']}"
+    return ""
+
+
+def training_admission_rows(preempt: Source) -> list[Row]:
+    metric = "training-kernel admission p99 while side work runs (bench preempt)"
+    setting = "every side task × reserve × stream × probe shape"
+    target = f"p99 ≤ {TRAINING_ADMISSION_US:g} µs"
+    judged = [
+        r
+        for r in (preempt.data or {}).get("rows", [])
+        if r.get("variant") == "admission"
+        and r.get("reserve") != "none"
+        and r.get("target_10us") in ("pass", "miss")
+        and _num(r.get("p99_us"))
+    ]
+    if preempt.data is None:
+        return [_not_run(metric, setting, target, preempt)]
+    if not judged:
+        return [Row(metric, setting, "no admission row with data", target, FAILED)]
+    passed = sum(r["p99_us"] <= TRAINING_ADMISSION_US for r in judged)
+    worst = max(judged, key=lambda r: r["p99_us"])
+    measured = (
+        f"{passed} of {len(judged)} rows meet it; worst p99 {us(worst['p99_us'])} µs "
+        f"({worst.get('task')}, {worst.get('reserve')}, {worst.get('stream')}, "
+        f"{worst.get('probe')})"
+    )
+    return [Row(metric, setting, measured, target, judge(passed == len(judged)))]
+
+
+# -- the table ----------------------------------------------------------------------------
+
+
+def rows_of(folder: str) -> list[Row]:
+    src = {key: load(folder, name) for key, name in FILES.items()}
+    channels = {(r, la): load(folder, channels_file(r, la)) for r in RESERVES for la in LOOKAHEADS}
+    return [
+        *pause_rows(src["preempt"]),
+        *side_admission_rows(
+            src["admission_at_open"], src["admission_ring"], src["admission_poll"]
+        ),
+        *harvest_rows(src["harvest"]),
+        *held_rows(channels),
+        *overhead_rows(src["pipeline"]),
+        *item_rows(src["items"]),
+        *bandwidth_rows(src["items"]),
+        *host_cost_rows(src["preempt"]),
+        *training_admission_rows(src["preempt"]),
+    ]
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "/").replace("\n", " ")
+
+
+def heading(folder: str) -> str:
+    """Which run the table is of: device, commit and date of the first bench JSON there."""
+    for key in ("preempt", "items", "pipeline"):
+        d = load(folder, FILES[key]).data
+        if isinstance(d, dict) and d.get("device"):
+            return f"{d['device']}, commit {d.get('commit')}, {d.get('date')}"
+    return "no benchmark output"
+
+
+def table(folder: str) -> str:
+    rows = rows_of(folder)
+    lines = [
+        f"Measured in one run (issue 36): {heading(folder)}",
+        "",
+        "| metric | setting | measured | target | verdict |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    counts = Counter(row.verdict for row in rows)
+    order = (MET, MISSED, FAILED, NOT_RUN, NO_TARGET)
+    lines += ["", ", ".join(f"{counts[v]} {v}" for v in order) + f" ({len(rows)} rows)"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="the measure step's table of targets")
+    parser.add_argument("folder", help="where the measure step wrote its JSON")
+    parser.add_argument("--out", default=None, help="also write the table here")
+    args = parser.parse_args(argv)
+    text = table(args.folder)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
