@@ -156,6 +156,7 @@ bool Executor::cancel(uint64_t id, bool wait) {
     // (a backoff in progress ends now: the launches left are to be drained).
     r.cancel_requested = true;
     backend_->interrupt_waits();
+    done_cv_.notify_all();  // waiters already asleep start looking for it going inert
     if (wait) wait_locked(lock, -1.0, [&] { return is_final(r.state); });
   } else {
     finish_locked(r, TaskState::Cancelled, ErrorKind::Cancelled, "cancelled");
@@ -173,6 +174,12 @@ std::vector<uint64_t> Executor::take_finished() {
 
 void Executor::forget(uint64_t id) {
   std::lock_guard<std::mutex> lock(mutex_);
+  for (Retiring& t : retiring_) {
+    if (t.id == id) {
+      t.forgotten = true;
+      return;
+    }
+  }
   auto it = records_.find(id);
   if (it != records_.end() && is_final(it->second->state)) records_.erase(it);
 }
@@ -200,19 +207,33 @@ bool Executor::wait_launches_taken(double timeout_s) {
   // The launches ending now, per task: (id, how many ends must have been logged). Not
   // those that begin later: on CUDA a task relaunches at every time slice while the gate
   // stays open, and each of those launches ends by itself too.
-  std::vector<std::pair<uint64_t, uint64_t>> ending;
+  // A runner of a task that is final already is retiring (a cancel, retire_inert_locked)
+  // or gone: its ends count once taken, or all of them were.
+  struct Ending {
+    uint64_t id;
+    const PhaseRunner* runner;
+    uint64_t n;
+  };
+  std::vector<Ending> ending;
   for (const auto& [id, r] : records_) {
     if (!r->runner) continue;
     const uint64_t n = r->runner->launches_ending();
-    if (n > r->ends_logged) ending.emplace_back(id, n);
+    if (n > r->ends_logged) ending.push_back({id, r->runner.get(), n});
+  }
+  for (const Retiring& t : retiring_) {
+    const uint64_t n = t.runner->launches_ending();
+    if (n > t.runner->launches_taken()) ending.push_back({t.id, t.runner.get(), n});
   }
   return done_cv_.wait_until(lock, deadline, [&] {
     if (closing_) return true;  // close() takes or abandons them; nothing is logged after
-    for (const auto& [id, n] : ending) {
-      auto it = records_.find(id);
-      // A task final (its runner gone) took all its launches' ends first.
-      if (it != records_.end() && it->second->runner && it->second->ends_logged < n) {
-        return false;
+    for (const Ending& e : ending) {
+      auto it = records_.find(e.id);
+      if (it != records_.end() && it->second->runner.get() == e.runner) {
+        if (it->second->ends_logged < e.n) return false;
+        continue;
+      }
+      for (const Retiring& t : retiring_) {
+        if (t.runner.get() == e.runner && e.runner->launches_taken() < e.n) return false;
       }
     }
     return true;
@@ -371,12 +392,20 @@ void Executor::retire_inert_locked() {
   finish_locked(r, TaskState::Cancelled, ErrorKind::Cancelled, "cancelled", nullptr, true);
 }
 
+void Executor::count_launch_locked(const LaunchMarks& marks, bool ran_nothing) {
+  ++launches_;
+  if (marks.at_open) ++open_launches_;
+  if (ran_nothing) {
+    ++idle_launches_;
+    if (marks.at_open) ++idle_open_launches_;
+  }
+}
+
 void Executor::drain_retiring_locked(std::unique_lock<std::mutex>& lock) {
   Retiring& t = retiring_.front();  // a deque's push_back leaves references to it valid
   PhaseRunner* runner = t.runner.get();
   bool abandoned = false;
   if (runner->in_flight()) {
-    const uint64_t done_before = runner->done();
     LaunchMarks marks;
     lock.unlock();
     try {
@@ -388,18 +417,18 @@ void Executor::drain_retiring_locked(std::unique_lock<std::mutex>& lock) {
       // (a broken context shows in the next task's run()). Its ends are gone with it.
     }
     lock.lock();
-    if (marks.admitted) {
-      const bool ran_nothing = runner->done() == done_before;
-      ++launches_;
-      if (ran_nothing) ++idle_launches_;
-      if (marks.at_open) ++open_launches_;
-      if (marks.at_open && ran_nothing) ++idle_open_launches_;
+    // Its marks are nobody's (the task is final, nothing of it is recorded any more).
+    if (marks.start != 0) {
+      backend_->release_mark(marks.start);
+      backend_->release_mark(marks.end);
     }
+    if (marks.admitted) count_launch_locked(marks, false);  // cancelled: not idle
   }
   if (!abandoned && runner->in_flight()) return;
   // Abandoned at close: its launches may still run, so its memory stays (take_abandoned).
   (abandoned ? abandoned_ : finished_).push_back(t.id);
   used_ -= t.memory_bytes;
+  if (t.forgotten) records_.erase(t.id);
   retiring_.pop_front();
   done_cv_.notify_all();
   work_cv_.notify_all();
@@ -520,13 +549,7 @@ void Executor::loop() {
       // Cancelled and retired while this launch ran (retire_inert_locked): the runner's
       // other launches are drained as a retiring runner's (an error or an abandon of this
       // run() shows there again); this launch's end is counted.
-      if (marks.admitted) {
-        const bool idle = runner->done() == done_before;
-        ++launches_;
-        if (idle) ++idle_launches_;
-        if (marks.at_open) ++open_launches_;
-        if (marks.at_open && idle) ++idle_open_launches_;
-      }
+      count_launch_locked(marks, false);  // cancelled: not idle, as below
       draining = nullptr;
       continue;
     }
@@ -540,12 +563,7 @@ void Executor::loop() {
 
     const bool ran_nothing = marks.admitted && error.empty() && !r->cancel_requested &&
                              runner->done() == done_before;
-    ++launches_;
-    if (marks.at_open) ++open_launches_;
-    if (ran_nothing) {
-      ++idle_launches_;
-      if (marks.at_open) ++idle_open_launches_;
-    }
+    count_launch_locked(marks, ran_nothing);
     // Only a launch of the executor's own, admitted on the gate's mirror, that ran
     // nothing says the mirror may be stale (see kBackoffMinS).
     const bool idle_launch = ran_nothing && !marks.at_open && !marks.successor;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend.hpp"
+#include "doorbell.hpp"
 #include "task.hpp"
 
 namespace freeride {
@@ -199,6 +200,8 @@ class Executor {
   // Takes one end of the oldest retiring runner's launches (the lock is released while it
   // waits); once none is left, names the task in take_finished() (or take_abandoned()).
   void drain_retiring_locked(std::unique_lock<std::mutex>& lock);
+  // Counts a launch whose end was taken (ran_nothing: it ran no item, not cancelled).
+  void count_launch_locked(const LaunchMarks& marks, bool ran_nothing);
   // Cancelled at close with launches that may still run: see take_abandoned().
   void abandon_locked(Record& r);
   Record& record_locked(uint64_t id) const;
@@ -210,9 +213,7 @@ class Executor {
   bool wait_locked(std::unique_lock<std::mutex>& lock, double timeout_s, Ready ready) {
     using clock = std::chrono::steady_clock;
     const bool forever = timeout_s < 0;
-    const auto deadline = forever ? clock::time_point::max()
-                                  : clock::now() + std::chrono::duration_cast<clock::duration>(
-                                                       std::chrono::duration<double>(timeout_s));
+    const auto deadline = forever ? clock::time_point::max() : clock::now() + clamp_timeout(timeout_s);
     while (true) {
       retire_inert_locked();
       if (ready()) return true;
@@ -255,6 +256,8 @@ class Executor {
     uint64_t id = 0;
     std::unique_ptr<PhaseRunner> runner;
     uint64_t memory_bytes = 0;  // still charged against the budget until they ended
+    bool forgotten = false;     // forget() came first: the record goes once drained (the
+                                // loop may still hold it, inside run() when it retired)
   };
   std::deque<Retiring> retiring_;
   bool closing_ = false;

@@ -146,7 +146,8 @@ def test_cancel_is_final_once_no_launch_in_flight_can_run_an_item(ex):
     wait_until(lambda: q.pending == 0)
     wait_until(lambda: task in ex.take_finished())
     assert _items(ex, task) == 3 and q.ran == 3
-    assert ex.open_launches == 3 and ex.idle_open_launches == 2
+    # A cancelled task's launches are not counted idle, whoever waited (the loop's rule).
+    assert ex.open_launches == 3 and ex.idle_open_launches == 0
 
 
 def test_cancel_wait_returns_before_the_gpu_reaches_the_opens_queued_ahead(ex):
@@ -415,3 +416,47 @@ def test_reclaim_with_nothing_abandoned():
     ex = _C._testing.queue_executor()
     ex.close(0.2)
     assert ex.reclaim_abandoned()
+
+
+def test_a_retired_task_forgotten_before_its_launches_ended_is_dropped_after_them(ex):
+    """forget() of a task made final by a cancel while its launches were still queued (and
+    the executor thread inside run() on them): the record is dropped once they have ended,
+    not under the executor's feet (a use after free before)."""
+    task = ex.submit(_task(100), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(3) == 3
+    wait_until(lambda: q.runs >= 1)  # the executor waits inside run() for the first end
+    assert ex.cancel(task, True)
+    ex.forget(task)
+    assert _state(ex, task) == "cancelled", "dropped while its launches were in flight"
+    for _ in range(3):
+        q.end(1)
+    wait_until(lambda: q.pending == 0)
+
+    def dropped():
+        try:
+            ex.status(task)
+        except ValueError:
+            return True
+        return False
+
+    wait_until(dropped)
+    other = ex.submit(_task(1), 0)
+    q_other = _launches(ex, 1)
+    wait_until(lambda: q_other.arrive(1) == 1)
+    q_other.end(1)
+    assert ex.wait(other, 10) and _state(ex, other) == "done"
+
+
+def test_the_launches_of_a_retired_task_count_among_those_ending(ex):
+    """wait_launches_taken (what a report waits for) counts a cancelled task's launches
+    still queued: the task is final, its launches' ends are not taken yet."""
+    task = ex.submit(_task(100), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(2) == 2
+    assert ex.cancel(task, True)
+    assert not ex.wait_launches_taken(0.1)
+    q.end(0)
+    q.end(0)
+    assert ex.wait_launches_taken(5)
+    assert ex.open_launches == 2 and ex.idle_open_launches == 0

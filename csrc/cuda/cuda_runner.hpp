@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -176,6 +177,10 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   uint32_t device_stop_ = 0;         // the stop word's value as last enqueued
   cudaEvent_t stop_written_ = nullptr;  // recorded on the control stream after that write
   bool launch_waits_ = false;        // the next launch must wait for stop_written_
+  // inert(): when a look first saw the latest stop write landed (zero: not yet), and how
+  // long after it a look may answer (see CudaRunner::stop_landed_and_none_begun).
+  mutable std::chrono::steady_clock::time_point stop_landed_seen_{};
+  static constexpr std::chrono::microseconds kInertSettle{200};
   mutable std::mutex progress_mu_;
   mutable uint64_t max_seen_[kPhaseSlots] = {};  // done() never goes backwards within a phase
 };

@@ -281,6 +281,13 @@ bool CudaRunner::stop_landed_and_none_begun() const {
       if (landed != cudaErrorNotReady) (void)cudaGetLastError();
       return false;
     }
+    // A block that read the stop word before the write landed belongs to a launch whose
+    // first block wrote its start to host memory just before (a posted write, with no
+    // fence before the read): seen microseconds later. So the look that finds none begun
+    // must come kInertSettle after one that saw the stop landed.
+    const auto now = std::chrono::steady_clock::now();
+    if (stop_landed_seen_ == std::chrono::steady_clock::time_point{}) stop_landed_seen_ = now;
+    if (now - stop_landed_seen_ < kInertSettle) return false;
   }
   std::lock_guard<std::mutex> lk(launch_mu_);
   return !pending_.empty() && !ring_.started(pending_.front().number, launch_no_.load());

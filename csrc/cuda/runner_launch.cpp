@@ -291,6 +291,7 @@ void CudaRunner::set_stop(uint32_t value) {
                     s.memops ? cuda_driver::GateWrite::kMemop : cuda_driver::GateWrite::kCopy);
   }
   FR_CUDA_CHECK(cudaEventRecord(stop_written_, s.control));
+  stop_landed_seen_ = {};
   device_stop_ = value;
   launch_waits_ = true;
 }

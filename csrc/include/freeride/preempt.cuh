@@ -110,7 +110,9 @@ __device__ __forceinline__ unsigned long long globaltimer_ns() {
 // Leader only, once per block as it starts: the launch's start on %globaltimer, taken by
 // the first block to get here (every block's time slice counts from it). That block also
 // writes it to the host-visible end record: the host then knows the launch has begun
-// (a launch queued ahead of the GPU waits for its bubble first).
+// (a launch queued ahead of the GPU waits for its bubble first; a cancel counts on it to
+// tell whether any launch can still run an item). A kernel that claims without
+// for_each_item must call it before its first claim.
 __device__ __forceinline__ unsigned long long enter_launch(const fr_item_ctx& ctx) {
   const unsigned long long now = globaltimer_ns();
   const unsigned long long first = atomicCAS(&ctx.run->start, 0ull, now);
