@@ -1,0 +1,57 @@
+// Executor: cancelled tasks made final while their launches are still queued ahead of
+// the GPU (retire_inert_locked), and draining those launches' ends before anything else.
+#include <mutex>
+
+#include "check.hpp"
+#include "executor.hpp"
+
+namespace freeride {
+
+// Only the task run last can have launches in flight (the loop drains them before it
+// runs another).
+bool Executor::retire_pending_locked() {
+  const Record* r = last_run_locked();
+  return r != nullptr && r->cancel_requested && r->failure.empty() && r->runner->in_flight();
+}
+
+void Executor::retire_inert_locked() {
+  if (!retire_pending_locked()) return;
+  Record& r = *last_run_locked();
+  if (!r.runner->inert()) return;
+  finish_locked(r, TaskState::Cancelled, ErrorKind::Cancelled, "cancelled", nullptr, true);
+}
+
+void Executor::drain_retiring_locked(std::unique_lock<std::mutex>& lock) {
+  Retiring& t = retiring_.front();  // a deque's push_back leaves references to it valid
+  PhaseRunner* runner = t.runner.get();
+  bool abandoned = false;
+  if (runner->in_flight()) {
+    LaunchMarks marks;
+    lock.unlock();
+    try {
+      marks = runner->run(false);
+    } catch (const Abandoned&) {
+      abandoned = true;
+    } catch (...) {
+      // The task is final; a launch that failed after it went inert fails nothing of it
+      // (a broken context shows in the next task's run()). Its ends are gone with it.
+    }
+    lock.lock();
+    // Its marks are nobody's (the task is final, nothing of it is recorded any more).
+    if (marks.start != 0) {
+      backend_->release_mark(marks.start);
+      backend_->release_mark(marks.end);
+    }
+    if (marks.admitted) count_launch_locked(marks, false);  // cancelled: not idle
+  }
+  if (!abandoned && runner->in_flight()) return;
+  // Abandoned at close: its launches may still run, so its memory stays (take_abandoned).
+  (abandoned ? abandoned_ : finished_).push_back(t.id);
+  used_ -= t.memory_bytes;
+  if (t.forgotten) records_.erase(t.id);
+  retiring_.pop_front();
+  done_cv_.notify_all();
+  work_cv_.notify_all();
+}
+
+}  // namespace freeride
