@@ -320,21 +320,29 @@ def test_the_executor_queues_a_successor_only_behind_one_running_launch():
         assert not q(**off), off
 
 
-def test_successors_are_off_unless_the_environment_asks(monkeypatch):
-    """FREERIDE_SUCCESSORS is read when a CUDA harvester is made, as
-    FREERIDE_LAUNCH_AT_OPEN is: off unless "1" until a GPU run has measured successors;
-    anything but "0" or "1" is refused there, naming the variable."""
-    if not hasattr(_C._testing, "successors_enabled"):
+@pytest.mark.parametrize(
+    "variable, hook",
+    [
+        ("FREERIDE_SUCCESSORS", "successors_enabled"),
+        ("FREERIDE_PHASES_AHEAD", "phases_ahead_enabled"),
+    ],
+)
+def test_switches_off_until_a_gpu_run_qualifies_them(monkeypatch, variable, hook):
+    """FREERIDE_SUCCESSORS and FREERIDE_PHASES_AHEAD (csrc/phase_ahead_rule.hpp) are read
+    when a CUDA harvester is made, as FREERIDE_LAUNCH_AT_OPEN is: off unless "1" until a
+    GPU run has qualified them; anything but "0" or "1" is refused there, naming it."""
+    if not hasattr(_C._testing, hook):
         pytest.skip("this build of freeride has no CUDA backend")
-    monkeypatch.delenv("FREERIDE_SUCCESSORS", raising=False)
-    assert _C._testing.successors_enabled() is False
-    monkeypatch.setenv("FREERIDE_SUCCESSORS", "1")
-    assert _C._testing.successors_enabled() is True
-    monkeypatch.setenv("FREERIDE_SUCCESSORS", "0")
-    assert _C._testing.successors_enabled() is False
-    monkeypatch.setenv("FREERIDE_SUCCESSORS", "maybe")
-    with pytest.raises(ValueError, match="FREERIDE_SUCCESSORS"):
-        _C._testing.successors_enabled()
+    read = getattr(_C._testing, hook)
+    monkeypatch.delenv(variable, raising=False)
+    assert read() is False
+    monkeypatch.setenv(variable, "1")
+    assert read() is True
+    monkeypatch.setenv(variable, "0")
+    assert read() is False
+    monkeypatch.setenv(variable, "maybe")
+    with pytest.raises(ValueError, match=variable):
+        read()
 
 
 def test_an_open_behind_another_streams_queued_open_gets_no_launch():

@@ -190,22 +190,6 @@ def test_off_by_default_the_next_phase_waits_for_the_drain():
         executor.close(0.5)
 
 
-def test_phases_ahead_are_off_unless_the_environment_asks(monkeypatch):
-    """FREERIDE_PHASES_AHEAD is read when a CUDA harvester is made: off unless "1" until a
-    GPU run has qualified phases ahead; anything but "0" or "1" is refused, naming it."""
-    if not hasattr(_C._testing, "phases_ahead_enabled"):
-        pytest.skip("this build of freeride has no CUDA backend")
-    monkeypatch.delenv("FREERIDE_PHASES_AHEAD", raising=False)
-    assert _C._testing.phases_ahead_enabled() is False
-    monkeypatch.setenv("FREERIDE_PHASES_AHEAD", "1")
-    assert _C._testing.phases_ahead_enabled() is True
-    monkeypatch.setenv("FREERIDE_PHASES_AHEAD", "0")
-    assert _C._testing.phases_ahead_enabled() is False
-    monkeypatch.setenv("FREERIDE_PHASES_AHEAD", "soon")
-    with pytest.raises(ValueError, match="FREERIDE_PHASES_AHEAD"):
-        _C._testing.phases_ahead_enabled()
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("ahead", ["1", "0"], ids=["ahead", "drain"])
 def test_many_phases_in_bubbles_queued_ahead_keep_the_item_protocol(ahead):
