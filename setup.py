@@ -4,9 +4,13 @@ Environment:
   FREERIDE_CUDA=0/1        force the CPU-only or the CUDA build (default: CUDA when nvcc is found)
   FREERIDE_CUDA_ARCHS=...  CMAKE_CUDA_ARCHITECTURES (default "80-real;90": sm_80, sm_90 + PTX)
   FREERIDE_BUILD_TYPE=...  CMake build type (default Release)
+  FREERIDE_LOCAL_VERSION=. a PEP 440 local version label appended to VERSION, e.g. "cu13"
+                           (0.2.0+cu13): how the wheel packaging/build_wheel.sh makes
+                           names the CUDA major its runtime is (none by default)
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +20,19 @@ from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
+# The release; pyproject.toml names "version" dynamic so that a build can add a local label.
+VERSION = "0.2.0"
+
+
+def version() -> str:
+    label = os.environ.get("FREERIDE_LOCAL_VERSION", "").strip()
+    if not label:
+        return VERSION
+    if not re.fullmatch(r"[a-z0-9]+(?:\.[a-z0-9]+)*", label):
+        raise RuntimeError(
+            f"FREERIDE_LOCAL_VERSION must be a PEP 440 local label such as cu13, got {label!r}"
+        )
+    return f"{VERSION}+{label}"
 
 
 class CMakeExtension(Extension):
@@ -64,6 +81,7 @@ class CMakeBuild(build_ext):
 
 
 setup(
+    version=version(),
     package_dir={"": "python"},
     packages=find_packages("python"),
     ext_modules=[CMakeExtension("freeride._C")],

@@ -13,7 +13,7 @@ from typing import Any
 from ._C import backend_info as core_backend_info
 
 try:
-    __version__ = metadata.version("freeride")  # one source: pyproject.toml
+    __version__ = metadata.version("freeride")  # one source: setup.py (VERSION)
 except metadata.PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
 
