@@ -138,7 +138,7 @@ struct QueuedLaunches {
           l.saw_stop = stopped;
         }
         uint64_t can = l.saw_stop ? 0 : static_cast<uint64_t>(items);
-        if (phases_ahead && task) {
+        if (task) {
           uint64_t& finished = phase_done_items[l.phase];
           const bool ready = !l.guarded || phase_done_items[l.phase - 1] >=
                                                 task->num_items(l.phase - 1);

@@ -11,6 +11,7 @@ queue_backend.hpp, through _C._testing) gives the executor launches of exactly t
 enqueued and ended by the test.
 """
 
+import random
 import threading
 import time
 
@@ -460,3 +461,52 @@ def test_the_launches_of_a_retired_task_count_among_those_ending(ex):
     q.end(0)
     assert ex.wait_launches_taken(5)
     assert ex.open_launches == 2 and ex.idle_open_launches == 0
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_cancel_races_the_ends_of_launches_in_flight(seed):
+    """A cancel(wait=True) against a thread beginning and ending the launches in flight at
+    random moments (the waiter retiring the task races the executor taking ends), with and
+    without phases ahead: whatever the order, the task ends cancelled or done with every
+    item the device ran counted once, its id named once by take_finished() and only after
+    its launches ended, and its memory back (a review's stress test of the retiring path)."""
+    rng = random.Random(seed)
+    ahead = seed % 2 == 1
+    ex = _C._testing.queue_executor(memory_budget=10**9, phases_ahead=ahead)
+    try:
+        task = ex.submit(_C.spin_task(6, 3, 1000), 0)
+        q = _launches(ex, 0)
+        n = q.arrive(rng.randint(1, 5))
+        plan = [(rng.random() < 0.5, rng.random() * 0.002, rng.randint(0, 4)) for _ in range(n)]
+        plan = plan[: rng.randint(0, n)]
+
+        def ender():
+            for begin, pause, items in plan:
+                try:
+                    if begin:
+                        q.begin()
+                    time.sleep(pause)
+                    q.end(items)
+                except (RuntimeError, ValueError):  # none left to begin or end
+                    return
+
+        thread = threading.Thread(target=ender)
+        thread.start()
+        time.sleep(rng.random() * 0.003)
+        ex.cancel(task, True)
+        thread.join()
+        named = ex.take_finished()
+        assert task not in named or q.pending == 0, "named with launches in flight"
+        while q.not_ended:
+            q.end(3)
+        wait_until(lambda: q.pending == 0)
+        wait_until(lambda: named.extend(ex.take_finished()) or task in named)
+        time.sleep(0.01)
+        named += ex.take_finished()
+        state, items = ex.status(task)[:2]
+        assert state in ("cancelled", "done")
+        assert items == q.ran
+        assert named.count(task) == 1
+        assert ex.memory_used == 0 and ex.take_abandoned() == []
+    finally:
+        ex.close(0.5)
