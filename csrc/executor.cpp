@@ -366,7 +366,7 @@ void Executor::finish_locked(Record& r, TaskState state, ErrorKind kind, std::st
   const uint64_t charged = r.admitted ? r.memory_bytes : 0;
   r.admitted = false;
   if (retire && r.runner) {
-    retiring_.push_back({r.id, std::move(r.runner), charged});
+    retiring_.push_back({r.id, std::move(r.runner), charged, false, state == TaskState::Done});
   } else {
     r.runner.reset();
     (named_by != nullptr ? *named_by : finished_).push_back(r.id);
@@ -503,7 +503,8 @@ void Executor::loop() {
       // Cancelled and retired while this launch ran (retire_inert_locked): the runner's
       // other launches are drained as a retiring runner's (an error or an abandon of this
       // run() shows there again); this launch's end is counted.
-      count_launch_locked(marks, false);  // cancelled: not idle, as below
+      // Cancelled: not idle, as below; done: its launches are stale.
+      count_launch_locked(marks, r->state == TaskState::Done && runner->done() == done_before);
       draining = nullptr;
       continue;
     }
@@ -527,6 +528,17 @@ void Executor::loop() {
       settle_launch_locked(*r);
     } else if (runner->begins_phases_in_flight() && r->failure.empty() && !r->cancel_requested) {
       advance_in_flight_locked(*r);
+    }
+    if (draining != nullptr && r->failure.empty() && !r->complete &&
+        r->phase + 1 == r->task->num_phases() && runner->done() >= r->task->num_items(r->phase)) {
+      // Its launches left in flight are stale: stopped, they are inert once the stop has
+      // landed, and the task is done then, not when the GPU reaches their opens.
+      r->complete = true;
+      try {
+        runner->stop();
+      } catch (...) {
+        // A sticky CUDA error: the next run() reports it.
+      }
     }
     done_cv_.notify_all();
     if (draining != nullptr) continue;
@@ -553,7 +565,7 @@ void Executor::loop() {
 void Executor::settle_launch_locked(Record& r) {
   if (!r.failure.empty()) {
     finish_locked(r, TaskState::Failed, ErrorKind::Failed, r.failure);
-  } else if (r.cancel_requested) {
+  } else if (r.cancel_requested && !r.complete) {  // a complete task is done, as below
     finish_locked(r, TaskState::Cancelled, ErrorKind::Cancelled, "cancelled");
   } else {
     try {

@@ -155,6 +155,10 @@ class Executor {
     uint64_t ends_logged = 0;
     bool admitted = false;
     bool cancel_requested = false;
+    // Every item is done while launches of it are still in flight (queued ahead at opens,
+    // stale): stopped, it is made final (done) as soon as they are inert, as a cancelled
+    // task is (retire_inert_locked).
+    bool complete = false;
     // A launch failed while others were still in flight: the task fails with `failure`
     // once they have ended.
     std::string failure;
@@ -258,6 +262,8 @@ class Executor {
     uint64_t memory_bytes = 0;  // still charged against the budget until they ended
     bool forgotten = false;     // forget() came first: the record goes once drained (the
                                 // loop may still hold it, inside run() when it retired)
+    bool done = false;          // retired done (its launches are stale: idle if they ran
+                                // nothing), not cancelled (a cancelled task's are not idle)
   };
   std::deque<Retiring> retiring_;
   bool closing_ = false;

@@ -11,14 +11,22 @@ namespace freeride {
 // runs another).
 bool Executor::retire_pending_locked() {
   const Record* r = last_run_locked();
-  return r != nullptr && r->cancel_requested && r->failure.empty() && r->runner->in_flight();
+  return r != nullptr && (r->cancel_requested || r->complete) && r->failure.empty() &&
+         r->runner->in_flight();
 }
 
+// A complete task is done (whether or not a cancel came after): every item ran, and the
+// last phase's items are counted here, as advance_locked would once they had ended.
 void Executor::retire_inert_locked() {
   if (!retire_pending_locked()) return;
   Record& r = *last_run_locked();
   if (!r.runner->inert()) return;
-  finish_locked(r, TaskState::Cancelled, ErrorKind::Cancelled, "cancelled", nullptr, true);
+  if (r.complete) {
+    r.items_before_phase += r.task->num_items(r.phase);
+    finish_locked(r, TaskState::Done, ErrorKind::None, "", nullptr, true);
+  } else {
+    finish_locked(r, TaskState::Cancelled, ErrorKind::Cancelled, "cancelled", nullptr, true);
+  }
 }
 
 void Executor::drain_retiring_locked(std::unique_lock<std::mutex>& lock) {
@@ -26,6 +34,7 @@ void Executor::drain_retiring_locked(std::unique_lock<std::mutex>& lock) {
   PhaseRunner* runner = t.runner.get();
   bool abandoned = false;
   if (runner->in_flight()) {
+    const uint64_t done_before = runner->done();
     LaunchMarks marks;
     lock.unlock();
     try {
@@ -42,7 +51,7 @@ void Executor::drain_retiring_locked(std::unique_lock<std::mutex>& lock) {
       backend_->release_mark(marks.start);
       backend_->release_mark(marks.end);
     }
-    if (marks.admitted) count_launch_locked(marks, false);  // cancelled: not idle
+    if (marks.admitted) count_launch_locked(marks, t.done && runner->done() == done_before);
   }
   if (!abandoned && runner->in_flight()) return;
   // Abandoned at close: its launches may still run, so its memory stays (take_abandoned).

@@ -779,9 +779,52 @@ def mode_cancel_ahead(args: dict) -> dict:
     return out
 
 
+def mode_done_ahead(args: dict) -> dict:
+    """A task that completes in the first of `opens` bubbles queued ahead of the GPU (5 ms
+    of compute between them): its launches at the later opens are stale. wait() must
+    return once they are inert (stopped, none begun), before the GPU reaches the last open,
+    with the task done and every item counted. Reports when the wait returned against the
+    GPU's progress."""
+    import torch
+
+    import freeride as fr
+
+    opens = int(args.get("opens", 4))
+    hold_ms = float(args.get("hold_ms", 200.0))
+    torch.cuda.init()
+    train = torch.cuda.Stream()
+    out: dict = {"opens": opens}
+    with fr.Harvester("cuda:0") as h:
+        h.gate.close(stream="host")
+        items = 64
+        t = h.submit(fr.tasks.Spin(items=items, ns_per_item=10_000))
+        time.sleep(0.1)
+        with torch.cuda.stream(train):
+            torch.cuda._sleep(int(hold_ms * CYCLES_PER_MS))
+            last = torch.cuda.Event()
+            for k in range(opens):
+                if k == opens - 1:
+                    last.record()
+                h.gate.open()
+                torch.cuda._sleep(int(2 * CYCLES_PER_MS))
+                h.gate.close()
+                torch.cuda._sleep(int(5 * CYCLES_PER_MS))
+        out["done"] = bool(t.wait(timeout=30))
+        out["last_open_reached_at_wait"] = last.query()
+        out["state"] = t.state
+        out["items_done"] = int(t.items_done)
+        out["items"] = items
+        train.synchronize()
+        time.sleep(0.1)
+        counts = h.launch_counts()
+        out.update({"at_opens": counts.at_opens, "idle_at_opens": counts.idle_at_opens})
+    return out
+
+
 MODES = {
     "queued_bubbles": mode_queued_bubbles,
     "cancel_ahead": mode_cancel_ahead,
+    "done_ahead": mode_done_ahead,
     "queued_phases": mode_queued_phases,
     "hardware_queues": mode_hardware_queues,
     "queue_control": mode_queue_control,

@@ -89,6 +89,21 @@ def test_cancel_returns_before_the_gpu_reaches_the_opens_queued_ahead():
 
 
 @pytest.mark.gpu
+def test_a_task_done_in_its_first_bubble_does_not_wait_for_the_opens_queued_ahead():
+    """A task done in the first of four bubbles queued ahead: wait() returns once its
+    stale launches are inert, before the GPU reaches the last open (tests/gpu_worker.py's
+    done_ahead)."""
+    r = run_worker("done_ahead", {}, timeout=120)
+    print(
+        f"done {r['done']} ({r['items_done']} of {r['items']} items); GPU at the last open "
+        f"when wait returned: {r['last_open_reached_at_wait']}; launches at opens "
+        f"{r['at_opens']} ({r['idle_at_opens']} idle)"
+    )
+    assert r["done"] and r["state"] == "done" and r["items_done"] == r["items"], r
+    assert not r["last_open_reached_at_wait"], "wait() waited for the stale launches' opens"
+
+
+@pytest.mark.gpu
 def test_negative_control_launches_made_when_the_host_sees_the_open_find_the_bubble_over():
     r = _queued(1, "green-context", launch_at_open=False)
     print(

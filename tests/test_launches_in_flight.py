@@ -510,3 +510,43 @@ def test_cancel_races_the_ends_of_launches_in_flight(seed):
         assert ex.memory_used == 0 and ex.take_abandoned() == []
     finally:
         ex.close(0.5)
+
+
+def test_a_task_whose_items_are_all_done_is_done_before_its_stale_launches_end(ex):
+    """Every item ran in the first of three launches queued ahead: the other two are stale
+    (nothing left to claim). A wait (or result()) on the task returns once they are inert,
+    the task done with every item, not when the GPU reaches their opens; its memory goes
+    once they have ended, and the next task runs after them."""
+    task = ex.submit(_task(10), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(3) == 3
+    q.end(10)
+    wait_until(lambda: q.stopped)  # complete: stopped, its stale launches will claim nothing
+    assert ex.wait(task, 10)
+    assert _state(ex, task) == "done" and _items(ex, task) == 10
+    assert q.pending == 2
+    time.sleep(0.05)
+    assert task not in ex.take_finished()
+    other = ex.submit(_task(1), 0)
+    with pytest.raises(RuntimeError):
+        _C._testing.queue_launches(ex, 1, timeout=0.2)
+    q.end(0)
+    q.end(0)
+    wait_until(lambda: task in ex.take_finished())
+    q_other = _launches(ex, 1)
+    wait_until(lambda: q_other.arrive(1) == 1)
+    q_other.end(1)
+    assert ex.wait(other, 10) and _state(ex, other) == "done"
+    assert ex.idle_open_launches == 2 and q.ran == 10  # the stale ones ran nothing
+
+
+def test_a_complete_task_is_done_even_if_cancelled_while_its_stale_launches_drain(ex):
+    task = ex.submit(_task(4), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(2) == 2
+    q.end(4)
+    wait_until(lambda: q.stopped)
+    ex.cancel(task, False)
+    assert ex.wait(task, 10)
+    assert _state(ex, task) == "done" and _items(ex, task) == 4
+    q.end(0)
