@@ -504,7 +504,9 @@ void Executor::loop() {
       // other launches are drained as a retiring runner's (an error or an abandon of this
       // run() shows there again); this launch's end is counted.
       // Cancelled: not idle, as below; done: its launches are stale.
-      count_launch_locked(marks, r->state == TaskState::Done && runner->done() == done_before);
+      if (marks.admitted) {
+        count_launch_locked(marks, r->state == TaskState::Done && runner->done() == done_before);
+      }
       draining = nullptr;
       continue;
     }
@@ -516,20 +518,26 @@ void Executor::loop() {
       continue;
     }
 
-    const bool ran_nothing = marks.admitted && error.empty() && !r->cancel_requested &&
+    const bool ran_nothing = marks.admitted && error.empty() &&
+                             (!r->cancel_requested || r->complete) &&
                              runner->done() == done_before;
     count_launch_locked(marks, ran_nothing);
     // Only a launch of the executor's own, admitted on the gate's mirror, that ran
     // nothing says the mirror may be stale (see kBackoffMinS).
     const bool idle_launch = ran_nothing && !marks.at_open && !marks.successor;
-    if (!error.empty() && r->failure.empty()) r->failure = r->task->name() + ": " + error;
+    // A complete task's launches left are stale: one that fails fails nothing of it (a
+    // broken context shows in the next task's run()), as when it has retired.
+    if (!error.empty() && r->failure.empty() && !r->complete) {
+      r->failure = r->task->name() + ": " + error;
+    }
     draining = runner->in_flight() ? r : nullptr;
     if (draining == nullptr) {
       settle_launch_locked(*r);
     } else if (runner->begins_phases_in_flight() && r->failure.empty() && !r->cancel_requested) {
       advance_in_flight_locked(*r);
     }
-    if (draining != nullptr && r->failure.empty() && !r->complete &&
+    // (Not after a cancel: a cancelled task stays cancelled, whoever looks first.)
+    if (draining != nullptr && r->failure.empty() && !r->complete && !r->cancel_requested &&
         r->phase + 1 == r->task->num_phases() && runner->done() >= r->task->num_items(r->phase)) {
       // Its launches left in flight are stale: stopped, they are inert once the stop has
       // landed, and the task is done then, not when the GPU reaches their opens.

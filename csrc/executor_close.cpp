@@ -19,7 +19,13 @@ constexpr const char* kAbandonedMessage =
 
 void Executor::abandon_locked(Record& r) {
   // Named by take_abandoned(), never by take_finished(): its owner must keep its memory,
-  // not let go of it as of a task that is merely final (review G17).
+  // not let go of it as of a task that is merely final (review G17). A complete task (its
+  // launches left are stale) is done, as it would be had a waiter retired it.
+  if (r.complete && r.failure.empty()) {
+    r.items_before_phase += r.task->num_items(r.phase);
+    finish_locked(r, TaskState::Done, ErrorKind::None, "", &abandoned_);
+    return;
+  }
   finish_locked(r, TaskState::Cancelled, ErrorKind::Cancelled, kAbandonedMessage, &abandoned_);
 }
 

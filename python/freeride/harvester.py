@@ -183,7 +183,8 @@ class _Parts:
             f"freeride: closing the harvester abandoned {count} side task(s) whose "
             f"launches were still enqueued or running on the GPU after {self.deadline} s "
             "(an item that never returns, or a training stream that stopped short of their "
-            "bubbles): they are cancelled, and their memory is kept until the GPU has passed "
+            "bubbles): they are final (cancelled, or done where every item had run), and "
+            "their memory is kept until the GPU has passed "
             "them (looked at whenever a harvester is made or closed), so that a launch still "
             "running never writes memory reused by training",
             RuntimeWarning,
