@@ -98,6 +98,9 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   // launch enqueued so far) unless it is already that phase's. Caller holds launch_mu_
   // and the green context's turn.
   void claim_slot_locked(uint64_t phase);
+  // Set k cleared for `phase`, on the stream and in the host's view. Caller holds
+  // launch_mu_ and the green context's turn.
+  void clear_set_locked(uint64_t k, uint64_t phase);
   // While the oldest launch runs, near its slice's end (`progressed`: the phase's progress
   // moved since it began): the executor's next one behind it, where
   // freeride/successor_rule.hpp says so. A failed enqueue is kept as arrival_error_, as a
@@ -115,7 +118,6 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   LaunchEnd wait_for_end(const Launch& l);
   LaunchEnd ended_without_record(const Launch& l, bool stream_is_idle);
   LaunchEnd read_back(uint64_t number);
-  void reset_counters_locked();
   void settle();
   bool quietly_idle() noexcept;
   void drain_side() noexcept;

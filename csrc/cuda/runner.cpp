@@ -132,17 +132,14 @@ void CudaRunner::begin_phase(uint64_t phase, uint64_t n_items) {
   // the progress is zeroed, so that a refused call leaves done() where it was.
   FR_CHECK(pending_.empty(), "begin_phase() with launches of the task in flight");
   {
-    std::lock_guard<std::mutex> plk(progress_mu_);
-    std::atomic_ref<unsigned long long>(*progress_host_[0]).store(0);
-    max_seen_[0] = 0;
+    // Idle: everything enqueued before (the previous phase's launches) has ended.
+    const auto turn = s_->green_turn(green_);
+    clear_set_locked(0, phase);
   }
   phase_ = phase;
   n_items_ = n_items;
   phase_done_ = false;
-  ended_done_[0] = 0;
-  slot_phase_[0] = phase;  // finish_oldest counts a launch only for its set's phase
   begun_ = true;
-  reset_counters_locked();
 }
 
 LaunchMarks CudaRunner::run(bool record) {
@@ -319,20 +316,18 @@ void CudaRunner::throw_if_abandoned() const {
   }
 }
 
-// The current phase's [next, done] zeroed on the stream, idle: everything enqueued
-// before (the previous phase's launches) has ended. Caller holds launch_mu_.
-void CudaRunner::reset_counters_locked() {
-  const auto turn = s_->green_turn(green_);
-  FR_CUDA_CHECK(cudaMemsetAsync(state_[0], 0, offsetof(fr_phase_state, stop), stream_));
-}
-
 // In stream order behind every launch enqueued so far, so behind each launch of the phase
 // two back that used the set (complete before the phase between began: what those find
-// left is nothing, and they are ended before this clear runs). The host's view of the
-// set starts again with it.
+// left is nothing, and they are ended before this clear runs).
 void CudaRunner::claim_slot_locked(uint64_t phase) {
   const uint64_t k = slot_of(phase);
-  if (!ahead_ || slot_phase_[k] == phase) return;
+  if (ahead_ && slot_phase_[k] != phase) clear_set_locked(k, phase);
+}
+
+// Set k's [next, done] zeroed on the stream (its stop word and `held` stay), and the
+// host's view of it starting again for `phase` (finish_oldest counts a launch only for
+// its set's phase).
+void CudaRunner::clear_set_locked(uint64_t k, uint64_t phase) {
   FR_CUDA_CHECK(cudaMemsetAsync(state_[k], 0, offsetof(fr_phase_state, stop), stream_));
   slot_phase_[k] = phase;
   ended_done_[k] = 0;
