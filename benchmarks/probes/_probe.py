@@ -87,6 +87,14 @@ def note(probe: str, text: str) -> None:
     print(f"{probe}: {text}", flush=True)
 
 
+def worker_failure(probe: str, label: str, exc: BaseException) -> str:
+    """A worker run that brought no result (tests/gpu_worker.py's run_worker failed the
+    call: a hang, a crash, no RESULT): its output noted in full, and why in one line."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [repr(exc)]
+    note(probe, f"{label}: no result from the worker:\n{str(exc)[-6000:]}")
+    return lines[0][:200] + ("" if len(lines) == 1 else f" ... {lines[-1][:200]}")
+
+
 def percentile(values: list[float], q: float) -> float:
     """The q-th percentile (0-100) of `values`, interpolated between the two nearest as
     numpy's default does (so it matches the benchmarks' p50/p99); the value of a single one."""

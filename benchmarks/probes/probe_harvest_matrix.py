@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Any
 
-from _probe import note, result, write_json
+from _probe import note, result, worker_failure, write_json
 
 NAME = "probe_harvest_matrix"
 RUN_S = 40.0
@@ -104,10 +104,7 @@ def run(key: str, mode: str, env: dict[str, str], args: dict[str, Any], limit: f
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # noqa: BLE001 - pytest.fail's Failed is a BaseException
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [repr(exc)]
-        note(NAME, f"{key}: no result from the worker:\n{str(exc)[-6000:]}")
-        why = lines[0][:200] + ("" if len(lines) == 1 else f" ... {lines[-1][:200]}")
-        return {"error": why}
+        return {"error": worker_failure(NAME, key, exc)}
 
 
 def line(label: str, r: dict) -> str:

@@ -38,7 +38,7 @@ import sys
 import time
 from typing import Any
 
-from _probe import note, result
+from _probe import note, result, worker_failure
 
 NAME = "probe_queued_harvest"
 LOW_SHARE = 0.5
@@ -70,10 +70,7 @@ def run(label: str, env: dict[str, str], args: dict[str, Any], limit: float) -> 
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # noqa: BLE001 - pytest.fail's Failed is a BaseException
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [repr(exc)]
-        note(NAME, f"{label}: no result from the worker:\n{str(exc)[-6000:]}")
-        why = lines[0][:200] + ("" if len(lines) == 1 else f" ... {lines[-1][:200]}")
-        result(NAME, f"{label}: FAILED ({why})")
+        result(NAME, f"{label}: FAILED ({worker_failure(NAME, label, exc)})")
         return None
 
 
