@@ -200,6 +200,16 @@ py::tuple sm_census_on_primary(int device) {
 }
 #endif
 
+// A property of a runner's test launches, read under their lock (the runner's thread
+// and the executor's change them).
+template <typename Read>
+auto locked(Read read) {
+  return [read](freeride::QueuedLaunches& q) {
+    std::lock_guard<std::mutex> lk(q.mu);
+    return read(q);
+  };
+}
+
 freeride::QueueBackend& queue_backend(freeride::Executor& ex) {
   auto* backend = dynamic_cast<freeride::QueueBackend*>(&ex.backend());
   FR_ARG(backend != nullptr, "the executor is not on the test queue backend");
@@ -251,30 +261,19 @@ void register_test_hooks(py::module_& m) {
            "The next run() fails with `message`; with drop_pending (a kernel fault) every "
            "pending launch is gone, else only the oldest ended (a broken launch).")
       .def_property_readonly("pending",
-                             [](QueuedLaunches& q) {
-                               std::lock_guard<std::mutex> lk(q.mu);
-                               return q.pending.size();
-                             })
+                             locked([](const QueuedLaunches& q) { return q.pending.size(); }))
       .def_property_readonly("not_ended",
-                             [](QueuedLaunches& q) {
-                               std::lock_guard<std::mutex> lk(q.mu);
+                             locked([](const QueuedLaunches& q) {
                                size_t n = 0;
                                for (const QueuedLaunches::Launch& l : q.pending) {
                                  n += l.items < 0 ? 1 : 0;
                                }
                                return n;
-                             },
+                             }),
                              "Launches pending that the test has not ended yet.")
-      .def_property_readonly("stopped",
-                             [](QueuedLaunches& q) {
-                               std::lock_guard<std::mutex> lk(q.mu);
-                               return q.stopped;
-                             })
+      .def_property_readonly("stopped", locked([](const QueuedLaunches& q) { return q.stopped; }))
       .def_property_readonly("abandoned",
-                             [](QueuedLaunches& q) {
-                               std::lock_guard<std::mutex> lk(q.mu);
-                               return q.abandoned;
-                             })
+                             locked([](const QueuedLaunches& q) { return q.abandoned; }))
       .def(
           "make_stop_fail",
           [](QueuedLaunches& q) {
@@ -282,36 +281,21 @@ void register_test_hooks(py::module_& m) {
             q.stop_fails = true;
           },
           "From now on stop() throws, as a stop write does on a broken CUDA context.")
-      .def_property_readonly("begun",
-                             [](QueuedLaunches& q) {
-                               std::lock_guard<std::mutex> lk(q.mu);
-                               return q.phases > 0;
-                             })
-      .def_property_readonly("runs",
-                             [](QueuedLaunches& q) {
-                               std::lock_guard<std::mutex> lk(q.mu);
-                               return q.runs;
-                             })
-      .def_property_readonly("phase",
-                             [](QueuedLaunches& q) {
-                               std::lock_guard<std::mutex> lk(q.mu);
-                               return q.phase;
-                             },
+      .def_property_readonly("begun", locked([](const QueuedLaunches& q) { return q.phases > 0; }))
+      .def_property_readonly("runs", locked([](const QueuedLaunches& q) { return q.runs; }))
+      .def_property_readonly("phase", locked([](const QueuedLaunches& q) { return q.phase; }),
                              "The runner's current phase (the last begin_phase()).")
       .def_property_readonly("pending_phases",
-                             [](QueuedLaunches& q) {
-                               std::lock_guard<std::mutex> lk(q.mu);
+                             locked([](const QueuedLaunches& q) {
                                py::list out;
                                for (const QueuedLaunches::Launch& l : q.pending) {
                                  out.append(py::make_tuple(l.phase, l.guarded));
                                }
                                return out;
-                             },
+                             }),
                              "(phase, guarded) of every launch pending, oldest first.")
-      .def_property_readonly("ran", [](QueuedLaunches& q) {
-        std::lock_guard<std::mutex> lk(q.mu);
-        return q.ran;
-      }, "Items every ended launch ran, in all (the model's device).");
+      .def_property_readonly("ran", locked([](const QueuedLaunches& q) { return q.ran; }),
+                             "Items every ended launch ran, in all (the model's device).");
 
   t.def(
       "queue_executor",
