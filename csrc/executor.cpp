@@ -320,19 +320,27 @@ void Executor::admit_locked(Record& r) {
 }
 
 // Moves past every completed phase; a phase starts only after the previous one completed.
-// The count moves only once the next phase has begun: a begin_phase that throws leaves
-// the record on the complete phase, whose items finish_locked then counts once.
 void Executor::advance_locked(Record& r) {
   while (r.runner->done() >= r.task->num_items(r.phase)) {
     if (r.phase + 1 == r.task->num_phases()) {
-      r.items_before_phase += r.task->num_items(r.phase);
-      finish_locked(r, TaskState::Done, ErrorKind::None, "");
+      finish_done_locked(r);
       return;
     }
-    r.runner->begin_phase(r.phase + 1, r.task->num_items(r.phase + 1));
-    r.items_before_phase += r.task->num_items(r.phase);
-    ++r.phase;
+    begin_next_phase_locked(r);
   }
+}
+
+void Executor::begin_next_phase_locked(Record& r) {
+  r.runner->begin_phase(r.phase + 1, r.task->num_items(r.phase + 1));
+  r.items_before_phase += r.task->num_items(r.phase);
+  ++r.phase;
+}
+
+// Its last phase complete: every item counted, whether its runner is done (advance_locked),
+// retiring or abandoned with stale launches.
+void Executor::finish_done_locked(Record& r, std::vector<uint64_t>* named_by, bool retire) {
+  r.items_before_phase += r.task->num_items(r.phase);
+  finish_locked(r, TaskState::Done, ErrorKind::None, "", named_by, retire);
 }
 
 // Phases ahead (phase_ahead_rule.hpp): past every completed phase while launches are in
@@ -342,9 +350,7 @@ void Executor::advance_in_flight_locked(Record& r) {
   try {
     while (r.phase + 1 < r.task->num_phases() &&
            r.runner->done() >= r.task->num_items(r.phase)) {
-      r.runner->begin_phase(r.phase + 1, r.task->num_items(r.phase + 1));
-      r.items_before_phase += r.task->num_items(r.phase);
-      ++r.phase;
+      begin_next_phase_locked(r);
     }
   } catch (const std::exception& e) {
     r.failure = r.task->name() + ": " + e.what();

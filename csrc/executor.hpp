@@ -191,6 +191,12 @@ class Executor {
   void admit_locked(Record& r);
   void advance_locked(Record& r);
   void advance_in_flight_locked(Record& r);
+  // The next phase begun, and the count moved past the one complete (only once the
+  // runner took it: a begin_phase that throws leaves the record on the complete phase).
+  void begin_next_phase_locked(Record& r);
+  // Done, its last phase's items counted (finish_locked's arguments otherwise).
+  void finish_done_locked(Record& r, std::vector<uint64_t>* named_by = nullptr,
+                          bool retire = false);
   // The task's id goes to take_finished()'s list, or to `named_by` where given. `retire`:
   // its runner, launches still in flight, goes to retiring_ instead of away, and the id
   // and memory follow once they have ended (drain_retiring_locked).

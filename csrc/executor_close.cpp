@@ -22,8 +22,7 @@ void Executor::abandon_locked(Record& r) {
   // not let go of it as of a task that is merely final (review G17). A complete task (its
   // launches left are stale) is done, as it would be had a waiter retired it.
   if (r.complete && r.failure.empty()) {
-    r.items_before_phase += r.task->num_items(r.phase);
-    finish_locked(r, TaskState::Done, ErrorKind::None, "", &abandoned_);
+    finish_done_locked(r, &abandoned_);
     return;
   }
   finish_locked(r, TaskState::Cancelled, ErrorKind::Cancelled, kAbandonedMessage, &abandoned_);

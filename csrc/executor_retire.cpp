@@ -22,8 +22,7 @@ void Executor::retire_inert_locked() {
   Record& r = *last_run_locked();
   if (!r.runner->inert()) return;
   if (r.complete) {
-    r.items_before_phase += r.task->num_items(r.phase);
-    finish_locked(r, TaskState::Done, ErrorKind::None, "", nullptr, true);
+    finish_done_locked(r, nullptr, true);
   } else {
     finish_locked(r, TaskState::Cancelled, ErrorKind::Cancelled, "cancelled", nullptr, true);
   }
