@@ -28,6 +28,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "task.hpp"
+
 namespace freeride {
 
 // Sets of counters a runner alternates between. Two suffice: a phase begins only once the
@@ -58,6 +60,20 @@ inline OpenLaunches launches_at_open(const PhaseAheadState& s) {
   const bool has_next = s.enabled && s.phase + 1 < s.num_phases && s.next_items > 0;
   out.next = has_next && s.room > (out.current ? 1u : 0u);
   return out;
+}
+
+// The same for `task` at its current `phase`: the task's phases and the next one's items
+// filled in from it (what both the CUDA runner and the test queue backend know).
+inline OpenLaunches launches_at_open(const Task& task, bool enabled, uint64_t phase,
+                                     bool phase_done, size_t room) {
+  PhaseAheadState s;
+  s.enabled = enabled;
+  s.phase = phase;
+  s.num_phases = task.num_phases();
+  s.phase_done = phase_done;
+  s.next_items = phase + 1 < s.num_phases ? task.num_items(phase + 1) : 0;
+  s.room = room;
+  return launches_at_open(s);
 }
 
 }  // namespace freeride

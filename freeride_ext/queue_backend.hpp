@@ -84,14 +84,8 @@ struct QueuedLaunches {
       std::lock_guard<std::mutex> lk(mu);
       for (size_t open = 0; open < count; ++open) {
         if (phases == 0 || stopped || abandoned || (at_open && refusing->load())) break;
-        PhaseAheadState st;
-        st.enabled = phases_ahead && at_open;
-        st.phase = phase;
-        st.num_phases = task ? task->num_phases() : phase + 1;
-        st.phase_done = phase_done;
-        st.next_items = st.phase + 1 < st.num_phases ? task->num_items(st.phase + 1) : 0;
-        st.room = kCapacity - pending.size();
-        const OpenLaunches go = launches_at_open(st);
+        const OpenLaunches go = launches_at_open(*task, phases_ahead && at_open, phase,
+                                                 phase_done, kCapacity - pending.size());
         if (!go.current && !go.next) break;
         if (at_open) {
           uint64_t ahead = 0;
@@ -111,14 +105,20 @@ struct QueuedLaunches {
     return taken;
   }
 
+  // Launch `l` begins now, if it had not (caller holds mu): it sees the stop as it is.
+  void begin_locked(Launch& l) {
+    if (l.begun) return;
+    l.begun = true;
+    l.saw_stop = stopped;
+  }
+
   // The oldest launch not yet begun begins (its first block starts): with the stop set, it
   // will claim nothing, as a kernel reads the stop word at its first claim.
   void begin() {
     std::lock_guard<std::mutex> lk(mu);
     for (Launch& l : pending) {
       if (!l.begun) {
-        l.begun = true;
-        l.saw_stop = stopped;
+        begin_locked(l);
         return;
       }
     }
@@ -133,18 +133,13 @@ struct QueuedLaunches {
     std::lock_guard<std::mutex> lk(mu);
     for (Launch& l : pending) {
       if (l.items < 0) {
-        if (!l.begun) {
-          l.begun = true;
-          l.saw_stop = stopped;
-        }
-        uint64_t can = l.saw_stop ? 0 : static_cast<uint64_t>(items);
-        if (task) {
-          uint64_t& finished = phase_done_items[l.phase];
-          const bool ready = !l.guarded || phase_done_items[l.phase - 1] >=
-                                                task->num_items(l.phase - 1);
-          can = ready ? std::min<uint64_t>(can, task->num_items(l.phase) - finished) : 0;
-          finished += can;
-        }
+        begin_locked(l);
+        uint64_t& finished = phase_done_items[l.phase];
+        const bool ready =
+            !l.guarded || phase_done_items[l.phase - 1] >= task->num_items(l.phase - 1);
+        uint64_t can = l.saw_stop || !ready ? 0 : static_cast<uint64_t>(items);
+        can = std::min<uint64_t>(can, task->num_items(l.phase) - finished);
+        finished += can;
         l.items = static_cast<int64_t>(can);
         ran += can;
         cv.notify_all();

@@ -29,14 +29,8 @@ void CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint3
   try {
     std::lock_guard<std::mutex> lk(launch_mu_);
     if (!open_for_launches_locked()) return;
-    PhaseAheadState st;
-    st.enabled = ahead_;
-    st.phase = phase_;
-    st.num_phases = task_->num_phases();
-    st.phase_done = phase_done_;
-    st.next_items = phase_ + 1 < st.num_phases ? task_->num_items(phase_ + 1) : 0;
-    st.room = kLaunchRing - pending_.size();
-    const OpenLaunches go = launches_at_open(st);
+    const OpenLaunches go =
+        launches_at_open(*task_, ahead_, phase_, phase_done_, kLaunchRing - pending_.size());
     if (!go.current && !go.next) return;
     // The newest launch that waits for an open of its own (a launch chained behind the
     // current phase's waits for none: it begins when that one ends).
