@@ -44,7 +44,10 @@ void CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint3
         return;
       }
     }
-    if (!within_lookahead(opens_ahead_locked(), s_->lookahead_bound)) {
+    // Counted once per open: what this open adds is one more waiting for its open (a
+    // launch chained behind it waits for none).
+    const uint64_t ahead = opens_ahead_locked();
+    if (!within_lookahead(ahead, s_->lookahead_bound)) {
       s_->beyond_lookahead.fetch_add(1);
       return;
     }
@@ -58,7 +61,7 @@ void CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint3
       enqueue_locked(go.current ? nullptr : training, opened, seq, true, true, phase_ + 1, true);
       pending_.back().training = training;
     }
-    atomic_max(s_->max_lookahead, opens_ahead_locked());
+    atomic_max(s_->max_lookahead, ahead + 1);
     rang = true;
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lk(launch_mu_);
