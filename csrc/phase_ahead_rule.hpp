@@ -66,14 +66,9 @@ inline OpenLaunches launches_at_open(const PhaseAheadState& s) {
 // filled in from it (what both the CUDA runner and the test queue backend know).
 inline OpenLaunches launches_at_open(const Task& task, bool enabled, uint64_t phase,
                                      bool phase_done, size_t room) {
-  PhaseAheadState s;
-  s.enabled = enabled;
-  s.phase = phase;
-  s.num_phases = task.num_phases();
-  s.phase_done = phase_done;
-  s.next_items = phase + 1 < s.num_phases ? task.num_items(phase + 1) : 0;
-  s.room = room;
-  return launches_at_open(s);
+  const uint64_t phases = task.num_phases();
+  const uint64_t next_items = phase + 1 < phases ? task.num_items(phase + 1) : 0;
+  return launches_at_open(PhaseAheadState{enabled, phase, phases, phase_done, next_items, room});
 }
 
 }  // namespace freeride

@@ -315,14 +315,8 @@ void register_test_hooks(py::module_& m) {
       "launches_at_open",
       [](bool enabled, uint64_t phase, uint64_t num_phases, bool phase_done, uint64_t next_items,
          size_t room) {
-        freeride::PhaseAheadState st;
-        st.enabled = enabled;
-        st.phase = phase;
-        st.num_phases = num_phases;
-        st.phase_done = phase_done;
-        st.next_items = next_items;
-        st.room = room;
-        const freeride::OpenLaunches go = freeride::launches_at_open(st);
+        const freeride::OpenLaunches go = freeride::launches_at_open(
+            freeride::PhaseAheadState{enabled, phase, num_phases, phase_done, next_items, room});
         return py::make_tuple(go.current, go.next);
       },
       py::arg("enabled"), py::arg("phase"), py::arg("num_phases"), py::arg("phase_done"),
