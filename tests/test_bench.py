@@ -1,8 +1,10 @@
 """The benchmarks' CPU mode, as a smoke test: it checks the output's structure and that
 every figure is a real measurement, never the speed (that is what the GPU runs are for)."""
 
+import importlib.util
 import json
 import math
+import pathlib
 
 import pytest
 
@@ -21,6 +23,7 @@ pytest.importorskip("torch")
             "ranks",
             {"stages", "task", "no_side_ms", "harvesting_ms", "overhead_pct", "estimated_pct"},
         ),
+        ("hooks", {"backend", "hooks", "part", "pairs", "p50_ns", "p99_ns", "mean_ns"}),
     ],
 )
 def test_cpu_mode_smoke(name, columns, tmp_path, capsys):
@@ -101,6 +104,58 @@ def test_ranks_measures_both_sides_and_the_hooks():
     assert row["harvested_pct"] > 0
     assert row["hooks_us_per_iter"] > 0
     assert 0 < row["estimated_pct"] < 100
+
+
+def test_hooks_times_every_pair_of_both_ways_of_calling_them():
+    """Shape, never speed: a row for h.compute() and one for attach(), each with every
+    pair it ran timed and its percentiles in order (none of them a constant)."""
+    result = bench.run("hooks", mode="cpu", quick=True)
+    rows = {row["hooks"]: row for row in result["rows"]}
+    assert set(rows) == {"h.compute()", "attach()"}
+    settings = result["settings"]
+    assert (
+        rows["h.compute()"]["pairs"] == settings["iterations"] * settings["actions_per_iteration"]
+    )
+    # Each step of the attached schedule: a forward, a loss and a backward per microbatch.
+    assert rows["attach()"]["pairs"] % (3 * settings["attach_microbatches"]) == 0
+    for row in rows.values():
+        assert row["backend"] == "host" and row["part"] == "all"
+        assert 0 < row["p50_ns"] <= row["p99_ns"]
+        assert row["mean_ns"] > 0
+    assert any("close+open pair" in note for note in result["notes"])
+
+
+def _load_hook_cost():
+    """benchmarks/hook_cost.py as a module (benchmarks/ is not a package)."""
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "hook_cost.py"
+    spec = importlib.util.spec_from_file_location("hook_cost", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_hook_cost_adds_the_cuda_paths_python_part(tmp_path, capsys):
+    """benchmarks/hook_cost.py: bench hooks' rows and two more, of the recorder and gate
+    of kind "cuda" over the stub, whose output says they are the Python part only; the
+    queries it stubbed are the real ones again afterwards."""
+    from freeride import _streams, gate
+    from freeride.record import recorder
+
+    before = (gate.stream_is_capturing, recorder.free_device_memory, _streams.current_stream)
+    hook_cost = _load_hook_cost()
+    out = tmp_path / "hooks.json"
+    result = hook_cost.run("cpu", quick=True, out=str(out))
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    stub = [row for row in result["rows"] if row["backend"] == "cuda stub"]
+    assert [row["hooks"] for row in stub] == ["Recorder.compute()", "attach() wrapper"]
+    for row in stub:
+        assert row["part"] == "Python"
+        assert row["pairs"] == result["settings"]["iterations"] * hook_cost.hooks.ACTIONS
+        assert 0 < row["p50_ns"] <= row["p99_ns"]
+    printed = capsys.readouterr().out
+    assert "the Python part only" in printed and "bench preempt" in printed
+    after = (gate.stream_is_capturing, recorder.free_device_memory, _streams.current_stream)
+    assert after == before
 
 
 def test_bad_benchmark_arguments():

@@ -129,6 +129,17 @@ def test_bench_gpu_mode_without_a_gpu_says_so(tmp_path):
     assert fr.backend_info()["reason"] in line
 
 
+def test_bench_hooks_prints_its_table_and_writes_json(tmp_path):
+    out = tmp_path / "hooks.json"
+    proc = freeride("bench", "hooks", "--mode", "cpu", "--quick", "--out", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["benchmark"] == "hooks" and result["mode"] == "cpu"
+    assert [row["hooks"] for row in result["rows"]] == ["h.compute()", "attach()"]
+    header = proc.stdout.splitlines()[1].split()
+    assert header == ["backend", "hooks", "part", "pairs", "p50_ns", "p99_ns", "mean_ns"]
+
+
 def test_unwritable_outputs_fail_before_the_run(tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("")

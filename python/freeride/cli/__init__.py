@@ -1,7 +1,7 @@
 """The freeride command.
 
 freeride demo    train a small multi-process pipeline with a side task in its bubbles
-freeride bench   measure pause latency, item overhead, training overhead or a soak run
+freeride bench   measure pause latency, item overhead, training overhead, hook cost or a soak run
 freeride submit  submit a side task to a running job's queue (from outside the job)
 freeride status  list the tasks a running job's queue knows
 freeride info    print what this build and machine offer (CUDA, devices, versions)
@@ -407,18 +407,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "bench",
-        help="run a benchmark: preempt, items, pipeline, ranks or soak",
+        help="run a benchmark: preempt, items, pipeline, ranks, soak or hooks",
         description="Run one benchmark, print its table and optionally write it as JSON.",
         formatter_class=_HELP,
     )
     p.add_argument(
         "name",
-        choices=["preempt", "items", "pipeline", "ranks", "soak"],
+        choices=["preempt", "items", "pipeline", "ranks", "soak", "hooks"],
         help="preempt: pause latency; items: item overhead; pipeline: training overhead "
         "and harvest efficiency (one-process stage emulator); ranks: training overhead of "
         "a real multi-process gloo pipeline on the host backend; soak: a job queue fed and "
         "cancelled for --minutes on a 2-rank gloo pipeline (no item lost or repeated; "
-        "memory, threads and file descriptors over time)",
+        "memory, threads and file descriptors over time); hooks: the training thread's "
+        "time per close+open pair of freeride's hooks (h.compute() and attach())",
     )
     p.add_argument(
         "--mode",

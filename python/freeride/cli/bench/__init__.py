@@ -39,7 +39,7 @@ extern "C" __global__ void probe(unsigned long long* starts) {
 }
 """
 
-BENCHMARKS = ("preempt", "items", "pipeline", "ranks", "soak")
+BENCHMARKS = ("preempt", "items", "pipeline", "ranks", "soak", "hooks")
 
 
 def _commit() -> str:
@@ -60,6 +60,20 @@ def _device_name(mode: str) -> str:
     if mode == "cpu":
         return f"{platform.processor() or platform.machine()} ({os.cpu_count()} CPUs)"
     return backend_info()["devices"][0]["name"]
+
+
+def header(name: str, mode: str, quick: bool) -> dict[str, Any]:
+    """What every result starts with: the benchmark, where and when it ran, and on which
+    commit (benchmarks/hook_cost.py adds rows to a result of its own)."""
+    return {
+        "benchmark": name,
+        "mode": mode,
+        "device": _device_name(mode),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "commit": _commit(),
+        "freeride": __version__,
+        "quick": quick,
+    }
 
 
 def run(
@@ -98,15 +112,7 @@ def run(
         unknown = sorted(set(options) - accepted)
         if unknown:
             raise ValueError(f"benchmark {name!r} takes no option {', '.join(unknown)}")
-    result: dict[str, Any] = {
-        "benchmark": name,
-        "mode": mode,
-        "device": _device_name(mode),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "commit": _commit(),
-        "freeride": __version__,
-        "quick": quick,
-    }
+    result = header(name, mode, quick)
     result.update(measure(mode, quick, **options))
     print(format_table(result))
     if out:

@@ -1,0 +1,203 @@
+"""What freeride's hooks cost the training thread per close+open pair: `freeride bench
+hooks`' rows, plus the CUDA path's Python part measured without a GPU.
+
+    python benchmarks/hook_cost.py [--quick] [--mode cpu|gpu] [--out result.json]
+
+`freeride bench hooks` times the hooks through the calls users make, on the host backend
+(the real cost there) or on cuda:0. This script adds rows for the recorder and its gate
+made as on a GPU (kind "cuda") over a stub executor: the executor's calls (mark,
+gate_write, release_mark, elapsed_ns, running_item_ns, ...), torch's current-stream
+lookup, the capture query (cudaStreamIsCapturing) and the free-memory query
+(cudaMemGetInfo) all return at once, so what is left is the Python part alone. The C++
+part of a pair (the stream-ordered writes, the event records and, with a side task
+running, the launch an open enqueues) is measured on a GPU: `freeride bench preempt
+--mode gpu`'s "close+open host cost" and "launch at open host cost" rows, and `freeride
+bench hooks --mode gpu`.
+
+A script, not a `freeride bench` mode: the stub reaches below the package's public face
+(the recorder, the gate's module-level queries), which the freeride command may not
+(tests/test_layers.py).
+
+The stub's bubbles are 100 µs long (its marks are 100 µs apart), so once the slots'
+lengths are known every open goes through the whole launch decision (the 50 µs floor,
+then the running task's item time), as long bubbles on a GPU do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from freeride.cli.bench import hooks
+
+STUB_STREAM = 0x7F00_0000_1000  # the handle torch's current stream "is" in the stub
+STUB_MARK_NS = 100_000  # time between two of the stub's marks
+
+STUB_NOTES = [
+    (
+        "cuda stub: the recorder and gate of kind 'cuda' over a stub executor; the"
+        " executor's calls, torch's current-stream lookup, the capture query and the"
+        " free-memory query return at once: the Python part only"
+    ),
+    (
+        "the C++ part (stream-ordered writes, event records, the launch an open enqueues)"
+        " is measured on a GPU: bench preempt's 'close+open host cost' and 'launch at open"
+        " host cost' rows, and bench hooks --mode gpu"
+    ),
+    (
+        "cuda stub Recorder.compute(): with rec.compute(label) blocks inside"
+        " rec.iteration(), as h.compute() runs them (less the Harvester's own check);"
+        " attach() wrapper: the stage-method wrapper attach() places, around a method that"
+        " returns at once, less the timer and a bare call of that method"
+    ),
+]
+
+
+class StubExecutor:
+    """Answers every call the recorder and gate make of an executor at once."""
+
+    running_item_ns = 0  # no item time measured: the 50 µs floor alone decides
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def set_recording(self, on: bool) -> None:
+        pass
+
+    def mark(self, stream: int) -> int:
+        self._next += 1
+        return self._next
+
+    def gate_write(self, value: int, stream: int, seq: int, launch: bool = True) -> None:
+        pass
+
+    def release_mark(self, mark: int) -> None:
+        pass
+
+    def elapsed_ns(self, from_mark: int, to_mark: int) -> int:
+        return (to_mark - from_mark) * STUB_MARK_NS
+
+    def take_launch_log(self) -> list:
+        return []
+
+    def wait_launches_taken(self, timeout: float) -> bool:
+        return True
+
+
+@contextlib.contextmanager
+def stubbed_queries() -> Iterator[None]:
+    """The queries the gate and recorder make outside the executor, answered at once:
+    torch's current stream (wherever the gate looks it up), the capture query and free
+    device memory. Put back as they were after the block."""
+    from freeride import _streams, gate
+    from freeride.record import recorder
+
+    stubs = [
+        (gate, "stream_is_capturing", lambda handle, device: False),
+        (recorder, "free_device_memory", lambda device: 0),
+    ]
+    for module in (_streams, gate):
+        if hasattr(module, "current_stream"):
+            stubs.append((module, "current_stream", lambda device: STUB_STREAM))
+    saved = [(module, name, getattr(module, name)) for module, name, _ in stubs]
+    try:
+        for module, name, stub in stubs:
+            setattr(module, name, stub)
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
+def stub_rows(quick: bool) -> list[dict[str, Any]]:
+    """The cuda-kind rows: Recorder.compute() and attach()'s wrapper over the stub."""
+    from freeride.attach import _compute_wrapper, _label
+    from freeride.gate import Gate
+    from freeride.record.recorder import Recorder
+
+    iterations = 200 if quick else 4000
+    floor = hooks.timer_floor_ns()
+    rows = []
+    with stubbed_queries():
+        ex = StubExecutor()
+        rec = Recorder(Gate(ex, "cuda", 0, lambda: None), ex, "cuda", 0)
+        flush = functools.partial(rec.flush, block=False)
+        costs = hooks.pair_costs(rec.compute, rec.iteration, iterations, between=flush)
+        rows.append(
+            hooks.row("cuda stub", "Recorder.compute()", "Python", [c - floor for c in costs])
+        )
+
+        ex = StubExecutor()
+        rec = Recorder(Gate(ex, "cuda", 0, lambda: None), ex, "cuda", 0)
+        stage = _StandInStage()
+        method = stage.forward_one_chunk
+        wrapped = _compute_wrapper(rec, functools.partial(_label, "F", stage))(method)
+        bare = _call_costs(method, iterations // 8)
+        base = int(sorted(bare)[len(bare) // 2])
+        costs = _call_costs(wrapped, iterations, rec.iteration, rec.flush)
+        rows.append(hooks.row("cuda stub", "attach() wrapper", "Python", [c - base for c in costs]))
+    return rows
+
+
+class _StandInStage:
+    """What attach()'s wrapper reads of a pipeline stage (its label), and a compute
+    method that returns at once."""
+
+    stage_index = 0
+
+    def forward_one_chunk(self, chunk: int, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _call_costs(call: Any, iterations: int, iteration: Any = None, flush: Any = None) -> list[int]:
+    """Host time in ns of `call(chunk)`, hooks.ACTIONS calls an iteration (each inside
+    ``with iteration():`` where given), timer included; `flush(block=False)` every
+    hooks.BETWEEN iterations, outside the timed calls."""
+    clock = time.perf_counter_ns
+    costs: list[int] = []
+    add = costs.append
+    for index in range(iterations):
+        with iteration() if iteration is not None else contextlib.nullcontext():
+            for chunk in range(hooks.ACTIONS):
+                t0 = clock()
+                call(chunk)
+                add(clock() - t0)
+        if flush is not None and index % hooks.BETWEEN == hooks.BETWEEN - 1:
+            flush(block=False)
+    return costs
+
+
+def run(mode: str = "cpu", quick: bool = False, out: str | None = None) -> dict[str, Any]:
+    """`freeride bench hooks`' result with the stub's rows added; printed, and written
+    as JSON at `out`."""
+    from freeride.cli import bench
+
+    result = bench.header("hooks", mode, quick)
+    result.update(hooks.measure(mode, quick))
+    result["rows"] += stub_rows(quick)
+    result["notes"] = [*result["notes"], *STUB_NOTES]
+    print(bench.format_table(result))
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=["cpu", "gpu"], default="cpu")
+    parser.add_argument("--quick", action="store_true", help="small sizes (the smoke test)")
+    parser.add_argument("--out", default=None, help="write the result as JSON here")
+    args = parser.parse_args(argv)
+    run(args.mode, args.quick, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
