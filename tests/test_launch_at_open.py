@@ -168,6 +168,48 @@ def test_a_recorded_open_carries_a_launch_only_where_its_slot_pays_for_one(monke
     assert ex.opens[-1][1] is True
 
 
+def test_a_slots_prediction_follows_the_bubbles_resolved_since(monkeypatch):
+    """The predicted length of each slot is kept as its bubbles resolve, not computed at
+    every open: once the slot grows long, the median of its recent bubbles moves past the
+    floor, and from then on (after the flush that resolved them, as on a GPU) its opens
+    carry launches again; bubble_stats() and predicted_slot_ns() say the same."""
+    fake_free_memory(monkeypatch, lambda device: 1)
+    monkeypatch.setattr(gate, "stream_is_capturing", lambda handle, device: False)
+    ex = _Clocked()
+    rec = _recorder(ex, "cuda", 0)
+
+    def iteration(slot_1_ns):
+        ex.gap = 1000
+        rec.begin_iteration(0)
+        ex.gap = 3 * MIN_LAUNCH_BUBBLE_NS
+        rec.compute_begin("a", 0)
+        ex.gap = slot_1_ns
+        rec.compute_end(0)  # slot 1 opens ...
+        rec.compute_begin("b", 0)  # ... and lasts slot_1_ns
+        rec.compute_end(0)
+        rec.end_iteration(0)
+        return dict(ex.opens[-3:][1:2])  # {seq: launch} of slot 1's open
+
+    short, long = MIN_LAUNCH_BUBBLE_NS // 10, 4 * MIN_LAUNCH_BUBBLE_NS
+    for _ in range(3):
+        iteration(short)
+        rec.flush(block=True, timeout=5)
+    assert list(iteration(short).values()) == [False]
+    assert rec.predicted_slot_ns(1) == pytest.approx(short, rel=0.05)
+    rec.flush(block=True, timeout=5)
+    # Slot 1 now runs long: 5 of its last 9 bubbles long moves the (upper) median.
+    for _ in range(5):
+        iteration(long)
+    assert rec.predicted_slot_ns(1) == pytest.approx(short, rel=0.05)  # not resolved yet
+    assert list(iteration(short).values()) == [False]
+    rec.flush(block=True, timeout=5)
+    assert rec.predicted_slot_ns(1) == pytest.approx(long, rel=0.05)
+    bubble_ns, longest, _ = rec.bubble_stats()
+    assert longest == rec.predicted_slot_ns(1)
+    assert bubble_ns == sum(rec.predicted_slot_ns(k) for k in rec.known_slots())
+    assert list(iteration(short).values()) == [True]
+
+
 def test_a_slot_carries_a_launch_only_if_it_holds_several_of_the_tasks_items(monkeypatch):
     """Review G10: the 50 µs floor ignored how long the task's items are. A block holds
     its SM up to an item past the close, so a slot of 150 µs pays for a task of 10 µs

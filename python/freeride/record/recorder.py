@@ -82,6 +82,10 @@ class Recorder:
         self._memory_slot = 0
         self._slots_last = 1
         self._slot_ns: dict[int, deque[int]] = {}  # slot -> recent durations
+        # slot -> median of _slot_ns[slot], set whenever that history changes (under
+        # _shared): every recorded open asks for its slot's, and a single dict read is
+        # atomic, so the training thread takes no lock and sorts nothing for it.
+        self._slot_median: dict[int, int] = {}
         self._item_skips = 0  # opens skipped for the task's items (ITEM_SKIP_PROBE_EVERY)
         self._task_names: dict[int, str] = {}
         # The iterative runner's thread reads slot predictions and adds launches while the
@@ -228,7 +232,7 @@ class Recorder:
         nothing (its writes are immediate): nothing to look up on its training thread."""
         if self._kind != "cuda":
             return True
-        predicted = self.predicted_slot_ns(slot)
+        predicted = self._slot_median.get(slot)
         if predicted is None:
             return True
         if predicted < MIN_LAUNCH_BUBBLE_NS:
@@ -241,10 +245,9 @@ class Recorder:
     # -- what iterative tasks ask -----------------------------------------------------------
 
     def predicted_slot_ns(self, slot: int) -> int | None:
-        """Median of the slot's recent durations, once it has been measured."""
-        with self._shared:
-            history = self._slot_ns.get(slot)
-            return _median(history) if history else None
+        """Median of the slot's recent durations, once it has been measured. Any thread
+        (one dict read: the median is kept as the durations come in)."""
+        return self._slot_median.get(slot)
 
     def known_slots(self) -> list[int]:
         """Slots whose length has been measured."""
@@ -255,7 +258,7 @@ class Recorder:
         """(bubble ns per iteration, longest bubble ns, iterations begun): the median of
         each slot's recent lengths, summed and the largest. Any thread."""
         with self._shared:
-            medians = [_median(h) for h in self._slot_ns.values() if h]
+            medians = list(self._slot_median.values())
         return sum(medians), max(medians, default=0), self._next_index
 
     # -- resolution ------------------------------------------------------------------------
@@ -381,7 +384,9 @@ class Recorder:
                 if open_at is not None:
                     it.bubbles.append(Bubble(pend.index, slot, open_at, t, open_mem))
                     with self._shared:
-                        self._slot_ns.setdefault(slot, deque(maxlen=16)).append(t - open_at)
+                        history = self._slot_ns.setdefault(slot, deque(maxlen=16))
+                        history.append(t - open_at)
+                        self._slot_median[slot] = _median(history)
                     slot += 1
                     open_at = None
                 close_at, label = t, lab
