@@ -9,6 +9,7 @@ import pytest
 import freeride as fr
 from conftest import wait_until
 from freeride import _C, gate
+from freeride._C import GATE_CLOSED, GATE_OPEN
 from freeride.record import recorder
 from freeride.record.recorder import Recorder
 from freeride.record.report import Report
@@ -136,6 +137,21 @@ def test_the_host_backend_never_asks_about_capture(capture):
     iteration(rec)
     rec.flush(block=True, timeout=5)
     assert capture["asked"] == 0 and len(rec.iterations()) == 1
+
+
+def test_a_write_on_the_current_stream_asks_for_it_at_each_write(capture, monkeypatch):
+    """stream=None (every hook's default) is the current stream at the time of each
+    write, looked up each time (torch.cuda.stream() may change it between two writes);
+    any other stream argument is still checked."""
+    streams = iter([0x7F00_0000_0001, 0x7F00_0000_0002])
+    monkeypatch.setattr(gate, "current_stream", lambda device: next(streams))
+    ex = FakeCudaExecutor()
+    g = gate.Gate(ex, "cuda", 0, lambda: None)
+    assert g.write(GATE_CLOSED, None, mark=True) > 0
+    g.write(GATE_OPEN, None)
+    assert ex.writes == [(GATE_CLOSED, 0x7F00_0000_0001), (GATE_OPEN, 0x7F00_0000_0002)]
+    with pytest.raises(ValueError, match="raw stream handle"):
+        g.write(GATE_CLOSED, 12345)
 
 
 def test_free_memory_is_sampled_once_per_iteration_over_the_slots_in_turn(capture, monkeypatch):

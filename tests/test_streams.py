@@ -199,3 +199,65 @@ def test_submit_on_the_host_never_asks_about_capture(host, monkeypatch):
 
     monkeypatch.setattr(_streams, "stream_is_capturing", fail)
     assert host.submit(fr.tasks.Spin(4, 1000)).wait(timeout=30)
+
+
+class _TorchWithRawStreams:
+    """A CUDA torch as the gate's current-stream lookup sees it: the full path
+    (torch.cuda.current_stream, which initialises CUDA) and the raw getter, each counting
+    its calls; the current stream is `handle`."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+        self.full_calls = 0
+        self.raw_calls = 0
+        self.initialized = False
+        outer = self
+
+        class cuda:
+            @staticmethod
+            def is_available() -> bool:
+                return True
+
+            @staticmethod
+            def is_initialized() -> bool:
+                return outer.initialized
+
+            @staticmethod
+            def current_stream(device: int) -> FakeTorchStream:
+                outer.full_calls += 1
+                outer.initialized = True
+                return FakeTorchStream(outer.handle)
+
+        class _C:
+            @staticmethod
+            def _cuda_getCurrentRawStream(device: int) -> int:
+                outer.raw_calls += 1
+                return outer.handle
+
+        self.cuda = cuda
+        self._C = _C
+
+
+def test_the_current_stream_is_read_through_torchs_raw_getter_once_cuda_is_up(monkeypatch):
+    """The gate reads the current stream at every write: after the first, full lookup
+    (which initialises torch's CUDA) it takes torch's raw getter, one call. The getter is
+    remembered per torch module: another torch in sys.modules is asked itself (a cache
+    that outlived its module would answer with the old one's stream)."""
+    from freeride import _streams
+
+    monkeypatch.setattr(_streams, "_raw_getter", None)
+    first = _TorchWithRawStreams(0x7F00_0000_0A01)
+    monkeypatch.setitem(sys.modules, "torch", first)
+    assert [_streams.current_stream(0) for _ in range(3)] == [first.handle] * 3
+    assert (first.full_calls, first.raw_calls) == (1, 2)
+    first.handle = 0x7F00_0000_0A02  # torch.cuda.stream(s) made another one current
+    assert _streams.current_stream(0) == 0x7F00_0000_0A02
+    second = _TorchWithRawStreams(0x7F00_0000_0B01)
+    monkeypatch.setitem(sys.modules, "torch", second)
+    assert _streams.current_stream(1) == second.handle
+    assert second.full_calls == 1
+    monkeypatch.setitem(sys.modules, "torch", _FakeTorch)  # a torch without the getter
+    assert _streams.current_stream(0) == 0
+    monkeypatch.setitem(sys.modules, "torch", second)
+    assert _streams.current_stream(0) == second.handle
+    assert (second.full_calls, second.raw_calls) == (1, 1)

@@ -4,6 +4,7 @@ handle's state allows (a stream being captured into a CUDA graph)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from ._C import IMMEDIATE, _stream_is_capturing
@@ -80,12 +81,31 @@ def _device_of(stream: Any):
     return int(device_id) if isinstance(device_id, int) else None
 
 
+# (torch module, its raw current-stream getter) once that torch has initialised CUDA: the
+# gate asks for the current stream at every write on the training thread, and
+# torch.cuda.is_available() (an environment lookup and a device count) followed by
+# torch.cuda.current_stream() (a Stream object built, then its handle read) cost it
+# microseconds where the getter is one call (what torch's compiled code calls,
+# torch._C._cuda_getCurrentRawStream). Keyed on the module, so that a torch put in
+# sys.modules later (tests' stand-ins) is asked itself.
+_raw_getter: tuple[Any, Callable[[int], int]] | None = None
+
+
 def current_stream(device: int) -> int:
     """Handle of the caller's current stream on `device` (torch's, else CuPy's, else the
     legacy default stream)."""
+    global _raw_getter
     torch = sys.modules.get("torch")
+    cached = _raw_getter
+    if cached is not None and cached[0] is torch:
+        return cached[1](device)
     if torch is not None and torch.cuda.is_available():
-        return int(torch.cuda.current_stream(device).cuda_stream)
+        handle = int(torch.cuda.current_stream(device).cuda_stream)
+        getter = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
+        # current_stream() above initialised torch's CUDA (the getter does not).
+        if getter is not None and torch.cuda.is_initialized():
+            _raw_getter = (torch, getter)
+        return handle
     cupy = sys.modules.get("cupy")
     if cupy is not None:
         return _cupy_current_stream(cupy, device)
@@ -117,10 +137,11 @@ _SPECIAL_NAMES = {
 }
 
 
-def stream_is_capturing(handle: int, device: int) -> bool:
-    """True while the CUDA stream `handle` of `device` is being captured into a graph
-    (the legacy default stream also while another blocking stream captures). CUDA only."""
-    return bool(_stream_is_capturing(handle, device))
+# stream_is_capturing(handle, device): True while the CUDA stream `handle` of `device` is
+# being captured into a graph (the legacy default stream also while another blocking
+# stream captures); CUDA only. The binding itself (it returns a bool), not a wrapper: the
+# gate asks before every recorded write on the training thread.
+stream_is_capturing = _stream_is_capturing
 
 
 def refuse_capturing(handles: list[int], device: int) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._C import GATE_CLOSED, GATE_OPEN, IMMEDIATE
-from ._streams import stream_handle, stream_is_capturing
+from ._streams import current_stream, stream_handle, stream_is_capturing
 
 _SEQ_MASK = 2**32 - 1
 # slot_of() of a gate opened by hand, outside the bubbles of recorded iterations.
@@ -37,6 +37,7 @@ class Gate:
     ) -> None:
         self._ex = executor
         self._kind = kind
+        self._cuda = kind == "cuda"
         self._device = device
         self._check_open = check_open
         self._seq = 0
@@ -71,34 +72,40 @@ class Gate:
         stream-ordered open): the open enqueues the running side task's launch for its
         bubble right away, in the GPU's queues ahead of what training enqueues next; False
         where the bubble is known to be too short to pay for one."""
-        self._seq = (self._seq + 1) & _SEQ_MASK
+        # The training thread writes twice around every compute action: locals, and the
+        # common stream=None without check_stream's tests (None passes them all).
+        self._seq = seq = (self._seq + 1) & _SEQ_MASK
         opening = value == GATE_OPEN
         if opening:
-            self._remember_slot(self._seq, MANUAL_BUBBLE if slot is None else slot)
-        handle = stream_handle(stream, self._kind, self._device)
-        if mark and self._capturing(handle):
+            seq_slot = self._seq_slot
+            seq_slot[seq] = MANUAL_BUBBLE if slot is None else slot
+            if len(seq_slot) > _KEEP_SLOTS:
+                self._forget_oldest_slots()
+        cuda = self._cuda
+        if stream is None:
+            handle = current_stream(self._device) if cuda else IMMEDIATE
+        else:
+            handle = stream_handle(stream, self._kind, self._device)
+        if mark and cuda and handle != IMMEDIATE and stream_is_capturing(handle, self._device):
             # The write itself is captured with the graph (every replay writes the gate),
             # but an event recorded in a capture is no point of the stream's timeline.
             mark = False
-        mark_id = self._ex.mark(handle) if mark and opening else 0
-        self._ex.gate_write(value, handle, self._seq, launch)
-        if mark and not opening:
-            mark_id = self._ex.mark(handle)
+        ex = self._ex
+        mark_id = 0
+        if not mark:
+            ex.gate_write(value, handle, seq, launch)
+        elif opening:
+            mark_id = ex.mark(handle)
+            ex.gate_write(value, handle, seq, launch)
+        else:
+            ex.gate_write(value, handle, seq, launch)
+            mark_id = ex.mark(handle)
         self.written_open = opening
         return mark_id
 
-    def _capturing(self, handle: int) -> bool:
-        return (
-            self._kind == "cuda"
-            and handle != IMMEDIATE
-            and stream_is_capturing(handle, self._device)
-        )
-
-    def _remember_slot(self, seq: int, slot: int) -> None:
-        self._seq_slot[seq] = slot
-        if len(self._seq_slot) > _KEEP_SLOTS:  # forget the oldest half
-            for key in list(self._seq_slot)[: _KEEP_SLOTS // 2]:
-                del self._seq_slot[key]
+    def _forget_oldest_slots(self) -> None:
+        for key in list(self._seq_slot)[: _KEEP_SLOTS // 2]:
+            del self._seq_slot[key]
 
     def slot_of(self, seq: int) -> int | None:
         """Bubble slot opened by the write with sequence number `seq`: MANUAL_BUBBLE for
