@@ -154,6 +154,31 @@ def test_a_write_on_the_current_stream_asks_for_it_at_each_write(capture, monkey
         g.write(GATE_CLOSED, 12345)
 
 
+def test_attachs_wrapper_counts_its_test_and_label_as_hook_time(capture):
+    """attach()'s wrapper times itself from its first step: whether the call computes and
+    its label are the hook's work, as the gate writes are (one span, not one each)."""
+    from freeride.attach import _compute_wrapper
+
+    def computes(args, kwargs):
+        time.sleep(0.002)
+        return args[0]
+
+    def label(args, kwargs):
+        time.sleep(0.002)
+        return "F"
+
+    rec = _recorder(FakeCudaExecutor(), "cuda", 0)
+    wrapped = _compute_wrapper(rec, label, computes)(lambda computes: "ran")
+    rec.begin_iteration(0)
+    assert wrapped(True) == "ran"  # the test, the label and a compute action
+    assert wrapped(False) == "ran"  # the test alone
+    rec.end_iteration(0)
+    rec.flush(block=True, timeout=5)
+    (it,) = rec.iterations()
+    assert [c.label for c in it.compute] == ["F"]
+    assert it.hook_ns >= 3 * 2_000_000
+
+
 def test_free_memory_is_sampled_once_per_iteration_over_the_slots_in_turn(capture, monkeypatch):
     """Property: cudaMemGetInfo (freeride's own, in relaxed capture mode) runs once per recorded iteration (not at every open), at
     one bubble's start, the slots taking turns, so every slot's mean free memory is

@@ -561,14 +561,14 @@ class Harvester:
                 return False
         return True
 
-    @contextlib.contextmanager
-    def compute(self, stream: Any = None, label: str = "compute") -> Iterator[None]:
+    def compute(
+        self, stream: Any = None, label: str = "compute"
+    ) -> contextlib.AbstractContextManager[None]:
         """Closes the gate before the block's work on `stream` and, if it was open,
         reopens it after, in stream order: the manual hook for training loops freeride
-        does not attach to. Inside ``iteration()`` it is recorded as a compute action."""
-        self._check_open()
-        with self._recorder.compute(label, stream, live=self._not_closed):
-            yield
+        does not attach to. Inside ``iteration()`` it is recorded as a compute action.
+        Raises HarvesterClosedError on entering once the harvester is closed."""
+        return self._recorder.compute(label, stream, self._not_closed, self._check_open)
 
     @contextlib.contextmanager
     def bubble(self, stream: Any = None) -> Iterator[None]:
@@ -580,14 +580,12 @@ class Harvester:
             if not self._closed:
                 self.gate.close(stream)
 
-    @contextlib.contextmanager
-    def iteration(self, stream: Any = None) -> Iterator[None]:
+    def iteration(self, stream: Any = None) -> contextlib.AbstractContextManager[None]:
         """One training iteration of a manual loop: opens the gate at the start, closes
         it at the end, and records its compute actions (``compute()`` blocks) and bubbles
-        for ``report()``. attach() does the same around every schedule.step()."""
-        self._check_open()
-        with self._recorder.iteration(stream, live=self._not_closed):
-            yield
+        for ``report()``. attach() does the same around every schedule.step(). Raises
+        HarvesterClosedError on entering once the harvester is closed."""
+        return self._recorder.iteration(stream, self._not_closed, self._check_open)
 
     # -- pipelines ----------------------------------------------------------------------------
 

@@ -10,11 +10,10 @@ and are not recorded either."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +37,8 @@ MIN_LAUNCH_BUBBLE_ITEMS = 4
 # high (a launch slowed by what shared its SMs, a phase of longer items) would otherwise
 # keep the task out of those bubbles for good, since only launches measure it.
 ITEM_SKIP_PROBE_EVERY = 16
+
+_clock = time.perf_counter_ns  # the hooks' own timer (add_hook_ns), read 4 times a pair
 
 
 @dataclass
@@ -96,14 +97,16 @@ class Recorder:
         self.clock_origin_unix_ns: int | None = None  # the same as Unix time (profiling.py)
         # Profiler ranges of the open bubble (profiling.py); training thread only.
         self._ranges = BubbleRanges(kind == "cuda")
+        self._cuda = kind == "cuda"
         self.recording = False
         # Called after every recorded iteration (the harvester lets go of final tasks).
         self.on_iteration_end: Callable[[], None] | None = None
 
     def _free_memory(self, slot: int, mark: int) -> int | None:
         """Free device memory now if `slot` is the one sampled this iteration (and the
-        open has a timestamp: an iteration without one is left out), else None."""
-        if self._kind != "cuda" or slot != self._memory_slot or not mark:
+        open has a timestamp: an iteration without one is left out), else None. Callers
+        on the hot path test the slot first, and call only for the sampled one."""
+        if not self._cuda or slot != self._memory_slot or not mark:
             return None
         # freeride's own query, in relaxed capture mode (torch's would run in the training
         # thread's mode, and could invalidate a graph another thread captures).
@@ -145,40 +148,44 @@ class Recorder:
         if self.on_iteration_end is not None:
             self.on_iteration_end()
 
+    # compute_begin and compute_end run around every compute action on the training
+    # thread: positional arguments and locals instead of keywords and repeated attribute
+    # reads, since each costs the thread tens of nanoseconds there.
+
     def compute_begin(self, label: str, stream: Any = None) -> None:
         """Closes the gate before a compute action."""
         self._depth += 1
         if self._depth > 1:
             return
-        self._saved_open.append(self._gate.written_open)
+        gate = self._gate
+        self._saved_open.append(gate.written_open)
         self._ranges.close()
-        recording = self._current is not None
-        mark = self._gate.write(GATE_CLOSED, stream, mark=recording)
-        if recording:
-            self._current.events.append(("close", label, mark, None))
+        current = self._current
+        if current is None:
+            gate.write(GATE_CLOSED, stream)
+        else:
+            current.events.append(("close", label, gate.write(GATE_CLOSED, stream, True), None))
 
     def compute_end(self, stream: Any = None) -> None:
         """After a compute action: reopens the gate if it was open before it."""
-        if self._depth == 0:
+        depth = self._depth
+        if depth == 0:
             return
-        self._depth -= 1
-        if self._depth > 0:
+        self._depth = depth = depth - 1
+        if depth > 0:
             return
         if not self._saved_open.pop():
             return
-        recording = self._current is not None
-        if recording:
-            self._slot += 1
-        mark = self._gate.write(
-            GATE_OPEN,
-            stream,
-            mark=recording,
-            slot=self._slot if recording else None,
-            launch=not recording or self._launch_pays(self._slot),
-        )
-        if recording:
-            self._current.events.append(("open", "", mark, self._free_memory(self._slot, mark)))
-            self._ranges.open(self._slot)
+        current = self._current
+        if current is None:
+            self._gate.write(GATE_OPEN, stream, False, None, True)
+            return
+        self._slot = slot = self._slot + 1
+        launch = self._launch_pays(slot) if self._cuda else True
+        mark = self._gate.write(GATE_OPEN, stream, True, slot, launch)
+        memory = self._free_memory(slot, mark) if slot == self._memory_slot else None
+        current.events.append(("open", "", mark, memory))
+        self._ranges.open(slot)
 
     def add_hook_ns(self, ns: int) -> None:
         """Adds time the training thread spent in a hook (gate writes, recording, the
@@ -193,44 +200,45 @@ class Recorder:
         """`work(*args)`, its time added to the iteration (add_hook_ns): how every hook
         runs its own part, so that what harvesting costs the training thread is counted
         the same way everywhere."""
-        t0 = time.perf_counter_ns()
+        t0 = _clock()
         try:
             return work(*args)
         finally:
-            self.add_hook_ns(time.perf_counter_ns() - t0)
+            self.add_hook_ns(_clock() - t0)
 
-    @contextlib.contextmanager
     def compute(
-        self, label: str, stream: Any = None, live: Callable[[], bool] | None = None
-    ) -> Iterator[None]:
-        """The block is a compute action: the gate is closed before it and, if it was
-        open, reopened after (unless `live()` says the owner closed meanwhile)."""
-        self.timed(self.compute_begin, label, stream)
-        try:
-            yield
-        finally:
-            if live is None or live():
-                self.timed(self.compute_end, stream)
+        self,
+        label: str,
+        stream: Any = None,
+        live: Callable[[], bool] | None = None,
+        check: Callable[[], None] | None = None,
+        since_ns: int | None = None,
+    ) -> ComputeAction:
+        """A context manager: its block is a compute action. The gate is closed before it
+        and, if it was open, reopened after (unless `live()` says the owner closed
+        meanwhile). `check()` runs first on entering (it may raise: nothing is written
+        then). `since_ns`: a ``time.perf_counter_ns()`` reading from which the hook's time
+        counts instead of the entry (the caller's own work for the hook before, such as
+        its label, is counted with it)."""
+        return ComputeAction(self, label, stream, live, check, since_ns)
 
-    @contextlib.contextmanager
     def iteration(
-        self, stream: Any = None, live: Callable[[], bool] | None = None
-    ) -> Iterator[None]:
-        """The block is one recorded iteration: the gate opens at its start and closes at
-        its end (unless `live()` says the owner closed meanwhile)."""
-        self.timed(self.begin_iteration, stream)
-        try:
-            yield
-        finally:
-            if live is None or live():
-                self.timed(self.end_iteration, stream)
+        self,
+        stream: Any = None,
+        live: Callable[[], bool] | None = None,
+        check: Callable[[], None] | None = None,
+    ) -> RecordedIteration:
+        """A context manager: its block is one recorded iteration. The gate opens at its
+        start and closes at its end (unless `live()` says the owner closed meanwhile);
+        `check()` runs first on entering (it may raise: nothing is written then)."""
+        return RecordedIteration(self, stream, live, check)
 
     def _launch_pays(self, slot: int) -> bool:
         """Whether an open of `slot` should carry a side launch: yes until the slot's
         length is known, then only if it is at least MIN_LAUNCH_BUBBLE_NS and
         MIN_LAUNCH_BUBBLE_ITEMS of the running task's items. The host backend enqueues
         nothing (its writes are immediate): nothing to look up on its training thread."""
-        if self._kind != "cuda":
+        if not self._cuda:
             return True
         predicted = self._slot_median.get(slot)
         if predicted is None:
@@ -454,3 +462,81 @@ def attribute_side_work(iterations: list[Iteration], launches: list[SideLaunch])
                 span = max(1, launch.end_ns - launch.start_ns)
                 items, ns = bubble.side.get(launch.task_id, (0.0, 0))
                 bubble.side[launch.task_id] = (items + launch.items * overlap / span, ns + overlap)
+
+
+class ComputeAction:
+    """``with recorder.compute(...)``: one compute action (Recorder.compute). A class of
+    its own rather than a generator context manager: the training thread enters and
+    leaves one around every compute action, and a generator's frame and the
+    contextmanager machinery around it cost it about a microsecond a pair."""
+
+    __slots__ = ("_check", "_label", "_live", "_rec", "_since", "_stream")
+
+    def __init__(
+        self,
+        rec: Recorder,
+        label: str,
+        stream: Any,
+        live: Callable[[], bool] | None,
+        check: Callable[[], None] | None,
+        since_ns: int | None,
+    ) -> None:
+        self._rec = rec
+        self._label = label
+        self._stream = stream
+        self._live = live
+        self._check = check
+        self._since = since_ns
+
+    # add_hook_ns inlined (the iteration the hook's time goes to): a call less each way.
+
+    def __enter__(self) -> None:
+        if self._check is not None:
+            self._check()
+        rec = self._rec
+        t0 = _clock() if self._since is None else self._since
+        try:
+            rec.compute_begin(self._label, self._stream)
+        finally:
+            target = rec._hook_target
+            if target is not None:
+                target.hook_ns += _clock() - t0
+
+    def __exit__(self, *exc: object) -> None:
+        live = self._live
+        if live is None or live():
+            rec = self._rec
+            t0 = _clock()
+            try:
+                rec.compute_end(self._stream)
+            finally:
+                target = rec._hook_target
+                if target is not None:
+                    target.hook_ns += _clock() - t0
+
+
+class RecordedIteration:
+    """``with recorder.iteration(...)``: one recorded iteration (Recorder.iteration)."""
+
+    __slots__ = ("_check", "_live", "_rec", "_stream")
+
+    def __init__(
+        self,
+        rec: Recorder,
+        stream: Any,
+        live: Callable[[], bool] | None,
+        check: Callable[[], None] | None,
+    ) -> None:
+        self._rec = rec
+        self._stream = stream
+        self._live = live
+        self._check = check
+
+    def __enter__(self) -> None:
+        if self._check is not None:
+            self._check()
+        self._rec.timed(self._rec.begin_iteration, self._stream)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is None or self._live():
+            self._rec.timed(self._rec.end_iteration, self._stream)
