@@ -149,6 +149,24 @@ def test_profiler_enabled_follows_the_profiler():
     assert not profiling.profiler_enabled()
 
 
+def test_profiler_enabled_asks_the_torch_in_sys_modules(monkeypatch):
+    """The query is looked up once per torch module, not once for good: a torch put in
+    sys.modules later is asked itself."""
+    import sys
+    import types
+
+    assert not profiling.profiler_enabled()  # the real torch's query is remembered
+    recording = types.SimpleNamespace(
+        _C=types.SimpleNamespace(_autograd=types.SimpleNamespace(_profiler_enabled=lambda: True))
+    )
+    monkeypatch.setitem(sys.modules, "torch", recording)
+    assert profiling.profiler_enabled()
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace())  # being imported
+    assert not profiling.profiler_enabled()
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    assert not profiling.profiler_enabled()
+
+
 def test_unix_offset_matches_the_clocks():
     offset = profiling.unix_offset_ns()
     assert abs(time.monotonic_ns() + offset - time.time_ns()) < 5_000_000

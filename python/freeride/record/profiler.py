@@ -39,16 +39,26 @@ BUBBLE_RANGE = "freeride: bubble"
 _NVTX_ALWAYS = os.environ.get("FREERIDE_NVTX", "") not in ("", "0")
 
 
+# (torch module, its _profiler_enabled): asked at every recorded open on the training
+# thread, so looked up once per torch module rather than through three attributes each
+# time. Keyed on the module, as a torch put in sys.modules later is asked itself.
+_enabled_query: tuple[Any, Any] | None = None
+
+
 def profiler_enabled() -> bool:
     """Whether torch's profiler records on this thread. False without importing torch
     when torch is not imported."""
+    global _enabled_query
     torch = sys.modules.get("torch")
     if torch is None:
         return False
-    try:
-        return bool(torch._C._autograd._profiler_enabled())
-    except AttributeError:  # a torch without it, or one still being imported
-        return False
+    cached = _enabled_query
+    if cached is None or cached[0] is not torch:
+        try:
+            cached = _enabled_query = (torch, torch._C._autograd._profiler_enabled)
+        except AttributeError:  # a torch without it, or one still being imported
+            return False
+    return bool(cached[1]())
 
 
 def _enter(torch: Any, name: str) -> Any:
