@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import gc
 import json
 import sys
 import time
@@ -162,6 +163,7 @@ def _call_costs(call: Any, iterations: int, iteration: Any = None, flush: Any = 
     clock = time.perf_counter_ns
     costs: list[int] = []
     add = costs.append
+    gc.collect()  # not the garbage of whatever ran before (the collector stays on)
     for index in range(iterations):
         with iteration() if iteration is not None else contextlib.nullcontext():
             for chunk in range(hooks.ACTIONS):

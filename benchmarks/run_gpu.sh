@@ -46,7 +46,8 @@
 #             reserve's no-deadlock and admission tests, the step stream's order, the
 #             RawKernel example, and compute-sanitizer's memcheck over the example
 #   tests     every test file, GPU and CPU tests alike, each in its own process
-#   bench     every benchmark in GPU mode, and `bench ranks` on the machine's cores
+#   bench     every benchmark in GPU mode, and `bench ranks` on the machine's cores;
+#             benchmarks/hook_cost.py --mode gpu (bench hooks with the stub's rows)
 #
 # Every test file and probe runs under its own hard limit (benchmarks/watchdog.py) with
 # faulthandler on, so a hang costs that item and prints its stacks: native ones too where
@@ -434,6 +435,9 @@ if step bench; then
       --out "$work/$b.json" "${extra[@]}"
   done
   budgeted $deadline bench_ranks 150 $py -m freeride bench ranks --mode cpu --out "$work/ranks.json"
+  # The hooks' cost per close+open pair on cuda:0 (Python and C++), with the stub's rows
+  # (the Python part alone) beside it for comparison with CPU machines' figures.
+  budgeted $deadline bench_hooks 60 $py benchmarks/hook_cost.py --mode gpu --out "$work/hooks.json"
 fi
 
 note "total ${SECONDS}s (started at ${start}s)"

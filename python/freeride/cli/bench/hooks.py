@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import os
 import tempfile
 import time
@@ -126,6 +127,7 @@ def pair_costs(
     costs: list[int] = []
     add = costs.append
     labels = (LABELS * (actions // len(LABELS) + 1))[:actions]
+    gc.collect()  # not the garbage of whatever ran before (the collector stays on)
     for index in range(iterations):
         with iteration():
             for label in labels:
