@@ -208,6 +208,13 @@ class Backend {
   virtual uint64_t mark(uintptr_t stream) = 0;
   virtual int64_t elapsed_ns(uint64_t from, uint64_t to) = 0;
   virtual void release_mark(uint64_t id) = 0;
+  // Where `mark` stands on the wall clock: the Unix time (CLOCK_REALTIME ns) at which its
+  // stream reached it, once it has; kPending where the backend cannot say within
+  // `timeout_s` seconds (the mark not passed by then, the device's clock not tied to the
+  // wall clock in time, or a backend without one: the default). May wait up to
+  // `timeout_s` on the calling thread; throws InvalidArgument for an unknown mark.
+  // The bubble report's clock origin (merge_with_profiler_trace).
+  virtual int64_t mark_unix_ns(uint64_t /*mark*/, double /*timeout_s*/) { return kPending; }
   // Address of the gate word as kernels see it (device pointer; host pointer on host).
   virtual uintptr_t gate_address() const = 0;
 

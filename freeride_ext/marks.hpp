@@ -1,4 +1,4 @@
-// Executor's timestamp bindings (mark, elapsed_ns, release_mark): the
+// Executor's timestamp bindings (mark, elapsed_ns, release_mark, mark_unix_ns): the
 // recorder's view of the device's timeline, apart from bindings.cpp's other methods.
 #pragma once
 

@@ -366,6 +366,14 @@ class CudaBackend final : public Backend {
 
   void release_mark(uint64_t id) override { s_->release_mark(id); }
 
+  int64_t mark_unix_ns(uint64_t mark, double timeout_s) override {
+    CudaShared& s = *s_;
+    std::shared_lock<std::shared_mutex> lk(s.life);
+    FR_CHECK(!s.shut_down, "mark_unix_ns() after the CUDA backend was shut down");
+    DeviceGuard guard(s.device);
+    return s.mark_unix_ns(mark, timeout_s);
+  }
+
   uintptr_t gate_address() const override { return reinterpret_cast<uintptr_t>(s_->gate.dev); }
 
   std::unique_ptr<StreamDependency> after_streams(const std::vector<uintptr_t>& streams) override {

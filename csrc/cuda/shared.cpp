@@ -314,12 +314,17 @@ void CudaShared::release_locked(uint64_t id) noexcept {
     if (b != bases.end() && --b->second == 0) {
       bases.erase(b);
       // An anchor no longer current: it went on for the marks standing on it.
-      if (base != anchor.mark && base != pending_anchor.before) release_locked(base);
+      if (base != anchor.mark && base != pending_anchor.before && base != pending_anchor.after) {
+        release_locked(base);
+      }
     }
     return;
   }
   // Derived marks still stand on it: it is released with the last of them.
-  if (bases.count(id) != 0 || id == anchor.mark || id == pending_anchor.before) return;
+  if (bases.count(id) != 0 || id == anchor.mark || id == pending_anchor.before ||
+      id == pending_anchor.after) {
+    return;
+  }
   auto it = marks.find(id);
   if (it == marks.end()) return;
   free_events.push_back(it->second);

@@ -373,6 +373,9 @@ struct CudaShared {
   ClockAnchor anchor;
   PendingAnchor pending_anchor;
   SlotPool::Slot clock_slot;  // the stamp's host word
+  // Threads in mark_unix_ns watching the stamp word for the pending anchor's store: no
+  // anchor is enqueued meanwhile (enqueueing clears the word).
+  int stamp_watchers = 0;
   static constexpr int64_t kReanchorNs = 1'000'000'000;
   static constexpr int64_t kAnchorBracketNs = 50'000;  // a later anchor's events, at most
 
@@ -382,6 +385,14 @@ struct CudaShared {
   // Marks of a launch that ran from `start_ns` to `end_ns` on %globaltimer: (0, 0) without
   // an anchor. Caller holds `life` shared with the device current.
   std::pair<uint64_t, uint64_t> launch_marks(uint64_t start_ns, uint64_t end_ns);
+  // Backend::mark_unix_ns: once `id` has passed, an anchor enqueued on the control stream
+  // (or the re-anchor in flight), whose stamp's store into the mapped host word this
+  // thread watches, spinning without marks_mu: the system clock when it lands, less half
+  // the anchor's bracket, is the Unix time of its `before` event, whatever backlog the
+  // stamp queued behind. The mark is that less the events' distance. Up to `timeout_s`
+  // in all; kPending where the mark has not passed, the stamp has not landed or the
+  // events did not time by then. Caller holds `life` shared with the device current.
+  int64_t mark_unix_ns(uint64_t id, double timeout_s);
   // Caller holds marks_mu.
   void enqueue_anchor_locked();
   bool adopt_anchor_locked();
