@@ -24,7 +24,8 @@
 #             (tests/test_hardware_queues.py, tests/test_launch_at_open.py,
 #             compute-sanitizer's memcheck over benchmarks/probes/memcheck_small.py, API
 #             errors not reported), `bench preempt` and `bench pipeline` with --quick;
-#             then, where time is left, the rest of the 2026-11-26 review's list, all
+#             then, where time is left, G16's clock origin behind a backlog
+#             (tests/test_profiling.py) and the rest of the 2026-11-26 review's list, all
 #             passed on 2026-11-27: the G1 deadlock tests, the abandon-in-a-green-context
 #             probe, the cudaFree removal's reruns (exit, close), the hardware-queue
 #             probe, stream creation beside side work, the admission probe, the G4 test,
@@ -336,6 +337,11 @@ if step qualify; then
   budgeted $deadline bench_pipeline_quick 90 $py -m freeride bench pipeline --mode gpu \
     --quick --out "$work/pipeline_quick.json"
   table_of bench_pipeline_quick "^ *(baseline|freeride: (spin|saxpy|blur)) "
+  # G16, not yet run on a GPU: a report's clock origin from the clock anchor, within 2 ms
+  # of the first open with 300 ms of training work queued behind it, under one hardware
+  # queue (with the probe's fallback as the negative control) and the default. 2 workers.
+  # [~15 s]
+  pytest_file $deadline 40 tests/test_profiling.py -m gpu -k clock_origin
   # The rest of the qualify list, all passed on 2026-11-27 (its times in brackets).
   # G1, the deadlock: a close/open pair no block saw, then torch.cuda.synchronize(), both
   # reserves, and the same after an empty compute action; 4 workers. [~23 s]
