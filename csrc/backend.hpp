@@ -211,7 +211,7 @@ class Backend {
   // Where `mark` stands on the wall clock: the Unix time (CLOCK_REALTIME ns) at which its
   // stream reached it, once it has; kPending where the backend cannot say within
   // `timeout_s` seconds (the mark not passed by then, the device's clock not tied to the
-  // wall clock in time, or a backend without one: the default). May wait up to
+  // wall clock in time, or a backend without one: the default). May wait about
   // `timeout_s` on the calling thread; throws InvalidArgument for an unknown mark.
   // The bubble report's clock origin (merge_with_profiler_trace).
   virtual int64_t mark_unix_ns(uint64_t /*mark*/, double /*timeout_s*/) { return kPending; }

@@ -2,6 +2,7 @@
 // placed on the marks' event timeline, so that a launch's marks are where its first block
 // began and its last block left (see shared.hpp); and a mark placed on the wall clock by
 // watching an anchor's stamp land (mark_unix_ns).
+#include <algorithm>
 #include <chrono>
 #include <thread>
 #include <utility>
@@ -14,6 +15,9 @@
 namespace freeride::cuda {
 
 namespace {
+
+// How long mark_unix_ns waits past its deadline for the events around a stamp it saw.
+constexpr std::chrono::milliseconds kStampSettle{10};
 
 int64_t ms_to_ns(float ms) { return static_cast<int64_t>(static_cast<double>(ms) * 1e6); }
 
@@ -214,7 +218,9 @@ int64_t CudaShared::mark_unix_ns(uint64_t id, double timeout_s) {
   // 3. The stamp is half the anchor's bracket after `before` (as adopt_anchor_locked
   // places it, at most that far off); the mark is the events' distance before that. The
   // anchor is then adopted or dropped by adopt_anchor_locked's own rule: a better one
-  // replaces launch_marks' anchor, a worse one leaves it as it was.
+  // replaces launch_marks' anchor, a worse one leaves it as it was. A stamp seen just
+  // before the deadline is still worth the microseconds its `after` event takes.
+  const auto settle_by = std::max(deadline, steady_clock::now() + kStampSettle);
   for (;;) {
     {
       std::lock_guard<std::mutex> lk(marks_mu);
@@ -240,7 +246,7 @@ int64_t CudaShared::mark_unix_ns(uint64_t id, double timeout_s) {
         const int64_t before_unix = seen_ns - ms_to_ns(bracket_ms) / 2;
         return before_unix - ms_to_ns(since_ms) + at.second;
       }
-      if (steady_clock::now() >= deadline) {
+      if (steady_clock::now() >= settle_by) {
         unwatch_locked(*this, w);
         return kPending;
       }

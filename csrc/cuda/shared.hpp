@@ -390,8 +390,9 @@ struct CudaShared {
   // thread watches, spinning without marks_mu: the system clock when it lands, less half
   // the anchor's bracket, is the Unix time of its `before` event, whatever backlog the
   // stamp queued behind. The mark is that less the events' distance. Up to `timeout_s`
-  // in all; kPending where the mark has not passed, the stamp has not landed or the
-  // events did not time by then. Caller holds `life` shared with the device current.
+  // (a stamp seen by then may take a few milliseconds more to time); kPending where the
+  // mark has not passed, the stamp has not landed or the events did not time by then.
+  // Caller holds `life` shared with the device current.
   int64_t mark_unix_ns(uint64_t id, double timeout_s);
   // Caller holds marks_mu.
   void enqueue_anchor_locked();
