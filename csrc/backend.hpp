@@ -34,6 +34,9 @@ struct LaunchMarks {
   // One that runs no item found its predecessor's bubble closed: nothing about the
   // mirror either.
   bool successor = false;
+  // run() returned without taking an end (PhaseRunner::hand_back): the launch it waited
+  // for has not begun and is still in flight.
+  bool handed_back = false;
 };
 
 // What a task must wait for before its first launch: the work its submitter's streams had
@@ -70,6 +73,21 @@ class PhaseRunner {
   // until resume(). The executor serialises both calls under its lock.
   virtual void stop() = 0;
   virtual void resume() = 0;
+
+  // Launches at opens: from now on the training thread's stream-ordered opens enqueue this
+  // runner's launches, before the executor's thread first runs it (run() arms a runner
+  // itself). The executor arms the next task this way while the one before drains
+  // launches that will run nothing (stopped for a more urgent task, cancelled, or with
+  // every item done), so the next open carries the next task's launch instead of none
+  // until the GPU has reached every open those were queued at. No effect where opens
+  // carry no launch (the host backend), once stopped, or with launches of this runner in
+  // flight. Never waits for the device.
+  virtual void arm() {}
+  // Thread-safe, after stop(): a run() waiting for the end of a launch that waits for its
+  // open and has not begun returns at once without taking it (LaunchMarks::handed_back),
+  // once, so that the executor's thread arms the next task now instead of when the GPU
+  // reaches that open. A later run() waits for it as before.
+  virtual void hand_back() {}
 
   // Items of the current phase finished so far; readable from any thread at any time.
   virtual uint64_t done() const = 0;

@@ -96,6 +96,16 @@ uint64_t Executor::submit_after(std::shared_ptr<Task> task, int priority,
   // preempted task keeps its counters and resumes later.
   if (active_ != nullptr && active_->runner && priority > active_->priority) {
     active_->runner->stop();
+    active_->runner->hand_back();  // the loop arms this one without waiting for an open
+  } else if (active_ != nullptr && active_->runner &&
+             (active_->cancel_requested || active_->complete)) {
+    active_->runner->hand_back();  // the loop drains launches that run nothing: as above
+  } else if (!retiring_.empty()) {
+    retiring_.front().runner->hand_back();  // the runner the loop drains first
+  }
+  // ... and one armed to follow it (arm_next_locked) takes no further launch at an open.
+  if (Record* armed = armed_next_locked(); armed != nullptr && priority > armed->priority) {
+    armed->runner->stop();
   }
   work_cv_.notify_all();
   backend_->interrupt_waits();  // a loop backing off (kBackoffMinS) looks at the queue again
@@ -151,6 +161,7 @@ bool Executor::cancel(uint64_t id, bool wait) {
   // Stopped first: no launch at an open is taken once stop() returns, so in_flight() then
   // says for good whether launches are left for the loop to drain.
   if (r.runner) r.runner->stop();
+  if (&r == active_) r.runner->hand_back();  // the next task is armed at once
   if (&r == active_ || (r.runner && r.runner->in_flight())) {
     // Items already claimed finish; the loop marks it cancelled when the launch exits
     // (a backoff in progress ends now: the launches left are to be drained).
@@ -301,6 +312,63 @@ Executor::Record* Executor::last_run_locked() {
   return it->second.get();
 }
 
+Executor::Record* Executor::armed_next_locked() {
+  auto it = records_.find(armed_next_);
+  if (it == records_.end() || !it->second->runner || is_final(it->second->state)) return nullptr;
+  return it->second.get();
+}
+
+void Executor::arm_next_locked(const Record* stopping) {
+  if (closing_ || !backend_->launches_at_opens()) return;
+  Record* next = nullptr;
+  bool dependency_pending = false;
+  for (const QueueKey& k : runnable_) {
+    Record& c = *records_.at(k.second);
+    if (&c == stopping || c.cancel_requested || c.complete || !c.failure.empty()) continue;
+    // Its own launches in flight go first (it is the task run last, or was armed before).
+    if (c.runner && c.runner->in_flight()) return;
+    if (pickable_locked(c, dependency_pending)) {
+      next = &c;
+      break;
+    }
+  }
+  if (next == nullptr || next->id == armed_next_) return;
+  if (Record* armed = armed_next_locked(); armed != nullptr && armed != stopping) {
+    // A more urgent task came since: the one armed takes no further launch, and one it
+    // took already is drained (as the task run last) before the more urgent is armed.
+    try {
+      armed->runner->stop();
+    } catch (...) {
+      // A sticky CUDA error: its next run() reports it.
+    }
+    if (armed->runner->in_flight()) return;
+  }
+  armed_next_ = 0;
+  try {
+    if (!next->admitted) admit_locked(*next);
+  } catch (const std::exception& e) {
+    finish_locked(*next, TaskState::Failed, ErrorKind::Failed, e.what());
+    return;
+  }
+  if (is_final(next->state)) return;  // every phase was empty
+  try {
+    next->runner->resume();
+    next->runner->arm();
+  } catch (...) {
+    return;  // a broken context: its run() reports it
+  }
+  armed_next_ = next->id;
+  next->state = TaskState::Running;
+  publish_item_ns_locked(*next->runner);
+}
+
+void Executor::publish_item_ns_locked(const PhaseRunner& running) {
+  // The opens a training thread weighs against this are the armed task's, where one is.
+  const Record* armed = armed_next_locked();
+  const PhaseRunner& taking = armed != nullptr ? *armed->runner : running;
+  running_item_ns_.store(taking.block_item_ns(), std::memory_order_relaxed);
+}
+
 bool Executor::more_urgent_pickable_locked(const Record& r) const {
   bool dependency_pending = false;
   for (const QueueKey& k : runnable_) {
@@ -399,25 +467,32 @@ void Executor::loop() {
   backend_->on_executor_thread();
   double backoff_s = kBackoffMinS;
   std::unique_lock<std::mutex> lock(mutex_);
-  // A task whose runner has launches in flight (enqueued at opens ahead of the GPU) is
-  // run again, one ended launch per run(), before anything else: nothing else may go on
-  // the stream behind those launches, and the task is not final until they have ended.
-  Record* draining = nullptr;
   while (true) {
+    // Made final (retired) or dropped while this thread drained something else.
+    if (draining_ != nullptr && (!draining_->runner || is_final(draining_->state))) {
+      draining_ = nullptr;
+    }
     // Runners of tasks already final (cancelled, retire_inert_locked) come first: their
-    // launches are on the stream ahead of anything else.
+    // launches are on the stream ahead of anything else. The next task is armed first.
     if (!retiring_.empty()) {
+      arm_next_locked(draining_);
       drain_retiring_locked(lock);
       continue;
     }
-    Record* r = draining;
+    // Everything queued ahead of the task armed to follow has been taken: it is the task
+    // run now (its launches at opens, if any, are drained below as such).
+    if (draining_ == nullptr && armed_next_ != 0) {
+      last_run_ = armed_next_;
+      armed_next_ = 0;
+    }
+    Record* r = draining_;
     if (r == nullptr) {
       // Launches at opens the task run last took since this thread last looked (during a
       // backoff, or between its runs): drained before anything else, a close included.
       // Close refuses launches at opens before it sets closing_, so once this look (under
       // the lock) finds none and sees closing_, none can come.
       Record* last = last_run_locked();
-      if (last != nullptr && last->runner->in_flight()) r = draining = last;
+      if (last != nullptr && last->runner->in_flight()) r = draining_ = last;
     }
     if (r == nullptr) {
       bool dependency_pending = false;
@@ -441,10 +516,10 @@ void Executor::loop() {
         } catch (...) {
           // A sticky CUDA error: its next run() reports it.
         }
-        if (previous->runner->in_flight()) r = draining = previous;
+        if (previous->runner->in_flight()) r = draining_ = previous;
       }
     }
-    if (r != draining) {
+    if (r != draining_) {
       try {
         if (!r->admitted) admit_locked(*r);
       } catch (const std::exception& e) {
@@ -455,13 +530,19 @@ void Executor::loop() {
     }
     last_run_ = r->id;
     PhaseRunner* runner = r->runner.get();
-    running_item_ns_.store(runner->block_item_ns(), std::memory_order_relaxed);
+    publish_item_ns_locked(*runner);
     // Picked from the queue: it may run. Draining: its launches in flight end and no
     // further one starts where it must stop (a close, a cancel, a failure, or a more
     // urgent task that could run now).
-    const bool must_stop = draining != nullptr &&
+    const bool must_stop = draining_ != nullptr &&
                            (closing_ || r->cancel_requested || !r->failure.empty() ||
                             more_urgent_pickable_locked(*r));
+    // Its launches left will run nothing: the next task takes the opens meanwhile. (Not
+    // after a failure: a launch that failed may have broken the context, and the next
+    // task is admitted once the failure is settled.)
+    if (draining_ != nullptr && (must_stop || r->complete) && r->failure.empty()) {
+      arm_next_locked(r);
+    }
     active_ = r;
     r->state = TaskState::Running;
     ++r->launches;
@@ -471,7 +552,7 @@ void Executor::loop() {
     std::string error;
     bool abandoned = false;
     try {
-      if (draining == nullptr) {
+      if (draining_ == nullptr) {
         runner->resume();
       } else if (must_stop) {
         runner->stop();
@@ -491,7 +572,13 @@ void Executor::loop() {
     }
     if (!lock.owns_lock()) lock.lock();
     active_ = nullptr;
-    running_item_ns_.store(runner->block_item_ns(), std::memory_order_relaxed);
+    if (marks.handed_back) {
+      // No end taken (PhaseRunner::hand_back): back to the top, where the next task is
+      // armed before this one's launches are drained (or retired ones are).
+      --r->launches;
+      continue;
+    }
+    publish_item_ns_locked(*runner);
     // Logged below, or dropped with its marks (not recording, or no item ran).
     r->ends_logged = runner->launches_taken();
     if (marks.start != 0 && !recording_) {
@@ -513,13 +600,13 @@ void Executor::loop() {
       if (marks.admitted) {
         count_launch_locked(marks, r->state == TaskState::Done && runner->done() == done_before);
       }
-      draining = nullptr;
+      draining_ = nullptr;
       continue;
     }
     if (abandoned) {
       // Past close()'s deadline. Its launches may still run: the runner keeps (leaks)
       // what they write, and take_abandoned() tells the owner to keep the task's memory.
-      draining = nullptr;
+      draining_ = nullptr;
       abandon_locked(*r);
       continue;
     }
@@ -536,14 +623,14 @@ void Executor::loop() {
     if (!error.empty() && r->failure.empty() && !r->complete) {
       r->failure = r->task->name() + ": " + error;
     }
-    draining = runner->in_flight() ? r : nullptr;
-    if (draining == nullptr) {
+    draining_ = runner->in_flight() ? r : nullptr;
+    if (draining_ == nullptr) {
       settle_launch_locked(*r);
     } else if (runner->begins_phases_in_flight() && r->failure.empty() && !r->cancel_requested) {
       advance_in_flight_locked(*r);
     }
     // (Not after a cancel: a cancelled task stays cancelled, whoever looks first.)
-    if (draining != nullptr && r->failure.empty() && !r->complete && !r->cancel_requested &&
+    if (draining_ != nullptr && r->failure.empty() && !r->complete && !r->cancel_requested &&
         r->phase + 1 == r->task->num_phases() && runner->done() >= r->task->num_items(r->phase)) {
       // Its launches left in flight are stale: stopped, they are inert once the stop has
       // landed, and the task is done then, not when the GPU reaches their opens.
@@ -555,7 +642,7 @@ void Executor::loop() {
       }
     }
     done_cv_.notify_all();
-    if (draining != nullptr) continue;
+    if (draining_ != nullptr) continue;
     // No wait where something else is due: a close, or a more urgent task that can run
     // (one submitted during the launch stopped it: its ring came before this wait could
     // see it).

@@ -26,6 +26,15 @@
 
 namespace freeride {
 
+struct QueuedLaunches;
+
+// Which runner the backend's opens launch (CudaShared::armed): the one armed last, by
+// run() or arm(), until it is destroyed.
+struct ArmSlot {
+  std::mutex mu;
+  std::weak_ptr<QueuedLaunches> armed;
+};
+
 // One runner's launches, shared by the runner and the test (which may outlive it).
 struct QueuedLaunches {
   static constexpr size_t kCapacity = 32;  // as kLaunchRing: the most a runner takes
@@ -68,9 +77,12 @@ struct QueuedLaunches {
   // rings (an open's launch ends a backoff, as CudaRunner::launch_at_open's ring does).
   std::shared_ptr<std::atomic<bool>> refusing = std::make_shared<std::atomic<bool>>(false);
   Doorbell* bell = nullptr;
+  std::shared_ptr<ArmSlot> arm_slot;
+  size_t index = 0;     // the backend's made_ order
   uint64_t runs = 0;    // run() calls
   uint64_t taken = 0;   // ends run() took (or dropped with a failure)
   uint64_t stops = 0;   // stop() calls
+  bool hand_back = false;  // PhaseRunner::hand_back, until a run() returns for it
 
   // Launches enqueued at opens, as the CUDA runner takes them: none before its first
   // phase begins, once stopped, once the phase is done, when kCapacity are pending or
@@ -103,6 +115,12 @@ struct QueuedLaunches {
     }
     if (taken > 0 && bell != nullptr) bell->ring();
     return taken;
+  }
+
+  // As CudaRunner::takes_opens_locked (caller holds mu).
+  bool takes_opens_locked() const {
+    return phases > 0 && pending.empty() && !stopped &&
+           (!phase_done || (phases_ahead && phase + 1 < task->num_phases()));
   }
 
   // Launch `l` begins now, if it had not (caller holds mu): it sees the stop as it is.
@@ -163,6 +181,14 @@ struct QueuedLaunches {
 class QueuedRunner final : public PhaseRunner {
  public:
   explicit QueuedRunner(std::shared_ptr<QueuedLaunches> q) : q_(std::move(q)) {}
+  ~QueuedRunner() override {
+    std::lock_guard<std::mutex> lk(q_->arm_slot->mu);
+    if (q_->arm_slot->armed.lock() == q_) q_->arm_slot->armed.reset();
+  }
+  QueuedRunner(const QueuedRunner&) = delete;
+  QueuedRunner& operator=(const QueuedRunner&) = delete;
+
+  void arm() override { arm_if_taking(); }
 
   void begin_phase(uint64_t phase, uint64_t n_items) override {
     std::lock_guard<std::mutex> lk(q_->mu);
@@ -185,14 +211,25 @@ class QueuedRunner final : public PhaseRunner {
 
   // One launch's end, oldest first; with none pending, waits for one (or a stop).
   LaunchMarks run(bool) override {
+    arm_if_taking();  // as CudaRunner::run
     QueuedLaunches& q = *q_;
     std::unique_lock<std::mutex> lk(q.mu);
     ++q.runs;
     q.cv.wait(lk, [&] { return !q.pending.empty() || q.stopped || q.abandoned; });
     if (q.pending.empty()) return LaunchMarks{};
-    q.cv.wait(lk, [&] {
-      return q.pending.front().items >= 0 || q.abandoned || !q.failure.empty();
-    });
+    while (true) {
+      q.cv.wait(lk, [&] {
+        return q.pending.front().items >= 0 || q.abandoned || !q.failure.empty() || q.hand_back;
+      });
+      const bool waiting = q.pending.front().items < 0 && !q.abandoned && q.failure.empty();
+      if (!q.hand_back || !waiting) break;
+      q.hand_back = false;  // once, whether or not it hands back
+      if (!q.pending.front().begun) {
+        LaunchMarks untaken;
+        untaken.handed_back = true;
+        return untaken;
+      }
+    }
     if (!q.failure.empty()) {
       std::string failure;
       failure.swap(q.failure);
@@ -232,6 +269,11 @@ class QueuedRunner final : public PhaseRunner {
     std::lock_guard<std::mutex> lk(q_->mu);
     q_->stopped = false;
   }
+  void hand_back() override {
+    std::lock_guard<std::mutex> lk(q_->mu);
+    q_->hand_back = true;
+    q_->cv.notify_all();
+  }
   uint64_t done() const override {
     std::lock_guard<std::mutex> lk(q_->mu);
     return q_->done;
@@ -264,6 +306,17 @@ class QueuedRunner final : public PhaseRunner {
   }
 
  private:
+  void arm_if_taking() {
+    bool takes = false;
+    {
+      std::lock_guard<std::mutex> lk(q_->mu);
+      takes = q_->takes_opens_locked();
+    }
+    if (!takes || q_->refusing->load()) return;
+    std::lock_guard<std::mutex> lk(q_->arm_slot->mu);
+    q_->arm_slot->armed = q_;
+  }
+
   std::shared_ptr<QueuedLaunches> q_;
 };
 
@@ -314,7 +367,12 @@ class QueueBackend final : public Backend {
     backoff_cv_.notify_all();
     bell_.ring();
   }
-  void refuse_launches_at_opens() override { refusing_->store(true); }
+  void refuse_launches_at_opens() override {
+    refusing_->store(true);
+    std::lock_guard<std::mutex> lk(arm_->mu);
+    arm_->armed.reset();
+  }
+  bool launches_at_opens() const override { return true; }
   uint64_t mark(uintptr_t) override { return 0; }
   int64_t elapsed_ns(uint64_t, uint64_t) override { return kPending; }
   void release_mark(uint64_t) override {}
@@ -331,8 +389,10 @@ class QueueBackend final : public Backend {
     q->task = std::move(task);
     q->refusing = refusing_;
     q->bell = &bell_;
+    q->arm_slot = arm_;
     {
       std::lock_guard<std::mutex> lk(mu_);
+      q->index = made_.size();
       made_.push_back(q);
     }
     made_cv_.notify_all();
@@ -368,6 +428,18 @@ class QueueBackend final : public Backend {
     FR_CHECK(made, "runner " << index << " was not made within " << timeout_s << " s");
     return made_[index];
   }
+  // `count` stream-ordered opens, each launching the runner armed then (CudaShared::
+  // launch_at_open): (its index in admission order, or -1 where none is armed, and how
+  // many launches it took).
+  std::pair<int64_t, size_t> open(size_t count) {
+    std::shared_ptr<QueuedLaunches> armed;
+    {
+      std::lock_guard<std::mutex> lk(arm_->mu);
+      armed = arm_->armed.lock();
+    }
+    if (!armed) return {-1, 0};
+    return {static_cast<int64_t>(armed->index), armed->arrive(count)};
+  }
   bool abandoned_work() const {
     std::lock_guard<std::mutex> lk(mu_);
     return abandoned_work_;
@@ -397,6 +469,7 @@ class QueueBackend final : public Backend {
   std::shared_ptr<std::atomic<uint64_t>> beyond_lookahead_ =
       std::make_shared<std::atomic<uint64_t>>(0);
   std::shared_ptr<std::atomic<bool>> refusing_ = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<ArmSlot> arm_ = std::make_shared<ArmSlot>();
   uint32_t gate_ = 1u;
   uint32_t seq_ = 0;
   bool abandoned_work_ = false;

@@ -333,6 +333,12 @@ void register_test_hooks(py::module_& m) {
       py::call_guard<py::gil_scoped_release>(),
       "The launches of the index-th runner the executor made (admission order).");
   t.def(
+      "queue_open",
+      [](Executor& ex, size_t count) { return queue_backend(ex).open(count); },
+      py::arg("executor"), py::arg("count") = 1, py::call_guard<py::gil_scoped_release>(),
+      "`count` stream-ordered opens, each launching the runner armed then: (its index in "
+      "admission order, or -1 where none is armed, launches it took).");
+  t.def(
       "queue_hold_backoffs",
       [](Executor& ex, bool on) {
         queue_backend(ex).hold_backoffs(on);

@@ -60,6 +60,8 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   void launch_at_open(cudaStream_t training, cudaEvent_t opened, uint32_t seq) noexcept override;
   void stop() override;
   void resume() override;
+  void arm() override;
+  void hand_back() override;
   uint64_t done() const override;
   bool executing() const override;
   bool in_flight() const override;
@@ -87,6 +89,9 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   // Whether launches may be enqueued at all (begun, no stop, no error...); and whether the
   // current phase takes one more (accepting_locked). Caller holds launch_mu_.
   bool open_for_launches_locked() const;
+  // Whether this runner should be the one opens launch (run() and arm()): not stopped,
+  // nothing of it in flight, and a phase for them to run. Caller holds launch_mu_.
+  bool takes_opens_locked() const;
   bool accepting_locked() const;
   bool stop_landed_and_none_begun() const;  // inert(), which catches what this throws
   // Launches at opens that wait for their open on the stream and have not begun: opens
@@ -173,6 +178,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   std::atomic<uint64_t> block_item_ns_{0};  // block_item_ns(), over every phase
 
   std::atomic<bool> abandoned_{false};
+  std::atomic<bool> hand_back_{false};  // hand_back(): wait_for_end returns once, untaken
   std::atomic<bool> stop_requested_{false};  // host copy of the stop flag, for admission
   // Guards the three below: stop()/resume() on any thread, launches on theirs.
   mutable std::mutex stop_mu_;

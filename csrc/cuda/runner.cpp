@@ -154,10 +154,7 @@ LaunchMarks CudaRunner::run(bool record) {
   {
     std::lock_guard<std::mutex> lk(launch_mu_);
     throw_arrival_error_locked();
-    if (pending_.empty()) {
-      arm = s.launch_at_opens && !stop_requested_.load() &&
-            (!phase_done_ || (ahead_ && phase_ + 1 < task_->num_phases()));
-    }
+    arm = takes_opens_locked();
   }
   if (arm) s.arm(this);
   if (!in_flight()) {

@@ -89,6 +89,27 @@ void CudaRunner::stop() {
 }
 void CudaRunner::resume() { set_stop(0u); }
 
+void CudaRunner::arm() {
+  CudaShared& s = *s_;
+  if (s.stream_wait) return;
+  bool arm = false;
+  {
+    std::lock_guard<std::mutex> lk(launch_mu_);
+    arm = begun_ && takes_opens_locked();
+  }
+  if (arm) s.arm(this);
+}
+
+void CudaRunner::hand_back() {
+  hand_back_.store(true);
+  s_->gate.bell->ring();  // wait_for_end sleeps on it while its launch has not begun
+}
+
+bool CudaRunner::takes_opens_locked() const {
+  return s_->launch_at_opens && pending_.empty() && !stop_requested_.load() &&
+         (!phase_done_ || (ahead_ && phase_ + 1 < task_->num_phases()));
+}
+
 // The executor's thread, waiting for the oldest launch's end once it has begun. The
 // successor is admitted on the mirror as the executor's own launches are (and, like
 // them, not under an open written without a launch).
