@@ -88,6 +88,12 @@ class PhaseRunner {
   // once, so that the executor's thread arms the next task now instead of when the GPU
   // reaches that open. A later run() waits for it as before.
   virtual void hand_back() {}
+  // Followers (follow_rule.hpp): as arm(), but the runner armed now keeps taking opens
+  // too, and this one's launch is queued behind its launch at each (on the same stream
+  // only). Default: nothing.
+  virtual void follow() {}
+  // Launches in flight (in_flight() counts them): CUDA's queued ahead at opens.
+  virtual uint64_t launches_in_flight() const { return in_flight() ? 1 : 0; }
 
   // Items of the current phase finished so far; readable from any thread at any time.
   virtual uint64_t done() const = 0;
@@ -209,6 +215,8 @@ class Backend {
   // CUDA: whether a stream-ordered open enqueues the running task's next launch then, at
   // the open's point of host order (see CudaShared::launch_at_open); false on the host.
   virtual bool launches_at_opens() const { return false; }
+  // Whether the executor queues the next task behind a finishing one (follow_rule.hpp).
+  virtual bool followers() const { return false; }
   // Stream-ordered opens whose launch was left out because it would wait behind another
   // training stream's open (freeride/open_launch_rule.hpp's G11); any thread.
   virtual uint64_t skipped_open_launches() const { return 0; }

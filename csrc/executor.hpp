@@ -153,6 +153,8 @@ class Executor {
     // The runner's launches_taken() when this thread last took a launch's end: the ends
     // it has taken and logged (wait_launches_taken).
     uint64_t ends_logged = 0;
+    // Items its launches at opens ran each, lately (follow_rule.hpp; 0: none ran any yet).
+    uint64_t items_per_open = 0;
     bool admitted = false;
     bool cancel_requested = false;
     // Every item is done while launches of it are still in flight (queued ahead at opens,
@@ -187,12 +189,18 @@ class Executor {
   Record* last_run_locked();
   // The task armed to follow (arm_next_locked), while it is admitted and not final.
   Record* armed_next_locked();
-  // Before this thread waits for the ends of launches that will run nothing (`stopping`'s,
+  // Before this thread waits for the ends of launches that will run nothing (`current`'s,
   // or a retired runner's): the next task is admitted and armed (PhaseRunner::arm), so
   // the opens the training thread writes meanwhile carry its launches, queued on the
   // stream behind those. It becomes the task run last once they are taken. Not while
   // closing, and not where the most urgent task has launches in flight of its own.
-  void arm_next_locked(const Record* stopping);
+  // `follow`: `current` runs on, in the tail of its last phase, and the next task follows
+  // it at opens (PhaseRunner::follow, follow_rule.hpp).
+  void arm_next_locked(const Record* current, bool follow = false);
+  // runner.follow() or runner.arm().
+  static void arm_runner(PhaseRunner& runner, bool follow);
+  // Whether `r`, about to run, is in the tail where the next task follows it.
+  bool in_tail_locked(const Record& r) const;
   // running_item_ns_ from `running`, or from the task armed to follow where there is one.
   void publish_item_ns_locked(const PhaseRunner& running);
   // After the last launch in flight of `r` ended: it fails (a launch failed), is

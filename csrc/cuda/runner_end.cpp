@@ -266,17 +266,22 @@ LaunchEnd CudaRunner::read_back(uint64_t number) {
 // would otherwise hold a training thread's open, which takes launch_mu_ with the GIL
 // held. Ends early where a launch at an open is enqueued meanwhile (the executor takes
 // that one next, and it is stream-ordered behind this kernel anyway) or the runner is
-// abandoned (close's deadline). Not for a stopped runner: it enqueues nothing until it is
-// resumed, and the stream may hold, behind this kernel, the launches at opens of the task
-// armed to follow (Executor::arm_next_locked), which wait for opens yet to come.
+// abandoned (close's deadline). A stopped runner waits for its stop fence instead: the
+// stream may hold, behind this kernel, launches of the next task at opens yet to come
+// (Executor::arm_next_locked), and idle only once training stops writing opens; while
+// the executor names a retired task's id (its memory let go) right after this.
 void CudaRunner::settle() {
   const auto begun = std::chrono::steady_clock::now();
-  while (!abandoned_.load() && !stop_requested_.load()) {
+  while (!abandoned_.load()) {
     {
       std::lock_guard<std::mutex> lk(launch_mu_);
       if (!pending_.empty()) return;
       const auto turn = s_->green_turn(green_);
-      if (stream_idle(stream_)) return;
+      if (!stop_requested_.load()) {
+        if (stream_idle(stream_)) return;
+      } else if (fence_failed_ || (stop_fenced_ && event_passed(stop_fence_))) {
+        return;  // (neither yet: stop() is recording it)
+      }
     }
     if (std::chrono::steady_clock::now() - begun < kEndSpin) {
       std::this_thread::yield();
