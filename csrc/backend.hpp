@@ -34,6 +34,9 @@ struct LaunchMarks {
   // One that runs no item found its predecessor's bubble closed: nothing about the
   // mirror either.
   bool successor = false;
+  // run() returned without taking an end (PhaseRunner::hand_back): the launch it waited
+  // for has not begun and is still in flight.
+  bool handed_back = false;
 };
 
 // What a task must wait for before its first launch: the work its submitter's streams had
@@ -70,6 +73,27 @@ class PhaseRunner {
   // until resume(). The executor serialises both calls under its lock.
   virtual void stop() = 0;
   virtual void resume() = 0;
+
+  // Launches at opens: from now on the training thread's stream-ordered opens enqueue this
+  // runner's launches, before the executor's thread first runs it (run() arms a runner
+  // itself). The executor arms the next task this way while the one before drains
+  // launches that will run nothing (stopped for a more urgent task, cancelled, or with
+  // every item done), so the next open carries the next task's launch instead of none
+  // until the GPU has reached every open those were queued at. No effect where opens
+  // carry no launch (the host backend), once stopped, or with launches of this runner in
+  // flight. Never waits for the device.
+  virtual void arm() {}
+  // Thread-safe, after stop(): a run() waiting for the end of a launch that waits for its
+  // open and has not begun returns at once without taking it (LaunchMarks::handed_back),
+  // once, so that the executor's thread arms the next task now instead of when the GPU
+  // reaches that open. A later run() waits for it as before.
+  virtual void hand_back() {}
+  // Followers (follow_rule.hpp): as arm(), but the runner armed now keeps taking opens
+  // too, and this one's launch is queued behind its launch at each (on the same stream
+  // only). Default: nothing.
+  virtual void follow() {}
+  // Launches in flight (in_flight() counts them): CUDA's queued ahead at opens.
+  virtual uint64_t launches_in_flight() const { return in_flight() ? 1 : 0; }
 
   // Items of the current phase finished so far; readable from any thread at any time.
   virtual uint64_t done() const = 0;
@@ -191,6 +215,8 @@ class Backend {
   // CUDA: whether a stream-ordered open enqueues the running task's next launch then, at
   // the open's point of host order (see CudaShared::launch_at_open); false on the host.
   virtual bool launches_at_opens() const { return false; }
+  // Whether the executor queues the next task behind a finishing one (follow_rule.hpp).
+  virtual bool followers() const { return false; }
   // Stream-ordered opens whose launch was left out because it would wait behind another
   // training stream's open (freeride/open_launch_rule.hpp's G11); any thread.
   virtual uint64_t skipped_open_launches() const { return 0; }
@@ -208,6 +234,13 @@ class Backend {
   virtual uint64_t mark(uintptr_t stream) = 0;
   virtual int64_t elapsed_ns(uint64_t from, uint64_t to) = 0;
   virtual void release_mark(uint64_t id) = 0;
+  // Where `mark` stands on the wall clock: the Unix time (CLOCK_REALTIME ns) at which its
+  // stream reached it, once it has; kPending where the backend cannot say within
+  // `timeout_s` seconds (the mark not passed by then, the device's clock not tied to the
+  // wall clock in time, or a backend without one: the default). May wait about
+  // `timeout_s` on the calling thread; throws InvalidArgument for an unknown mark.
+  // The bubble report's clock origin (merge_with_profiler_trace).
+  virtual int64_t mark_unix_ns(uint64_t /*mark*/, double /*timeout_s*/) { return kPending; }
   // Address of the gate word as kernels see it (device pointer; host pointer on host).
   virtual uintptr_t gate_address() const = 0;
 

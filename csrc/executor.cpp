@@ -1,5 +1,6 @@
-// Executor: the queue of side tasks, their admission, phases and launches, and the
-// thread that runs them (loop). Closing is in executor_close.cpp.
+// Executor: the queue of side tasks, their admission and phases. The thread that runs
+// them is in executor_loop.cpp, arming the next task in executor_handover.cpp, closing in
+// executor_close.cpp and retiring in executor_retire.cpp.
 #include "executor.hpp"
 
 #include <algorithm>
@@ -8,31 +9,8 @@
 
 #include "check.hpp"
 #include "doorbell.hpp"
-#include "thread_name.hpp"
 
 namespace freeride {
-
-namespace {
-
-// How often an executor with nothing else to run asks again whether a queued task's
-// stream dependency is ready. Nothing wakes it when the submitter's stream gets there (the
-// dependency is an event on that stream), so this bounds how late the task starts after
-// its inputs are complete: 1 ms is well inside a bubble, and costs an otherwise idle
-// thread a thousand event queries a second, only while such a task waits.
-constexpr std::chrono::milliseconds kDependencyPoll{1};
-
-// After a launch that the gate let in but that ran no item, the next one waits for a
-// newer open than the one it was admitted under, for at most this long at first, twice
-// as long after each further such launch, up to kBackoffMaxS. On CUDA the executor admits
-// on the gate's host mirror while kernels read the gate word, and an immediate (host)
-// gate write racing a stream-ordered one can leave the mirror open over a closed gate
-// until the next write: without the wait the executor would relaunch full grids every
-// few tens of microseconds all through compute. A real new bubble (a newer open) ends
-// the wait at once, as do submit, cancel and close.
-constexpr double kBackoffMinS = 100e-6;
-constexpr double kBackoffMaxS = 10e-3;
-
-}  // namespace
 
 const char* state_name(TaskState state) {
   switch (state) {
@@ -96,9 +74,22 @@ uint64_t Executor::submit_after(std::shared_ptr<Task> task, int priority,
   // preempted task keeps its counters and resumes later.
   if (active_ != nullptr && active_->runner && priority > active_->priority) {
     active_->runner->stop();
+    active_->runner->hand_back();  // the loop arms this one without waiting for an open
+  } else if (active_ != nullptr && active_->runner &&
+             (active_->cancel_requested || active_->complete)) {
+    active_->runner->hand_back();  // the loop drains launches that run nothing: as above
+  } else if (!retiring_.empty()) {
+    retiring_.front().runner->hand_back();  // the runner the loop drains first
+  }
+  // ... and one armed to follow it (arm_next_locked) takes no further launch at an open,
+  // where this one can run now (else the loop would arm that one again).
+  bool dependency_pending = false;
+  if (Record* armed = armed_next_locked(); armed != nullptr && priority > armed->priority &&
+                                           pickable_locked(r, dependency_pending)) {
+    armed->runner->stop();
   }
   work_cv_.notify_all();
-  backend_->interrupt_waits();  // a loop backing off (kBackoffMinS) looks at the queue again
+  backend_->interrupt_waits();  // a loop backing off (executor_loop.cpp) looks at the queue again
   return r.id;
 }
 
@@ -151,6 +142,7 @@ bool Executor::cancel(uint64_t id, bool wait) {
   // Stopped first: no launch at an open is taken once stop() returns, so in_flight() then
   // says for good whether launches are left for the loop to drain.
   if (r.runner) r.runner->stop();
+  if (&r == active_) r.runner->hand_back();  // the next task is armed at once
   if (&r == active_ || (r.runner && r.runner->in_flight())) {
     // Items already claimed finish; the loop marks it cancelled when the launch exits
     // (a backoff in progress ends now: the launches left are to be drained).
@@ -216,7 +208,9 @@ bool Executor::wait_launches_taken(double timeout_s) {
   };
   std::vector<Ending> ending;
   for (const auto& [id, r] : records_) {
-    if (!r->runner) continue;
+    // The task armed to follow: its ends are taken once the one before has drained (a
+    // later report has them).
+    if (!r->runner || id == armed_next_) continue;
     const uint64_t n = r->runner->launches_ending();
     if (n > r->ends_logged) ending.push_back({id, r->runner.get(), n});
   }
@@ -300,7 +294,6 @@ Executor::Record* Executor::last_run_locked() {
   if (it == records_.end() || !it->second->runner || is_final(it->second->state)) return nullptr;
   return it->second.get();
 }
-
 bool Executor::more_urgent_pickable_locked(const Record& r) const {
   bool dependency_pending = false;
   for (const QueueKey& k : runnable_) {
@@ -383,213 +376,4 @@ void Executor::finish_locked(Record& r, TaskState state, ErrorKind kind, std::st
   done_cv_.notify_all();
   work_cv_.notify_all();  // released memory may admit a queued task; a runner to drain
 }
-
-void Executor::count_launch_locked(const LaunchMarks& marks, bool ran_nothing) {
-  ++launches_;
-  if (marks.at_open) ++open_launches_;
-  if (ran_nothing) {
-    ++idle_launches_;
-    if (marks.at_open) ++idle_open_launches_;
-  }
-}
-
-
-void Executor::loop() {
-  name_this_thread("freeride-exec");
-  backend_->on_executor_thread();
-  double backoff_s = kBackoffMinS;
-  std::unique_lock<std::mutex> lock(mutex_);
-  // A task whose runner has launches in flight (enqueued at opens ahead of the GPU) is
-  // run again, one ended launch per run(), before anything else: nothing else may go on
-  // the stream behind those launches, and the task is not final until they have ended.
-  Record* draining = nullptr;
-  while (true) {
-    // Runners of tasks already final (cancelled, retire_inert_locked) come first: their
-    // launches are on the stream ahead of anything else.
-    if (!retiring_.empty()) {
-      drain_retiring_locked(lock);
-      continue;
-    }
-    Record* r = draining;
-    if (r == nullptr) {
-      // Launches at opens the task run last took since this thread last looked (during a
-      // backoff, or between its runs): drained before anything else, a close included.
-      // Close refuses launches at opens before it sets closing_, so once this look (under
-      // the lock) finds none and sees closing_, none can come.
-      Record* last = last_run_locked();
-      if (last != nullptr && last->runner->in_flight()) r = draining = last;
-    }
-    if (r == nullptr) {
-      bool dependency_pending = false;
-      while (!closing_ && (r = pick_locked(dependency_pending)) == nullptr) {
-        // Nothing signals a dependency's completion: look again after a while.
-        if (dependency_pending) {
-          work_cv_.wait_for(lock, kDependencyPoll);
-        } else {
-          work_cv_.wait(lock);
-        }
-      }
-      if (closing_) break;
-      // Another task than the one run last: that one is being preempted (a more urgent
-      // task came while no launch of it ran, so submit() did not stop it). Stopped now, it
-      // takes no further launch at an open; those it took already end before anything
-      // of this one goes on a stream they may share.
-      Record* previous = last_run_locked();
-      if (previous != nullptr && previous != r) {
-        try {
-          previous->runner->stop();
-        } catch (...) {
-          // A sticky CUDA error: its next run() reports it.
-        }
-        if (previous->runner->in_flight()) r = draining = previous;
-      }
-    }
-    if (r != draining) {
-      try {
-        if (!r->admitted) admit_locked(*r);
-      } catch (const std::exception& e) {
-        finish_locked(*r, TaskState::Failed, ErrorKind::Failed, e.what());
-        continue;
-      }
-      if (is_final(r->state)) continue;  // every phase was empty
-    }
-    last_run_ = r->id;
-    PhaseRunner* runner = r->runner.get();
-    running_item_ns_.store(runner->block_item_ns(), std::memory_order_relaxed);
-    // Picked from the queue: it may run. Draining: its launches in flight end and no
-    // further one starts where it must stop (a close, a cancel, a failure, or a more
-    // urgent task that could run now).
-    const bool must_stop = draining != nullptr &&
-                           (closing_ || r->cancel_requested || !r->failure.empty() ||
-                            more_urgent_pickable_locked(*r));
-    active_ = r;
-    r->state = TaskState::Running;
-    ++r->launches;
-    const uint64_t done_before = runner->done();
-    const uint64_t phase = r->phase;
-    LaunchMarks marks;
-    std::string error;
-    bool abandoned = false;
-    try {
-      if (draining == nullptr) {
-        runner->resume();
-      } else if (must_stop) {
-        runner->stop();
-      }
-      lock.unlock();
-      // Marked whether or not recording is on yet: a launch may wait for the gate from
-      // before the first recorded iteration and run inside it. Kept if recording is on
-      // when it ends.
-      marks = runner->run(true);
-    } catch (const Abandoned&) {
-      abandoned = true;
-    } catch (const std::exception& e) {
-      error = e.what();
-      if (error.empty()) error = "side task failed";
-    } catch (...) {
-      error = "side task failed with a non-standard exception";
-    }
-    if (!lock.owns_lock()) lock.lock();
-    active_ = nullptr;
-    running_item_ns_.store(runner->block_item_ns(), std::memory_order_relaxed);
-    // Logged below, or dropped with its marks (not recording, or no item ran).
-    r->ends_logged = runner->launches_taken();
-    if (marks.start != 0 && !recording_) {
-      backend_->release_mark(marks.start);
-      backend_->release_mark(marks.end);
-    } else if (marks.start != 0) {
-      launch_log_.push_back({r->id, phase, marks.start, marks.end, runner->done() - done_before});
-      if (launch_log_.size() > kMaxLaunchLog) {
-        backend_->release_mark(launch_log_.front().start_mark);
-        backend_->release_mark(launch_log_.front().end_mark);
-        launch_log_.pop_front();
-      }
-    }
-    if (is_final(r->state)) {
-      // Cancelled and retired while this launch ran (retire_inert_locked): the runner's
-      // other launches are drained as a retiring runner's (an error or an abandon of this
-      // run() shows there again); this launch's end is counted.
-      // Cancelled: not idle, as below; done: its launches are stale.
-      if (marks.admitted) {
-        count_launch_locked(marks, r->state == TaskState::Done && runner->done() == done_before);
-      }
-      draining = nullptr;
-      continue;
-    }
-    if (abandoned) {
-      // Past close()'s deadline. Its launches may still run: the runner keeps (leaks)
-      // what they write, and take_abandoned() tells the owner to keep the task's memory.
-      draining = nullptr;
-      abandon_locked(*r);
-      continue;
-    }
-
-    const bool ran_nothing = marks.admitted && error.empty() &&
-                             (!r->cancel_requested || r->complete) &&
-                             runner->done() == done_before;
-    count_launch_locked(marks, ran_nothing);
-    // Only a launch of the executor's own, admitted on the gate's mirror, that ran
-    // nothing says the mirror may be stale (see kBackoffMinS).
-    const bool idle_launch = ran_nothing && !marks.at_open && !marks.successor;
-    // A complete task's launches left are stale: one that fails fails nothing of it (a
-    // broken context shows in the next task's run()), as when it has retired.
-    if (!error.empty() && r->failure.empty() && !r->complete) {
-      r->failure = r->task->name() + ": " + error;
-    }
-    draining = runner->in_flight() ? r : nullptr;
-    if (draining == nullptr) {
-      settle_launch_locked(*r);
-    } else if (runner->begins_phases_in_flight() && r->failure.empty() && !r->cancel_requested) {
-      advance_in_flight_locked(*r);
-    }
-    // (Not after a cancel: a cancelled task stays cancelled, whoever looks first.)
-    if (draining != nullptr && r->failure.empty() && !r->complete && !r->cancel_requested &&
-        r->phase + 1 == r->task->num_phases() && runner->done() >= r->task->num_items(r->phase)) {
-      // Its launches left in flight are stale: stopped, they are inert once the stop has
-      // landed, and the task is done then, not when the GPU reaches their opens.
-      r->complete = true;
-      try {
-        runner->stop();
-      } catch (...) {
-        // A sticky CUDA error: the next run() reports it.
-      }
-    }
-    done_cv_.notify_all();
-    if (draining != nullptr) continue;
-    // No wait where something else is due: a close, or a more urgent task that can run
-    // (one submitted during the launch stopped it: its ring came before this wait could
-    // see it).
-    const bool other_due = closing_ || more_urgent_pickable_locked(*r);
-    if (!idle_launch || is_final(r->state) || other_due) {
-      backoff_s = kBackoffMinS;
-      continue;
-    }
-    // See kBackoffMinS. Outside the lock: submit, cancel and close interrupt the wait
-    // (one that lands between here and the wait's start is seen within backoff_s).
-    const uint32_t admitted_under = marks.gate_seq;
-    lock.unlock();
-    backend_->wait_next_open(admitted_under, backoff_s);
-    backoff_s = std::min(2 * backoff_s, kBackoffMaxS);
-    lock.lock();
-  }
-  loop_exited_ = true;
-  done_cv_.notify_all();
-}
-
-void Executor::settle_launch_locked(Record& r) {
-  if (!r.failure.empty()) {
-    finish_locked(r, TaskState::Failed, ErrorKind::Failed, r.failure);
-  } else if (r.cancel_requested && !r.complete) {  // a complete task is done, as below
-    finish_locked(r, TaskState::Cancelled, ErrorKind::Cancelled, "cancelled");
-  } else {
-    try {
-      advance_locked(r);
-    } catch (const std::exception& e) {
-      finish_locked(r, TaskState::Failed, ErrorKind::Failed, e.what());
-    }
-    // Held by the closed gate or preempted: it goes back to the queue as it is.
-    if (!is_final(r.state)) r.state = TaskState::Paused;
-  }
-}
-
 }  // namespace freeride

@@ -153,6 +153,8 @@ class Executor {
     // The runner's launches_taken() when this thread last took a launch's end: the ends
     // it has taken and logged (wait_launches_taken).
     uint64_t ends_logged = 0;
+    // Items its launches at opens ran each, lately (follow_rule.hpp; 0: none ran any yet).
+    uint64_t items_per_open = 0;
     bool admitted = false;
     bool cancel_requested = false;
     // Every item is done while launches of it are still in flight (queued ahead at opens,
@@ -185,6 +187,22 @@ class Executor {
   bool more_urgent_pickable_locked(const Record& r) const;
   // The task run last, while it is admitted and not final; else nullptr.
   Record* last_run_locked();
+  // The task armed to follow (arm_next_locked), while it is admitted and not final.
+  Record* armed_next_locked();
+  // Before this thread waits for the ends of launches that will run nothing (`current`'s,
+  // or a retired runner's): the next task is admitted and armed (PhaseRunner::arm), so
+  // the opens the training thread writes meanwhile carry its launches, queued on the
+  // stream behind those. It becomes the task run last once they are taken. Not while
+  // closing, and not where the most urgent task has launches in flight of its own.
+  // `follow`: `current` runs on, in the tail of its last phase, and the next task follows
+  // it at opens (PhaseRunner::follow, follow_rule.hpp).
+  void arm_next_locked(const Record* current, bool follow = false);
+  // runner.follow() or runner.arm().
+  static void arm_runner(PhaseRunner& runner, bool follow);
+  // Whether `r`, about to run, is in the tail where the next task follows it.
+  bool in_tail_locked(const Record& r) const;
+  // running_item_ns_ from `running`, or from the task armed to follow where there is one.
+  void publish_item_ns_locked(const PhaseRunner& running);
   // After the last launch in flight of `r` ended: it fails (a launch failed), is
   // cancelled, moves on to its next phase or is done, or waits in the queue.
   void settle_launch_locked(Record& r);
@@ -207,6 +225,8 @@ class Executor {
   // reach the opens those launches were queued for). Waiters call it as they wait.
   void retire_inert_locked();
   bool retire_pending_locked();
+  // Whether `r` (may be null) is a cancelled or complete task with launches in flight.
+  static bool retirable(const Record* r);
   // Takes one end of the oldest retiring runner's launches (the lock is released while it
   // waits); once none is left, names the task in take_finished() (or take_abandoned()).
   void drain_retiring_locked(std::unique_lock<std::mutex>& lock);
@@ -250,6 +270,11 @@ class Executor {
   std::set<QueueKey> runnable_;  // queued or paused tasks
   Record* active_ = nullptr;
   uint64_t last_run_ = 0;  // id of the task run last (see loop())
+  // A task whose runner has launches in flight (enqueued at opens ahead of the GPU) is
+  // run again, one ended launch per run(), before anything else: nothing else may go on
+  // the stream behind those launches, and the task is not final until they have ended.
+  Record* draining_ = nullptr;
+  uint64_t armed_next_ = 0;  // id of the task arm_next_locked armed (0: none)
   uint64_t next_id_ = 1;
   bool recording_ = false;
   uint64_t launches_ = 0;

@@ -7,24 +7,28 @@
 
 namespace freeride {
 
-// Only the task run last can have launches in flight (the loop drains them before it
-// runs another).
+bool Executor::retirable(const Record* r) {
+  return r != nullptr && r->runner && !is_final(r->state) && (r->cancel_requested || r->complete) &&
+         r->failure.empty() && r->runner->in_flight();
+}
+
+// Only these can have launches in flight: the task run last, one the loop drains before
+// the next (draining_, which may be another once a next task was armed) and the next
+// task armed meanwhile (the loop drains every other before it runs another).
 bool Executor::retire_pending_locked() {
-  const Record* r = last_run_locked();
-  return r != nullptr && (r->cancel_requested || r->complete) && r->failure.empty() &&
-         r->runner->in_flight();
+  return retirable(last_run_locked()) || retirable(draining_) || retirable(armed_next_locked());
 }
 
 // A complete task is done (whether or not a cancel came after): every item ran, and the
 // last phase's items are counted here, as advance_locked would once they had ended.
 void Executor::retire_inert_locked() {
-  if (!retire_pending_locked()) return;
-  Record& r = *last_run_locked();
-  if (!r.runner->inert()) return;
-  if (r.complete) {
-    finish_done_locked(r, nullptr, true);
-  } else {
-    finish_locked(r, TaskState::Cancelled, ErrorKind::Cancelled, "cancelled", nullptr, true);
+  for (Record* r : {last_run_locked(), draining_, armed_next_locked()}) {
+    if (!retirable(r) || !r->runner->inert()) continue;
+    if (r->complete) {
+      finish_done_locked(*r, nullptr, true);
+    } else {
+      finish_locked(*r, TaskState::Cancelled, ErrorKind::Cancelled, "cancelled", nullptr, true);
+    }
   }
 }
 

@@ -23,6 +23,7 @@
 #include "executor.hpp"
 #include "freeride/slice.h"
 #include "graph_layout.hpp"
+#include "marks.hpp"
 #include "raw_kernel_task.hpp"
 #include "runtime_info.hpp"
 #include "sigterm_guard.hpp"
@@ -423,7 +424,8 @@ PYBIND11_MODULE(_C, m) {
       "(32-bit words, bit i of word w for SM id 32 * w + i): (\"use\", SMs seen, SMs left "
       "out, \"\") or (\"fallback\", SMs seen, SMs left out, reason).");
 
-  py::class_<Executor>(m, "Executor")
+  py::class_<Executor> executor(m, "Executor");
+  executor
       .def(py::init(&make_executor), py::arg("kind"), py::arg("device"), py::arg("workers"),
            py::arg("gate_in_host_memory"), py::arg("stream_wait"), py::arg("memory_budget"),
            py::arg("reserve"), py::arg("slice_ns"),
@@ -537,29 +539,6 @@ PYBIND11_MODULE(_C, m) {
           py::arg("seq"), py::arg("timeout"), release_gil(),
           "Sleeps until the gate reads open with a sequence number other than seq (a newer "
           "open took effect: True) or timeout seconds passed (False). Never woken by closes.")
-      // Recorded beside gate writes on the training thread; an event record (host: a
-      // clock read) never waits, so the GIL stays held, as for gate_write.
-      .def(
-          "mark",
-          [](Executor& ex, uint64_t stream) {
-            return ex.backend().mark(static_cast<uintptr_t>(stream));
-          },
-          py::arg("stream"))
-      .def(
-          "elapsed_ns",
-          [](Executor& ex, uint64_t from, uint64_t to) -> py::object {
-            int64_t ns;
-            {
-              py::gil_scoped_release release;
-              ns = ex.backend().elapsed_ns(from, to);
-            }
-            if (ns == freeride::kPending) return py::none();
-            return py::int_(ns);
-          },
-          py::arg("from_mark"), py::arg("to_mark"))
-      .def(
-          "release_mark", [](Executor& ex, uint64_t id) { ex.backend().release_mark(id); },
-          py::arg("id"))
       .def(
           "run_plain",
           [](Executor& ex, const std::shared_ptr<Task>& task, uint64_t stream) {
@@ -605,6 +584,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("host_idle_reason",
                              [](Executor& ex) { return ex.backend().host_idle_reason(); })
       .def_property_readonly("device", [](Executor& ex) { return ex.backend().device(); });
+  freeride_ext::bind_marks(executor);
 
   // Test-only hooks, as _C._testing, only where the environment asks for them at import
   // (tests/conftest.py sets FREERIDE_TEST_HOOKS=1); otherwise there is no _C._testing.

@@ -26,6 +26,17 @@
 
 namespace freeride {
 
+struct QueuedLaunches;
+
+// Which runner the backend's opens launch (CudaShared::armed): the one armed last, by
+// run() or arm(), until it is destroyed; and the one following it (follow()), whose
+// launch each open queues behind the armed one's.
+struct ArmSlot {
+  std::mutex mu;
+  std::weak_ptr<QueuedLaunches> armed;
+  std::weak_ptr<QueuedLaunches> follower;
+};
+
 // One runner's launches, shared by the runner and the test (which may outlive it).
 struct QueuedLaunches {
   static constexpr size_t kCapacity = 32;  // as kLaunchRing: the most a runner takes
@@ -68,9 +79,12 @@ struct QueuedLaunches {
   // rings (an open's launch ends a backoff, as CudaRunner::launch_at_open's ring does).
   std::shared_ptr<std::atomic<bool>> refusing = std::make_shared<std::atomic<bool>>(false);
   Doorbell* bell = nullptr;
+  std::shared_ptr<ArmSlot> arm_slot;
+  size_t index = 0;     // the backend's made_ order
   uint64_t runs = 0;    // run() calls
   uint64_t taken = 0;   // ends run() took (or dropped with a failure)
   uint64_t stops = 0;   // stop() calls
+  bool hand_back = false;  // PhaseRunner::hand_back, until a run() returns for it
 
   // Launches enqueued at opens, as the CUDA runner takes them: none before its first
   // phase begins, once stopped, once the phase is done, when kCapacity are pending or
@@ -78,7 +92,10 @@ struct QueuedLaunches {
   // executor's own instead (taken whatever the backend refuses: the executor makes them).
   // With phases ahead, an open takes what launches_at_open says (one launch or two), and
   // the count is of launches; the executor's own launch the current phase only.
-  size_t arrive(size_t count, bool at_open = true) {
+  // `others`: launches of other runners waiting for their opens (the lookahead counts
+  // them too: CudaShared::launch_at_open's WaitingOpens). `chained`: a follower's launch
+  // right behind the armed runner's at the same open, which waits for none of its own.
+  size_t arrive(size_t count, bool at_open = true, uint64_t others = 0, bool chained = false) {
     size_t taken = 0;
     {
       std::lock_guard<std::mutex> lk(mu);
@@ -87,22 +104,32 @@ struct QueuedLaunches {
         const OpenLaunches go = launches_at_open(*task, phases_ahead && at_open, phase,
                                                  phase_done, kCapacity - pending.size());
         if (!go.current && !go.next) break;
-        if (at_open) {
-          uint64_t ahead = 0;
-          for (const Launch& l : pending) ahead += l.waits_open && l.items < 0 ? 1 : 0;
-          if (!within_lookahead(ahead, lookahead_bound)) {
-            if (beyond_lookahead) beyond_lookahead->fetch_add(1);
-            continue;
-          }
+        if (at_open && !chained && !within_lookahead(waiting_locked() + others, lookahead_bound)) {
+          if (beyond_lookahead) beyond_lookahead->fetch_add(1);
+          continue;
         }
-        if (go.current) pending.push_back({-1, at_open, phase, false, at_open});
-        if (go.next) pending.push_back({-1, at_open, phase + 1, true, !go.current});
+        const bool waits = at_open && !chained;
+        if (go.current) pending.push_back({-1, at_open, phase, false, waits});
+        if (go.next) pending.push_back({-1, at_open, phase + 1, true, waits && !go.current});
         taken += (go.current ? 1 : 0) + (go.next ? 1 : 0);
       }
       cv.notify_all();
     }
     if (taken > 0 && bell != nullptr) bell->ring();
     return taken;
+  }
+
+  // Launches waiting for their opens (the model's "not begun": not ended; caller holds mu).
+  uint64_t waiting_locked() const {
+    uint64_t n = 0;
+    for (const Launch& l : pending) n += l.waits_open && l.items < 0 ? 1 : 0;
+    return n;
+  }
+
+  // As CudaRunner::takes_opens_locked (caller holds mu).
+  bool takes_opens_locked() const {
+    return phases > 0 && pending.empty() && !stopped &&
+           (!phase_done || (phases_ahead && phase + 1 < task->num_phases()));
   }
 
   // Launch `l` begins now, if it had not (caller holds mu): it sees the stop as it is.
@@ -163,6 +190,20 @@ struct QueuedLaunches {
 class QueuedRunner final : public PhaseRunner {
  public:
   explicit QueuedRunner(std::shared_ptr<QueuedLaunches> q) : q_(std::move(q)) {}
+  ~QueuedRunner() override {
+    std::lock_guard<std::mutex> lk(q_->arm_slot->mu);
+    if (q_->arm_slot->armed.lock() == q_) q_->arm_slot->armed.reset();
+    if (q_->arm_slot->follower.lock() == q_) q_->arm_slot->follower.reset();
+  }
+  QueuedRunner(const QueuedRunner&) = delete;
+  QueuedRunner& operator=(const QueuedRunner&) = delete;
+
+  void arm() override { arm_if_taking(); }
+  void follow() override { arm_if_taking(true); }
+  uint64_t launches_in_flight() const override {
+    std::lock_guard<std::mutex> lk(q_->mu);
+    return q_->pending.size();
+  }
 
   void begin_phase(uint64_t phase, uint64_t n_items) override {
     std::lock_guard<std::mutex> lk(q_->mu);
@@ -185,14 +226,25 @@ class QueuedRunner final : public PhaseRunner {
 
   // One launch's end, oldest first; with none pending, waits for one (or a stop).
   LaunchMarks run(bool) override {
+    arm_if_taking();  // as CudaRunner::run
     QueuedLaunches& q = *q_;
     std::unique_lock<std::mutex> lk(q.mu);
     ++q.runs;
     q.cv.wait(lk, [&] { return !q.pending.empty() || q.stopped || q.abandoned; });
     if (q.pending.empty()) return LaunchMarks{};
-    q.cv.wait(lk, [&] {
-      return q.pending.front().items >= 0 || q.abandoned || !q.failure.empty();
-    });
+    while (true) {
+      q.cv.wait(lk, [&] {
+        return q.pending.front().items >= 0 || q.abandoned || !q.failure.empty() || q.hand_back;
+      });
+      const bool waiting = q.pending.front().items < 0 && !q.abandoned && q.failure.empty();
+      if (!q.hand_back || !waiting) break;
+      q.hand_back = false;  // once, whether or not it hands back
+      if (!q.pending.front().begun && q.pending.front().waits_open) {
+        LaunchMarks untaken;
+        untaken.handed_back = true;
+        return untaken;
+      }
+    }
     if (!q.failure.empty()) {
       std::string failure;
       failure.swap(q.failure);
@@ -232,6 +284,11 @@ class QueuedRunner final : public PhaseRunner {
     std::lock_guard<std::mutex> lk(q_->mu);
     q_->stopped = false;
   }
+  void hand_back() override {
+    std::lock_guard<std::mutex> lk(q_->mu);
+    q_->hand_back = true;
+    q_->cv.notify_all();
+  }
   uint64_t done() const override {
     std::lock_guard<std::mutex> lk(q_->mu);
     return q_->done;
@@ -264,13 +321,31 @@ class QueuedRunner final : public PhaseRunner {
   }
 
  private:
+  void arm_if_taking(bool follow = false) {
+    bool takes = false;
+    {
+      std::lock_guard<std::mutex> lk(q_->mu);
+      takes = q_->takes_opens_locked();
+    }
+    if (!takes || q_->refusing->load()) return;
+    ArmSlot& slot = *q_->arm_slot;
+    std::lock_guard<std::mutex> lk(slot.mu);
+    if (!follow) {
+      slot.armed = q_;
+      if (slot.follower.lock() == q_) slot.follower.reset();
+    } else if (slot.armed.lock() != q_) {
+      slot.follower = q_;
+    }
+  }
+
   std::shared_ptr<QueuedLaunches> q_;
 };
 
 class QueueBackend final : public Backend {
  public:
-  explicit QueueBackend(bool phases_ahead = false, uint64_t lookahead_bound = 0)
-      : phases_ahead_(phases_ahead), lookahead_bound_(lookahead_bound) {}
+  explicit QueueBackend(bool phases_ahead = false, uint64_t lookahead_bound = 0,
+                        bool followers = false)
+      : phases_ahead_(phases_ahead), lookahead_bound_(lookahead_bound), followers_(followers) {}
   uint64_t opens_beyond_lookahead() const override { return beyond_lookahead_->load(); }
   std::string kind() const override { return "queue"; }
   int device() const override { return -1; }
@@ -314,7 +389,14 @@ class QueueBackend final : public Backend {
     backoff_cv_.notify_all();
     bell_.ring();
   }
-  void refuse_launches_at_opens() override { refusing_->store(true); }
+  void refuse_launches_at_opens() override {
+    refusing_->store(true);
+    std::lock_guard<std::mutex> lk(arm_->mu);
+    arm_->armed.reset();
+    arm_->follower.reset();
+  }
+  bool launches_at_opens() const override { return true; }
+  bool followers() const override { return followers_; }
   uint64_t mark(uintptr_t) override { return 0; }
   int64_t elapsed_ns(uint64_t, uint64_t) override { return kPending; }
   void release_mark(uint64_t) override {}
@@ -331,8 +413,10 @@ class QueueBackend final : public Backend {
     q->task = std::move(task);
     q->refusing = refusing_;
     q->bell = &bell_;
+    q->arm_slot = arm_;
     {
       std::lock_guard<std::mutex> lk(mu_);
+      q->index = made_.size();
       made_.push_back(q);
     }
     made_cv_.notify_all();
@@ -368,6 +452,32 @@ class QueueBackend final : public Backend {
     FR_CHECK(made, "runner " << index << " was not made within " << timeout_s << " s");
     return made_[index];
   }
+  // `count` stream-ordered opens (open_one): (the armed runner's index in admission order,
+  // or -1 where none is armed, and how many launches it took). The follower's show in its
+  // own launches (follower()).
+  std::pair<int64_t, size_t> open(size_t count) {
+    int64_t armed = -1;
+    size_t taken = 0;
+    for (size_t n = 0; n < count; ++n) {
+      const auto [index, queued] = open_one_counted();
+      armed = index;
+      taken += queued;
+    }
+    return {armed, taken};
+  }
+  // One open: the indices of the runners whose launches it queued, in stream order (the
+  // armed runner's, then its follower's, chained behind where the armed one took one).
+  std::vector<int64_t> open_one() {
+    std::vector<int64_t> queued;
+    open_one_counted(&queued);
+    return queued;
+  }
+  // The index of the runner following the armed one (-1: none).
+  int64_t follower() {
+    std::lock_guard<std::mutex> lk(arm_->mu);
+    const auto f = arm_->follower.lock();
+    return f ? static_cast<int64_t>(f->index) : -1;
+  }
   bool abandoned_work() const {
     std::lock_guard<std::mutex> lk(mu_);
     return abandoned_work_;
@@ -394,13 +504,51 @@ class QueueBackend final : public Backend {
   bool hold_backoffs_ = false;
   bool phases_ahead_ = false;
   uint64_t lookahead_bound_ = 0;
+  bool followers_ = false;
   std::shared_ptr<std::atomic<uint64_t>> beyond_lookahead_ =
       std::make_shared<std::atomic<uint64_t>>(0);
   std::shared_ptr<std::atomic<bool>> refusing_ = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<ArmSlot> arm_ = std::make_shared<ArmSlot>();
   uint32_t gate_ = 1u;
   uint32_t seq_ = 0;
   bool abandoned_work_ = false;
   std::vector<std::shared_ptr<QueuedLaunches>> made_;
+
+  // One open, as CudaShared::launch_at_open: (the armed runner's index or -1, what it
+  // took); every launch queued appended to `queued` by runner index.
+  std::pair<int64_t, size_t> open_one_counted(std::vector<int64_t>* queued = nullptr) {
+    std::shared_ptr<QueuedLaunches> armed;
+    std::shared_ptr<QueuedLaunches> follower;
+    {
+      std::lock_guard<std::mutex> lk(arm_->mu);
+      armed = arm_->armed.lock();
+      follower = arm_->follower.lock();
+    }
+    auto others_of = [&](const std::shared_ptr<QueuedLaunches>& q) {
+      std::vector<std::shared_ptr<QueuedLaunches>> made;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        made = made_;
+      }
+      uint64_t n = 0;
+      for (const auto& other : made) {
+        if (other == q) continue;
+        std::lock_guard<std::mutex> lk(other->mu);
+        n += other->waiting_locked();
+      }
+      return n;
+    };
+    auto note = [&](const std::shared_ptr<QueuedLaunches>& q, size_t n) {
+      for (; queued != nullptr && n > 0; --n) queued->push_back(static_cast<int64_t>(q->index));
+    };
+    size_t took = 0;
+    if (armed) {
+      took = armed->arrive(1, true, others_of(armed));
+      note(armed, took);
+    }
+    if (follower) note(follower, follower->arrive(1, true, others_of(follower), took > 0));
+    return {armed ? static_cast<int64_t>(armed->index) : -1, took};
+  }
 };
 
 }  // namespace freeride

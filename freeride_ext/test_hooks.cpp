@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "backend.hpp"
 #include "check.hpp"
@@ -24,6 +25,7 @@
 #include "cuda/slot_pool.hpp"
 #include "doorbell.hpp"
 #include "executor.hpp"
+#include "follow_rule.hpp"
 #include "item_time.hpp"
 #include "latch_dependency.hpp"
 #include "queue_backend.hpp"
@@ -246,8 +248,10 @@ void register_test_hooks(py::module_& m) {
   using freeride::QueueBackend;
   using freeride::QueuedLaunches;
   py::class_<QueuedLaunches, std::shared_ptr<QueuedLaunches>>(t, "QueuedLaunches")
-      .def("arrive", &QueuedLaunches::arrive, py::arg("count") = 1, py::arg("at_open") = true,
-           py::call_guard<py::gil_scoped_release>(),
+      .def(
+          "arrive",
+          [](QueuedLaunches& q, size_t count, bool at_open) { return q.arrive(count, at_open); },
+          py::arg("count") = 1, py::arg("at_open") = true, py::call_guard<py::gil_scoped_release>(),
            "Launches enqueued at opens (as many as the runner takes); how many were taken. "
            "at_open=False: launches of the executor's own (it backs off after one that "
            "ran nothing).")
@@ -299,16 +303,18 @@ void register_test_hooks(py::module_& m) {
 
   t.def(
       "queue_executor",
-      [](uint64_t memory_budget, bool phases_ahead, uint64_t max_lookahead) {
+      [](uint64_t memory_budget, bool phases_ahead, uint64_t max_lookahead, bool followers) {
         return std::make_unique<Executor>(
-            std::make_unique<QueueBackend>(phases_ahead, max_lookahead), memory_budget);
+            std::make_unique<QueueBackend>(phases_ahead, max_lookahead, followers),
+            memory_budget);
       },
       py::arg("memory_budget") = 0, py::arg("phases_ahead") = false,
-      py::arg("max_lookahead") = 0,
+      py::arg("max_lookahead") = 0, py::arg("followers") = false,
       "An Executor on the test queue backend: its launches are enqueued and ended by the "
       "test (queue_launches). phases_ahead: its runners begin phases with launches in "
       "flight and chain the next phase's at opens (csrc/phase_ahead_rule.hpp). "
-      "max_lookahead: the lookahead bound (csrc/open_launch_rule.hpp; 0: none).");
+      "max_lookahead: the lookahead bound (csrc/open_launch_rule.hpp; 0: none). followers: "
+      "the next task follows one in its tail (csrc/follow_rule.hpp).");
   t.def("within_lookahead", &freeride::within_lookahead, py::arg("opens_ahead"),
         py::arg("bound"), "csrc/open_launch_rule.hpp's within_lookahead.");
   t.def(
@@ -332,6 +338,39 @@ void register_test_hooks(py::module_& m) {
       py::arg("executor"), py::arg("index"), py::arg("timeout") = 10.0,
       py::call_guard<py::gil_scoped_release>(),
       "The launches of the index-th runner the executor made (admission order).");
+  t.def(
+      "queue_open",
+      [](Executor& ex, size_t count) { return queue_backend(ex).open(count); },
+      py::arg("executor"), py::arg("count") = 1, py::call_guard<py::gil_scoped_release>(),
+      "`count` stream-ordered opens, each launching the runner armed then: (its index in "
+      "admission order, or -1 where none is armed, launches it took).");
+  t.def(
+      "queue_open_one",
+      [](Executor& ex) {
+        std::vector<int64_t> queued;
+        {
+          py::gil_scoped_release released;
+          queued = queue_backend(ex).open_one();
+        }
+        py::list out;
+        for (const int64_t index : queued) out.append(index);
+        return out;
+      },
+      py::arg("executor"),
+      "One open: the runner index of every launch it queued, in stream order (the armed "
+      "runner's, then its follower's).");
+  t.def(
+      "queue_follower", [](Executor& ex) { return queue_backend(ex).follower(); },
+      py::arg("executor"), "The index of the runner following the armed one (-1: none).");
+  t.def(
+      "follow_next",
+      [](bool enabled, bool last_phase, uint64_t items_left, uint64_t items_per_open,
+         uint64_t in_flight) {
+        return freeride::follow_next(
+            freeride::FollowState{enabled, last_phase, items_left, items_per_open, in_flight});
+      },
+      py::arg("enabled"), py::arg("last_phase"), py::arg("items_left"),
+      py::arg("items_per_open"), py::arg("in_flight"), "csrc/follow_rule.hpp's follow_next.");
   t.def(
       "queue_hold_backoffs",
       [](Executor& ex, bool on) {

@@ -821,7 +821,63 @@ def mode_done_ahead(args: dict) -> dict:
     return out
 
 
+def mode_handover_ahead(args: dict) -> dict:
+    """Issue 36's handover: a task's launches at `opens` opens are queued ahead of the GPU
+    (behind `hold_ms` of training work) when a more urgent task is submitted; then the host
+    writes `opens` more opens. The urgent task must be armed at once, so those later opens
+    carry its launches: the launches at opens taken in all exceed the first `opens` (which
+    run nothing: the first task was stopped before any began). Before, it was armed only
+    once the GPU had passed the first `opens`, long after the host wrote the later ones,
+    which then carried nothing. Also reports whether every task ended right: the urgent
+    one done with every item, the first one's items unchanged by its stale launches."""
+    import torch
+
+    import freeride as fr
+
+    opens = int(args.get("opens", 4))
+    hold_ms = float(args.get("hold_ms", 300.0))
+    torch.cuda.init()
+    train = torch.cuda.Stream()
+    out: dict = {"opens": opens, "hold_ms": hold_ms, "follow": os.environ.get("FREERIDE_FOLLOW")}
+
+    def bubbles():
+        for _ in range(opens):
+            h.gate.open()
+            torch.cuda._sleep(int(2 * CYCLES_PER_MS))
+            h.gate.close()
+            torch.cuda._sleep(CYCLES_PER_MS)
+
+    with fr.Harvester("cuda:0") as h:
+        out["launches_at_opens"] = h.launches_at_opens
+        h.gate.close(stream="host")
+        low = h.submit(fr.tasks.Spin(items=2**40, ns_per_item=20_000))
+        time.sleep(0.1)  # admitted and armed
+        with torch.cuda.stream(train):
+            torch.cuda._sleep(int(hold_ms * CYCLES_PER_MS))
+            first = torch.cuda.Event()
+            first.record()
+            bubbles()
+        items = 256
+        high = h.submit(fr.tasks.Spin(items=items, ns_per_item=10_000), priority=1)
+        time.sleep(0.05)  # armed now, the GPU still held by the training work
+        out["reached_at_arm"] = first.query()
+        with torch.cuda.stream(train):
+            bubbles()
+        train.synchronize()
+        out["high_done"] = bool(high.wait(timeout=30))
+        out["high_items"] = int(high.items_done)
+        out["items"] = items
+        out["high_state"] = high.state
+        counts = h.launch_counts()
+        out["at_opens"] = counts.at_opens
+        out["idle_at_opens"] = counts.idle_at_opens
+        out["low_state"] = low.state
+        low.cancel(wait=True, timeout=30)
+    return out
+
+
 MODES = {
+    "handover_ahead": mode_handover_ahead,
     "queued_bubbles": mode_queued_bubbles,
     "cancel_ahead": mode_cancel_ahead,
     "done_ahead": mode_done_ahead,

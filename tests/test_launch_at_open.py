@@ -104,6 +104,28 @@ def test_a_task_done_in_its_first_bubble_does_not_wait_for_the_opens_queued_ahea
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("follow", ["0", "1"])
+def test_a_more_urgent_task_takes_the_opens_the_host_writes_while_launches_queued_ahead_drain(
+    follow,
+):
+    """Issue 36's handover (tests/gpu_worker.py's handover_ahead): a more urgent task
+    submitted while four launches of the running one are queued ahead of the GPU is armed
+    at once, so the next four opens the host writes carry its launches; with followers on
+    (FREERIDE_FOLLOW=1) too."""
+    r = run_worker("handover_ahead", {}, env={"FREERIDE_FOLLOW": follow}, timeout=120)
+    print(
+        f"FREERIDE_FOLLOW={follow}: launches at opens {r['at_opens']} ({r['idle_at_opens']} "
+        f"idle) for {r['opens']} + {r['opens']} opens; GPU at the first open when armed: "
+        f"{r['reached_at_arm']}; urgent task {r['high_state']} ({r['high_items']} of "
+        f"{r['items']})"
+    )
+    assert r["launches_at_opens"], r
+    assert not r["reached_at_arm"], "the GPU reached the opens before the test could arm"
+    assert r["high_done"] and r["high_items"] == r["items"], r
+    assert r["at_opens"] > r["opens"], "the opens written after the submit carried nothing"
+
+
+@pytest.mark.gpu
 def test_negative_control_launches_made_when_the_host_sees_the_open_find_the_bubble_over():
     r = _queued(1, "green-context", launch_at_open=False)
     print(

@@ -97,10 +97,11 @@ def test_a_phase_begins_only_after_its_stale_launches_end(ex):
     assert _state(ex, task) == "done" and _items(ex, task) == 8
 
 
-def test_a_more_urgent_task_waits_for_the_launches_in_flight(ex):
-    """A more urgent task stops the running one (it takes no further launch), but runs
-    only once the launches the running one already took have ended: nothing may be
-    enqueued behind them. Then the first task resumes."""
+def test_a_more_urgent_task_takes_the_opens_while_the_launches_in_flight_drain(ex):
+    """A more urgent task stops the running one (it takes no further launch). The one
+    running on the GPU ends at its next item boundary; the more urgent task is then armed,
+    so the next open carries its launch, queued behind the stopped task's launch still in
+    flight, which claims nothing. The first task resumes after it."""
     low = ex.submit(_task(100), 0)
     q_low = _launches(ex, 0)
     assert q_low.arrive(2) == 2
@@ -108,18 +109,18 @@ def test_a_more_urgent_task_waits_for_the_launches_in_flight(ex):
     high = ex.submit(_task(5), 1)
     wait_until(lambda: q_low.stopped)
     assert q_low.arrive(1) == 0, "a stopped task took a launch at an open"
-    with pytest.raises(RuntimeError):
-        _C._testing.queue_launches(ex, 1, timeout=0.2)  # not admitted yet
     q_low.end(1)
-    q_low.end(1)  # began after the stop: it claims nothing
     q_high = _launches(ex, 1)
-    wait_until(lambda: q_high.arrive(1) == 1)
+    wait_until(lambda: _C._testing.queue_open(ex) == (1, 1))
+    assert q_low.pending == 1, "the stopped task's launch left before the open"
+    q_low.end(1)  # began after the stop: it claims nothing
     q_high.end(5)
     assert ex.wait(high, 10) and _state(ex, high) == "done"
     wait_until(lambda: not q_low.stopped)  # resumed
     wait_until(lambda: q_low.arrive(1) == 1)
     q_low.end(99)
     assert ex.wait(low, 10) and _items(ex, low) == 100
+    assert q_low.ran == 100
 
 
 def test_cancel_is_final_once_no_launch_in_flight_can_run_an_item(ex):
@@ -154,8 +155,8 @@ def test_cancel_is_final_once_no_launch_in_flight_can_run_an_item(ex):
 def test_cancel_wait_returns_before_the_gpu_reaches_the_opens_queued_ahead(ex):
     """Review G3: cancel(wait=True) on the training thread waited until the GPU reached
     the last open the host had queued a launch at, in effect a device synchronisation.
-    With none of them begun it returns at once, the task final, and the next task runs
-    once their ends are taken."""
+    With none of them begun it returns at once, the task final; a task submitted then
+    takes the next open, its launch queued behind those, which claim nothing."""
     task = ex.submit(_task(100), 0)
     q = _launches(ex, 0)
     assert q.arrive(4) == 4
@@ -164,15 +165,15 @@ def test_cancel_wait_returns_before_the_gpu_reaches_the_opens_queued_ahead(ex):
     assert time.monotonic() - started < 2.0
     assert _state(ex, task) == "cancelled" and _items(ex, task) == 0
     other = ex.submit(_task(2), 0)
-    with pytest.raises(RuntimeError):
-        _C._testing.queue_launches(ex, 1, timeout=0.2)  # nothing behind those launches
+    q_other = _launches(ex, 1)
+    wait_until(lambda: _C._testing.queue_open(ex) == (1, 1))
+    assert q.pending == 4
     for _ in range(4):
         q.end(1)
-    q_other = _launches(ex, 1)
-    wait_until(lambda: q_other.arrive(1) == 1)
     q_other.end(2)
     assert ex.wait(other, 10) and _state(ex, other) == "done"
     assert q.ran == 0
+    wait_until(lambda: task in ex.take_finished())
 
 
 @pytest.mark.parametrize("drop_pending", [False, True])
@@ -516,7 +517,7 @@ def test_a_task_whose_items_are_all_done_is_done_before_its_stale_launches_end(e
     """Every item ran in the first of three launches queued ahead: the other two are stale
     (nothing left to claim). A wait (or result()) on the task returns once they are inert,
     the task done with every item, not when the GPU reaches their opens; its memory goes
-    once they have ended, and the next task runs after them."""
+    once they have ended. The next task takes the opens meanwhile."""
     task = ex.submit(_task(10), 0)
     q = _launches(ex, 0)
     assert q.arrive(3) == 3
@@ -528,13 +529,12 @@ def test_a_task_whose_items_are_all_done_is_done_before_its_stale_launches_end(e
     time.sleep(0.05)
     assert task not in ex.take_finished()
     other = ex.submit(_task(1), 0)
-    with pytest.raises(RuntimeError):
-        _C._testing.queue_launches(ex, 1, timeout=0.2)
+    q_other = _launches(ex, 1)
+    wait_until(lambda: _C._testing.queue_open(ex) == (1, 1))
+    assert task not in ex.take_finished()
     q.end(0)
     q.end(0)
     wait_until(lambda: task in ex.take_finished())
-    q_other = _launches(ex, 1)
-    wait_until(lambda: q_other.arrive(1) == 1)
     q_other.end(1)
     assert ex.wait(other, 10) and _state(ex, other) == "done"
     assert ex.idle_open_launches == 2 and q.ran == 10  # the stale ones ran nothing

@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from gpu_worker import run_worker
 
 import freeride as fr
 from freeride.record import profiler as profiling
@@ -227,3 +228,38 @@ def test_nvtx_ranges_on_a_gpu(monkeypatch):
             expected += [("start", f"{profiling.BUBBLE_RANGE} {k}"), ("end", rid)]
             rid += 1
     assert calls == expected
+
+
+# How far a GPU report's clock origin may lie outside the host's readings around the
+# first open (review G16's bound): the GPU passes that mark microseconds after it is
+# enqueued on an idle stream.
+ORIGIN_TOL_MS = 2.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("connections", [1, None], ids=["one-queue", "default-queues"])
+def test_gpu_clock_origin_holds_behind_a_backlog(connections):
+    """Review G16: a GPU report's clock origin is the wall time at which the GPU passed
+    the first iteration's open, even when the report is asked for with 300 ms of training
+    work queued behind the iteration (tests/clock_origin_worker.py). It is taken from the
+    clock anchor, whose stamp is seen as it lands, not from a probe event's wait. The
+    negative control: the probe way (the recorder's fallback), under one hardware queue,
+    waits behind the backlog and places the origin early by about as much; if that
+    control fails, the backlog did not hold the control stream on this GPU, and the test
+    proved less than it means to."""
+    env = {} if connections is None else {"CUDA_DEVICE_MAX_CONNECTIONS": connections}
+    r = run_worker("clock_origin", {}, env=env, timeout=120, worker="clock_origin_worker.py")
+    print(
+        f"connections={r['connections']}: origin ({r['source']}) {r['origin_outside_ms']} ms "
+        f"outside the {r['window_ms']:.3f} ms open window, again {r['again_outside_ms']} ms, "
+        f"probe {r['probe_outside_ms']} ms; report took {r['report_ms']:.1f} ms"
+    )
+    assert r["source"] == "clock-anchor", r
+    assert r["origin_outside_ms"] is not None and abs(r["origin_outside_ms"]) < ORIGIN_TOL_MS, r
+    assert r["again_outside_ms"] is not None and abs(r["again_outside_ms"]) < ORIGIN_TOL_MS, r
+    if connections == 1:
+        assert r["probe_source"] == "probe", r
+        assert r["probe_outside_ms"] is not None and r["probe_outside_ms"] < -r["hold_ms"] / 2, (
+            "negative control: the probe placed the origin within "
+            f"{r['probe_outside_ms']} ms under one hardware queue with a backlog"
+        )

@@ -25,6 +25,10 @@ class FakeCudaExecutor:
         self.writes: list[tuple[int, int]] = []
         self.released: list[int] = []
         self.running_item_ns = 0  # Executor.running_item_ns: not measured yet
+        # Unix time of the fake clock's 0, for mark_unix_ns (the clock anchor); None: the
+        # anchor gives no answer. The marks it was asked about, with their timeouts.
+        self.unix_base: int | None = None
+        self.unix_asked: list[tuple[int, float]] = []
 
     def set_recording(self, on):
         pass
@@ -47,6 +51,12 @@ class FakeCudaExecutor:
     def release_mark(self, mark):
         self.released.append(mark)
         self.times.pop(mark, None)
+
+    def mark_unix_ns(self, mark, timeout):
+        if mark not in self.times:
+            raise ValueError(f"unknown mark {mark}")  # as the CUDA backend does
+        self.unix_asked.append((mark, timeout))
+        return None if self.unix_base is None else self.unix_base + self.times[mark]
 
     def take_launch_log(self):
         return []
@@ -228,11 +238,55 @@ def test_gate_write_and_mark_bindings_reach_the_backend_on_both_paths(host):
     ex.release_mark(b)
 
 
-def test_gpu_record_gets_a_wall_clock_origin(capture, monkeypatch):
+def test_gpu_record_takes_its_wall_clock_origin_from_the_clock_anchor(capture):
     """merge_with_profiler_trace needs the record's time 0 on the wall clock. On a GPU the
-    marks are CUDA events: a probe mark on the idle control stream, taken when the first
-    iteration resolves, ties them to time.time_ns(). Here the fake GPU is 5 ms past the
-    iteration's start when the probe is taken."""
+    marks are CUDA events: the backend places the first iteration's open on the wall clock
+    (Executor.mark_unix_ns, the clock anchor), once the iteration has resolved. No probe
+    mark is taken then."""
+    ex = FakeCudaExecutor()
+    ex.unix_base = 10**18
+    rec = _recorder(ex, "cuda", 0)
+    iteration(rec)
+    marks = ex.next_mark
+    rec.flush(block=True, timeout=1.0)
+    origin = 1  # the iteration's first mark
+    assert ex.unix_asked == [(origin, recorder.CLOCK_ORIGIN_TIMEOUT_S)]
+    assert rec.clock_origin_unix_ns == 10**18 + ex.times[origin]
+    assert rec.clock_origin_source == "clock-anchor"
+    assert ex.next_mark == marks  # no probe
+    rec.flush(block=True, timeout=1.0)
+    assert len(ex.unix_asked) == 1  # asked once, for the first iteration only
+
+
+def test_gpu_origin_is_asked_for_only_once_the_gpu_passed_the_iteration(capture):
+    """A flush while the first iteration's marks are still ahead of the GPU (a backlog
+    flush on the training thread, flush(block=False)) does not ask for the origin, which
+    would wait there for the GPU to get to it."""
+
+    class Behind(FakeCudaExecutor):
+        reached = False
+
+        def elapsed_ns(self, a, b):
+            return super().elapsed_ns(a, b) if self.reached else None
+
+    ex = Behind()
+    ex.unix_base = 10**18
+    rec = _recorder(ex, "cuda", 0)
+    iteration(rec)
+    rec.flush(block=False)
+    assert ex.unix_asked == [] and rec.clock_origin_unix_ns is None
+    assert rec.clock_origin_source is None
+    ex.reached = True
+    rec.flush(block=True, timeout=1.0)
+    assert ex.unix_asked == [(1, recorder.CLOCK_ORIGIN_TIMEOUT_S)]
+    assert rec.clock_origin_unix_ns == 10**18 + ex.times[1]
+
+
+def test_gpu_record_falls_back_to_a_probe_where_the_anchor_gives_no_answer(capture, monkeypatch):
+    """Where mark_unix_ns gives no answer, a probe mark on the control stream, taken when
+    the first iteration resolves, ties the marks to time.time_ns(): exact only where the
+    probe is reached at once. Here the fake GPU is 5 ms past the iteration's start when
+    the probe is taken."""
     ex = FakeCudaExecutor()
     rec = _recorder(ex, "cuda", 0)
     iteration(rec)
@@ -253,7 +307,66 @@ def test_gpu_record_gets_a_wall_clock_origin(capture, monkeypatch):
     assert stream == _C.IMMEDIATE  # the control stream, idle: reached at once
     probe_at = ex.now  # the fake clock as the probe mark set it
     assert rec.clock_origin_unix_ns == 10**18 - (probe_at - origin_at)
+    assert rec.clock_origin_source == "probe"
+    assert ex.unix_asked == [(origin, recorder.CLOCK_ORIGIN_TIMEOUT_S)]  # asked first
     assert probe_mark in ex.released  # the probe mark went back
+
+
+def test_gpu_record_has_no_origin_where_neither_way_answers_in_time(capture, monkeypatch):
+    """The anchor gives no answer and the probe is never reached: no origin, within
+    CLOCK_ORIGIN_TIMEOUT_S for both ways together, and the probe mark goes back."""
+
+    class Stuck(FakeCudaExecutor):
+        def elapsed_ns(self, a, b):
+            if self.probe in (a, b):
+                return None
+            return super().elapsed_ns(a, b)
+
+        def mark(self, stream):
+            made = super().mark(stream)
+            if stream == _C.IMMEDIATE:
+                self.probe = made
+            return made
+
+    ex = Stuck()
+    ex.probe = -1
+    monkeypatch.setattr(recorder, "CLOCK_ORIGIN_TIMEOUT_S", 0.05)
+    rec = _recorder(ex, "cuda", 0)
+    iteration(rec)
+    began = time.monotonic()
+    rec.flush(block=True, timeout=5.0)
+    assert time.monotonic() - began < 2.0
+    assert rec.clock_origin_unix_ns is None and rec.clock_origin_source is None
+    assert ex.probe in ex.released
+    assert len(rec.iterations()) == 1  # the record itself is whole
+
+
+def test_host_mark_unix_ns_binding(host):
+    """Executor.mark_unix_ns on the host backend: a steady-clock mark on the wall clock,
+    at once; bad timeouts and unknown marks are refused with ValueError."""
+    ex = host._ex
+    before = time.time_ns()
+    mark = ex.mark(_C.IMMEDIATE)
+    after = time.time_ns()
+    at = ex.mark_unix_ns(mark, 0.0)
+    assert before - 1_000_000 <= at <= after + 1_000_000
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="timeout"):
+            ex.mark_unix_ns(mark, bad)
+    ex.release_mark(mark)
+    with pytest.raises(ValueError, match="unknown mark"):
+        ex.mark_unix_ns(mark, 1.0)
+
+
+def test_host_record_origin_is_the_steady_clock_on_the_wall_clock(host):
+    """The host backend's origin stays the steady clock's (exact): the first iteration's
+    open, between the wall-clock readings around it."""
+    before = time.time_ns()
+    with host.iteration():
+        after = time.time_ns()
+    report = host.report()
+    assert host._recorder.clock_origin_source == "steady-clock"
+    assert before - 1_000_000 <= report.clock_origin_unix_ns <= after + 1_000_000
 
 
 def test_bubble_stats_predict_from_the_recorded_iterations(host):

@@ -44,6 +44,8 @@ bool launch_at_opens_enabled() { return env_switch("FREERIDE_LAUNCH_AT_OPEN", "1
 
 bool successors_enabled() { return !env_switch("FREERIDE_SUCCESSORS", "0", "1"); }
 
+bool followers_enabled() { return !env_switch("FREERIDE_FOLLOW", "0", "1"); }
+
 bool phases_ahead_enabled() { return !env_switch("FREERIDE_PHASES_AHEAD", "0", "1"); }
 
 uint64_t lookahead_bound() {

@@ -73,6 +73,11 @@ bool successors_enabled();
 // value.
 bool phases_ahead_enabled();
 
+// Whether the executor queues the next task behind one in the tail of its last phase
+// (follow_rule.hpp; FREERIDE_FOLLOW "0", the default, or "1", until a GPU run has
+// measured it). Throws InvalidArgument for another value.
+bool followers_enabled();
+
 // The lookahead bound (open_launch_rule.hpp's within_lookahead): FREERIDE_MAX_LOOKAHEAD, a
 // whole number of opens, 0 (the default) for none. Throws InvalidArgument for anything
 // else.

@@ -116,6 +116,7 @@ class CudaBackend final : public Backend {
     const bool at_opens = launch_at_opens_enabled();
     const bool successors = successors_enabled();
     const bool phases_ahead = phases_ahead_enabled();
+    const bool followers = followers_enabled();
     const uint64_t lookahead = lookahead_bound();
     const bool green_wanted = options.reserve_mechanism == "green-context";
     FR_ARG(green_wanted || options.reserve_mechanism == "occupancy-cap",
@@ -165,6 +166,7 @@ class CudaBackend final : public Backend {
     s.launch_at_opens = at_opens && !options.stream_wait;
     s.successors = successors && !options.stream_wait;
     s.phases_ahead = phases_ahead && s.launch_at_opens;
+    s.followers = followers && s.launch_at_opens;
     s.lookahead_bound = lookahead;
     if (s.launch_at_opens) FR_CUDA_CHECK(cudaEventCreateWithFlags(&s.opened, cudaEventDisableTiming));
     if (green_wanted) s.try_green_context(options.reserve_sms, least);
@@ -324,6 +326,7 @@ class CudaBackend final : public Backend {
   }
 
   bool launches_at_opens() const override { return s_->launch_at_opens; }
+  bool followers() const override { return s_->followers; }
   uint64_t skipped_open_launches() const override { return s_->cross_stream_skips.load(); }
   uint64_t max_lookahead() const override { return s_->max_lookahead.load(); }
   uint64_t opens_beyond_lookahead() const override { return s_->beyond_lookahead.load(); }
@@ -365,6 +368,14 @@ class CudaBackend final : public Backend {
   }
 
   void release_mark(uint64_t id) override { s_->release_mark(id); }
+
+  int64_t mark_unix_ns(uint64_t mark, double timeout_s) override {
+    CudaShared& s = *s_;
+    std::shared_lock<std::shared_mutex> lk(s.life);
+    FR_CHECK(!s.shut_down, "mark_unix_ns() after the CUDA backend was shut down");
+    DeviceGuard guard(s.device);
+    return s.mark_unix_ns(mark, timeout_s);
+  }
 
   uintptr_t gate_address() const override { return reinterpret_cast<uintptr_t>(s_->gate.dev); }
 

@@ -57,9 +57,16 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   bool inert() const override;
   uint64_t done_ahead() const override;
   LaunchMarks run(bool record) override;
-  void launch_at_open(cudaStream_t training, cudaEvent_t opened, uint32_t seq) noexcept override;
+  bool launch_at_open(cudaStream_t training, cudaEvent_t opened, uint32_t seq,
+                      const OpenContext& context) noexcept override;
+  void add_waiting_opens(WaitingOpens& into, cudaStream_t stream) const noexcept override;
   void stop() override;
   void resume() override;
+  void arm() override;
+  void hand_back() override;
+  void follow() override;
+  uint64_t launches_in_flight() const override;
+  cudaStream_t launch_stream() const noexcept override { return stream_; }
   uint64_t done() const override;
   bool executing() const override;
   bool in_flight() const override;
@@ -72,6 +79,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   // A launch enqueued and not yet seen to end.
   struct Launch {
     uint64_t number = 0;
+    uint64_t stamp = 0;    // CudaShared::launch_stamps: its place among every runner's
     uint64_t phase = 0;    // the phase it launches
     uint64_t slot = 0;     // the set of counters it claims from (phase_slot; 0 without ahead_)
     bool guarded = false;  // chained behind the phase before (fr_item_ctx.after_done)
@@ -87,12 +95,19 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   // Whether launches may be enqueued at all (begun, no stop, no error...); and whether the
   // current phase takes one more (accepting_locked). Caller holds launch_mu_.
   bool open_for_launches_locked() const;
+  // Whether this runner should be the one opens launch (run() and arm()): not stopped,
+  // nothing of it in flight, and a phase for them to run. Caller holds launch_mu_.
+  bool takes_opens_locked() const;
   bool accepting_locked() const;
   bool stop_landed_and_none_begun() const;  // inert(), which catches what this throws
   // Launches at opens that wait for their open on the stream and have not begun: opens
   // the host is ahead of the GPU by, as far as this runner's launches tell. Caller holds
   // launch_mu_.
   uint64_t opens_ahead_locked() const;
+  // add_waiting_opens with launch_mu_ held.
+  void waiting_opens_locked(WaitingOpens& into, cudaStream_t stream) const;
+  // stop(): stop_fence_ recorded on the stream behind every launch of this runner.
+  void fence_stopped_locked();
   uint64_t slot_of(uint64_t phase) const { return ahead_ ? phase_slot(phase) : 0; }
   // Phases ahead: the set of counters of `phase`, cleared on the stream (behind every
   // launch enqueued so far) unless it is already that phase's. Caller holds launch_mu_
@@ -173,6 +188,14 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   std::atomic<uint64_t> block_item_ns_{0};  // block_item_ns(), over every phase
 
   std::atomic<bool> abandoned_{false};
+  std::atomic<bool> hand_back_{false};  // hand_back(): wait_for_end returns once, untaken
+  // Recorded by stop() on the stream behind every launch of this runner (it takes no
+  // further one until resumed): settle() waits for it, not for the stream to go idle,
+  // since launches of the next task at opens yet to come may be queued behind. Under
+  // launch_mu_: recorded for the latest stop, or that record failed.
+  cudaEvent_t stop_fence_ = nullptr;
+  bool stop_fenced_ = false;
+  bool fence_failed_ = false;
   std::atomic<bool> stop_requested_{false};  // host copy of the stop flag, for admission
   // Guards the three below: stop()/resume() on any thread, launches on theirs.
   mutable std::mutex stop_mu_;

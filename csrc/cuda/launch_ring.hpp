@@ -21,6 +21,7 @@ struct LaunchEnd {
   uint64_t start_ns = 0;    // %globaltimer of its first block (with duration_ns >= 0)
   uint64_t blocks = 0;      // its grid (0: no end record)
   bool broken = false;      // no end record from a task that follows the item protocol
+  bool handed_back = false;  // not ended: CudaRunner::hand_back, the launch not begun
 };
 
 class LaunchRing {

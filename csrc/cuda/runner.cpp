@@ -37,6 +37,7 @@ CudaRunner::CudaRunner(std::shared_ptr<CudaShared> shared, std::shared_ptr<Task>
   FR_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
   try {
     FR_CUDA_CHECK(cudaEventCreateWithFlags(&stop_written_, cudaEventDisableTiming));
+    FR_CUDA_CHECK(cudaEventCreateWithFlags(&stop_fence_, cudaEventDisableTiming));
     if (s.stream_wait && stream_ != s.side) {
       FR_CUDA_CHECK(cudaEventCreateWithFlags(&bridge_, cudaEventDisableTiming));
     }
@@ -85,6 +86,7 @@ CudaRunner::CudaRunner(std::shared_ptr<CudaShared> shared, std::shared_ptr<Task>
     destroy_events();
     throw;
   }
+  s.enlist(this);  // ~CudaRunner's disarm() takes it off
 }
 
 CudaRunner::~CudaRunner() {
@@ -154,10 +156,7 @@ LaunchMarks CudaRunner::run(bool record) {
   {
     std::lock_guard<std::mutex> lk(launch_mu_);
     throw_arrival_error_locked();
-    if (pending_.empty()) {
-      arm = s.launch_at_opens && !stop_requested_.load() &&
-            (!phase_done_ || (ahead_ && phase_ + 1 < task_->num_phases()));
-    }
+    arm = takes_opens_locked();
   }
   if (arm) s.arm(this);
   if (!in_flight()) {
@@ -349,7 +348,7 @@ bool CudaRunner::quietly_idle() noexcept {
 }
 
 void CudaRunner::destroy_events() noexcept {
-  for (cudaEvent_t* ev : {&event_, &stop_written_, &bridge_}) {
+  for (cudaEvent_t* ev : {&event_, &stop_written_, &stop_fence_, &bridge_}) {
     if (*ev != nullptr) (void)cudaEventDestroy(*ev);
     *ev = nullptr;
   }

@@ -71,6 +71,11 @@ LaunchMarks CudaRunner::finish_oldest() {
   LaunchEnd end;
   try {
     end = wait_for_end(l);
+    if (end.handed_back) {
+      LaunchMarks untaken;
+      untaken.handed_back = true;
+      return untaken;
+    }
   } catch (const Abandoned&) {
     throw;  // still enqueued: ~CudaRunner leaks what it may write
   } catch (...) {
@@ -151,6 +156,13 @@ LaunchEnd CudaRunner::wait_for_end(const Launch& l) {
   while (true) {
     throw_if_abandoned();
     if (ring_.published(l.number)) return ring_.read(l.number);
+    if (l.waits_open && hand_back_.exchange(false)) {
+      if (!ring_.started(l.number, launch_no_.load())) {
+        LaunchEnd untaken;
+        untaken.handed_back = true;
+        return untaken;
+      }
+    }
     const auto now = clock::now();
     if (!successor_asked && ring_.started(l.number, launch_no_.load())) {
       const uint64_t progress = progress_mirror(l.slot);
@@ -254,7 +266,10 @@ LaunchEnd CudaRunner::read_back(uint64_t number) {
 // would otherwise hold a training thread's open, which takes launch_mu_ with the GIL
 // held. Ends early where a launch at an open is enqueued meanwhile (the executor takes
 // that one next, and it is stream-ordered behind this kernel anyway) or the runner is
-// abandoned (close's deadline).
+// abandoned (close's deadline). A stopped runner waits for its stop fence instead: the
+// stream may hold, behind this kernel, launches of the next task at opens yet to come
+// (Executor::arm_next_locked), and idle only once training stops writing opens; while
+// the executor names a retired task's id (its memory let go) right after this.
 void CudaRunner::settle() {
   const auto begun = std::chrono::steady_clock::now();
   while (!abandoned_.load()) {
@@ -262,7 +277,11 @@ void CudaRunner::settle() {
       std::lock_guard<std::mutex> lk(launch_mu_);
       if (!pending_.empty()) return;
       const auto turn = s_->green_turn(green_);
-      if (stream_idle(stream_)) return;
+      if (!stop_requested_.load()) {
+        if (stream_idle(stream_)) return;
+      } else if (fence_failed_ || (stop_fenced_ && event_passed(stop_fence_))) {
+        return;  // (neither yet: stop() is recording it)
+      }
     }
     if (std::chrono::steady_clock::now() - begun < kEndSpin) {
       std::this_thread::yield();

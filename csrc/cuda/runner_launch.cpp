@@ -18,50 +18,58 @@
 #include "cuda/driver.hpp"
 #include "freeride/item_ctx.h"
 #include "atomic_bounds.hpp"
+#include "capture_mode.hpp"
 #include "launchers.hpp"
 #include "open_launch_rule.hpp"
 #include "successor_rule.hpp"
 
 namespace freeride::cuda {
 
-void CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint32_t seq) noexcept {
+bool CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint32_t seq,
+                                const OpenContext& context) noexcept {
   bool rang = false;
+  bool waits = false;
   try {
     std::lock_guard<std::mutex> lk(launch_mu_);
-    if (!open_for_launches_locked()) return;
+    if (!open_for_launches_locked()) return false;
     const OpenLaunches go =
         launches_at_open(*task_, ahead_, phase_, phase_done_, kLaunchRing - pending_.size());
-    if (!go.current && !go.next) return;
-    // The newest launch that waits for an open of its own (a launch chained behind the
-    // current phase's waits for none: it begins when that one ends).
-    auto newest = std::find_if(pending_.rbegin(), pending_.rend(),
-                               [](const Launch& l) { return l.waits_open || !l.at_open; });
-    if (newest != pending_.rend()) {
-      if (waits_behind_another_stream(newest->at_open,
-                                      ring_.started(newest->number, launch_no_.load()),
-                                      newest->training == training)) {
+    if (!go.current && !go.next) return false;
+    // What waits for opens on the stream and the hardware queues: this runner's launches
+    // and any other's (a task drained while this one is armed, one this one follows).
+    WaitingOpens waiting = context.others;
+    waiting_opens_locked(waiting, stream_);
+    if (!context.chained) {
+      if (waiting.newest_stamp != 0 &&
+          waits_behind_another_stream(waiting.newest_at_open, waiting.newest_begun,
+                                      waiting.newest_training == training)) {
         s_->cross_stream_skips.fetch_add(1);
-        return;
+        return false;
+      }
+      // Counted once per open: what this open adds is one more waiting for its open (a
+      // launch chained behind it waits for none).
+      if (!within_lookahead(waiting.count, s_->lookahead_bound)) {
+        s_->beyond_lookahead.fetch_add(1);
+        return false;
       }
     }
-    // Counted once per open: what this open adds is one more waiting for its open (a
-    // launch chained behind it waits for none).
-    const uint64_t ahead = opens_ahead_locked();
-    if (!within_lookahead(ahead, s_->lookahead_bound)) {
-      s_->beyond_lookahead.fetch_add(1);
-      return;
-    }
+    // Chained behind the armed runner's launch at this open (a follower's): no wait of
+    // its own, it begins once that one has left.
+    cudaStream_t waits_on = context.chained ? nullptr : training;
     if (go.current) {
-      enqueue_locked(training, opened, seq, true, true, phase_);
+      enqueue_locked(waits_on, opened, seq, true, true, phase_);
       pending_.back().training = training;
+      waits = waits_on != nullptr;
+      waits_on = nullptr;
     }
     if (go.next) {
       // Behind the current phase's launch on the stream where there is one (so after the
       // open already), guarded by that phase's completion.
-      enqueue_locked(go.current ? nullptr : training, opened, seq, true, true, phase_ + 1, true);
+      enqueue_locked(waits_on, opened, seq, true, true, phase_ + 1, true);
       pending_.back().training = training;
+      waits = waits || waits_on != nullptr;
     }
-    atomic_max(s_->max_lookahead, ahead + 1);
+    if (waits) atomic_max(s_->max_lookahead, waiting.count + 1);
     rang = true;
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lk(launch_mu_);
@@ -75,6 +83,29 @@ void CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint3
   // Training's next launch must not see this call's errors as its own.
   (void)cudaGetLastError();
   if (rang) s_->gate.bell->ring();  // the executor takes it up (or the error)
+  return waits;
+}
+
+void CudaRunner::add_waiting_opens(WaitingOpens& into, cudaStream_t stream) const noexcept {
+  try {
+    std::lock_guard<std::mutex> lk(launch_mu_);
+    waiting_opens_locked(into, stream);
+  } catch (...) {
+  }
+}
+
+// The newest launch that waits for an open of its own, or the executor's (a launch chained
+// behind another waits for none): what a launch enqueued now on the stream waits behind.
+void CudaRunner::waiting_opens_locked(WaitingOpens& into, cudaStream_t stream) const {
+  into.count += opens_ahead_locked();
+  if (stream != stream_) return;
+  auto newest = std::find_if(pending_.rbegin(), pending_.rend(),
+                             [](const Launch& l) { return l.waits_open || !l.at_open; });
+  if (newest == pending_.rend() || newest->stamp <= into.newest_stamp) return;
+  into.newest_stamp = newest->stamp;
+  into.newest_at_open = newest->at_open;
+  into.newest_begun = ring_.started(newest->number, launch_no_.load());
+  into.newest_training = newest->training;
 }
 
 // Both return without waiting for the GPU: the executor calls them under its lock, and
@@ -84,10 +115,76 @@ void CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint3
 // after, so in_flight() then counts every launch the stop leaves to drain.
 void CudaRunner::stop() {
   set_stop(1u);
-  { const std::lock_guard<std::mutex> lk(launch_mu_); }
+  {
+    // After a launch at an open in progress (it saw no stop): no further one is taken.
+    std::shared_lock<std::shared_mutex> life(s_->life);  // before launch_mu_, as elsewhere
+    const std::lock_guard<std::mutex> lk(launch_mu_);
+    fence_stopped_locked();
+  }
   s_->gate.bell->ring();
 }
-void CudaRunner::resume() { set_stop(0u); }
+
+void CudaRunner::resume() {
+  set_stop(0u);
+  hand_back_.store(false);  // one meant for the stopped runner's wait
+  const std::lock_guard<std::mutex> lk(launch_mu_);
+  stop_fenced_ = false;
+  fence_failed_ = false;
+}
+
+void CudaRunner::fence_stopped_locked() {
+  CudaShared& s = *s_;
+  stop_fenced_ = false;
+  fence_failed_ = true;
+  if (s.shut_down || stop_fence_ == nullptr) return;
+  try {
+    const RelaxedCaptureScope relaxed;  // a cancel from a thread beside a capture
+    DeviceGuard guard(s.device);
+    const auto turn = s.green_turn(green_);
+    FR_CUDA_CHECK(cudaEventRecord(stop_fence_, stream_));
+    stop_fenced_ = true;
+    fence_failed_ = false;
+  } catch (...) {
+    (void)cudaGetLastError();
+  }
+}
+
+void CudaRunner::arm() {
+  CudaShared& s = *s_;
+  if (s.stream_wait) return;
+  bool arm = false;
+  {
+    std::lock_guard<std::mutex> lk(launch_mu_);
+    arm = begun_ && takes_opens_locked();
+  }
+  if (arm) s.arm(this);
+}
+
+void CudaRunner::hand_back() {
+  hand_back_.store(true);
+  s_->gate.bell->ring();  // wait_for_end sleeps on it while its launch has not begun
+}
+
+void CudaRunner::follow() {
+  CudaShared& s = *s_;
+  if (s.stream_wait || !s.followers) return;
+  bool follow = false;
+  {
+    std::lock_guard<std::mutex> lk(launch_mu_);
+    follow = begun_ && takes_opens_locked();
+  }
+  if (follow) s.follow(this);
+}
+
+uint64_t CudaRunner::launches_in_flight() const {
+  std::lock_guard<std::mutex> lk(launch_mu_);
+  return pending_.size();
+}
+
+bool CudaRunner::takes_opens_locked() const {
+  return s_->launch_at_opens && pending_.empty() && !stop_requested_.load() &&
+         (!phase_done_ || (ahead_ && phase_ + 1 < task_->num_phases()));
+}
 
 // The executor's thread, waiting for the oldest launch's end once it has begun. The
 // successor is admitted on the mirror as the executor's own launches are (and, like
@@ -178,6 +275,7 @@ void CudaRunner::enqueue_locked(cudaStream_t training, cudaEvent_t opened, uint3
   }
   Launch l;
   l.number = number;
+  l.stamp = s.launch_stamps.fetch_add(1) + 1;
   l.phase = phase;
   l.slot = slot_of(phase);
   l.guarded = guarded;

@@ -247,8 +247,22 @@ bool CudaShared::captures(cudaStream_t stream) noexcept {
 void CudaShared::launch_at_open(cudaStream_t stream, uint32_t seq) noexcept {
   const RelaxedCaptureScope relaxed;  // beside a capture on another thread
   std::lock_guard<std::mutex> lk(arm_mu);
-  if (armed == nullptr || opened == nullptr) return;
-  armed->launch_at_open(stream, opened, seq);
+  if (opened == nullptr) return;
+  auto context_for = [&](const OpenLauncher* runner) {
+    OpenContext context;
+    for (const OpenLauncher* other : launchers) {
+      if (other != runner) other->add_waiting_opens(context.others, runner->launch_stream());
+    }
+    return context;
+  };
+  bool took = false;
+  if (armed != nullptr) took = armed->launch_at_open(stream, opened, seq, context_for(armed));
+  if (follower != nullptr) {
+    // Behind the armed runner's launch on the one stream: it begins once that one left.
+    OpenContext context = context_for(follower);
+    context.chained = took;
+    follower->launch_at_open(stream, opened, seq, context);
+  }
 }
 
 uint64_t CudaShared::mark(cudaStream_t stream) {
@@ -314,12 +328,17 @@ void CudaShared::release_locked(uint64_t id) noexcept {
     if (b != bases.end() && --b->second == 0) {
       bases.erase(b);
       // An anchor no longer current: it went on for the marks standing on it.
-      if (base != anchor.mark && base != pending_anchor.before) release_locked(base);
+      if (base != anchor.mark && base != pending_anchor.before && base != pending_anchor.after) {
+        release_locked(base);
+      }
     }
     return;
   }
   // Derived marks still stand on it: it is released with the last of them.
-  if (bases.count(id) != 0 || id == anchor.mark || id == pending_anchor.before) return;
+  if (bases.count(id) != 0 || id == anchor.mark || id == pending_anchor.before ||
+      id == pending_anchor.after) {
+    return;
+  }
   auto it = marks.find(id);
   if (it == marks.end()) return;
   free_events.push_back(it->second);

@@ -31,6 +31,28 @@
 
 namespace freeride::cuda {
 
+// Launches that wait on a side stream for opens the GPU has not reached, over every
+// runner but the one asking (CudaShared::launch_at_open): a task armed while the one
+// before drains its stopped launches, or a follower, shares the stream and the hardware
+// queues with them.
+struct WaitingOpens {
+  uint64_t count = 0;  // launches at opens not begun, on any stream (the lookahead)
+  // The newest launch enqueued on the asker's stream (by CudaShared::launch_stamps), and
+  // what the cross-stream rule asks of it (open_launch_rule.hpp). 0: none.
+  uint64_t newest_stamp = 0;
+  bool newest_at_open = false;
+  bool newest_begun = false;
+  cudaStream_t newest_training = nullptr;
+};
+
+// What CudaShared::launch_at_open hands the runner it launches.
+struct OpenContext {
+  WaitingOpens others;
+  // A follower's launch right behind the armed runner's launch at this open, on the same
+  // stream: it waits for no open of its own, and adds none to the lookahead.
+  bool chained = false;
+};
+
 // A runner that takes a launch at a stream-ordered open (CudaShared::launch_at_open).
 class OpenLauncher {
  public:
@@ -41,8 +63,14 @@ class OpenLauncher {
   // device current: enqueues one launch on the runner's stream, ordered after that point
   // of `training` by `opened` (an event this call records there). `seq` is the open's
   // sequence number. Never throws: a failure is the task's, and the executor's next run()
-  // of the runner raises it.
-  virtual void launch_at_open(cudaStream_t training, cudaEvent_t opened, uint32_t seq) noexcept = 0;
+  // of the runner raises it. Whether it enqueued a launch that waits for this open.
+  virtual bool launch_at_open(cudaStream_t training, cudaEvent_t opened, uint32_t seq,
+                              const OpenContext& context) noexcept = 0;
+  // The stream its launches go to (a follower is taken only on the armed runner's).
+  virtual cudaStream_t launch_stream() const noexcept = 0;
+  // Adds its launches to `into` (see WaitingOpens), the newest only if on `stream`. Takes
+  // its own launch lock; never throws.
+  virtual void add_waiting_opens(WaitingOpens& into, cudaStream_t stream) const noexcept = 0;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -316,13 +344,41 @@ struct CudaShared {
   // Runners of tasks with the item protocol begin phases with launches in flight and chain
   // the next phase's at opens (FREERIDE_PHASES_AHEAD, see phase_ahead_rule.hpp).
   bool phases_ahead = false;
+  // The executor queues the next task behind a finishing one (FREERIDE_FOLLOW, see
+  // follow_rule.hpp): `follower` takes a launch at each open after `armed`, on its stream.
+  bool followers = false;
+  OpenLauncher* follower = nullptr;
+  // Every runner alive (enlist(), until disarm()): launch_at_open asks the others what
+  // of theirs still waits for an open. Under arm_mu.
+  std::vector<OpenLauncher*> launchers;
+  // Numbers every launch enqueued, over all runners (WaitingOpens::newest_stamp).
+  std::atomic<uint64_t> launch_stamps{0};
+  void enlist(OpenLauncher* runner) {
+    std::lock_guard<std::mutex> lk(arm_mu);
+    launchers.push_back(runner);
+  }
   void arm(OpenLauncher* runner) {
     std::lock_guard<std::mutex> lk(arm_mu);
-    if (!refusing) armed = runner;
+    if (refusing) return;
+    armed = runner;
+    if (follower == runner ||
+        (follower != nullptr && follower->launch_stream() != runner->launch_stream())) {
+      follower = nullptr;
+    }
   }
+  void follow(OpenLauncher* runner) {
+    std::lock_guard<std::mutex> lk(arm_mu);
+    if (refusing || armed == runner) return;
+    // On another stream it would not wait for the armed runner's launch to leave.
+    if (armed != nullptr && armed->launch_stream() != runner->launch_stream()) return;
+    follower = runner;
+  }
+  // Also takes it off `launchers`: a runner's destructor calls it first.
   void disarm(OpenLauncher* runner) {
     std::lock_guard<std::mutex> lk(arm_mu);
     if (armed == runner) armed = nullptr;
+    if (follower == runner) follower = nullptr;
+    std::erase(launchers, runner);
   }
   // After an open's writes on `stream` (not capturing), on the writing thread; caller
   // holds `life` shared with the device current. Never throws.
@@ -332,6 +388,7 @@ struct CudaShared {
   void refuse_launches_at_opens() {
     std::lock_guard<std::mutex> lk(arm_mu);
     armed = nullptr;
+    follower = nullptr;
     refusing = true;
   }
   bool refusing = false;  // under arm_mu
@@ -373,6 +430,9 @@ struct CudaShared {
   ClockAnchor anchor;
   PendingAnchor pending_anchor;
   SlotPool::Slot clock_slot;  // the stamp's host word
+  // Threads in mark_unix_ns watching the stamp word for the pending anchor's store: no
+  // anchor is enqueued meanwhile (enqueueing clears the word).
+  int stamp_watchers = 0;
   static constexpr int64_t kReanchorNs = 1'000'000'000;
   static constexpr int64_t kAnchorBracketNs = 50'000;  // a later anchor's events, at most
 
@@ -382,6 +442,15 @@ struct CudaShared {
   // Marks of a launch that ran from `start_ns` to `end_ns` on %globaltimer: (0, 0) without
   // an anchor. Caller holds `life` shared with the device current.
   std::pair<uint64_t, uint64_t> launch_marks(uint64_t start_ns, uint64_t end_ns);
+  // Backend::mark_unix_ns: once `id` has passed, an anchor enqueued on the control stream
+  // (or the re-anchor in flight), whose stamp's store into the mapped host word this
+  // thread watches, spinning without marks_mu: the system clock when it lands, less half
+  // the anchor's bracket, is the Unix time of its `before` event, whatever backlog the
+  // stamp queued behind. The mark is that less the events' distance. Up to `timeout_s`
+  // (a stamp seen by then may take a few milliseconds more to time); kPending where the
+  // mark has not passed, the stamp has not landed or the events did not time by then.
+  // Caller holds `life` shared with the device current.
+  int64_t mark_unix_ns(uint64_t id, double timeout_s);
   // Caller holds marks_mu.
   void enqueue_anchor_locked();
   bool adopt_anchor_locked();

@@ -1,4 +1,4 @@
-// Asking whether a stream's work has completed, without putting anything on it: a
+// Asking whether a stream's (or an event's) work has completed, without putting anything on it: a
 // question to the driver, never an operation queued behind a kernel that may still run.
 #pragma once
 
@@ -17,6 +17,15 @@ inline bool stream_idle(cudaStream_t stream) {
   if (cudaPeekAtLastError() == err) (void)cudaGetLastError();
   if (err == cudaErrorNotReady) return false;
   throw_cuda(err, "cudaStreamQuery (side stream)", __FILE__, __LINE__);
+}
+
+// Whether the work enqueued before `event`'s record has completed, asked the same way.
+inline bool event_passed(cudaEvent_t event) {
+  const cudaError_t err = cudaEventQuery(event);
+  if (err == cudaSuccess) return true;
+  if (cudaPeekAtLastError() == err) (void)cudaGetLastError();
+  if (err == cudaErrorNotReady) return false;
+  throw_cuda(err, "cudaEventQuery (stop fence)", __FILE__, __LINE__);
 }
 
 }  // namespace freeride::cuda

@@ -37,6 +37,9 @@ MIN_LAUNCH_BUBBLE_ITEMS = 4
 # high (a launch slowed by what shared its SMs, a phase of longer items) would otherwise
 # keep the task out of those bubbles for good, since only launches measure it.
 ITEM_SKIP_PROBE_EVERY = 16
+# Longest a GPU record's time 0 takes to place on the wall clock (_gpu_mark_unix_ns), both
+# ways together: beyond it the device is busy beyond reason, and the report has no origin.
+CLOCK_ORIGIN_TIMEOUT_S = 1.0
 
 _clock = time.perf_counter_ns  # the hooks' own timer (add_hook_ns), read 4 times a pair
 
@@ -95,6 +98,9 @@ class Recorder:
         self._resolving = threading.Lock()  # one flush at a time (training or runner thread)
         self.clock_origin_ns: int | None = None  # host backend: steady-clock ns of time 0
         self.clock_origin_unix_ns: int | None = None  # the same as Unix time (profiling.py)
+        # How clock_origin_unix_ns was found: "steady-clock" (host), "clock-anchor" or
+        # "probe" (GPU, see _gpu_mark_unix_ns); None while there is none.
+        self.clock_origin_source: str | None = None
         # Profiler ranges of the open bubble (profiling.py); training thread only.
         self._ranges = BubbleRanges(kind == "cuda")
         self._cuda = kind == "cuda"
@@ -319,18 +325,37 @@ class Recorder:
 
     def _gpu_mark_unix_ns(self, origin: int) -> int | None:
         """Unix time of the GPU mark `origin` (one the GPU has passed), for
-        merge_with_profiler_trace: a probe mark taken now on the idle control stream
-        (IMMEDIATE) is reached within microseconds, so the wall clock now, less the GPU time
-        from `origin` to the probe, places `origin` on the wall clock to within that delay.
-        None if the probe is not reached within a second (a device busy beyond reason)."""
+        merge_with_profiler_trace; clock_origin_source says which way it was found.
+
+        "clock-anchor", the backend's own answer (Executor.mark_unix_ns): a stamp kernel
+        on the control stream writes the GPU clock into host memory between two events,
+        and a freeride thread watches that word. The wall time the stamp lands, less its
+        place after the first event, is that event's wall time, however much training
+        work was queued ahead of the stamp; `origin` is that less the GPU time between
+        them.
+
+        "probe", only where the anchor gives no answer (a backend without one, or none
+        within the time): a probe mark taken now on the control stream (IMMEDIATE), and
+        the wall time now less the GPU time from `origin` to the probe. That is exact
+        only where the probe is reached at once: with one hardware queue
+        (CUDA_DEVICE_MAX_CONNECTIONS=1) the probe waits behind training's whole backlog,
+        and the origin comes out early by that wait.
+
+        None if neither answers within CLOCK_ORIGIN_TIMEOUT_S (a device busy beyond
+        reason)."""
+        deadline = time.monotonic() + CLOCK_ORIGIN_TIMEOUT_S
+        at = self._ex.mark_unix_ns(origin, CLOCK_ORIGIN_TIMEOUT_S)
+        if at is not None:
+            self.clock_origin_source = "clock-anchor"
+            return at
         wall = time.time_ns()
         probe = self._ex.mark(IMMEDIATE)
         try:
-            deadline = time.monotonic() + 1.0
             while (since := self._elapsed(origin, probe)) is None:
                 if time.monotonic() > deadline:
                     return None
                 time.sleep(20e-6)
+            self.clock_origin_source = "probe"
             return wall - since
         finally:
             self._ex.release_mark(probe)
@@ -352,8 +377,7 @@ class Recorder:
                     self.clock_origin_ns = self._elapsed(0, pend.origin)
                     if self.clock_origin_ns is not None:
                         self.clock_origin_unix_ns = self.clock_origin_ns + unix_offset_ns()
-                else:
-                    self.clock_origin_unix_ns = self._gpu_mark_unix_ns(pend.origin)
+                        self.clock_origin_source = "steady-clock"
             else:
                 delta = self._elapsed(self._anchor[0], pend.origin)
                 if delta is None:
@@ -365,6 +389,10 @@ class Recorder:
                 if rel is None:
                     return False
                 offsets.append(origin_ns + rel)
+            if self._anchor is None and self._kind != "host":
+                # Only now: every mark of the iteration timed, so the GPU has passed the
+                # origin, and nothing waits here for a GPU still short of it.
+                self.clock_origin_unix_ns = self._gpu_mark_unix_ns(pend.origin)
             self._iterations.append(self._build(pend, offsets))
             for _, _, mark, _ in pend.events:
                 if mark != pend.origin:

@@ -94,9 +94,11 @@ def merge_with_profiler_trace(
     The clock: torch.profiler's "ts" is microseconds after the trace's top-level
     "baseTimeNanoseconds", and their sum is Unix time. A report of the host backend
     knows the Unix time of its time 0 (`Report.clock_origin_unix_ns`); a GPU report's
-    comes from a probe event on an idle stream (recorder.py, _gpu_mark_unix_ns). Pass
-    `clock_origin_unix_ns` for reports without one (one made by hand, or whose probe
-    was not reached), else they are refused with ValueError.
+    comes from the clock anchor, a stamp kernel whose store into host memory freeride
+    watches land, whatever work was queued ahead of it (recorder.py,
+    _gpu_mark_unix_ns; a probe event only where the anchor gives no answer). Pass
+    `clock_origin_unix_ns` for reports without one (one made by hand, or whose device
+    answered neither way within a second), else they are refused with ValueError.
     """
     # A Report is not iterable, which tells one report from a collection of them.
     reps = list(reports) if isinstance(reports, Iterable) else [reports]

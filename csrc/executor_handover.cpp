@@ -1,0 +1,104 @@
+// Executor: the next task armed while the one before drains launches that will run
+// nothing, or following one in the tail of its last phase (follow_rule.hpp), so that the
+// next opens carry its launches (PhaseRunner::arm, PhaseRunner::follow).
+#include <algorithm>
+#include <exception>
+
+#include "executor.hpp"
+#include "follow_rule.hpp"
+
+namespace freeride {
+
+Executor::Record* Executor::armed_next_locked() {
+  auto it = records_.find(armed_next_);
+  if (it == records_.end() || !it->second->runner || is_final(it->second->state)) return nullptr;
+  return it->second.get();
+}
+
+void Executor::arm_next_locked(const Record* current, bool follow) {
+  if (closing_ || !backend_->launches_at_opens()) return;
+  Record* next = nullptr;
+  for (const QueueKey& k : runnable_) {
+    Record& c = *records_.at(k.second);
+    if (&c == current || c.cancel_requested || c.complete || !c.failure.empty()) continue;
+    // Its own launches in flight go first (it is the task run last, or was armed before).
+    if (c.runner && c.runner->in_flight()) return;
+    bool dependency_pending = false;
+    if (pickable_locked(c, dependency_pending)) {
+      next = &c;
+      break;
+    }
+    // One whose dependency is pending is passed over, as pick_locked does; not one over
+    // the memory budget: it may fit once `current`'s memory goes, and a less urgent task
+    // admitted now would hold what it needs.
+    if (!dependency_pending) return;
+  }
+  if (next == nullptr) return;
+  Record* armed = armed_next_locked();
+  if (armed == next) {
+    // Armed already; taking opens again where something stopped it meanwhile (a more
+    // urgent task that then could not run) and none of its launches is in flight.
+    try {
+      next->runner->resume();
+      arm_runner(*next->runner, follow);
+    } catch (...) {
+      // A broken context: its run() reports it.
+    }
+    return;
+  }
+  if (armed != nullptr && armed != current) {
+    // A more urgent task came since: the one armed takes no further launch, and one it
+    // took already is drained (as the task run last) before the more urgent is armed.
+    try {
+      armed->runner->stop();
+    } catch (...) {
+      // A sticky CUDA error: its next run() reports it.
+    }
+    if (armed->runner->in_flight()) return;
+  }
+  armed_next_ = 0;
+  try {
+    if (!next->admitted) admit_locked(*next);
+  } catch (const std::exception& e) {
+    finish_locked(*next, TaskState::Failed, ErrorKind::Failed, e.what());
+    return;
+  }
+  if (is_final(next->state)) return;  // every phase was empty
+  try {
+    next->runner->resume();
+    arm_runner(*next->runner, follow);
+  } catch (...) {
+    return;  // a broken context: its run() reports it
+  }
+  armed_next_ = next->id;
+  next->state = TaskState::Running;
+  publish_item_ns_locked(*next->runner);
+}
+
+void Executor::arm_runner(PhaseRunner& runner, bool follow) {
+  if (follow) {
+    runner.follow();
+  } else {
+    runner.arm();
+  }
+}
+
+bool Executor::in_tail_locked(const Record& r) const {
+  FollowState st;
+  st.enabled = backend_->followers();
+  st.last_phase = r.phase + 1 == r.task->num_phases();
+  const uint64_t n = r.task->num_items(r.phase);
+  st.items_left = n - std::min(n, r.runner->done());
+  st.items_per_open = r.items_per_open;
+  st.in_flight = r.runner->launches_in_flight();
+  return follow_next(st);
+}
+
+void Executor::publish_item_ns_locked(const PhaseRunner& running) {
+  // The opens a training thread weighs against this are the armed task's, where one is.
+  const Record* armed = armed_next_locked();
+  const PhaseRunner& taking = armed != nullptr ? *armed->runner : running;
+  running_item_ns_.store(taking.block_item_ns(), std::memory_order_relaxed);
+}
+
+}  // namespace freeride
