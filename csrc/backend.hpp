@@ -88,10 +88,15 @@ class PhaseRunner {
   // once, so that the executor's thread arms the next task now instead of when the GPU
   // reaches that open. A later run() waits for it as before.
   virtual void hand_back() {}
+  // Thread-safe: a run() waiting for any launch's end returns at once without taking it
+  // (LaunchMarks::handed_back), once: the executor takes a cancelled follower's ends
+  // meanwhile.
+  virtual void interrupt() {}
   // Followers (follow_rule.hpp): as arm(), but the runner armed now keeps taking opens
   // too, and this one's launch is queued behind its launch at each (on the same stream
-  // only). Default: nothing.
-  virtual void follow() {}
+  // only). False where it does not follow (another stream; none where opens carry no
+  // launch).
+  virtual bool follow() { return false; }
   // Launches in flight (in_flight() counts them): CUDA's queued ahead at opens.
   virtual uint64_t launches_in_flight() const { return in_flight() ? 1 : 0; }
 

@@ -86,7 +86,7 @@ uint64_t Executor::submit_after(std::shared_ptr<Task> task, int priority,
   bool dependency_pending = false;
   if (Record* armed = armed_next_locked(); armed != nullptr && priority > armed->priority &&
                                            pickable_locked(r, dependency_pending)) {
-    armed->runner->stop();
+    stop_armed_locked(*armed);
   }
   work_cv_.notify_all();
   backend_->interrupt_waits();  // a loop backing off (executor_loop.cpp) looks at the queue again
@@ -143,6 +143,11 @@ bool Executor::cancel(uint64_t id, bool wait) {
   // says for good whether launches are left for the loop to drain.
   if (r.runner) r.runner->stop();
   if (&r == active_) r.runner->hand_back();  // the next task is armed at once
+  if (r.id == armed_next_ && armed_follows_ && r.runner && r.runner->in_flight() &&
+      active_ != nullptr && active_ != &r && active_->runner) {
+    // A follower's launches come behind the running task's: the loop takes them first.
+    active_->runner->interrupt();
+  }
   if (&r == active_ || (r.runner && r.runner->in_flight())) {
     // Items already claimed finish; the loop marks it cancelled when the launch exits
     // (a backoff in progress ends now: the launches left are to be drained).
@@ -208,9 +213,9 @@ bool Executor::wait_launches_taken(double timeout_s) {
   };
   std::vector<Ending> ending;
   for (const auto& [id, r] : records_) {
-    // The task armed to follow: its ends are taken once the one before has drained (a
-    // later report has them).
-    if (!r->runner || id == armed_next_) continue;
+    // A follower: its ends are taken once the task it follows has drained, which may
+    // take further opens (a later report has them).
+    if (!r->runner || (id == armed_next_ && armed_follows_)) continue;
     const uint64_t n = r->runner->launches_ending();
     if (n > r->ends_logged) ending.push_back({id, r->runner.get(), n});
   }

@@ -197,8 +197,8 @@ class Executor {
   // `follow`: `current` runs on, in the tail of its last phase, and the next task follows
   // it at opens (PhaseRunner::follow, follow_rule.hpp).
   void arm_next_locked(const Record* current, bool follow = false);
-  // runner.follow() or runner.arm().
-  static void arm_runner(PhaseRunner& runner, bool follow);
+  // runner.follow() or runner.arm(); false where the runner refused to follow.
+  static bool arm_runner(PhaseRunner& runner, bool follow);
   // Whether `r`, about to run, is in the tail where the next task follows it.
   bool in_tail_locked(const Record& r) const;
   // running_item_ns_ from `running`, or from the task armed to follow where there is one.
@@ -275,6 +275,11 @@ class Executor {
   // the stream behind those launches, and the task is not final until they have ended.
   Record* draining_ = nullptr;
   uint64_t armed_next_ = 0;  // id of the task arm_next_locked armed (0: none)
+  // It follows the task run last (PhaseRunner::follow), which still takes the opens: it
+  // becomes the task run last only once that one is final, or once it stopped following.
+  bool armed_follows_ = false;
+  // The armed task takes no further open (a more urgent task, a failure before it).
+  void stop_armed_locked(Record& armed);
   uint64_t next_id_ = 1;
   bool recording_ = false;
   uint64_t launches_ = 0;

@@ -37,10 +37,11 @@ void Executor::arm_next_locked(const Record* current, bool follow) {
   Record* armed = armed_next_locked();
   if (armed == next) {
     // Armed already; taking opens again where something stopped it meanwhile (a more
-    // urgent task that then could not run) and none of its launches is in flight.
+    // urgent task that then could not run) and none of its launches is in flight. A
+    // follower whose task stops takes the opens as the armed task from now on.
     try {
       next->runner->resume();
-      arm_runner(*next->runner, follow);
+      if (arm_runner(*next->runner, follow)) armed_follows_ = follow;
     } catch (...) {
       // A broken context: its run() reports it.
     }
@@ -49,14 +50,11 @@ void Executor::arm_next_locked(const Record* current, bool follow) {
   if (armed != nullptr && armed != current) {
     // A more urgent task came since: the one armed takes no further launch, and one it
     // took already is drained (as the task run last) before the more urgent is armed.
-    try {
-      armed->runner->stop();
-    } catch (...) {
-      // A sticky CUDA error: its next run() reports it.
-    }
+    stop_armed_locked(*armed);
     if (armed->runner->in_flight()) return;
   }
   armed_next_ = 0;
+  armed_follows_ = false;
   try {
     if (!next->admitted) admit_locked(*next);
   } catch (const std::exception& e) {
@@ -66,21 +64,32 @@ void Executor::arm_next_locked(const Record* current, bool follow) {
   if (is_final(next->state)) return;  // every phase was empty
   try {
     next->runner->resume();
-    arm_runner(*next->runner, follow);
+    // Refused (another stream than the task it would follow): admitted, it waits its turn.
+    if (!arm_runner(*next->runner, follow)) return;
   } catch (...) {
     return;  // a broken context: its run() reports it
   }
   armed_next_ = next->id;
+  armed_follows_ = follow;
   next->state = TaskState::Running;
   publish_item_ns_locked(*next->runner);
 }
 
-void Executor::arm_runner(PhaseRunner& runner, bool follow) {
-  if (follow) {
-    runner.follow();
-  } else {
-    runner.arm();
+bool Executor::arm_runner(PhaseRunner& runner, bool follow) {
+  if (follow) return runner.follow();
+  runner.arm();
+  return true;
+}
+
+void Executor::stop_armed_locked(Record& armed) {
+  try {
+    armed.runner->stop();
+  } catch (...) {
+    // A sticky CUDA error: its next run() reports it.
   }
+  // Stopped, it follows nothing any more: once the task run last has nothing in flight,
+  // it becomes the task run last, its launches drained as such.
+  armed_follows_ = false;
 }
 
 bool Executor::in_tail_locked(const Record& r) const {
@@ -95,8 +104,9 @@ bool Executor::in_tail_locked(const Record& r) const {
 }
 
 void Executor::publish_item_ns_locked(const PhaseRunner& running) {
-  // The opens a training thread weighs against this are the armed task's, where one is.
-  const Record* armed = armed_next_locked();
+  // The opens a training thread weighs against this are the armed task's, where one is
+  // armed to take them (a follower's launches come after the running task's).
+  const Record* armed = armed_follows_ ? nullptr : armed_next_locked();
   const PhaseRunner& taking = armed != nullptr ? *armed->runner : running;
   running_item_ns_.store(taking.block_item_ns(), std::memory_order_relaxed);
 }

@@ -68,11 +68,21 @@ void Executor::loop() {
     // run now (its launches at opens, if any, are drained below as such). Not while the
     // task run last still has launches in flight (one it follows, handed back from a run()
     // that has not taken them): those are drained first, below.
+    // A follower cancelled with launches in flight: its ends first, while the task it
+    // follows runs on (cancel() interrupted that one's run(), whose end may need a close
+    // the canceller has yet to write).
+    if (Record* armed = armed_follows_ ? armed_next_locked() : nullptr;
+        armed != nullptr && armed->cancel_requested && armed->runner->in_flight()) {
+      draining_ = armed;  // the task it follows is the task run last: picked up after
+    }
+    // A follower only once the task it follows is final (its launches come behind that
+    // one's at every open until then).
     if (draining_ == nullptr && armed_next_ != 0) {
       const Record* last = last_run_locked();
-      if (last == nullptr || !last->runner->in_flight()) {
+      if (last == nullptr || (!armed_follows_ && !last->runner->in_flight())) {
         last_run_ = armed_next_;
         armed_next_ = 0;
+        armed_follows_ = false;
       }
     }
     Record* r = draining_;
@@ -219,6 +229,10 @@ void Executor::loop() {
     // broken context shows in the next task's run()), as when it has retired.
     if (!error.empty() && r->failure.empty() && !r->complete) {
       r->failure = r->task->name() + ": " + error;
+      // Its follower takes no further open: the next task runs once the failure settled.
+      if (Record* armed = armed_next_locked(); armed != nullptr && armed_follows_) {
+        stop_armed_locked(*armed);
+      }
     }
     draining_ = runner->in_flight() ? r : nullptr;
     if (draining_ == nullptr) {

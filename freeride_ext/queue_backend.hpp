@@ -85,6 +85,7 @@ struct QueuedLaunches {
   uint64_t taken = 0;   // ends run() took (or dropped with a failure)
   uint64_t stops = 0;   // stop() calls
   bool hand_back = false;  // PhaseRunner::hand_back, until a run() returns for it
+  bool interrupt = false;  // PhaseRunner::interrupt, likewise
 
   // Launches enqueued at opens, as the CUDA runner takes them: none before its first
   // phase begins, once stopped, once the phase is done, when kCapacity are pending or
@@ -198,8 +199,13 @@ class QueuedRunner final : public PhaseRunner {
   QueuedRunner(const QueuedRunner&) = delete;
   QueuedRunner& operator=(const QueuedRunner&) = delete;
 
-  void arm() override { arm_if_taking(); }
-  void follow() override { arm_if_taking(true); }
+  void arm() override { (void)arm_if_taking(); }
+  bool follow() override { return arm_if_taking(true); }
+  void interrupt() override {
+    std::lock_guard<std::mutex> lk(q_->mu);
+    q_->interrupt = true;
+    q_->cv.notify_all();
+  }
   uint64_t launches_in_flight() const override {
     std::lock_guard<std::mutex> lk(q_->mu);
     return q_->pending.size();
@@ -226,7 +232,7 @@ class QueuedRunner final : public PhaseRunner {
 
   // One launch's end, oldest first; with none pending, waits for one (or a stop).
   LaunchMarks run(bool) override {
-    arm_if_taking();  // as CudaRunner::run
+    (void)arm_if_taking();  // as CudaRunner::run
     QueuedLaunches& q = *q_;
     std::unique_lock<std::mutex> lk(q.mu);
     ++q.runs;
@@ -234,9 +240,16 @@ class QueuedRunner final : public PhaseRunner {
     if (q.pending.empty()) return LaunchMarks{};
     while (true) {
       q.cv.wait(lk, [&] {
-        return q.pending.front().items >= 0 || q.abandoned || !q.failure.empty() || q.hand_back;
+        return q.pending.front().items >= 0 || q.abandoned || !q.failure.empty() ||
+               q.hand_back || q.interrupt;
       });
       const bool waiting = q.pending.front().items < 0 && !q.abandoned && q.failure.empty();
+      if (waiting && q.interrupt) {
+        q.interrupt = false;
+        LaunchMarks untaken;
+        untaken.handed_back = true;
+        return untaken;
+      }
       if (!q.hand_back || !waiting) break;
       q.hand_back = false;  // once, whether or not it hands back
       if (!q.pending.front().begun && q.pending.front().waits_open) {
@@ -321,21 +334,23 @@ class QueuedRunner final : public PhaseRunner {
   }
 
  private:
-  void arm_if_taking(bool follow = false) {
+  bool arm_if_taking(bool follow = false) {
     bool takes = false;
     {
       std::lock_guard<std::mutex> lk(q_->mu);
       takes = q_->takes_opens_locked();
     }
-    if (!takes || q_->refusing->load()) return;
+    if (!takes || q_->refusing->load()) return false;
     ArmSlot& slot = *q_->arm_slot;
     std::lock_guard<std::mutex> lk(slot.mu);
     if (!follow) {
       slot.armed = q_;
       if (slot.follower.lock() == q_) slot.follower.reset();
-    } else if (slot.armed.lock() != q_) {
-      slot.follower = q_;
+      return true;
     }
+    if (slot.armed.lock() == q_) return false;
+    slot.follower = q_;
+    return true;
   }
 
   std::shared_ptr<QueuedLaunches> q_;

@@ -11,6 +11,7 @@ launches in the order the opens queued them, as the one side stream does.
 """
 
 import random
+import threading
 import time
 
 import pytest
@@ -420,5 +421,92 @@ def test_a_followers_launch_adds_nothing_to_the_lookahead():
         assert _C._testing.queue_open_one(ex) == [0, 1]
         assert _C._testing.queue_open_one(ex) == [0, 1]
         assert _C._testing.queue_open_one(ex) == []
+    finally:
+        ex.close(0.5)
+
+
+def _tail(ex, priority_a=0):
+    """A (12 items) in its tail after two launches of 4 at opens, B following it."""
+    a = ex.submit(_C.spin_task(12, 1, 1000), priority_a)
+    b = ex.submit(_C.spin_task(6, 1, 1000), 0)
+    q_a = _launches(ex, 0)
+    for _ in range(2):
+        wait_until(lambda: _C._testing.queue_open_one(ex) == [0])
+        q_a.end(4)
+    wait_until(lambda: _C._testing.queue_follower(ex) == 1)
+    return a, b, q_a, _launches(ex, 1)
+
+
+def test_cancelling_a_follower_does_not_wait_for_the_task_it_follows():
+    """B's launch chained at an open has begun behind A's; A's launch at the next open
+    runs on (A is not stopped). cancel(B, wait=True) returns once B's own launch has left
+    (it reads the stop at its next claim), not once A's bubble closes, which a training
+    thread cancelling before it writes that close would wait for for ever (a review's
+    finding)."""
+    ex = _follow_ex()
+    try:
+        a, b, q_a, q_b = _tail(ex)
+        assert _C._testing.queue_open_one(ex) == [0, 1]
+        assert _C._testing.queue_open_one(ex) == [0, 1]
+        q_a.end(1)  # a short bubble: A has items left
+        q_b.begin()  # B's chained launch takes the rest of it
+        done = threading.Event()
+        thread = threading.Thread(target=lambda: done.set() if ex.cancel(b, True) else None)
+        thread.start()
+        time.sleep(0.1)
+        q_b.end(3)  # it leaves at its next claim, having seen the stop
+        assert done.wait(5), "the cancel waited for the launch of the task B follows"
+        thread.join()
+        assert _status(ex, b) == ("cancelled", 3)
+        assert _status(ex, a)[0] not in FINAL and not q_a.stopped
+        q_a.end(1)
+        q_b.end(5)  # began stopped: nothing
+        wait_until(lambda: _C._testing.queue_open_one(ex) == [0])
+        q_a.end(5)
+        assert ex.wait(a, 10) and _status(ex, a) == ("done", 12)
+        assert (q_a.ran, q_b.ran) == (12, 3)
+    finally:
+        ex.close(0.5)
+
+
+def test_a_more_urgent_task_in_its_tail_keeps_its_follower():
+    """A (more urgent than B) ran 1 item in a short bubble and has no launch in flight:
+    B, following it, is not stopped and demoted for it (a review's finding: B's chained
+    launch then ran nothing, open after open)."""
+    ex = _follow_ex()
+    try:
+        a, b, q_a, q_b = _tail(ex, priority_a=1)
+        assert _C._testing.queue_open_one(ex) == [0, 1]
+        q_a.end(1)
+        q_b.end(2)
+        time.sleep(0.1)
+        assert not q_b.stopped and _C._testing.queue_follower(ex) == 1
+        assert _C._testing.queue_open_one(ex) == [0, 1]
+        q_a.end(3)
+        q_b.end(4)
+        assert ex.wait(a, 10) and _status(ex, a) == ("done", 12)
+        assert ex.wait(b, 10) and _status(ex, b) == ("done", 6)
+    finally:
+        ex.close(0.5)
+
+
+def test_a_failure_stops_the_follower():
+    """A launch of the followed task fails: its follower takes no further open, and runs
+    only once the failure has settled (the next task is not admitted past a failure)."""
+    ex = _follow_ex()
+    try:
+        a, b, q_a, q_b = _tail(ex)
+        assert _C._testing.queue_open_one(ex) == [0, 1]
+        assert _C._testing.queue_open_one(ex) == [0, 1]
+        q_a.fail("broken launch", False)
+        wait_until(lambda: q_b.stopped)
+        assert _C._testing.queue_open_one(ex) == []
+        q_b.end(2)  # began stopped: nothing
+        q_a.end(0)
+        q_b.end(2)
+        assert ex.wait(a, 10) and _status(ex, a)[0] == "failed"
+        wait_until(lambda: _C._testing.queue_open_one(ex) == [1])
+        q_b.end(6)
+        assert ex.wait(b, 10) and _status(ex, b) == ("done", 6)
     finally:
         ex.close(0.5)

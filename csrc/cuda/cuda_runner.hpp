@@ -60,11 +60,13 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   bool launch_at_open(cudaStream_t training, cudaEvent_t opened, uint32_t seq,
                       const OpenContext& context) noexcept override;
   void add_waiting_opens(WaitingOpens& into, cudaStream_t stream) const noexcept override;
+  bool begun_after(uint64_t stamp) const noexcept override;
   void stop() override;
   void resume() override;
   void arm() override;
   void hand_back() override;
-  void follow() override;
+  bool follow() override;
+  void interrupt() override;
   uint64_t launches_in_flight() const override;
   cudaStream_t launch_stream() const noexcept override { return stream_; }
   uint64_t done() const override;
@@ -177,6 +179,8 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   mutable std::mutex launch_mu_;
   std::deque<Launch> pending_;            // enqueued, end not taken yet; oldest first
   uint64_t taken_ = 0;                    // launches_taken(): ends taken from pending_
+  uint64_t newest_stamp_ = 0;             // the newest launch enqueued (its stamp)
+  uint64_t taken_stamp_ = 0;              // the newest launch whose end was taken
   std::atomic<uint64_t> launch_no_{0};    // the last launch enqueued (written under launch_mu_)
   std::unique_ptr<CudaDependency> after_;  // waited for by the first launch, then dropped
   std::string arrival_error_;             // a launch at an open failed: run() raises it
@@ -189,13 +193,14 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
 
   std::atomic<bool> abandoned_{false};
   std::atomic<bool> hand_back_{false};  // hand_back(): wait_for_end returns once, untaken
+  std::atomic<bool> interrupt_{false};  // interrupt(): the same, whether or not begun
   // Recorded by stop() on the stream behind every launch of this runner (it takes no
   // further one until resumed): settle() waits for it, not for the stream to go idle,
-  // since launches of the next task at opens yet to come may be queued behind. Under
-  // launch_mu_: recorded for the latest stop, or that record failed.
+  // since launches of the next task at opens yet to come may be queued behind.
+  // stop_fenced_ (under launch_mu_): recorded since the latest resume (where the record
+  // failed, settle() asks the stream, which reports a broken context).
   cudaEvent_t stop_fence_ = nullptr;
   bool stop_fenced_ = false;
-  bool fence_failed_ = false;
   std::atomic<bool> stop_requested_{false};  // host copy of the stop flag, for admission
   // Guards the three below: stop()/resume() on any thread, launches on theirs.
   mutable std::mutex stop_mu_;

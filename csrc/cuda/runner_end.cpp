@@ -95,6 +95,7 @@ LaunchMarks CudaRunner::finish_oldest() {
     std::lock_guard<std::mutex> lk(launch_mu_);
     pending_.pop_front();
     ++taken_;
+    taken_stamp_ = std::max(taken_stamp_, l.stamp);
     // With phases ahead, a stale launch (its set of counters cleared since for the phase
     // two on) counts for nothing: it ran, before that clear, none of its phase's items.
     const uint64_t k = l.slot;
@@ -156,6 +157,11 @@ LaunchEnd CudaRunner::wait_for_end(const Launch& l) {
   while (true) {
     throw_if_abandoned();
     if (ring_.published(l.number)) return ring_.read(l.number);
+    if (interrupt_.exchange(false)) {
+      LaunchEnd untaken;
+      untaken.handed_back = true;
+      return untaken;
+    }
     if (l.waits_open && hand_back_.exchange(false)) {
       if (!ring_.started(l.number, launch_no_.load())) {
         LaunchEnd untaken;
@@ -259,30 +265,35 @@ LaunchEnd CudaRunner::read_back(uint64_t number) {
   return end;
 }
 
-// After an end was taken: until the stream is idle, so that the next thing the executor
-// enqueues (its own launch, a phase's reset, a read-back) does not queue behind the
-// kernel, which retires microseconds after its last block wrote the record. Asking,
-// with launch_mu_ held only around each look, never between them (review G12): a kernel that goes on working after for_each_item
-// would otherwise hold a training thread's open, which takes launch_mu_ with the GIL
-// held. Ends early where a launch at an open is enqueued meanwhile (the executor takes
-// that one next, and it is stream-ordered behind this kernel anyway) or the runner is
-// abandoned (close's deadline). A stopped runner waits for its stop fence instead: the
-// stream may hold, behind this kernel, launches of the next task at opens yet to come
-// (Executor::arm_next_locked), and idle only once training stops writing opens; while
-// the executor names a retired task's id (its memory let go) right after this.
+// After an end was taken: until this runner's kernel has left the stream, so that the
+// next thing the executor enqueues (its own launch, a phase's reset, a read-back) does
+// not queue behind it, and a final task's memory goes only once nothing of it runs (the
+// kernel retires microseconds after its last block wrote the record). It has left once
+// the stream is idle, once a launch enqueued after it (another task's: the next one
+// armed, a follower) has begun, or, stopped, once the stop fence passed (stop() records
+// it behind every launch of the runner, and before any of the next task's, which may
+// wait for opens yet to come). Asking, with launch_mu_ held only around each look, never
+// between them (review G12): a kernel that goes on working after for_each_item would
+// otherwise hold a training thread's open, which takes launch_mu_ with the GIL held.
+// Ends early where a launch of its own is enqueued meanwhile (the executor takes that
+// one next, and it is stream-ordered behind this kernel anyway) or the runner is
+// abandoned (close's deadline).
 void CudaRunner::settle() {
   const auto begun = std::chrono::steady_clock::now();
   while (!abandoned_.load()) {
+    uint64_t newest = 0;
     {
       std::lock_guard<std::mutex> lk(launch_mu_);
       if (!pending_.empty()) return;
+      newest = newest_stamp_;
       const auto turn = s_->green_turn(green_);
-      if (!stop_requested_.load()) {
-        if (stream_idle(stream_)) return;
-      } else if (fence_failed_ || (stop_fenced_ && event_passed(stop_fence_))) {
-        return;  // (neither yet: stop() is recording it)
+      if (stop_requested_.load() && stop_fenced_) {
+        if (event_passed(stop_fence_)) return;
+      } else if (stream_idle(stream_)) {
+        return;  // (stopped without a fence yet, as an unstopped one: a stop() under way)
       }
     }
+    if (s_->began_after(newest, stream_)) return;
     if (std::chrono::steady_clock::now() - begun < kEndSpin) {
       std::this_thread::yield();
     } else {

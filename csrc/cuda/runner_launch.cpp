@@ -86,6 +86,18 @@ bool CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint3
   return waits;
 }
 
+bool CudaRunner::begun_after(uint64_t stamp) const noexcept {
+  try {
+    std::lock_guard<std::mutex> lk(launch_mu_);
+    if (taken_stamp_ > stamp) return true;
+    for (const Launch& l : pending_) {
+      if (l.stamp > stamp && ring_.started(l.number, launch_no_.load())) return true;
+    }
+  } catch (...) {
+  }
+  return false;
+}
+
 void CudaRunner::add_waiting_opens(WaitingOpens& into, cudaStream_t stream) const noexcept {
   try {
     std::lock_guard<std::mutex> lk(launch_mu_);
@@ -129,21 +141,19 @@ void CudaRunner::resume() {
   hand_back_.store(false);  // one meant for the stopped runner's wait
   const std::lock_guard<std::mutex> lk(launch_mu_);
   stop_fenced_ = false;
-  fence_failed_ = false;
 }
 
 void CudaRunner::fence_stopped_locked() {
   CudaShared& s = *s_;
-  stop_fenced_ = false;
-  fence_failed_ = true;
-  if (s.shut_down || stop_fence_ == nullptr) return;
+  // Recorded already for this stop: it takes no launch since, and a fence recorded again
+  // would land behind the next task's launches, at opens yet to come.
+  if (stop_fenced_ || s.shut_down || stop_fence_ == nullptr) return;
   try {
     const RelaxedCaptureScope relaxed;  // a cancel from a thread beside a capture
     DeviceGuard guard(s.device);
     const auto turn = s.green_turn(green_);
     FR_CUDA_CHECK(cudaEventRecord(stop_fence_, stream_));
     stop_fenced_ = true;
-    fence_failed_ = false;
   } catch (...) {
     (void)cudaGetLastError();
   }
@@ -165,15 +175,20 @@ void CudaRunner::hand_back() {
   s_->gate.bell->ring();  // wait_for_end sleeps on it while its launch has not begun
 }
 
-void CudaRunner::follow() {
+bool CudaRunner::follow() {
   CudaShared& s = *s_;
-  if (s.stream_wait || !s.followers) return;
+  if (s.stream_wait || !s.followers) return false;
   bool follow = false;
   {
     std::lock_guard<std::mutex> lk(launch_mu_);
     follow = begun_ && takes_opens_locked();
   }
-  if (follow) s.follow(this);
+  return follow && s.follow(this);
+}
+
+void CudaRunner::interrupt() {
+  interrupt_.store(true);
+  s_->gate.bell->ring();
 }
 
 uint64_t CudaRunner::launches_in_flight() const {
@@ -324,6 +339,7 @@ void CudaRunner::enqueue_locked(cudaStream_t training, cudaEvent_t opened, uint3
     throw;
   }
   launch_no_ = number;
+  newest_stamp_ = l.stamp;
   pending_.push_back(l);
 }
 

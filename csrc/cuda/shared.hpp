@@ -71,6 +71,9 @@ class OpenLauncher {
   // Adds its launches to `into` (see WaitingOpens), the newest only if on `stream`. Takes
   // its own launch lock; never throws.
   virtual void add_waiting_opens(WaitingOpens& into, cudaStream_t stream) const noexcept = 0;
+  // Whether a launch of it stamped after `stamp` has begun (or ended). Takes its own
+  // launch lock; never throws.
+  virtual bool begun_after(uint64_t stamp) const noexcept = 0;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -357,6 +360,17 @@ struct CudaShared {
     std::lock_guard<std::mutex> lk(arm_mu);
     launchers.push_back(runner);
   }
+  // Whether a launch enqueued on `stream` after the one stamped `stamp` has begun, which
+  // on one stream means that one has left (no programmatic dependent launch here). Caller
+  // holds no runner's launch lock.
+  bool began_after(uint64_t stamp, cudaStream_t stream) {
+    if (launch_stamps.load() <= stamp) return false;  // nothing enqueued since
+    std::lock_guard<std::mutex> lk(arm_mu);
+    for (const OpenLauncher* runner : launchers) {
+      if (runner->launch_stream() == stream && runner->begun_after(stamp)) return true;
+    }
+    return false;
+  }
   void arm(OpenLauncher* runner) {
     std::lock_guard<std::mutex> lk(arm_mu);
     if (refusing) return;
@@ -366,12 +380,13 @@ struct CudaShared {
       follower = nullptr;
     }
   }
-  void follow(OpenLauncher* runner) {
+  bool follow(OpenLauncher* runner) {
     std::lock_guard<std::mutex> lk(arm_mu);
-    if (refusing || armed == runner) return;
+    if (refusing || armed == runner) return false;
     // On another stream it would not wait for the armed runner's launch to leave.
-    if (armed != nullptr && armed->launch_stream() != runner->launch_stream()) return;
+    if (armed != nullptr && armed->launch_stream() != runner->launch_stream()) return false;
     follower = runner;
+    return true;
   }
   // Also takes it off `launchers`: a runner's destructor calls it first.
   void disarm(OpenLauncher* runner) {
