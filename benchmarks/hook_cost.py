@@ -84,6 +84,9 @@ class StubExecutor:
     def elapsed_ns(self, from_mark: int, to_mark: int) -> int:
         return (to_mark - from_mark) * STUB_MARK_NS
 
+    def mark_unix_ns(self, mark: int, timeout: float) -> int:
+        return mark * STUB_MARK_NS  # the report's clock origin: any fixed clock serves
+
     def take_launch_log(self) -> list:
         return []
 

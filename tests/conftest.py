@@ -52,6 +52,17 @@ def wait_until(predicate, timeout=10.0, interval=0.002):
     raise AssertionError(f"condition not reached within {timeout} s")
 
 
+def runner_launches(ex, index):
+    """On the test queue backend (_C._testing.queue_executor): the index-th runner's
+    launches, once its first phase has begun (it takes none before: the CUDA runner
+    neither)."""
+    from freeride import _C
+
+    q = _C._testing.queue_launches(ex, index)
+    wait_until(lambda: q.begun)
+    return q
+
+
 def os_threads() -> int:
     return len(os.listdir("/proc/self/task"))
 

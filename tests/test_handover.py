@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from conftest import runner_launches as _launches
 from conftest import wait_until
 from freeride import _C
 
@@ -27,12 +28,6 @@ def ex():
     executor = _C._testing.queue_executor()
     yield executor
     executor.close(0.5)
-
-
-def _launches(ex, index):
-    q = _C._testing.queue_launches(ex, index)
-    wait_until(lambda: q.begun)
-    return q
 
 
 def _open(ex):

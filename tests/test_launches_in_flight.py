@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from conftest import runner_launches as _launches
 from conftest import wait_until
 from freeride import _C
 
@@ -32,14 +33,6 @@ def ex():
 
 def _task(items, phases=1):
     return _C.spin_task(items, phases, 1000)
-
-
-def _launches(ex, index):
-    """The index-th runner's launches, once its first phase has begun (it takes none
-    before: the CUDA runner neither)."""
-    q = _C._testing.queue_launches(ex, index)
-    wait_until(lambda: q.begun)
-    return q
 
 
 def _state(ex, task_id):

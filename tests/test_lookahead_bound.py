@@ -13,14 +13,8 @@ rule (csrc/open_launch_rule.hpp), its "not begun" being "not ended".
 import pytest
 
 import freeride as fr
-from conftest import wait_until
+from conftest import runner_launches as _launches
 from freeride import _C
-
-
-def _launches(ex, index):
-    q = _C._testing.queue_launches(ex, index)
-    wait_until(lambda: q.begun)
-    return q
 
 
 def test_rule_counts_opens_waiting_against_the_bound():

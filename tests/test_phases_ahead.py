@@ -19,6 +19,7 @@ import time
 import pytest
 from gpu_worker import run_worker
 
+from conftest import runner_launches as _launches
 from conftest import wait_until
 from freeride import _C
 
@@ -30,12 +31,6 @@ def ex():
     executor = _C._testing.queue_executor(phases_ahead=True)
     yield executor
     executor.close(0.5)
-
-
-def _launches(ex, index):
-    q = _C._testing.queue_launches(ex, index)
-    wait_until(lambda: q.begun)
-    return q
 
 
 def _status(ex, task_id):
