@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -87,12 +88,31 @@ const freeride::WatcherEvents& fake_watcher_events() {
 
 class FakeWatcher {
  public:
-  FakeWatcher()
+  // `hook`: the watcher calls back with each event's number (OpenWatcher::on_reached),
+  // noted with the rings so far; one for `throw_at` throws.
+  explicit FakeWatcher(bool hook, int64_t throw_at)
       : bell_(new freeride::Doorbell()),  // leaked: the thread may ring it after this ends
-        watcher_(std::make_unique<freeride::OpenWatcher>(0, fake_watcher_events())) {}
+        reached_(std::make_shared<Reached>()),
+        watcher_(std::make_unique<freeride::OpenWatcher>(0, fake_watcher_events())) {
+    if (!hook) return;
+    watcher_->on_reached([bell = bell_, seen = reached_, throw_at](uint32_t seq) {
+      {
+        std::lock_guard<std::mutex> lk(seen->mu);
+        seen->calls.emplace_back(seq, bell->rings());
+      }
+      if (static_cast<int64_t>(seq) == throw_at) throw std::runtime_error("the hook failed");
+    });
+  }
 
-  bool ring_after() { return watcher_->ring_after(nullptr, bell_); }
+  bool ring_after(uint32_t seq) { return watcher_->ring_after(nullptr, bell_, seq); }
   uint64_t rings() const { return bell_->rings(); }
+  // (seq, rings before the call) of each hook call so far, in order.
+  py::list reached() const {
+    std::lock_guard<std::mutex> lk(reached_->mu);
+    py::list out;
+    for (const auto& [seq, rings] : reached_->calls) out.append(py::make_tuple(seq, rings));
+    return out;
+  }
 
   // Whether `count` waits (of this process's fake watchers) have begun within `timeout_s`.
   static bool waits_begun(uint64_t count, double timeout_s) {
@@ -114,7 +134,12 @@ class FakeWatcher {
   void retire() { watcher_.reset(); }
 
  private:
+  struct Reached {  // shared with the hook, which the thread may call after this ends
+    std::mutex mu;
+    std::vector<std::pair<uint32_t, uint64_t>> calls;
+  };
   freeride::Doorbell* bell_;
+  std::shared_ptr<Reached> reached_;
   std::unique_ptr<freeride::OpenWatcher> watcher_;
 };
 
@@ -584,9 +609,12 @@ void register_test_hooks(py::module_& m) {
   py::class_<FakeWatcher>(t, "FakeWatcher",
                           "An open watcher (csrc/cuda/open_watcher.hpp) with fake events: "
                           "each wait ends only once release() lets it.")
-      .def(py::init<>())
-      .def("ring_after", &FakeWatcher::ring_after, "Queues one fake event; rings once it ends.")
+      .def(py::init<bool, int64_t>(), py::arg("hook") = false, py::arg("throw_at") = -1)
+      .def("ring_after", &FakeWatcher::ring_after, py::arg("seq") = 0,
+           "Queues one fake event for open `seq`; rings once it ends.")
       .def("rings", &FakeWatcher::rings)
+      .def("reached", &FakeWatcher::reached,
+           "(seq, rings before the call) of each of the hook's calls, in order.")
       .def("retire", &FakeWatcher::retire, py::call_guard<py::gil_scoped_release>())
       .def_static("waits_begun", &FakeWatcher::waits_begun, py::arg("count"),
                   py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())

@@ -23,7 +23,7 @@ _EXIT_IN_A_WAIT = textwrap.dedent(
     import sys, time
     from freeride import _C
     FakeWatcher = _C._testing.FakeWatcher
-    w = FakeWatcher()
+    w = FakeWatcher(hook=sys.argv[2] == "hooked")
     # The fakes work: a wait begins, and its end rings.
     assert w.ring_after() and FakeWatcher.waits_begun(1, 10.0)
     assert w.rings() == 0
@@ -47,13 +47,19 @@ _EXIT_IN_A_WAIT = textwrap.dedent(
 )
 
 
-def test_a_released_wait_rings_and_the_queue_keeps_order():
-    w = FakeWatcher()
+def _waits_so_far() -> int:
+    """The waits this process's fakes have begun (and all released): the counters are
+    this process's, so each test counts from where earlier fakes left them."""
     begun = 0
-    # The counters are this process's: count from where earlier fakes left them.
     while FakeWatcher.waits_begun(begun + 1, 0.0):
         begun += 1
     FakeWatcher.release(begun)
+    return begun
+
+
+def test_a_released_wait_rings_and_the_queue_keeps_order():
+    w = FakeWatcher()
+    begun = _waits_so_far()
     assert all(w.ring_after() for _ in range(3))
     assert FakeWatcher.waits_begun(begun + 1, 10.0)
     time.sleep(0.05)
@@ -68,10 +74,55 @@ def test_a_released_wait_rings_and_the_queue_keeps_order():
     w.retire()
 
 
-def _time_exit(how: str) -> float:
+def test_the_hook_gets_each_events_open_before_its_ring_in_order():
+    """FREERIDE_WATCHER_LAUNCH's plumbing: the watcher's thread calls its hook with the
+    number of the open each event was recorded for, once that event's wait has ended and
+    before its bell rings (so the CUDA backend's launch is enqueued before the executor is
+    woken), one event at a time, in recording order; numbers are 32 bits."""
+    w = FakeWatcher(hook=True)
+    begun = _waits_so_far()
+    seqs = [10, 11, 2**32 - 1]
+    assert all(w.ring_after(seq) for seq in seqs)
+    assert FakeWatcher.waits_begun(begun + 1, 10.0)
+    time.sleep(0.05)
+    assert w.reached() == [] and w.rings() == 0  # nothing before the GPU reaches the open
+    FakeWatcher.release(begun + 1)
+    wait_until(lambda: w.rings() == 1)
+    assert w.reached() == [(10, 0)]
+    FakeWatcher.release(begun + 3)
+    wait_until(lambda: w.rings() == 3)
+    assert w.reached() == [(10, 0), (11, 1), (2**32 - 1, 2)]
+    w.retire()
+
+
+def test_a_hook_that_throws_costs_neither_the_ring_nor_the_next_events():
+    w = FakeWatcher(hook=True, throw_at=21)
+    begun = _waits_so_far()
+    assert all(w.ring_after(seq) for seq in (20, 21, 22))
+    FakeWatcher.release(begun + 3)
+    wait_until(lambda: w.rings() == 3)
+    assert [seq for seq, _ in w.reached()] == [20, 21, 22]
+    w.retire()
+
+
+def test_no_hook_call_once_the_watcher_is_retired():
+    """A backend's shutdown retires its watcher while the thread still waits for opens the
+    GPU has not reached: they still ring (the thread drains its queue), but the hook, which
+    would launch side work into a backend shutting down, is not called for them."""
+    w = FakeWatcher(hook=True)
+    begun = _waits_so_far()
+    assert w.ring_after(30) and w.ring_after(31)
+    assert FakeWatcher.waits_begun(begun + 1, 10.0)
+    w.retire()
+    FakeWatcher.release(begun + 2)
+    wait_until(lambda: w.rings() == 2)
+    assert w.reached() == []
+
+
+def _time_exit(how: str, hook: str = "plain") -> float:
     """Seconds from the child's 'exiting' to its end; fails the test if it failed."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", _EXIT_IN_A_WAIT, how],
+        [sys.executable, "-c", _EXIT_IN_A_WAIT, how, hook],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -91,16 +142,18 @@ def _time_exit(how: str) -> float:
     return waited
 
 
+@pytest.mark.parametrize("hook", ["plain", "hooked"])
 @pytest.mark.parametrize("how", ["open", "retired"])
-def test_exit_does_not_wait_for_a_watcher_inside_a_wait(how):
+def test_exit_does_not_wait_for_a_watcher_inside_a_wait(how, hook):
     """The exit handler flags the watchers and returns: the process ends at once while its
     watcher thread waits for an event that never completes (it used to wait 2 s for the
     thread, and on a GPU for the GPU). The child first checks that a released wait rings,
     so the thread it leaves behind is really inside the wait. Control: the same child with
     that wait released before it exits, timed alike (the old handler exited as fast there
-    and 2 s slower with the wait)."""
-    waited = _time_exit(how)
-    control = _time_exit("released")
+    and 2 s slower with the wait). Likewise with a hook (FREERIDE_WATCHER_LAUNCH's), for
+    which the exit handler waits only while a call is under way."""
+    waited = _time_exit(how, hook)
+    control = _time_exit("released", hook)
     print(f"exit {waited:.3f} s after 'exiting' inside a wait; {control:.3f} s after none")
     assert waited < control + 1.0, (
         f"the process took {waited:.3f} s to exit with its watcher inside a wait, {control:.3f}"

@@ -1,5 +1,6 @@
 #include "cuda/open_watcher.hpp"
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
@@ -31,11 +32,18 @@ struct OpenWatcher::State {
   WatcherEvents events{};
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<std::pair<void*, Doorbell*>> pending;  // recorded, in recording order
-  std::vector<void*> spare;                         // waited for, to record again
-  bool started = false;                             // the thread is past start_thread
-  bool retired = false;                             // the backend let go of it
+  struct Recorded {
+    void* event;
+    Doorbell* bell;
+    uint32_t seq;
+  };
+  std::deque<Recorded> pending;  // in recording order
+  std::vector<void*> spare;      // waited for, to record again
+  Reached reached;               // on_reached's: set before the first event, then read only
+  bool started = false;          // the thread is past start_thread
+  bool retired = false;          // the backend let go of it
   bool exiting = false;  // the process is exiting: no further wait, no CUDA call
+  bool in_hook = false;  // `reached` runs (it may make CUDA calls)
 };
 
 namespace {
@@ -81,17 +89,42 @@ Registry& registry() {
 //   left the thread in the same place after waiting 2 s for it. Neither this nor the
 //   assumption above has been seen on a GPU yet (tests/test_gpu.py's exit test is the
 //   check).
+// - The hook (on_reached) makes CUDA calls, a launch's: one under way (a harvester left
+//   open at exit, its GPU reaching an open just then) is waited for, up to kHookAtExit,
+//   so that it does not run beside the runtime's teardown; it takes microseconds unless
+//   a lock it needs is held by a thread stopped in the middle of a call.
+constexpr std::chrono::milliseconds kHookAtExit{100};
+
 void end_watchers_at_exit() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
   for (const auto& weak : r.states) {
     if (auto state = weak.lock()) {
-      std::lock_guard<std::mutex> slk(state->mu);  // held only for bookkeeping: short
+      std::unique_lock<std::mutex> slk(state->mu);  // held only for bookkeeping: short
       state->exiting = true;
       state->retired = true;
-      state->cv.notify_one();
+      state->cv.notify_all();
+      state->cv.wait_for(slk, kHookAtExit, [&] { return !state->in_hook; });
     }
   }
+}
+
+// Retired or exiting while the wait went on (a backend's shutdown usually comes while its
+// watcher waits): no call, and at exit none of the CUDA calls the hook would make.
+void call_reached(OpenWatcher::State& s, uint32_t seq) {
+  {
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (s.retired) return;
+    s.in_hook = true;
+  }
+  try {
+    s.reached(seq);
+  } catch (...) {
+    // The bell still rings: whoever waits on it looks at the gate itself.
+  }
+  std::lock_guard<std::mutex> lk(s.mu);
+  s.in_hook = false;
+  s.cv.notify_all();  // the exit handler may wait for it
 }
 
 void watch(const std::shared_ptr<OpenWatcher::State>& s) {
@@ -103,13 +136,14 @@ void watch(const std::shared_ptr<OpenWatcher::State>& s) {
   while (true) {
     s->cv.wait(lk, [&] { return !s->pending.empty() || s->retired; });
     if (s->pending.empty() || s->exiting) break;  // retired and drained, or exiting
-    const auto [event, bell] = s->pending.front();
+    const OpenWatcher::State::Recorded r = s->pending.front();
     s->pending.pop_front();
     lk.unlock();
-    s->events.wait(event);
-    bell->ring();  // also after an error: the waiter looks at the gate itself
+    s->events.wait(r.event);
+    if (s->reached) call_reached(*s, r.seq);
+    r.bell->ring();  // also after an error: the waiter looks at the gate itself
     lk.lock();
-    s->spare.push_back(event);
+    s->spare.push_back(r.event);
   }
   if (!s->exiting) {  // at exit: no CUDA call (see end_watchers_at_exit)
     for (void* event : s->spare) s->events.destroy(event);
@@ -221,7 +255,12 @@ OpenWatcher::~OpenWatcher() {
   state_->cv.notify_one();
 }
 
-bool OpenWatcher::ring_after(void* stream, Doorbell* bell) noexcept {
+void OpenWatcher::on_reached(Reached hook) {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  state_->reached = std::move(hook);
+}
+
+bool OpenWatcher::ring_after(void* stream, Doorbell* bell, uint32_t seq) noexcept {
   State& s = *state_;
   void* event = nullptr;
   {
@@ -240,7 +279,7 @@ bool OpenWatcher::ring_after(void* stream, Doorbell* bell) noexcept {
   {
     std::lock_guard<std::mutex> lk(s.mu);
     if (recorded) {
-      s.pending.emplace_back(event, bell);
+      s.pending.push_back(State::Recorded{event, bell, seq});
     } else {
       s.spare.push_back(event);
     }

@@ -13,6 +13,8 @@
 // build; only the events are CUDA's (WatcherEvents), so tests drive the rest with fakes.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -53,7 +55,20 @@ class OpenWatcher {
   // False where no ring will come: the event could not be recorded (the thread's CUDA
   // error is cleared), or kMaxPending events are already waiting (a stream far behind, or
   // stuck). `bell` must outlive the watcher's thread (the gates' bells are never freed).
-  bool ring_after(void* stream, Doorbell* bell) noexcept;
+  // `seq` is the open's sequence number, handed to the hook below.
+  bool ring_after(void* stream, Doorbell* bell, uint32_t seq = 0) noexcept;
+
+  // Called on the watcher's thread with an event's `seq` once the GPU has reached it,
+  // just before its bell rings: so that work the open makes due (the CUDA backend's
+  // launch, FREERIDE_WATCHER_LAUNCH) is enqueued after one thread's wake-up, not after
+  // this thread's and then the one the bell wakes. Not called once the watcher is
+  // retired (an event may still be waited for then: the hook must cope with a call that
+  // began just before), nor at the process's exit; an exception from it is dropped. Set
+  // before the first ring_after, at most once. It runs with nothing of the watcher's
+  // held, and the next event's wait begins only once it returns: it must be short, and
+  // must not wait for the GPU.
+  using Reached = std::function<void(uint32_t seq)>;
+  void on_reached(Reached hook);
 
   static constexpr size_t kMaxPending = 1024;
 
