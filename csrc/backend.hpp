@@ -232,6 +232,9 @@ class Backend {
   // Stream-ordered opens that carried no launch because the lookahead bound was reached
   // (open_launch_rule.hpp's within_lookahead); any thread.
   virtual uint64_t opens_beyond_lookahead() const { return 0; }
+  // Launches the open watcher's thread enqueued for the executor when the GPU reached an
+  // open (FREERIDE_WATCHER_LAUNCH, watcher_launch_rule.hpp); any thread.
+  virtual uint64_t watcher_launches() const { return 0; }
 
   // Timestamps in stream order. mark() records "now" when `stream` reaches it (host: the
   // steady clock now) and returns an id; elapsed_ns(a, b) is the time from a to b once

@@ -34,6 +34,7 @@
 #include "phase_ahead_rule.hpp"
 #include "successor_rule.hpp"
 #include "test_switches.hpp"
+#include "watcher_launch_rule.hpp"
 
 #ifdef FREERIDE_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -495,6 +496,8 @@ void register_test_hooks(py::module_& m) {
         "csrc/cuda/admission.hpp's successors_enabled: FREERIDE_SUCCESSORS as read.");
   t.def("phases_ahead_enabled", &freeride::cuda::phases_ahead_enabled,
         "csrc/cuda/admission.hpp's phases_ahead_enabled: FREERIDE_PHASES_AHEAD as read.");
+  t.def("watcher_launch_enabled", &freeride::cuda::watcher_launch_enabled,
+        "csrc/cuda/admission.hpp's watcher_launch_enabled: FREERIDE_WATCHER_LAUNCH as read.");
   t.def("lookahead_bound", &freeride::cuda::lookahead_bound,
         "csrc/cuda/admission.hpp's lookahead_bound: FREERIDE_MAX_LOOKAHEAD as read.");
   t.def("sm_census_on_primary", &sm_census_on_primary, py::arg("device"),
@@ -598,6 +601,23 @@ void register_test_hooks(py::module_& m) {
       py::arg("newest_running") = true, py::arg("progressed") = true,
       py::arg("gate_open") = true, py::arg("stopping") = false, py::arg("phase_done") = false,
       py::arg("follows_protocol") = true, "freeride/successor_rule.hpp's queue_successor.");
+  t.def(
+      "watcher_launches",
+      [](bool enabled, bool pending, bool accepting, bool stopping, bool gate_open,
+         bool same_open, bool skipped) {
+        freeride::ReachedOpen o;
+        o.enabled = enabled;
+        o.pending = pending;
+        o.accepting = accepting;
+        o.stopping = stopping;
+        o.gate_open = gate_open;
+        o.same_open = same_open;
+        o.skipped = skipped;
+        return freeride::watcher_launches(o);
+      },
+      py::arg("enabled") = true, py::arg("pending") = false, py::arg("accepting") = true,
+      py::arg("stopping") = false, py::arg("gate_open") = true, py::arg("same_open") = true,
+      py::arg("skipped") = false, "csrc/watcher_launch_rule.hpp's watcher_launches.");
   t.def("waits_behind_another_stream", &freeride::waits_behind_another_stream,
         py::arg("newest_at_open"), py::arg("newest_begun"), py::arg("same_stream"),
         "freeride/open_launch_rule.hpp's waits_behind_another_stream.");

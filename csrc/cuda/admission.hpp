@@ -78,6 +78,12 @@ bool phases_ahead_enabled();
 // measured it). Throws InvalidArgument for another value.
 bool followers_enabled();
 
+// Whether the open watcher's thread enqueues the executor's launch itself when the GPU
+// reaches an open that carried none (watcher_launch_rule.hpp; FREERIDE_WATCHER_LAUNCH "0",
+// the default, or "1", until a GPU run has measured it). Throws InvalidArgument for
+// another value.
+bool watcher_launch_enabled();
+
 // The lookahead bound (open_launch_rule.hpp's within_lookahead): FREERIDE_MAX_LOOKAHEAD, a
 // whole number of opens, 0 (the default) for none. Throws InvalidArgument for anything
 // else.

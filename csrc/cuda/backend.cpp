@@ -117,6 +117,7 @@ class CudaBackend final : public Backend {
     const bool successors = successors_enabled();
     const bool phases_ahead = phases_ahead_enabled();
     const bool followers = followers_enabled();
+    const bool watcher_launch = watcher_launch_enabled();
     const uint64_t lookahead = lookahead_bound();
     const bool green_wanted = options.reserve_mechanism == "green-context";
     FR_ARG(green_wanted || options.reserve_mechanism == "occupancy-cap",
@@ -167,6 +168,16 @@ class CudaBackend final : public Backend {
     s.successors = successors && !options.stream_wait;
     s.phases_ahead = phases_ahead && s.launch_at_opens;
     s.followers = followers && s.launch_at_opens;
+    // The watcher's launch is run()'s, which stream_wait holds on the GPU already.
+    s.watcher_launch = watcher_launch && s.watcher != nullptr && !options.stream_wait;
+    if (s.watcher_launch) {
+      // Weak: the watcher's thread outlives the backend (it ends once its events are
+      // reached). Where its hold is the last (the backend closed and every runner gone
+      // during the call), the shared state is destroyed on that thread, as on any other.
+      s.watcher->on_reached([weak = std::weak_ptr<CudaShared>(s_)](uint32_t seq) {
+        if (const auto shared = weak.lock()) shared->launch_at_reached(seq);
+      });
+    }
     s.lookahead_bound = lookahead;
     if (s.launch_at_opens) FR_CUDA_CHECK(cudaEventCreateWithFlags(&s.opened, cudaEventDisableTiming));
     if (green_wanted) s.try_green_context(options.reserve_sms, least);
@@ -268,7 +279,7 @@ class CudaBackend final : public Backend {
     if (CudaShared::captures(handle)) return;
     // Neither after shutdown: the watcher is gone, and so is every runner.
     if (s.shut_down) return;
-    s.enqueue_ring(handle);
+    s.enqueue_ring(handle, seq);
     if (launch) s.launch_at_open(handle, seq);
   }
 
@@ -330,6 +341,7 @@ class CudaBackend final : public Backend {
   uint64_t skipped_open_launches() const override { return s_->cross_stream_skips.load(); }
   uint64_t max_lookahead() const override { return s_->max_lookahead.load(); }
   uint64_t opens_beyond_lookahead() const override { return s_->beyond_lookahead.load(); }
+  uint64_t watcher_launches() const override { return s_->watcher_launches.load(); }
 
   uint64_t mark(uintptr_t stream) override {
     CudaShared& s = *s_;

@@ -32,7 +32,9 @@ namespace freeride::cuda {
 // (launch_at_open: the runner is armed while the executor runs it), ordered after the
 // open by an event, at the open's point of host order; and the executor enqueues one
 // itself when it sees the gate open with none enqueued (a bubble whose open carried none,
-// a relaunch after a launch's time slice). Launches queue back to back on the one stream,
+// a relaunch after a launch's time slice), or, with FREERIDE_WATCHER_LAUNCH, the open
+// watcher's thread enqueues that one for it when the GPU reaches such an open
+// (launch_at_reached_open). Launches queue back to back on the one stream,
 // each with its own counters and end record (rings of kLaunchRing, by launch number), and
 // the executor takes their ends in order, one per run(). Nothing else is enqueued on the
 // stream while any is enqueued and not seen to end: everything the executor enqueues
@@ -60,6 +62,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   bool launch_at_open(cudaStream_t training, cudaEvent_t opened, uint32_t seq,
                       const OpenContext& context) noexcept override;
   void add_waiting_opens(WaitingOpens& into, cudaStream_t stream) const noexcept override;
+  bool launch_at_reached_open(uint32_t seq) noexcept override;
   bool begun_after(uint64_t stamp) const noexcept override;
   void stop() override;
   void resume() override;

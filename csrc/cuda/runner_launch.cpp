@@ -22,6 +22,7 @@
 #include "launchers.hpp"
 #include "open_launch_rule.hpp"
 #include "successor_rule.hpp"
+#include "watcher_launch_rule.hpp"
 
 namespace freeride::cuda {
 
@@ -84,6 +85,42 @@ bool CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint3
   (void)cudaGetLastError();
   if (rang) s_->gate.bell->ring();  // the executor takes it up (or the error)
   return waits;
+}
+
+bool CudaRunner::launch_at_reached_open(uint32_t seq) noexcept {
+  CudaShared& s = *s_;
+  bool launched = false;
+  try {
+    std::lock_guard<std::mutex> lk(launch_mu_);
+    ReachedOpen o;
+    o.enabled = s.watcher_launch && !s.stream_wait;
+    o.pending = !pending_.empty();
+    o.accepting = accepting_locked();
+    o.stopping = stop_requested_.load() || abandoned_.load();
+    // The mirror, then the number, as run() reads them: an open writes its number first.
+    o.gate_open = s.mirror() == FREERIDE_GATE_OPEN;
+    o.same_open = s.mirror_seq() == seq;
+    o.skipped = s.skipped.contains(seq);
+    if (!watcher_launches(o)) return false;
+    DeviceGuard guard(s.device);
+    // The executor's thread leaves its current context to the runtime, which resolves a
+    // green-context stream's context itself: it makes only runtime calls on streams. This
+    // thread's next call is the driver's wait on an event of the primary context, so the
+    // primary context is kept current across the launch, as on a training thread.
+    const KeepCurrentContext keep(green_);
+    // Marked, as the executor's own launches are (run(true)).
+    enqueue_locked(nullptr, nullptr, seq, false, true, phase_);
+    launched = true;
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> lk(launch_mu_);
+    arrival_error_ = std::string("a launch at an open the GPU reached failed: ") + e.what();
+  } catch (...) {
+    std::lock_guard<std::mutex> lk(launch_mu_);
+    arrival_error_ = "a launch at an open the GPU reached failed";
+  }
+  // The watcher's next wait must not end on this call's error, nor report it.
+  (void)cudaGetLastError();
+  return launched;
 }
 
 bool CudaRunner::begun_after(uint64_t stamp) const noexcept {
@@ -196,8 +233,11 @@ uint64_t CudaRunner::launches_in_flight() const {
   return pending_.size();
 }
 
+// Armed for the watcher's launches too (launch_at_reached_open), with launches at opens
+// off: CudaShared::launch_at_open enqueues nothing then (no `opened` event).
 bool CudaRunner::takes_opens_locked() const {
-  return s_->launch_at_opens && pending_.empty() && !stop_requested_.load() &&
+  return (s_->launch_at_opens || s_->watcher_launch) && pending_.empty() &&
+         !stop_requested_.load() &&
          (!phase_done_ || (ahead_ && phase_ + 1 < task_->num_phases()));
 }
 

@@ -228,9 +228,18 @@ void CudaShared::write_gate_now(uint32_t value, uint32_t seq) {
   if (open) gate.bell->ring();
 }
 
-void CudaShared::enqueue_ring(cudaStream_t stream) noexcept {
+void CudaShared::enqueue_ring(cudaStream_t stream, uint32_t seq) noexcept {
   if (watcher == nullptr) return;
-  (void)watcher->ring_after(stream, gate.bell);
+  (void)watcher->ring_after(stream, gate.bell, seq);
+}
+
+void CudaShared::launch_at_reached(uint32_t seq) noexcept {
+  // Shared: shutdown, which drops the runners' streams, waits for this call; and this call
+  // never waits for shutdown's end, which does not wait for the watcher's thread.
+  std::shared_lock<std::shared_mutex> lk(life);
+  if (shut_down) return;
+  std::lock_guard<std::mutex> alk(arm_mu);
+  if (armed != nullptr && armed->launch_at_reached_open(seq)) watcher_launches.fetch_add(1);
 }
 
 bool CudaShared::captures(cudaStream_t stream) noexcept {

@@ -71,6 +71,13 @@ class OpenLauncher {
   // Adds its launches to `into` (see WaitingOpens), the newest only if on `stream`. Takes
   // its own launch lock; never throws.
   virtual void add_waiting_opens(WaitingOpens& into, cudaStream_t stream) const noexcept = 0;
+  // On the open watcher's thread, once the GPU has reached the stream-ordered open `seq`
+  // (CudaShared::launch_at_reached), with CudaShared::arm_mu and `life` (shared, not shut
+  // down) held: the executor's own launch, enqueued where its run() would enqueue it at
+  // this moment (watcher_launch_rule.hpp), a wake-up before run() could. Never throws (a
+  // failure is the task's, raised by the executor's next run()), and leaves no CUDA error
+  // as the thread's last. Whether it enqueued one.
+  virtual bool launch_at_reached_open(uint32_t seq) noexcept = 0;
   // Whether a launch of it stamped after `stamp` has begun (or ended). Takes its own
   // launch lock; never throws.
   virtual bool begun_after(uint64_t stamp) const noexcept = 0;
@@ -305,14 +312,24 @@ struct CudaShared {
   // one (launches that run no item: the executor backs off, see executor.cpp).
   void write_gate_now(uint32_t value, uint32_t seq);
 
-  // Has gate.bell rung once `stream` reaches this point (just after an open's writes, so
-  // the mirror reads open by then): one event record on the training stream. Caller
-  // holds `life` shared (shutdown drops the watcher under it held exclusively: no ring
-  // after), with the device current, and has checked that `stream` is not being captured
-  // into a graph (waiting for an event recorded in a capture would invalidate it). Never
-  // throws: the open itself is enqueued, and where no ring comes the executor thread still
-  // looks at the mirror every kAdmissionPoll.
-  void enqueue_ring(cudaStream_t stream) noexcept;
+  // Has gate.bell rung once `stream` reaches this point (just after the writes of the open
+  // `seq`, so the mirror reads open by then): one event record on the training stream.
+  // Caller holds `life` shared (shutdown drops the watcher under it held exclusively: no
+  // ring after), with the device current, and has checked that `stream` is not being
+  // captured into a graph (waiting for an event recorded in a capture would invalidate
+  // it). Never throws: the open itself is enqueued, and where no ring comes the executor
+  // thread still looks at the mirror every kAdmissionPoll.
+  void enqueue_ring(cudaStream_t stream, uint32_t seq) noexcept;
+
+  // Launches from the watcher (FREERIDE_WATCHER_LAUNCH, watcher_launch_rule.hpp): once the
+  // GPU has reached the open `seq`, the watcher's thread enqueues the armed runner's
+  // launch, where the executor would, before it rings. Off: the executor launches after
+  // the ring wakes it (two wake-ups in series).
+  bool watcher_launch = false;
+  std::atomic<uint64_t> watcher_launches{0};  // enqueued so far (Backend::watcher_launches)
+  // The watcher's hook (OpenWatcher::on_reached), on its thread; takes `life` shared, then
+  // arm_mu, then the runner's launch lock, as launch_at_open does. Never throws.
+  void launch_at_reached(uint32_t seq) noexcept;
 
   // Whether work enqueued on `stream` now would join a graph capture (the stream is
   // capturing, or it is the legacy default stream while a blocking stream captures), or

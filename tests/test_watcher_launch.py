@@ -1,0 +1,65 @@
+"""Host-started launches with one wake-up (issue 36 item 1, review G8;
+FREERIDE_WATCHER_LAUNCH=1, off by default until a GPU run has measured it).
+
+An open that carries no launch (launches at opens off, a full launch ring, the lookahead
+bound, the first bubble after a submit) is host-started. Before, through two sleeping
+threads in series: the open watcher wakes when the GPU reaches the open and rings, then
+the executor wakes from the bell and launches (266 us median on an H200). With the switch
+on, the watcher's thread enqueues the executor's launch itself, then rings: one wake-up.
+It launches only where the executor's run() would at that moment
+(csrc/watcher_launch_rule.hpp); the executor takes the launch's end as its own.
+
+The CPU tests check that rule and the switch; tests/test_open_watcher.py checks the
+watcher's plumbing (each event's open number, handed to its hook before its ring).
+"""
+
+import pytest
+
+from freeride import _C
+
+
+def test_the_watcher_launches_only_where_the_executor_would():
+    """Each condition on its own keeps the watcher out. Not with a launch enqueued and its
+    end not taken (the common case, an open that carried one: the executor takes that
+    one's end), not where the runner takes no launch now (its phase done, an error, a full
+    ring), not after a stop or an abandon, not while the gate's mirror reads closed (a
+    bubble already over), not where the mirror's number is not this open's (a later open,
+    whose own event comes next, or an immediate one), not into an open the training
+    thread wrote without a launch on purpose (too short: the executor stays out too)."""
+    rule = _C._testing.watcher_launches
+    assert rule()
+    for off in (
+        {"enabled": False},
+        {"pending": True},
+        {"accepting": False},
+        {"stopping": True},
+        {"gate_open": False},
+        {"same_open": False},
+        {"skipped": True},
+    ):
+        assert not rule(**off), off
+
+
+def test_the_switch_is_off_unless_one(monkeypatch):
+    """FREERIDE_WATCHER_LAUNCH is read when a CUDA harvester is made, as the other switches
+    are: off unless "1"; anything but "0" or "1" is refused there, naming it."""
+    if not hasattr(_C._testing, "watcher_launch_enabled"):
+        pytest.skip("this build of freeride has no CUDA backend")
+    read = _C._testing.watcher_launch_enabled
+    monkeypatch.delenv("FREERIDE_WATCHER_LAUNCH", raising=False)
+    assert read() is False
+    monkeypatch.setenv("FREERIDE_WATCHER_LAUNCH", "1")
+    assert read() is True
+    monkeypatch.setenv("FREERIDE_WATCHER_LAUNCH", "0")
+    assert read() is False
+    monkeypatch.setenv("FREERIDE_WATCHER_LAUNCH", "yes")
+    with pytest.raises(ValueError, match="FREERIDE_WATCHER_LAUNCH"):
+        read()
+
+
+def test_the_host_backend_counts_no_watcher_launch(host):
+    import freeride as fr
+
+    task = host.submit(fr.tasks.Spin(items=64, ns_per_item=1000))
+    assert task.wait(30)
+    assert host._ex.watcher_launches == 0
