@@ -5,7 +5,7 @@
 
 Reads what the step wrote into DIR (the file names are FILES and channels_file() below):
 the JSON of `freeride bench preempt|pipeline|items`, of probes/probe_admission.py (at
-opens, the executor's ring, poll), of probes/probe_channels.py (each reserve, with the
+opens, the executor's ring, poll, the watcher's launch), of probes/probe_channels.py (each reserve, with the
 lookahead bound unset and 1) and of probes/probe_harvest_matrix.py, and prints one
 markdown table: metric, setting, measured value, target, verdict. Verdicts: `met`,
 `missed`, `not run` (no output: not started, or cut short before writing), `failed` (it
@@ -36,6 +36,7 @@ FILES = {
     "admission_at_open": "admission_at_open.json",
     "admission_ring": "admission_ring.json",
     "admission_poll": "admission_poll.json",
+    "admission_watcher": "admission_watcher.json",
 }
 RESERVES = ("occupancy-cap", "green-context")
 LOOKAHEADS = ("none", "1")  # FREERIDE_MAX_LOOKAHEAD unset, and 1
@@ -158,28 +159,43 @@ def pause_rows(preempt: Source) -> list[Row]:
     return rows
 
 
-def side_admission_rows(at_open: Source, ring: Source, poll: Source) -> list[Row]:
+def _not_this_setting(d: dict, at_opens: bool, watcher: bool) -> str:
+    """Why probe_admission's output `d` is not of the row's setting ("" where it is)."""
+    if d.get("launches_at_opens") is not None and d["launches_at_opens"] != at_opens:
+        return f"ran with launches at opens {d['launches_at_opens']}: not this setting"
+    ran = (d.get("env") or {}).get("FREERIDE_WATCHER_LAUNCH", "unset") == "1"
+    if ran != watcher:
+        return f"ran with FREERIDE_WATCHER_LAUNCH {'1' if ran else 'unset'}: not this setting"
+    if watcher and d.get("watcher_launches") == 0:
+        return "the watcher enqueued no launch: not this setting"
+    return ""
+
+
+WATCHER_SETTING = (
+    "host-started: the watcher launches, one wake-up "
+    "(FREERIDE_LAUNCH_AT_OPEN=0, FREERIDE_WATCHER_LAUNCH=1)"
+)
+
+
+def side_admission_rows(at_open: Source, ring: Source, poll: Source, watcher: Source) -> list[Row]:
     metric = "side admission p50 / p99 (open seen → first items)"
+    device, host = DEVICE_ADMISSION_US, HOST_ADMISSION_US
     cases = (
-        (at_open, "device-started: launches at opens (default)", DEVICE_ADMISSION_US, True),
-        (
-            ring,
-            "host-started: executor, ring (FREERIDE_LAUNCH_AT_OPEN=0)",
-            HOST_ADMISSION_US,
-            False,
-        ),
-        (poll, "host-started: executor, FREERIDE_ADMISSION=poll", HOST_ADMISSION_US, False),
+        (at_open, "device-started: launches at opens (default)", device, True, False),
+        (ring, "host-started: executor, ring (FREERIDE_LAUNCH_AT_OPEN=0)", host, False, False),
+        (poll, "host-started: executor, FREERIDE_ADMISSION=poll", host, False, False),
+        (watcher, WATCHER_SETTING, host, False, True),
     )
     rows = []
-    for source, setting, limit, at_opens in cases:
+    for source, setting, limit, at_opens, watcher_on in cases:
         target = f"p99 ≤ {limit:g} µs"
         d = source.data
         if d is None:
             rows.append(_not_run(metric, setting, target, source))
             continue
-        if d.get("launches_at_opens") is not None and d["launches_at_opens"] != at_opens:
-            measured = f"ran with launches at opens {d['launches_at_opens']}: not this setting"
-            rows.append(Row(metric, setting, measured, target, FAILED))
+        wrong = _not_this_setting(d, at_opens, watcher_on)
+        if wrong:
+            rows.append(Row(metric, setting, wrong, target, FAILED))
             continue
         if not _num(d.get("p99_us")):
             why = d.get("error") or f"every trial stuck ({d.get('stuck')})"
@@ -189,6 +205,8 @@ def side_admission_rows(at_open: Source, ring: Source, poll: Source) -> list[Row
             f"{us(d['p50_us'])} / {us(d['p99_us'])} µs ({d.get('kept')} of {d.get('trials')} "
             f"trials, stuck {d.get('stuck')})"
         )
+        if watcher_on and _num(d.get("watcher_launches")):
+            measured += f"; {d['watcher_launches']} launches the watcher's"
         if d.get("error"):
             measured += f"; then: {d['error']}"
         rows.append(Row(metric, setting, measured, target, judge(d["p99_us"] <= limit)))
@@ -437,7 +455,10 @@ def rows_of(folder: str) -> list[Row]:
     return [
         *pause_rows(src["preempt"]),
         *side_admission_rows(
-            src["admission_at_open"], src["admission_ring"], src["admission_poll"]
+            src["admission_at_open"],
+            src["admission_ring"],
+            src["admission_poll"],
+            src["admission_watcher"],
         ),
         *harvest_rows(src["harvest"]),
         *held_rows(channels),

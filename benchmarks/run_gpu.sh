@@ -7,7 +7,8 @@
 #   measure   issue 36's "measured in one run", in MEASURE_BUDGET s (480: with the build,
 #             one 9-minute command): `bench preempt` (pause latency per item duration,
 #             host cost per close+open pair; MEASURE_QUICK=1 for --quick), side
-#             admission device-started and host-started (probe_admission.py, 200 trials),
+#             admission device-started and host-started, by the executor and by the
+#             watcher (FREERIDE_WATCHER_LAUNCH=1) (probe_admission.py, 200 trials),
 #             harvest of open-gate time in queued bubbles under 8 and 1 hardware queues
 #             for a single-phase and a many-phase task (probe_harvest_matrix.py), G2's
 #             other-stream probe with the lookahead bound off and on (probe_channels.py),
@@ -195,12 +196,13 @@ if step measure; then
   # settings it varies (in a subshell), and each item sets its own. [~N s] is the estimate
   # on an H200 and where it comes from (results/h200-2026-11-27/: "measured" from its
   # logs, JSON dates and summary, "est." where nothing like it has run on a GPU yet); the
-  # number after the name is the hard limit. Estimates add up to ~320 s, the limits to
-  # ~690 s: with MEASURE_BUDGET=480 everything runs unless something hangs, and then the
+  # number after the name is the hard limit. Estimates add up to ~330 s, the limits to
+  # ~720 s: with MEASURE_BUDGET=480 everything runs unless something hangs, and then the
   # last items are listed NOT RUN and their rows say "not run".
   (
     unset FREERIDE_LAUNCH_AT_OPEN FREERIDE_ADMISSION FREERIDE_GATE_WRITE FREERIDE_MAX_LOOKAHEAD \
-      FREERIDE_PHASES_AHEAD FREERIDE_SUCCESSORS FREERIDE_FOLLOW CUDA_DEVICE_MAX_CONNECTIONS
+      FREERIDE_PHASES_AHEAD FREERIDE_SUCCESSORS FREERIDE_FOLLOW FREERIDE_WATCHER_LAUNCH \
+      CUDA_DEVICE_MAX_CONNECTIONS
     deadline=$((SECONDS + ${MEASURE_BUDGET:-480}))
     m="$work/measure"
     mkdir -p "$m"
@@ -224,6 +226,12 @@ if step measure; then
     probe $deadline measure_admission_ring 30 FREERIDE_LAUNCH_AT_OPEN=0 probe_admission.py \
       --trials 200 --json "$m/admission_ring.json"
     stand_in "$m/admission_ring.json" $? measure_admission_ring
+    #    Host-started with one wake-up (issue 36 item 1, G8; off by default): the watcher's
+    #    thread launches when the GPU reaches the open, then rings (FREERIDE_WATCHER_LAUNCH=1).
+    #    [~10 s est.]
+    probe $deadline measure_admission_watcher 30 FREERIDE_LAUNCH_AT_OPEN=0 \
+      FREERIDE_WATCHER_LAUNCH=1 probe_admission.py --trials 200 --json "$m/admission_watcher.json"
+    stand_in "$m/admission_watcher.json" $? measure_admission_watcher
     # 3. Harvest of open-gate time in bubbles queued ahead of the GPU (20 ms, and 0.5 ms:
     #    both >= 200 us), 8 and 1 hardware queues, single-phase Spin and a 30-phase
     #    ItemCounter with phases ahead off and on: 8 workers, each in a fresh process
@@ -280,8 +288,8 @@ if step qualify; then
   deadline=$((SECONDS + ${QUALIFY_BUDGET:-480}))
   # In order of importance; [~N s] is the estimate on an H100/H200 when things pass (the
   # 2026-11-27 H200 run's time where it ran them; a fresh Python with torch and CUDA takes
-  # ~5 s), the number after the name the hard limit. Items 1-5 come to ~405 s when things
-  # pass, and the limits of 1-4 to 595 s: with QUALIFY_BUDGET=480, 1-4 run unless an
+  # ~5 s), the number after the name the hard limit. Items 1-5 come to ~425 s when things
+  # pass, and the limits of 1-4 to 655 s: with QUALIFY_BUDGET=480, 1-4 run unless an
   # earlier one hangs, and the benchmarks (5) where none does. The rest (all passed on
   # 2026-11-27, ~220 s) run where time is left and are listed NOT RUN otherwise. A hung
   # item costs its limit, plus the watchdog's stack dumps (py-spy: about a second a
@@ -309,6 +317,11 @@ if step qualify; then
   budgeted $deadline "test_gpu_phases_ahead" 90 env FREERIDE_PHASES_AHEAD=1 \
     $py -X faulthandler -m pytest -q -p no:cacheprovider tests/test_gpu.py -m gpu \
     -k "exactly_once or fallback_without_stream_memops or image_tasks"
+  # 2d. The watcher's launch (off by default, FREERIDE_WATCHER_LAUNCH=1; issue 36 item 1,
+  #    G8; not yet run on a GPU): with launches at opens off, host-started bubbles run side
+  #    items, most launched by the watcher's thread, every item once; and the control with
+  #    it off. 2 workers. [~20 s est.]
+  pytest_file $deadline 60 tests/test_watcher_launch.py -m gpu -s
   # 3. The morning's failures again. tests/test_hardware_queues.py hung on a lazy kernel
   #    load in its worker (4 workers of ~10-12 s) [~55 s]; the queued-ahead harvest
   #    tests [~27 s].
@@ -370,8 +383,11 @@ if step qualify; then
   for r in occupancy-cap green-context; do
     probe $deadline "probe_stream_create_$r" 20 probe_stream_create.py $r
   done
-  # G8: the admission delay, executor's path (ring, poll) and at opens. [~3 x 7 s]
+  # G8: the admission delay, executor's path (ring, poll), the watcher's launch and at
+  # opens. [~4 x 7 s]
   probe $deadline probe_admission_ring 20 FREERIDE_LAUNCH_AT_OPEN=0 probe_admission.py
+  probe $deadline probe_admission_watcher 20 FREERIDE_LAUNCH_AT_OPEN=0 \
+    FREERIDE_WATCHER_LAUNCH=1 probe_admission.py
   probe $deadline probe_admission_poll 20 FREERIDE_LAUNCH_AT_OPEN=0 FREERIDE_ADMISSION=poll \
     probe_admission.py
   probe $deadline probe_admission_at_open 20 probe_admission.py

@@ -876,6 +876,91 @@ def mode_handover_ahead(args: dict) -> dict:
     return out
 
 
+def mode_watcher_launch(args: dict) -> dict:
+    """Issue 36 item 1 (review G8): host-started launches with one wake-up. Run with
+    FREERIDE_LAUNCH_AT_OPEN=0, so that no open carries a launch and every bubble's launch
+    is host-started, and FREERIDE_WATCHER_LAUNCH as the parent sets it ("1": the open
+    watcher's thread enqueues the launch when the GPU reaches the open, then rings; "0":
+    it rings, and the woken executor launches). An ItemCounter of `items` items (`item_us`
+    each), submitted with the gate closed, then `bubbles` stream-ordered bubbles on a
+    training stream, one at a time: [`compute_ms` of GPU work, open, `bubble_ms` of GPU
+    work, close], waited for, then the items done in it noted (the gate is closed
+    everywhere else, which the last look, after a pause, checks). Then the gate is opened
+    from the host and the task run to its end: every item exactly once."""
+    import numpy as np
+    import torch
+
+    import freeride as fr
+
+    item_us = float(args.get("item_us", 50.0))
+    items = int(args.get("items", 2**22))
+    bubbles = int(args.get("bubbles", 8))
+    compute_ms = float(args.get("compute_ms", 2.0))
+    bubble_ms = float(args.get("bubble_ms", 5.0))
+    torch.cuda.init()
+    torch.cuda._sleep(1000)  # loaded before side work runs (a lazy load synchronises)
+    torch.cuda.synchronize()
+    out: dict = {
+        "env": {
+            k: os.environ.get(k, "unset")
+            for k in ("FREERIDE_LAUNCH_AT_OPEN", "FREERIDE_WATCHER_LAUNCH")
+        },
+        "bubbles": bubbles,
+        "bubble_ms": bubble_ms,
+        "item_us": item_us,
+    }
+    train = torch.cuda.Stream()
+    with fr.Harvester("cuda:0") as h:
+        out["launches_at_opens"] = h.launches_at_opens
+        out["reserve_mechanism"] = h.reserve_mechanism
+        h.gate.close(stream="host")
+        task = fr.tasks.ItemCounter(items, ns_per_item=int(item_us * 1000))
+        t = h.submit(task)
+        time.sleep(0.2)  # admitted; the executor waits for the gate
+        counts_before = h.launch_counts()
+        watcher_before = h._ex.watcher_launches
+        per_bubble = []
+        for _ in range(bubbles):
+            before = t.items_done
+            with torch.cuda.stream(train):
+                torch.cuda._sleep(int(compute_ms * CYCLES_PER_MS))
+                h.gate.open()
+                torch.cuda._sleep(int(bubble_ms * CYCLES_PER_MS))
+                h.gate.close()
+            train.synchronize()
+            time.sleep(0.02)  # the executor takes the launch's end and waits again
+            per_bubble.append(t.items_done - before)
+        settled = t.items_done
+        time.sleep(0.05)
+        counts = h.launch_counts()
+        out.update(
+            {
+                "items_per_bubble": per_bubble,
+                "items_in_bubbles": sum(per_bubble),
+                "items_while_closed": t.items_done - settled,
+                "watcher_launches": h._ex.watcher_launches - watcher_before,
+                "launches": counts.launches - counts_before.launches,
+                "idle": counts.idle - counts_before.idle,
+                "at_opens": counts.at_opens - counts_before.at_opens,
+            }
+        )
+        h.gate.open(stream="host")
+        finished = t.wait(120)
+        final = task.snapshot()
+        out.update(
+            {
+                "finished": bool(finished),
+                "state": t.state,
+                "items_done": int(t.items_done),
+                "items": items,
+                "counts_all_one": bool(np.all(final.counts == 1)),
+                "max_count": int(final.counts.max()),
+                "violations": int(final.violations),
+            }
+        )
+    return out
+
+
 MODES = {
     "handover_ahead": mode_handover_ahead,
     "queued_bubbles": mode_queued_bubbles,
@@ -887,6 +972,7 @@ MODES = {
     "admission": mode_admission,
     "admission_env": mode_admission_env,
     "priority": mode_priority,
+    "watcher_launch": mode_watcher_launch,
 }
 
 

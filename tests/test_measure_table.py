@@ -32,19 +32,24 @@ def _load(name: str, path: pathlib.Path):
 
 mt = _load("measure_table", ROOT / "benchmarks" / "measure_table.py")
 
-ROWS = 40  # 5 pause + 3 admission + 8 harvest + 4 held + 8 overhead + 5 items + 3 bw + 3 host + 1
+ROWS = 41  # 5 pause + 4 admission + 8 harvest + 4 held + 8 overhead + 5 items + 3 bw + 3 host + 1
 
 
 # -- inputs as the step writes them -------------------------------------------------------
 
 
-def admission(p99: float, at_opens: bool, **extra) -> dict:
-    """probe_admission.py --json: its keys, with delays whose p99 is `p99`."""
+def admission(p99: float, at_opens: bool, watcher: bool = False, **extra) -> dict:
+    """probe_admission.py --json: its keys, with delays whose p99 is `p99`; `watcher`, run
+    with FREERIDE_WATCHER_LAUNCH=1 (its launches counted)."""
     delays = sorted([p99 / 2] * 150 + [p99] * 50)
+    env = {"FREERIDE_LAUNCH_AT_OPEN": "unset" if at_opens else "0", "FREERIDE_ADMISSION": "unset"}
+    if watcher:
+        env["FREERIDE_WATCHER_LAUNCH"] = "1"
+        extra = {"watcher_launches": 190, **extra}
     return {
         "probe": "probe_admission",
         "trials": 200,
-        "env": {"FREERIDE_LAUNCH_AT_OPEN": "unset" if at_opens else "0"},
+        "env": env,
         "admission": "ring",
         "launches_at_opens": at_opens,
         "reserve": "green-context (120 of 132 SMs)",
@@ -191,6 +196,7 @@ def full_folder(folder: pathlib.Path) -> pathlib.Path:
     write(folder, "admission_at_open.json", admission(8.0, True))
     write(folder, "admission_ring.json", admission(25.0, False))
     write(folder, "admission_poll.json", admission(40.0, False))
+    write(folder, "admission_watcher.json", admission(28.0, False, watcher=True))
     for reserve in mt.RESERVES:
         for la in mt.LOOKAHEADS:
             bound = "unset" if la == "none" else la
@@ -273,6 +279,7 @@ def test_a_bench_items_json_without_the_copy_row(tmp_path):
 
 
 RING = "host-started: executor, ring"
+WATCHER = "host-started: the watcher launches"
 CAP = "channels_occupancy-cap_lookahead_none.json"
 GREEN = "channels_green-context_lookahead_1.json"
 
@@ -284,6 +291,8 @@ GREEN = "channels_green-context_lookahead_1.json"
         ("admission_at_open.json", admission(10.01, True), "side admission", "device", mt.MISSED),
         ("admission_ring.json", admission(30.0, False), "side admission", RING, mt.MET),
         ("admission_ring.json", admission(30.5, False), "side admission", RING, mt.MISSED),
+        ("admission_watcher.json", admission(30.0, False, True), "side adm", WATCHER, mt.MET),
+        ("admission_watcher.json", admission(30.5, False, True), "side adm", WATCHER, mt.MISSED),
         (CAP, channels(0), "other-stream", "occupancy-cap, no", mt.MET),
         (CAP, channels(1), "other-stream", "occupancy-cap, no", mt.MISSED),
         (GREEN, channels(0, never=1, bound="1"), "other-stream", "green-context, look", mt.MISSED),
@@ -371,10 +380,10 @@ def test_a_run_cut_short(tmp_path):
     assert {r.verdict for r in pause.values()} == {mt.NOT_RUN}
     assert "unreadable" in next(iter(pause.values())).measured
     adm = by_setting(rows, "side admission")
-    at_open, ring, poll = adm.values()
+    at_open, ring, poll, watcher = adm.values()
     assert at_open.verdict == mt.MET and "then: Harvester.close()" in at_open.measured
     assert ring.verdict == mt.FAILED and "never ran" in ring.measured
-    assert poll.verdict == mt.NOT_RUN
+    assert poll.verdict == watcher.verdict == mt.NOT_RUN
     held = by_setting(rows, "other-stream")
     assert held["occupancy-cap, no lookahead bound"].verdict == mt.FAILED
     overhead = [r for r in rows if r.metric.startswith("training overhead")]
@@ -406,6 +415,36 @@ def test_admission_probe_run_with_the_wrong_setting(tmp_path):
     adm = by_setting(mt.rows_of(str(tmp_path)), "side admission")
     ring = adm["host-started: executor, ring (FREERIDE_LAUNCH_AT_OPEN=0)"]
     assert ring.verdict == mt.FAILED
+
+
+@pytest.mark.parametrize(
+    "name, data, why",
+    [
+        # The watcher's row from a run without the switch, and one whose watcher enqueued
+        # nothing (a build without it, or a rule that never let it): the executor's figure.
+        ("admission_watcher.json", admission(5.0, False), "FREERIDE_WATCHER_LAUNCH unset"),
+        (
+            "admission_watcher.json",
+            admission(5.0, False, True, watcher_launches=0),
+            "enqueued no launch",
+        ),
+        ("admission_watcher.json", admission(5.0, True, True), "launches at opens True"),
+        # The executor's ring row from a run with the watcher's launch on.
+        ("admission_ring.json", admission(5.0, False, True), "FREERIDE_WATCHER_LAUNCH 1"),
+    ],
+)
+def test_the_watcher_row_is_of_its_setting(tmp_path, name, data, why):
+    write(tmp_path, name, data)
+    adm = by_setting(mt.rows_of(str(tmp_path)), "side admission")
+    key = mt.WATCHER_SETTING if "watcher" in name else RING + " (FREERIDE_LAUNCH_AT_OPEN=0)"
+    row = adm[key]
+    assert row.verdict == mt.FAILED and why in row.measured, row
+
+
+def test_the_watcher_row_reads_its_launch_count(tmp_path):
+    rows = mt.rows_of(str(full_folder(tmp_path)))
+    row = by_setting(rows, "side admission")[mt.WATCHER_SETTING]
+    assert row.verdict == mt.MET and "190 launches the watcher's" in row.measured
 
 
 def test_harvest_rows_are_the_matrix_runs():

@@ -3,6 +3,7 @@
 
     FREERIDE_LAUNCH_AT_OPEN=0 python3 probe_admission.py                         # ring
     FREERIDE_LAUNCH_AT_OPEN=0 FREERIDE_ADMISSION=poll python3 probe_admission.py # poll
+    FREERIDE_LAUNCH_AT_OPEN=0 FREERIDE_WATCHER_LAUNCH=1 python3 probe_admission.py # watcher
     python3 probe_admission.py                                                   # at-open
 
 The H200 measured a 266 us median (min 157 us) from a stream-ordered open taking effect
@@ -21,6 +22,9 @@ us, confirms that the wake-ups dominate the executor's path; poll close to ring 
 launch itself (or the first item) costs it. At-open about 10-20 us: the launch queued at
 the open is the fast path (it can even start before the host sees the mirror: then the
 delay is about 0). "stuck" trials mean an open never took effect or nothing ran after it.
+Watcher (issue 36 item 1, FREERIDE_WATCHER_LAUNCH=1): the watcher's thread launches as it
+wakes, then rings, so one wake-up is left of ring's two; its launches are counted
+(`watcher_launches` in the JSON).
 
 `--trials N` (default 40) sets the number of trials (the measure step of
 benchmarks/run_gpu.sh runs 200, enough for a p99); `--json PATH` also writes the
@@ -53,7 +57,8 @@ def main() -> None:
         "probe": NAME,
         "trials": trials,
         "env": {
-            k: os.environ.get(k, "unset") for k in ("FREERIDE_LAUNCH_AT_OPEN", "FREERIDE_ADMISSION")
+            k: os.environ.get(k, "unset")
+            for k in ("FREERIDE_LAUNCH_AT_OPEN", "FREERIDE_ADMISSION", "FREERIDE_WATCHER_LAUNCH")
         },
     }
 
@@ -111,14 +116,16 @@ def measure(
         d.append((t1 - t0) * 1e6)
     h.gate.close(stream="host")
     t.cancel()
+    watcher_launches = getattr(h._ex, "watcher_launches", None)  # None: a build without it
     how = (
         f"admission={h.admission} launches_at_opens={h.launches_at_opens} "
         f"(FREERIDE_LAUNCH_AT_OPEN={os.environ.get('FREERIDE_LAUNCH_AT_OPEN', 'unset')}, "
-        f"FREERIDE_ADMISSION={os.environ.get('FREERIDE_ADMISSION', 'unset')}), "
-        f"reserve {h.reserve_mechanism}"
+        f"FREERIDE_ADMISSION={os.environ.get('FREERIDE_ADMISSION', 'unset')}, "
+        f"FREERIDE_WATCHER_LAUNCH={os.environ.get('FREERIDE_WATCHER_LAUNCH', 'unset')}: "
+        f"{watcher_launches} launches the watcher's), reserve {h.reserve_mechanism}"
     )
     d.sort()
-    out.update(delays_us=d, kept=len(d), stuck=stuck)
+    out.update(delays_us=d, kept=len(d), stuck=stuck, watcher_launches=watcher_launches)
     if d:
         figures = {f"p{q}_us": percentile(d, q) for q in (50, 90, 99)}
         out.update(figures, min_us=d[0], max_us=d[-1])
