@@ -235,7 +235,8 @@ void CudaShared::enqueue_ring(cudaStream_t stream, uint32_t seq) noexcept {
 
 void CudaShared::launch_at_reached(uint32_t seq) noexcept {
   // Shared: shutdown, which drops the runners' streams, waits for this call; and this call
-  // never waits for shutdown's end, which does not wait for the watcher's thread.
+  // never waits for shutdown's end, which does not wait for the watcher's thread. No
+  // RelaxedCaptureScope: that thread is in relaxed capture mode for good (its start).
   std::shared_lock<std::shared_mutex> lk(life);
   if (shut_down) return;
   std::lock_guard<std::mutex> alk(arm_mu);
