@@ -166,8 +166,13 @@ def _not_this_setting(d: dict, at_opens: bool, watcher: bool) -> str:
     ran = (d.get("env") or {}).get("FREERIDE_WATCHER_LAUNCH", "unset") == "1"
     if ran != watcher:
         return f"ran with FREERIDE_WATCHER_LAUNCH {'1' if ran else 'unset'}: not this setting"
-    if watcher and d.get("watcher_launches") == 0:
-        return "the watcher enqueued no launch: not this setting"
+    if watcher:
+        # Most trials' launches must be the watcher's, or the figure is the executor's.
+        launched, kept = d.get("watcher_launches"), d.get("kept")
+        if not _num(launched):
+            return "no count of the watcher's launches: not this setting"
+        if _num(kept) and launched * 2 < kept:
+            return f"the watcher enqueued {launched} of {kept} trials' launches: not this setting"
     return ""
 
 

@@ -229,6 +229,13 @@ void Executor::loop() {
     // broken context shows in the next task's run()), as when it has retired.
     if (!error.empty() && r->failure.empty() && !r->complete) {
       r->failure = r->task->name() + ": " + error;
+      // It takes no further launch (at an open, or the open watcher's) before the look
+      // below: one enqueued after it would outlive the task and its memory.
+      try {
+        runner->stop();
+      } catch (...) {
+        // A sticky CUDA error: nothing runs any more.
+      }
       // Its follower takes no further open: the next task runs once the failure settled.
       if (Record* armed = armed_next_locked(); armed != nullptr && armed_follows_) {
         stop_armed_locked(*armed);

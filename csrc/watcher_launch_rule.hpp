@@ -1,9 +1,9 @@
 // Whether the open watcher's thread enqueues the armed runner's launch itself when the GPU
 // has reached a stream-ordered open (FREERIDE_WATCHER_LAUNCH=1, issue 36 item 1, review
-// G8). An open that carries no launch (launches at opens off, a full launch ring, the
-// lookahead bound, the first bubble after a submit) is otherwise host-started through two
-// sleeping threads in series: the watcher wakes from its event and rings, the executor
-// wakes from the bell and launches (266 us median on an H200, 20-150 us a wake-up). With
+// G8). An open that carries no launch with none in flight (launches at opens off, the
+// first bubble after a submit; not a full ring or the lookahead bound, where launches are
+// in flight) is otherwise host-started through two sleeping threads in series: the
+// watcher wakes from its event and rings, the executor wakes from the bell and launches (266 us median on an H200, 20-150 us a wake-up). With
 // this the watcher launches, then rings: one wake-up. The executor is unchanged: its run()
 // finds the launch in flight and takes its end.
 //

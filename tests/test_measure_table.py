@@ -420,13 +420,24 @@ def test_admission_probe_run_with_the_wrong_setting(tmp_path):
 @pytest.mark.parametrize(
     "name, data, why",
     [
-        # The watcher's row from a run without the switch, and one whose watcher enqueued
-        # nothing (a build without it, or a rule that never let it): the executor's figure.
+        # The watcher's row from a run without the switch, and ones whose watcher enqueued
+        # nothing or few of the launches, or that did not count them (a build without it,
+        # or a rule that seldom let it): the executor's figure, not the watcher's.
         ("admission_watcher.json", admission(5.0, False), "FREERIDE_WATCHER_LAUNCH unset"),
         (
             "admission_watcher.json",
             admission(5.0, False, True, watcher_launches=0),
-            "enqueued no launch",
+            "enqueued 0 of 200",
+        ),
+        (
+            "admission_watcher.json",
+            admission(5.0, False, True, watcher_launches=2),
+            "enqueued 2 of 200",
+        ),
+        (
+            "admission_watcher.json",
+            admission(5.0, False, True, watcher_launches=None),
+            "no count of the watcher's launches",
         ),
         ("admission_watcher.json", admission(5.0, True, True), "launches at opens True"),
         # The executor's ring row from a run with the watcher's launch on.

@@ -1,8 +1,8 @@
 """Host-started launches with one wake-up (issue 36 item 1, review G8;
 FREERIDE_WATCHER_LAUNCH=1, off by default until a GPU run has measured it).
 
-An open that carries no launch (launches at opens off, a full launch ring, the lookahead
-bound, the first bubble after a submit) is host-started. Before, through two sleeping
+An open that carries no launch with none in flight (launches at opens off, the first
+bubble after a submit) is host-started. Before, through two sleeping
 threads in series: the open watcher wakes when the GPU reaches the open and rings, then
 the executor wakes from the bell and launches (266 us median on an H200). With the switch
 on, the watcher's thread enqueues the executor's launch itself, then rings: one wake-up.

@@ -125,7 +125,8 @@ void CudaRunner::begin_phase(uint64_t phase, uint64_t n_items) {
     phase_ = phase;
     n_items_ = n_items;
     const uint64_t k = slot_of(phase);
-    phase_done_ = slot_phase_[k] == phase && ended_done_[k] >= n_items;
+    // (An empty phase is done as it begins: nothing may launch for it meanwhile.)
+    phase_done_ = n_items == 0 || (slot_phase_[k] == phase && ended_done_[k] >= n_items);
     begun_ = true;
     return;
   }
@@ -140,7 +141,7 @@ void CudaRunner::begin_phase(uint64_t phase, uint64_t n_items) {
   }
   phase_ = phase;
   n_items_ = n_items;
-  phase_done_ = false;
+  phase_done_ = n_items == 0;
   begun_ = true;
 }
 

@@ -255,9 +255,9 @@ bool CudaShared::captures(cudaStream_t stream) noexcept {
 }
 
 void CudaShared::launch_at_open(cudaStream_t stream, uint32_t seq) noexcept {
+  if (opened == nullptr) return;  // launches at opens off (set once, at construction)
   const RelaxedCaptureScope relaxed;  // beside a capture on another thread
   std::lock_guard<std::mutex> lk(arm_mu);
-  if (opened == nullptr) return;
   auto context_for = [&](const OpenLauncher* runner) {
     OpenContext context;
     for (const OpenLauncher* other : launchers) {
