@@ -218,28 +218,33 @@ def _follow_ex():
     return _C._testing.queue_executor(followers=True)
 
 
+def _tail(ex, priority_a=0):
+    """A (12 items) in its tail after two launches of 4 at opens (not after the first: 8
+    left), B following it."""
+    a = ex.submit(_C.spin_task(12, 1, 1000), priority_a)
+    b = ex.submit(_C.spin_task(6, 1, 1000), 0)
+    q_a = _launches(ex, 0)
+    for _ in range(2):
+        assert _C._testing.queue_follower(ex) == -1
+        wait_until(lambda: _C._testing.queue_open_one(ex) == [0])
+        q_a.end(4)
+    wait_until(lambda: _C._testing.queue_follower(ex) == 1)
+    return a, b, q_a, _launches(ex, 1)
+
+
 def test_the_next_task_follows_one_in_its_tail():
-    """A's launches at opens ran 4 items each; with 2 of 10 left the next task B follows
+    """A's launches at opens ran 4 items each; with 4 of 12 left the next task B follows
     it: each open queues A's launch and then B's, so B takes the rest of the bubble where
     A runs out of items. B's items run once, and count when the executor takes its ends."""
     ex = _follow_ex()
     try:
-        a = ex.submit(_C.spin_task(10, 1, 1000), 0)
-        b = ex.submit(_C.spin_task(6, 1, 1000), 0)
-        q_a = _launches(ex, 0)
-        wait_until(lambda: _C._testing.queue_open_one(ex) == [0])
-        q_a.end(4)
-        assert _C._testing.queue_follower(ex) == -1
-        wait_until(lambda: _C._testing.queue_open_one(ex) == [0])
-        q_a.end(4)
-        wait_until(lambda: _C._testing.queue_follower(ex) == 1)
-        q_b = _launches(ex, 1)
+        a, b, q_a, q_b = _tail(ex)
         assert _C._testing.queue_open_one(ex) == [0, 1]
-        q_a.end(4)  # its last 2
+        q_a.end(4)  # its last 4
         q_b.end(6)  # the rest of the bubble
-        assert ex.wait(a, 10) and _status(ex, a) == ("done", 10)
+        assert ex.wait(a, 10) and _status(ex, a) == ("done", 12)
         assert ex.wait(b, 10) and _status(ex, b) == ("done", 6)
-        assert (q_a.ran, q_b.ran) == (10, 6)
+        assert (q_a.ran, q_b.ran) == (12, 6)
     finally:
         ex.close(0.5)
 
@@ -267,13 +272,7 @@ def test_a_more_urgent_task_stops_the_follower():
     once A's and B's launches in flight have drained. Every task's items run once."""
     ex = _follow_ex()
     try:
-        a = ex.submit(_C.spin_task(10, 1, 1000), 0)
-        b = ex.submit(_C.spin_task(6, 1, 1000), 0)
-        q_a = _launches(ex, 0)
-        wait_until(lambda: _C._testing.queue_open_one(ex) == [0])
-        q_a.end(8)
-        wait_until(lambda: _C._testing.queue_follower(ex) == 1)
-        q_b = _launches(ex, 1)
+        a, b, q_a, q_b = _tail(ex)
         assert _C._testing.queue_open_one(ex) == [0, 1]
         u = ex.submit(_C.spin_task(3, 1, 1000), 5)
         wait_until(lambda: q_a.stopped and q_b.stopped)
@@ -290,7 +289,7 @@ def test_a_more_urgent_task_stops_the_follower():
             for index in _C._testing.queue_open_one(ex):
                 (q_a, q_b)[index].end(5)
             time.sleep(0.001)
-        assert (q_a.ran, q_b.ran, q_u.ran) == (10, 6, 3)
+        assert (q_a.ran, q_b.ran, q_u.ran) == (12, 6, 3)
     finally:
         ex.close(0.5)
 
@@ -418,18 +417,6 @@ def test_a_followers_launch_adds_nothing_to_the_lookahead():
         assert _C._testing.queue_open_one(ex) == []
     finally:
         ex.close(0.5)
-
-
-def _tail(ex, priority_a=0):
-    """A (12 items) in its tail after two launches of 4 at opens, B following it."""
-    a = ex.submit(_C.spin_task(12, 1, 1000), priority_a)
-    b = ex.submit(_C.spin_task(6, 1, 1000), 0)
-    q_a = _launches(ex, 0)
-    for _ in range(2):
-        wait_until(lambda: _C._testing.queue_open_one(ex) == [0])
-        q_a.end(4)
-    wait_until(lambda: _C._testing.queue_follower(ex) == 1)
-    return a, b, q_a, _launches(ex, 1)
 
 
 def test_cancelling_a_follower_does_not_wait_for_the_task_it_follows():
