@@ -317,6 +317,16 @@ void Executor::admit_locked(Record& r) {
   advance_locked(r);
 }
 
+bool Executor::ready_to_run_locked(Record& r) {
+  try {
+    if (!r.admitted) admit_locked(r);
+  } catch (const std::exception& e) {
+    finish_locked(r, TaskState::Failed, ErrorKind::Failed, e.what());
+    return false;
+  }
+  return !is_final(r.state);  // done at admission where every phase was empty
+}
+
 // Moves past every completed phase; a phase starts only after the previous one completed.
 void Executor::advance_locked(Record& r) {
   while (r.runner->done() >= r.task->num_items(r.phase)) {

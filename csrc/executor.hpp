@@ -207,6 +207,9 @@ class Executor {
   // cancelled, moves on to its next phase or is done, or waits in the queue.
   void settle_launch_locked(Record& r);
   void admit_locked(Record& r);
+  // Admitted (admit_locked) where it was not yet: false where that failed (the task has
+  // failed) or left it final (every phase empty).
+  bool ready_to_run_locked(Record& r);
   void advance_locked(Record& r);
   void advance_in_flight_locked(Record& r);
   // The next phase begun, and the count moved past the one complete (only once the

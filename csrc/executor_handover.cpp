@@ -2,7 +2,6 @@
 // nothing, or following one in the tail of its last phase (follow_rule.hpp), so that the
 // next opens carry its launches (PhaseRunner::arm, PhaseRunner::follow).
 #include <algorithm>
-#include <exception>
 
 #include "executor.hpp"
 #include "follow_rule.hpp"
@@ -55,13 +54,7 @@ void Executor::arm_next_locked(const Record* current, bool follow) {
   }
   armed_next_ = 0;
   armed_follows_ = false;
-  try {
-    if (!next->admitted) admit_locked(*next);
-  } catch (const std::exception& e) {
-    finish_locked(*next, TaskState::Failed, ErrorKind::Failed, e.what());
-    return;
-  }
-  if (is_final(next->state)) return;  // every phase was empty
+  if (!ready_to_run_locked(*next)) return;
   try {
     next->runner->resume();
     // Refused (another stream than the task it would follow): admitted, it waits its turn.

@@ -119,15 +119,7 @@ void Executor::loop() {
         if (previous->runner->in_flight()) r = draining_ = previous;
       }
     }
-    if (r != draining_) {
-      try {
-        if (!r->admitted) admit_locked(*r);
-      } catch (const std::exception& e) {
-        finish_locked(*r, TaskState::Failed, ErrorKind::Failed, e.what());
-        continue;
-      }
-      if (is_final(r->state)) continue;  // every phase was empty
-    }
+    if (r != draining_ && !ready_to_run_locked(*r)) continue;
     last_run_ = r->id;
     PhaseRunner* runner = r->runner.get();
     publish_item_ns_locked(*runner);
