@@ -157,17 +157,16 @@ LaunchEnd CudaRunner::wait_for_end(const Launch& l) {
   while (true) {
     throw_if_abandoned();
     if (ring_.published(l.number)) return ring_.read(l.number);
-    if (interrupt_.exchange(false)) {
-      LaunchEnd untaken;
-      untaken.handed_back = true;
-      return untaken;
+    // interrupt(): untaken whatever it does; hand_back(): only while it waits for its open
+    // (each flag taken once either way).
+    bool untaken = interrupt_.exchange(false);
+    if (!untaken && l.waits_open && hand_back_.exchange(false)) {
+      untaken = !ring_.started(l.number, launch_no_.load());
     }
-    if (l.waits_open && hand_back_.exchange(false)) {
-      if (!ring_.started(l.number, launch_no_.load())) {
-        LaunchEnd untaken;
-        untaken.handed_back = true;
-        return untaken;
-      }
+    if (untaken) {
+      LaunchEnd end;
+      end.handed_back = true;
+      return end;
     }
     const auto now = clock::now();
     if (!successor_asked && ring_.started(l.number, launch_no_.load())) {

@@ -8,24 +8,24 @@
 
 namespace freeride::cuda {
 
-// Whether everything enqueued on `stream` has completed: a question to the driver, never
-// an operation on the stream. Throws the error of a failed kernel (cleared from the
-// thread's last error, which cudaStreamQuery also sets for "not ready").
-inline bool stream_idle(cudaStream_t stream) {
-  const cudaError_t err = cudaStreamQuery(stream);
+// A query's answer (cudaStreamQuery, cudaEventQuery): done, not yet (cleared from the
+// thread's last error, which the query also sets), or a failed kernel's error, thrown.
+inline bool query_says_done(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return true;
   if (cudaPeekAtLastError() == err) (void)cudaGetLastError();
   if (err == cudaErrorNotReady) return false;
-  throw_cuda(err, "cudaStreamQuery (side stream)", __FILE__, __LINE__);
+  throw_cuda(err, what, __FILE__, __LINE__);
+}
+
+// Whether everything enqueued on `stream` has completed: a question to the driver, never
+// an operation on the stream.
+inline bool stream_idle(cudaStream_t stream) {
+  return query_says_done(cudaStreamQuery(stream), "cudaStreamQuery (side stream)");
 }
 
 // Whether the work enqueued before `event`'s record has completed, asked the same way.
 inline bool event_passed(cudaEvent_t event) {
-  const cudaError_t err = cudaEventQuery(event);
-  if (err == cudaSuccess) return true;
-  if (cudaPeekAtLastError() == err) (void)cudaGetLastError();
-  if (err == cudaErrorNotReady) return false;
-  throw_cuda(err, "cudaEventQuery (stop fence)", __FILE__, __LINE__);
+  return query_says_done(cudaEventQuery(event), "cudaEventQuery (stop fence)");
 }
 
 }  // namespace freeride::cuda
