@@ -294,11 +294,12 @@ Executor::Record* Executor::pick_locked(bool& dependency_pending) {
   return nullptr;
 }
 
-Executor::Record* Executor::last_run_locked() {
-  auto it = records_.find(last_run_);
+Executor::Record* Executor::admitted_record_locked(uint64_t id) {
+  auto it = records_.find(id);
   if (it == records_.end() || !it->second->runner || is_final(it->second->state)) return nullptr;
   return it->second.get();
 }
+
 bool Executor::more_urgent_pickable_locked(const Record& r) const {
   bool dependency_pending = false;
   for (const QueueKey& k : runnable_) {

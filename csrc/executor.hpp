@@ -185,10 +185,11 @@ class Executor {
   // or stops a task whose launches are in flight (one that cannot run yet, its
   // dependency pending or its memory over budget, would only make the executor spin).
   bool more_urgent_pickable_locked(const Record& r) const;
-  // The task run last, while it is admitted and not final; else nullptr.
-  Record* last_run_locked();
-  // The task armed to follow (arm_next_locked), while it is admitted and not final.
-  Record* armed_next_locked();
+  // Task `id`, while it is admitted and not final; else nullptr.
+  Record* admitted_record_locked(uint64_t id);
+  // The task run last; the task armed to follow (arm_next_locked). As above.
+  Record* last_run_locked() { return admitted_record_locked(last_run_); }
+  Record* armed_next_locked() { return admitted_record_locked(armed_next_); }
   // Before this thread waits for the ends of launches that will run nothing (`current`'s,
   // or a retired runner's): the next task is admitted and armed (PhaseRunner::arm), so
   // the opens the training thread writes meanwhile carry its launches, queued on the

@@ -8,12 +8,6 @@
 
 namespace freeride {
 
-Executor::Record* Executor::armed_next_locked() {
-  auto it = records_.find(armed_next_);
-  if (it == records_.end() || !it->second->runner || is_final(it->second->state)) return nullptr;
-  return it->second.get();
-}
-
 void Executor::arm_next_locked(const Record* current, bool follow) {
   if (closing_ || !backend_->launches_at_opens()) return;
   Record* next = nullptr;
