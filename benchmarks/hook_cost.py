@@ -5,12 +5,12 @@ hooks`' rows, plus the CUDA path's Python part measured without a GPU.
 
 `freeride bench hooks` times the hooks through the calls users make, on the host backend
 (the real cost there) or on cuda:0. This script adds rows for the recorder and its gate
-made as on a GPU (kind "cuda") over a stub executor: the executor's calls (mark,
-gate_write, release_mark, elapsed_ns, running_item_ns, ...), torch's current-stream
-lookup, the capture query (cudaStreamIsCapturing) and the free-memory query
+made as on a GPU (kind "cuda") over a stub executor: the executor's calls
+(gate_write_marked, which also asks whether the stream is being captured, release_mark,
+elapsed_ns, running_item_ns, ...), torch's current-stream lookup and the free-memory query
 (cudaMemGetInfo) all return at once, so what is left is the Python part alone. The C++
-part of a pair (the stream-ordered writes, the event records and, with a side task
-running, the launch an open enqueues) is measured on a GPU: `freeride bench preempt
+part of a pair (the capture query, the stream-ordered writes, the event records and, with
+a side task running, the launch an open enqueues) is measured on a GPU: `freeride bench preempt
 --mode gpu`'s "close+open host cost" and "launch at open host cost" rows, and `freeride
 bench hooks --mode gpu`.
 
@@ -43,11 +43,12 @@ STUB_MARK_NS = 100_000  # time between two of the stub's marks
 STUB_NOTES = [
     (
         "cuda stub: the recorder and gate of kind 'cuda' over a stub executor; the"
-        " executor's calls, torch's current-stream lookup, the capture query and the"
-        " free-memory query return at once: the Python part only"
+        " executor's calls (the capture query is one of them), torch's current-stream"
+        " lookup and the free-memory query return at once: the Python part only"
     ),
     (
-        "the C++ part (stream-ordered writes, event records, the launch an open enqueues)"
+        "the C++ part (the capture query, stream-ordered writes, event records, the launch"
+        " an open enqueues)"
         " is measured on a GPU: bench preempt's 'close+open host cost' and 'launch at open"
         " host cost' rows, and bench hooks --mode gpu"
     ),
@@ -78,6 +79,10 @@ class StubExecutor:
     def gate_write(self, value: int, stream: int, seq: int, launch: bool = True) -> None:
         pass
 
+    def gate_write_marked(self, value: int, stream: int, seq: int, launch: bool = True) -> int:
+        self._next += 1
+        return self._next
+
     def release_mark(self, mark: int) -> None:
         pass
 
@@ -97,13 +102,12 @@ class StubExecutor:
 @contextlib.contextmanager
 def stubbed_queries() -> Iterator[None]:
     """The queries the gate and recorder make outside the executor, answered at once:
-    torch's current stream (wherever the gate looks it up), the capture query and free
-    device memory. Put back as they were after the block."""
+    torch's current stream (wherever the gate looks it up) and free device memory. Put
+    back as they were after the block."""
     from freeride import _streams, gate
     from freeride.record import recorder
 
     stubs = [
-        (gate, "stream_is_capturing", lambda handle, device: False),
         (recorder, "free_device_memory", lambda device: 0),
     ]
     for module in (_streams, gate):

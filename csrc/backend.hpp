@@ -191,6 +191,21 @@ class Backend {
   // CudaShared::launch_at_open); false where the caller knows the bubble is too short to
   // pay for one.
   virtual void gate_write(uint32_t value, uintptr_t stream, uint32_t seq, bool launch = true) = 0;
+  // gate_write() and a mark() of where it took effect, in one call on the training
+  // thread's path: before an open (side work has not resumed), after a close (it has
+  // stopped), so recorded compute intervals hold no side work and bubbles all of it. 0
+  // where no mark can be taken (CUDA: a write captured into a graph, where an event is no
+  // point of the stream's timeline).
+  virtual uint64_t gate_write_marked(uint32_t value, uintptr_t stream, uint32_t seq,
+                                     bool launch = true) {
+    if (value == FREERIDE_GATE_OPEN) {
+      const uint64_t id = mark(stream);
+      gate_write(value, stream, seq, launch);
+      return id;
+    }
+    gate_write(value, stream, seq, launch);
+    return mark(stream);
+  }
   virtual uint32_t gate_read() const = 0;
   virtual uint32_t gate_seq() const = 0;
   // Sleeps until gate_read() is open (true) or `timeout_s` passed (false), without

@@ -22,6 +22,7 @@
 #include "doorbell.hpp"
 #include "executor.hpp"
 #include "freeride/slice.h"
+#include "gate.hpp"
 #include "graph_layout.hpp"
 #include "marks.hpp"
 #include "raw_kernel_task.hpp"
@@ -507,38 +508,6 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("memory_budget", &Executor::memory_budget)
       .def_property_readonly("memory_used",
                              py::cpp_function(&Executor::memory_used, release_gil()))
-      // The training thread writes the gate around every compute action: dropping and
-      // retaking the GIL there costs a wake-up of whichever thread grabs it meanwhile, and
-      // a stream-ordered write only enqueues (a launch queue that is full blocks, as torch's
-      // own launches do with the GIL held). An immediate write is different: on CUDA it
-      // waits for a stream, so it lets other Python threads run meanwhile.
-      .def(
-          "gate_write",
-          [](Executor& ex, uint32_t value, uint64_t stream, uint32_t seq, bool launch) {
-            const auto handle = static_cast<uintptr_t>(stream);
-            if (handle == freeride::kImmediate) {
-              py::gil_scoped_release release;
-              ex.backend().gate_write(value, handle, seq, launch);
-            } else {
-              ex.backend().gate_write(value, handle, seq, launch);
-            }
-          },
-          py::arg("value"), py::arg("stream"), py::arg("seq"), py::arg("launch") = true)
-      .def("gate_read", [](Executor& ex) { return ex.backend().gate_read(); })
-      .def("gate_seq", [](Executor& ex) { return ex.backend().gate_seq(); })
-      .def(
-          "gate_wait_open",
-          [](Executor& ex, double timeout) { return ex.backend().wait_open(timeout); },
-          py::arg("timeout"), release_gil(),
-          "Sleeps until the gate reads open (True) or timeout seconds passed (False).")
-      .def(
-          "gate_wait_next_open",
-          [](Executor& ex, uint32_t seq, double timeout) {
-            return ex.backend().wait_next_open(seq, timeout);
-          },
-          py::arg("seq"), py::arg("timeout"), release_gil(),
-          "Sleeps until the gate reads open with a sequence number other than seq (a newer "
-          "open took effect: True) or timeout seconds passed (False). Never woken by closes.")
       .def(
           "run_plain",
           [](Executor& ex, const std::shared_ptr<Task>& task, uint64_t stream) {
@@ -564,20 +533,14 @@ PYBIND11_MODULE(_C, m) {
            "Waits until every launch whose end has come, or comes without a further gate "
            "open, has been taken into the launch log (True), or timeout seconds passed "
            "(False). A launch running on in an open bubble is not waited for.")
-      .def_property_readonly("gate_address",
-                             [](Executor& ex) { return ex.backend().gate_address(); })
       .def_property_readonly("side_stream",
                              [](Executor& ex) { return ex.backend().side_stream(); })
       .def_property_readonly("kind", [](Executor& ex) { return ex.backend().kind(); })
-      .def_property_readonly("gate_write_mechanism",
-                             [](Executor& ex) { return ex.backend().gate_write_mechanism(); })
       .def_property_readonly("admission", [](Executor& ex) { return ex.backend().admission(); })
       .def_property_readonly("launches_at_opens",
                              [](Executor& ex) { return ex.backend().launches_at_opens(); })
       .def_property_readonly("watcher_launches",
                              [](Executor& ex) { return ex.backend().watcher_launches(); })
-      .def_property_readonly("gate_write_fences",
-                             [](Executor& ex) { return ex.backend().gate_write_fences(); })
       .def_property_readonly("reserve_mechanism",
                              [](Executor& ex) { return ex.backend().reserve_mechanism(); })
       .def_property_readonly("reserve_fallback",
@@ -586,6 +549,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("host_idle_reason",
                              [](Executor& ex) { return ex.backend().host_idle_reason(); })
       .def_property_readonly("device", [](Executor& ex) { return ex.backend().device(); });
+  freeride_ext::bind_gate(executor);
   freeride_ext::bind_marks(executor);
 
   // Test-only hooks, as _C._testing, only where the environment asks for them at import

@@ -102,7 +102,14 @@ class FakeWatcher {
     });
   }
 
-  bool ring_after(uint32_t seq) { return watcher_->ring_after(nullptr, bell_, seq); }
+  // `then`: called with the event recorded (its fake number; 0: none), as CudaShared's
+  // launch at the open is.
+  bool ring_after(uint32_t seq, const py::object& then) {
+    if (then.is_none()) return watcher_->ring_after(nullptr, bell_, seq);
+    return watcher_->ring_after(nullptr, bell_, seq, [&](void* event) {
+      then(reinterpret_cast<uintptr_t>(event));
+    });
+  }
   uint64_t rings() const { return bell_->rings(); }
   // (seq, rings before the call) of each hook call so far, in order.
   py::list reached() const {
@@ -465,7 +472,9 @@ void register_test_hooks(py::module_& m) {
                           "each wait ends only once release() lets it.")
       .def(py::init<bool, int64_t>(), py::arg("hook") = false, py::arg("throw_at") = -1)
       .def("ring_after", &FakeWatcher::ring_after, py::arg("seq") = 0,
-           "Queues one fake event for open `seq`; rings once it ends.")
+           py::arg("then") = py::none(),
+           "Queues one fake event for open `seq`; rings once it ends. `then(event)` is "
+           "called with the event's number before the watcher's thread can wait for it.")
       .def("rings", &FakeWatcher::rings)
       .def("reached", &FakeWatcher::reached,
            "(seq, rings before the call) of each of the hook's calls, in order.")

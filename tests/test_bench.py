@@ -138,10 +138,10 @@ def test_hook_cost_adds_the_cuda_paths_python_part(tmp_path, capsys):
     """benchmarks/hook_cost.py: bench hooks' rows and two more, of the recorder and gate
     of kind "cuda" over the stub, whose output says they are the Python part only; the
     queries it stubbed are the real ones again afterwards."""
-    from freeride import _streams, gate
+    from freeride import _streams
     from freeride.record import recorder
 
-    before = (gate.stream_is_capturing, recorder.free_device_memory, _streams.current_stream)
+    before = (recorder.free_device_memory, _streams.current_stream)
     hook_cost = _load_hook_cost()
     out = tmp_path / "hooks.json"
     result = hook_cost.run("cpu", quick=True, out=str(out))
@@ -154,7 +154,7 @@ def test_hook_cost_adds_the_cuda_paths_python_part(tmp_path, capsys):
         assert 0 < row["p50_ns"] <= row["p99_ns"]
     printed = capsys.readouterr().out
     assert "the Python part only" in printed and "bench preempt" in printed
-    after = (gate.stream_is_capturing, recorder.free_device_memory, _streams.current_stream)
+    after = (recorder.free_device_memory, _streams.current_stream)
     assert after == before
 
 

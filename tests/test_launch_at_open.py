@@ -26,7 +26,7 @@ from gpu_worker import run_worker
 from test_recorder import FakeCudaExecutor, _recorder, fake_free_memory
 
 import freeride as fr
-from freeride import _C, gate
+from freeride import _C
 from freeride._C import GATE_OPEN
 from freeride.record.recorder import (
     ITEM_SKIP_PROBE_EVERY,
@@ -166,7 +166,6 @@ def test_a_recorded_open_carries_a_launch_only_where_its_slot_pays_for_one(monke
     known, opens of slot 1 carry no launch; before that every open does, as do manual
     opens."""
     fake_free_memory(monkeypatch, lambda device: 1)
-    monkeypatch.setattr(gate, "stream_is_capturing", lambda handle, device: False)
     ex = _Clocked()
     rec = _recorder(ex, "cuda", 0)
     for _ in range(6):
@@ -196,7 +195,6 @@ def test_a_slots_prediction_follows_the_bubbles_resolved_since(monkeypatch):
     floor, and from then on (after the flush that resolved them, as on a GPU) its opens
     carry launches again; bubble_stats() and predicted_slot_ns() say the same."""
     fake_free_memory(monkeypatch, lambda device: 1)
-    monkeypatch.setattr(gate, "stream_is_capturing", lambda handle, device: False)
     ex = _Clocked()
     rec = _recorder(ex, "cuda", 0)
 
@@ -238,7 +236,6 @@ def test_a_slot_carries_a_launch_only_if_it_holds_several_of_the_tasks_items(mon
     items but not for one of 100 µs items (MIN_LAUNCH_BUBBLE_ITEMS of them do not fit);
     the item time is the executor's measurement of the task run last."""
     fake_free_memory(monkeypatch, lambda device: 1)
-    monkeypatch.setattr(gate, "stream_is_capturing", lambda handle, device: False)
     ex = _Clocked()
     rec = _recorder(ex, "cuda", 0)
     slot_ns = 3 * MIN_LAUNCH_BUBBLE_NS

@@ -74,6 +74,32 @@ def test_a_released_wait_rings_and_the_queue_keeps_order():
     w.retire()
 
 
+def test_work_after_an_open_is_handed_its_event_before_the_thread_can_wait_for_it():
+    """Review G9's one event per open: the launch at an open waits for the watcher's
+    event instead of recording its own, so it must be handed that event before the
+    watcher's thread can wait for it (and, once waited for, record it again for another
+    open): until the hand-over returns, no wait on it begins, whatever is released."""
+    w = FakeWatcher()
+    begun = _waits_so_far()
+    handed = []
+
+    def then(event):
+        FakeWatcher.release(begun + 1)  # its wait could end at once, were it queued
+        handed.append((event, FakeWatcher.waits_begun(begun + 1, 0.1), w.rings()))
+
+    assert w.ring_after(5, then=then)
+    assert len(handed) == 1
+    event, waited, rings = handed[0]
+    assert event != 0 and not waited and rings == 0
+    wait_until(lambda: w.rings() == 1)
+    # Where no hand-over is asked for, nothing changes.
+    assert w.ring_after(6)
+    wait_until(lambda: FakeWatcher.waits_begun(begun + 2, 0.0))
+    FakeWatcher.release(begun + 2)
+    wait_until(lambda: w.rings() == 2)
+    w.retire()
+
+
 def test_the_hook_gets_each_events_open_before_its_ring_in_order():
     """FREERIDE_WATCHER_LAUNCH's plumbing: the watcher's thread calls its hook with the
     number of the open each event was recorded for, once that event's wait has ended and

@@ -43,6 +43,24 @@ class FakeCudaExecutor:
     def gate_write(self, value, stream, seq, launch=True):
         self.writes.append((value, stream))
 
+    @staticmethod
+    def is_capturing(stream):
+        """The CUDA backend's capture query; the `capture` fixture answers it."""
+        return False
+
+    def gate_write_marked(self, value, stream, seq, launch=True):
+        """As the CUDA backend: no mark on a stream being captured, else the mark before
+        an open and after a close."""
+        if stream != _C.IMMEDIATE and self.is_capturing(stream):
+            self.gate_write(value, stream, seq, launch)
+            return 0
+        if value == GATE_OPEN:
+            mark = self.mark(stream)
+            self.gate_write(value, stream, seq, launch)
+            return mark
+        self.gate_write(value, stream, seq, launch)
+        return self.mark(stream)
+
     def elapsed_ns(self, a, b):
         if a not in self.times or b not in self.times:
             raise ValueError(f"unknown mark {a} or {b}")  # as the CUDA backend does
@@ -91,11 +109,11 @@ def capture(monkeypatch):
     state = {"on": False, "asked": 0}
     fake_free_memory(monkeypatch, lambda device: 1)
 
-    def capturing(handle, device):
+    def capturing(handle):
         state["asked"] += 1
         return state["on"]
 
-    monkeypatch.setattr(gate, "stream_is_capturing", capturing)
+    monkeypatch.setattr(FakeCudaExecutor, "is_capturing", staticmethod(capturing))
     return state
 
 
@@ -236,6 +254,15 @@ def test_gate_write_and_mark_bindings_reach_the_backend_on_both_paths(host):
     assert ex.elapsed_ns(a, b) >= 0
     ex.release_mark(a)
     ex.release_mark(b)
+    # The gate's marked write (the recorder's, on the training thread): one call for the
+    # write and its mark, on both paths.
+    closed = ex.gate_write_marked(_C.GATE_CLOSED, 0, 9)
+    assert closed > 0 and ex.gate_read() == _C.GATE_CLOSED and ex.gate_seq() == 9
+    opened = ex.gate_write_marked(_C.GATE_OPEN, _C.IMMEDIATE, 10, launch=False)
+    assert opened > 0 and ex.gate_read() == _C.GATE_OPEN and ex.gate_seq() == 10
+    assert ex.elapsed_ns(closed, opened) >= 0
+    ex.release_mark(closed)
+    ex.release_mark(opened)
 
 
 def test_gpu_record_takes_its_wall_clock_origin_from_the_clock_anchor(capture):

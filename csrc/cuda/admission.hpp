@@ -27,7 +27,7 @@ void tighten_timer_slack();
 // (false). Spins (yielding) for kAdmissionSpin first: gaps between compute actions are
 // often that short, and a ring takes the watcher thread's wake-up and then this one's.
 // Then sleeps on the bell, rung when a stream-ordered open has taken effect
-// (enqueue_ring) and on an immediate open, looking anyway every kAdmissionPoll; or, where
+// (ring_and_launch) and on an immediate open, looking anyway every kAdmissionPoll; or, where
 // rings are off, polls every kPollSleep.
 template <typename Stopped, typename IsOpen>
 bool wait_for_gate(const CudaShared& s, std::chrono::steady_clock::time_point deadline,

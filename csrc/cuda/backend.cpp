@@ -11,7 +11,7 @@
 // wait remains available as an option (stream_wait).
 // While the gate is closed the executor thread sleeps: every stream-ordered open records
 // an event that the backend's OpenWatcher thread waits for and then wakes it
-// (enqueue_ring), so admission costs no CPU during compute.
+// (ring_and_launch), so admission costs no CPU during compute.
 //
 // A gate write on a stream is one cuStreamBatchMemOp carrying the gate, its mirror and
 // the sequence word (enqueue_gate_batch); FREERIDE_GATE_WRITE selects three
@@ -248,7 +248,6 @@ class CudaBackend final : public Backend {
   // returns, so it is never pending.
   void gate_write(uint32_t value, uintptr_t stream, uint32_t seq, bool launch) override {
     CudaShared& s = *s_;
-    const bool open = value == FREERIDE_GATE_OPEN;
     if (stream == kImmediate && s.host_gate) {
       s.write_gate_now(value, seq);
       return;
@@ -260,27 +259,53 @@ class CudaBackend final : public Backend {
       s.write_gate_now(value, seq);
       return;
     }
-    // Still allowed after shutdown (the gate is never freed): a training hook that fires
-    // after close must not fail the training step.
     const auto handle = reinterpret_cast<cudaStream_t>(stream);
-    if (!open) {
-      // Asked before the close is enqueued: a close captured into a graph takes effect only
-      // when (if ever) the graph is replayed, and carries no ordinal.
-      s.closes.close(!CudaShared::captures(handle), [&](uint32_t ordinal) {
-        s.enqueue_gate_write(value, handle, seq, ordinal);
+    write_on_stream(value, handle, seq, launch, CudaShared::captures(handle));
+  }
+
+  // The training thread's open and close: the capture query, the mark and the write under
+  // one lock of `life`, one device switch and one look at the capture state (review G9).
+  uint64_t gate_write_marked(uint32_t value, uintptr_t stream, uint32_t seq,
+                             bool launch) override {
+    if (stream == kImmediate) return Backend::gate_write_marked(value, stream, seq, launch);
+    CudaShared& s = *s_;
+    std::shared_lock<std::shared_mutex> lk(s.life);
+    DeviceGuard guard(s.device);
+    const auto handle = reinterpret_cast<cudaStream_t>(stream);
+    const bool captured = CudaShared::captures(handle);
+    const bool open = value == FREERIDE_GATE_OPEN;
+    auto take_mark = [&]() -> uint64_t {
+      if (captured) return 0;
+      FR_CHECK(!s.shut_down, "mark() after the CUDA backend was shut down");
+      return s.mark(handle);
+    };
+    const uint64_t before = open ? take_mark() : 0;
+    write_on_stream(value, handle, seq, launch, captured);
+    return open ? before : take_mark();
+  }
+
+  // A stream-ordered write; `captured`: `stream` is being captured into a CUDA graph.
+  // Caller holds `life` shared and the device. Still allowed after shutdown (the gate is
+  // never freed): a training hook that fires after close must not fail the training step.
+  void write_on_stream(uint32_t value, cudaStream_t stream, uint32_t seq, bool launch,
+                       bool captured) {
+    CudaShared& s = *s_;
+    if (value != FREERIDE_GATE_OPEN) {
+      // A close captured into a graph takes effect only when (if ever) the graph is
+      // replayed, and carries no ordinal.
+      s.closes.close(!captured, [&](uint32_t ordinal) {
+        s.enqueue_gate_write(value, stream, seq, ordinal);
       });
       return;
     }
     // Before the write: the executor must never see this open take effect unnoted. Not
     // one captured into a graph: every replay repeats its number, and would find it noted.
-    if (!launch && !CudaShared::captures(handle)) s.skipped.note(seq);
-    s.enqueue_gate_write(value, handle, seq);
-    // An open captured into a graph rings nothing and carries no launch.
-    if (CudaShared::captures(handle)) return;
-    // Neither after shutdown: the watcher is gone, and so is every runner.
-    if (s.shut_down) return;
-    s.enqueue_ring(handle, seq);
-    if (launch) s.launch_at_open(handle, seq);
+    if (!launch && !captured) s.skipped.note(seq);
+    s.enqueue_gate_write(value, stream, seq);
+    // An open captured into a graph rings nothing and carries no launch; neither after
+    // shutdown: the watcher is gone, and so is every runner.
+    if (captured || s.shut_down) return;
+    s.ring_and_launch(stream, seq, launch);
   }
 
   // The mirror: every write that has taken effect on the GPU, read without a copy.

@@ -130,8 +130,8 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   bool end_has_come_locked(const Launch& l) const;
   void throw_if_abandoned() const;
   void throw_arrival_error_locked();
-  void enqueue_locked(cudaStream_t training, cudaEvent_t opened, uint32_t seq, bool at_open,
-                      bool record, uint64_t phase, bool guarded = false);
+  void enqueue_locked(cudaEvent_t opened, uint32_t seq, bool at_open, bool record,
+                      uint64_t phase, bool guarded = false);
   void hold_until_open();
   LaunchMarks run_held(bool record);
   LaunchMarks finish_oldest();

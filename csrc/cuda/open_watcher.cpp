@@ -260,22 +260,32 @@ void OpenWatcher::on_reached(Reached hook) {
   state_->reached = std::move(hook);
 }
 
-bool OpenWatcher::ring_after(void* stream, Doorbell* bell, uint32_t seq) noexcept {
+bool OpenWatcher::ring_after(void* stream, Doorbell* bell, uint32_t seq,
+                             AfterRecord then) noexcept {
   State& s = *state_;
   void* event = nullptr;
+  bool full = false;
   {
     std::lock_guard<std::mutex> lk(s.mu);
-    if (s.pending.size() >= kMaxPending) return false;
-    if (!s.spare.empty()) {
+    full = s.pending.size() >= kMaxPending;
+    if (!full && !s.spare.empty()) {
       event = s.spare.back();
       s.spare.pop_back();
     }
   }
-  if (event == nullptr) {
+  if (!full && event == nullptr) {
     std::string why;
-    if (!s.events.make(&event, &why)) return false;
+    if (!s.events.make(&event, &why)) event = nullptr;
   }
-  const bool recorded = s.events.record(event, stream);
+  const bool recorded = event != nullptr && s.events.record(event, stream);
+  if (then.call != nullptr) {
+    // Before the thread may wait for the event: until it has, nothing records it again.
+    try {
+      then.call(then.context, recorded ? event : nullptr);
+    } catch (...) {
+    }
+  }
+  if (event == nullptr) return false;
   {
     std::lock_guard<std::mutex> lk(s.mu);
     if (recorded) {

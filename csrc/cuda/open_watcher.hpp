@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "doorbell.hpp"
 
@@ -56,7 +57,26 @@ class OpenWatcher {
   // error is cleared), or kMaxPending events are already waiting (a stream far behind, or
   // stuck). `bell` must outlive the watcher's thread (the gates' bells are never freed).
   // `seq` is the open's sequence number, handed to the hook below.
-  bool ring_after(void* stream, Doorbell* bell, uint32_t seq = 0) noexcept;
+  //
+  // `then`, where given, is called once with the event just recorded (null where none
+  // was), before the watcher's thread can see it: until it returns, nothing records that
+  // event again, so work that must follow the same point of `stream` can wait for it
+  // (cudaStreamWaitEvent takes the record made before it) instead of recording one of
+  // its own. The ring waits for it to return: it must be short.
+  struct AfterRecord {
+    void (*call)(void* context, void* event);  // null: nothing to call
+    void* context;
+  };
+  bool ring_after(void* stream, Doorbell* bell, uint32_t seq = 0,
+                  AfterRecord then = {nullptr, nullptr}) noexcept;
+  template <typename Then>
+    requires(!std::is_same_v<std::decay_t<Then>, AfterRecord>)
+  bool ring_after(void* stream, Doorbell* bell, uint32_t seq, Then&& then) noexcept {
+    using Fn = std::remove_reference_t<Then>;
+    return ring_after(stream, bell, seq,
+                      AfterRecord{[](void* f, void* event) { (*static_cast<Fn*>(f))(event); },
+                               const_cast<void*>(static_cast<const void*>(&then))});
+  }
 
   // Called on the watcher's thread with an event's `seq` once the GPU has reached it,
   // just before its bell rings: so that work the open makes due (the CUDA backend's

@@ -182,7 +182,7 @@ LaunchMarks CudaRunner::run(bool record) {
     if (pending_.empty()) {
       if (stop_requested_.load() || abandoned_.load()) return LaunchMarks{};
       const uint32_t seq = s.mirror_seq();  // after the open mirror: the open's, or newer
-      enqueue_locked(nullptr, nullptr, seq, false, record, phase_);
+      enqueue_locked(nullptr, seq, false, record, phase_);
     }
   }
   return finish_oldest();

@@ -33,6 +33,7 @@ bool CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint3
   try {
     std::lock_guard<std::mutex> lk(launch_mu_);
     if (!open_for_launches_locked()) return false;
+    const bool had_pending = !pending_.empty();
     const OpenLaunches go =
         launches_at_open(*task_, ahead_, phase_, phase_done_, kLaunchRing - pending_.size());
     if (!go.current && !go.next) return false;
@@ -56,9 +57,12 @@ bool CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint3
     }
     // Chained behind the armed runner's launch at this open (a follower's): no wait of
     // its own, it begins once that one has left.
-    cudaStream_t waits_on = context.chained ? nullptr : training;
+    cudaEvent_t waits_on = context.chained ? nullptr : opened;
+    if (waits_on != nullptr && !context.recorded) {
+      FR_CUDA_CHECK(cudaEventRecord(opened, training));
+    }
     if (go.current) {
-      enqueue_locked(waits_on, opened, seq, true, true, phase_);
+      enqueue_locked(waits_on, seq, true, true, phase_);
       pending_.back().training = training;
       waits = waits_on != nullptr;
       waits_on = nullptr;
@@ -66,12 +70,16 @@ bool CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint3
     if (go.next) {
       // Behind the current phase's launch on the stream where there is one (so after the
       // open already), guarded by that phase's completion.
-      enqueue_locked(waits_on, opened, seq, true, true, phase_ + 1, true);
+      enqueue_locked(waits_on, seq, true, true, phase_ + 1, true);
       pending_.back().training = training;
       waits = waits || waits_on != nullptr;
     }
     if (waits) atomic_max(s_->max_lookahead, waiting.count + 1);
-    rang = true;
+    // Behind launches of its own the executor waits for the oldest one's end, which this
+    // launch does not bring nearer: no wake-up for it (a futex wake on the training
+    // thread, and one for the executor, at every open; review G9). Launches begin in
+    // order, so the watcher's ring at that one's open is what the wait needs.
+    rang = !had_pending;
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lk(launch_mu_);
     arrival_error_ = std::string("a launch at a gate open failed: ") + e.what();
@@ -109,7 +117,7 @@ bool CudaRunner::launch_at_reached_open(uint32_t seq) noexcept {
     // primary context is kept current across the launch, as on a training thread.
     const KeepCurrentContext keep(green_);
     // Marked, as the executor's own launches are (run(true)).
-    enqueue_locked(nullptr, nullptr, seq, false, true, phase_);
+    enqueue_locked(nullptr, seq, false, true, phase_);
     launched = true;
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lk(launch_mu_);
@@ -264,7 +272,7 @@ void CudaRunner::maybe_queue_successor(bool progressed) noexcept {
     st.follows_protocol = task_->follows_item_protocol();
     if (!queue_successor(st) || !accepting_locked()) return;
     const bool record = pending_.back().record;
-    enqueue_locked(nullptr, nullptr, s.mirror_seq(), false, record, phase_);
+    enqueue_locked(nullptr, s.mirror_seq(), false, record, phase_);
     pending_.back().successor = true;
   } catch (const std::exception& e) {
     arrival_error_ = std::string("queueing a successor launch failed: ") + e.what();
@@ -304,10 +312,10 @@ void CudaRunner::throw_arrival_error_locked() {
 
 // Enqueues one launch of `phase` (the current one, or with phases ahead the next,
 // `guarded` by the current's completion) on stream_; caller holds launch_mu_. With
-// `training`, after the work enqueued there so far (`opened` is recorded there and
-// waited for). stream_wait: held by a memory wait on the gate's mirror first.
-void CudaRunner::enqueue_locked(cudaStream_t training, cudaEvent_t opened, uint32_t seq,
-                                bool at_open, bool record, uint64_t phase, bool guarded) {
+// `opened` (an event recorded at an open on a training stream), after it: it waits for
+// that open. stream_wait: held by a memory wait on the gate's mirror first.
+void CudaRunner::enqueue_locked(cudaEvent_t opened, uint32_t seq, bool at_open, bool record,
+                                uint64_t phase, bool guarded) {
   CudaShared& s = *s_;
   const uint64_t number = launch_no_ + 1;
   ring_.clear(number);
@@ -324,17 +332,14 @@ void CudaRunner::enqueue_locked(cudaStream_t training, cudaEvent_t opened, uint3
   }
   // Before the wait for the open: it needs only what is enqueued before it to have ended.
   claim_slot_locked(phase);
-  if (training != nullptr) {
-    FR_CUDA_CHECK(cudaEventRecord(opened, training));
-    FR_CUDA_CHECK(cudaStreamWaitEvent(stream_, opened, 0));
-  }
+  if (opened != nullptr) FR_CUDA_CHECK(cudaStreamWaitEvent(stream_, opened, 0));
   Launch l;
   l.number = number;
   l.stamp = s.launch_stamps.fetch_add(1) + 1;
   l.phase = phase;
   l.slot = slot_of(phase);
   l.guarded = guarded;
-  l.waits_open = training != nullptr;
+  l.waits_open = opened != nullptr;
   l.n_items = phase == phase_ ? n_items_ : task_->num_items(phase);
   l.gate_seq = seq;
   l.at_open = at_open;
@@ -416,7 +421,7 @@ LaunchMarks CudaRunner::run_held(bool record) {
     std::lock_guard<std::mutex> lk(launch_mu_);
     throw_arrival_error_locked();
     if (pending_.empty()) {
-      enqueue_locked(nullptr, nullptr, s_->mirror_seq(), false, record, phase_);
+      enqueue_locked(nullptr, s_->mirror_seq(), false, record, phase_);
     }
   }
   return finish_oldest();

@@ -228,9 +228,21 @@ void CudaShared::write_gate_now(uint32_t value, uint32_t seq) {
   if (open) gate.bell->ring();
 }
 
-void CudaShared::enqueue_ring(cudaStream_t stream, uint32_t seq) noexcept {
-  if (watcher == nullptr) return;
-  (void)watcher->ring_after(stream, gate.bell, seq);
+void CudaShared::ring_and_launch(cudaStream_t stream, uint32_t seq, bool launch) noexcept {
+  if (watcher == nullptr) {
+    if (launch) launch_at_open(stream, seq, nullptr);
+    return;
+  }
+  if (!launch) {
+    (void)watcher->ring_after(stream, gate.bell, seq);
+    return;
+  }
+  // The launch is enqueued before the watcher's thread may wait for the event, and so
+  // before that thread can hand it to another open's record: the launch's stream wait
+  // takes this open's record.
+  (void)watcher->ring_after(stream, gate.bell, seq, [&](void* event) {
+    launch_at_open(stream, seq, static_cast<cudaEvent_t>(event));
+  });
 }
 
 void CudaShared::launch_at_reached(uint32_t seq) noexcept {
@@ -254,24 +266,26 @@ bool CudaShared::captures(cudaStream_t stream) noexcept {
   return true;
 }
 
-void CudaShared::launch_at_open(cudaStream_t stream, uint32_t seq) noexcept {
+void CudaShared::launch_at_open(cudaStream_t stream, uint32_t seq, cudaEvent_t recorded) noexcept {
   if (opened == nullptr) return;  // launches at opens off (set once, at construction)
   const RelaxedCaptureScope relaxed;  // beside a capture on another thread
   std::lock_guard<std::mutex> lk(arm_mu);
   auto context_for = [&](const OpenLauncher* runner) {
     OpenContext context;
+    context.recorded = recorded != nullptr;
     for (const OpenLauncher* other : launchers) {
       if (other != runner) other->add_waiting_opens(context.others, runner->launch_stream());
     }
     return context;
   };
+  const cudaEvent_t event = recorded != nullptr ? recorded : opened;
   bool took = false;
-  if (armed != nullptr) took = armed->launch_at_open(stream, opened, seq, context_for(armed));
+  if (armed != nullptr) took = armed->launch_at_open(stream, event, seq, context_for(armed));
   if (follower != nullptr) {
     // Behind the armed runner's launch on the one stream: it begins once that one left.
     OpenContext context = context_for(follower);
     context.chained = took;
-    follower->launch_at_open(stream, opened, seq, context);
+    follower->launch_at_open(stream, event, seq, context);
   }
 }
 

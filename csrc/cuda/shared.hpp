@@ -51,6 +51,9 @@ struct OpenContext {
   // A follower's launch right behind the armed runner's launch at this open, on the same
   // stream: it waits for no open of its own, and adds none to the lookahead.
   bool chained = false;
+  // `opened` is recorded on the training stream at this open already (the watcher's
+  // event): a launch only waits for it.
+  bool recorded = false;
 };
 
 // A runner that takes a launch at a stream-ordered open (CudaShared::launch_at_open).
@@ -61,7 +64,8 @@ class OpenLauncher {
   // On the thread that writes the open (a training thread), just after the open's writes
   // on `training` (a stream not being captured), with CudaShared::arm_mu held and the
   // device current: enqueues one launch on the runner's stream, ordered after that point
-  // of `training` by `opened` (an event this call records there). `seq` is the open's
+  // of `training` by `opened` (an event this call records there, or recorded there
+  // already: context.recorded). `seq` is the open's
   // sequence number. Never throws: a failure is the task's, and the executor's next run()
   // of the runner raises it. Whether it enqueued a launch that waits for this open.
   virtual bool launch_at_open(cudaStream_t training, cudaEvent_t opened, uint32_t seq,
@@ -104,7 +108,7 @@ struct CudaShared {
   cudaStream_t control = nullptr;
   GateSlot gate;
   // How a closed gate is waited for: by the bell, which `watcher` rings once a
-  // stream-ordered open has taken effect (enqueue_ring), or by polling the mirror
+  // stream-ordered open has taken effect (ring_and_launch), or by polling the mirror
   // (FREERIDE_ADMISSION=poll). Null where polling, and after shutdown.
   std::unique_ptr<OpenWatcher> watcher;
   bool ring = true;
@@ -312,14 +316,16 @@ struct CudaShared {
   // one (launches that run no item: the executor backs off, see executor.cpp).
   void write_gate_now(uint32_t value, uint32_t seq);
 
-  // Has gate.bell rung once `stream` reaches this point (just after the writes of the open
-  // `seq`, so the mirror reads open by then): one event record on the training stream.
-  // Caller holds `life` shared (shutdown drops the watcher under it held exclusively: no
-  // ring after), with the device current, and has checked that `stream` is not being
-  // captured into a graph (waiting for an event recorded in a capture would invalidate
-  // it). Never throws: the open itself is enqueued, and where no ring comes the executor
-  // thread still looks at the mirror every kAdmissionPoll.
-  void enqueue_ring(cudaStream_t stream, uint32_t seq) noexcept;
+  // After the writes of the open `seq` on `stream`: has gate.bell rung once the GPU
+  // reaches that point (one event record on the training stream, which the watcher's
+  // thread waits for), and with `launch`, the armed runner's launch at the open
+  // (launch_at_open), ordered after that point by the same event. Caller holds `life`
+  // shared (shutdown drops the watcher under it held exclusively: no ring after), with
+  // the device current, and has checked that `stream` is not being captured into a graph
+  // (waiting for an event recorded in a capture would invalidate it). Never throws: the
+  // open itself is enqueued, and where no ring comes the executor thread still looks at
+  // the mirror every kAdmissionPoll.
+  void ring_and_launch(cudaStream_t stream, uint32_t seq, bool launch) noexcept;
 
   // Launches from the watcher (FREERIDE_WATCHER_LAUNCH, watcher_launch_rule.hpp): once the
   // GPU has reached the open `seq`, the watcher's thread enqueues the armed runner's
@@ -343,9 +349,10 @@ struct CudaShared {
   // the open take effect, by when, with the host far ahead of the GPU, that launch would
   // queue behind all of it (with one hardware queue) and find its bubble over. arm_mu
   // orders arm/disarm against a launch in progress, so a runner is never called after
-  // disarm() returned. `opened` is the one event those launches record on the training
-  // stream: a stream wait takes the record made just before it, so it is reused (under
-  // arm_mu).
+  // disarm() returned. The launches wait for the watcher's event of the open (one event
+  // recorded per open, review G9); `opened` is the one event they record on the training
+  // stream where the watcher recorded none (polling admission, a full or failed watcher):
+  // a stream wait takes the record made just before it, so it is reused (under arm_mu).
   bool launch_at_opens = true;  // FREERIDE_LAUNCH_AT_OPEN (see launch_at_opens_enabled)
   std::mutex arm_mu;
   OpenLauncher* armed = nullptr;
@@ -413,8 +420,10 @@ struct CudaShared {
     std::erase(launchers, runner);
   }
   // After an open's writes on `stream` (not capturing), on the writing thread; caller
-  // holds `life` shared with the device current. Never throws.
-  void launch_at_open(cudaStream_t stream, uint32_t seq) noexcept;
+  // holds `life` shared with the device current. `recorded`: an event recorded on
+  // `stream` at that point already (the watcher's), which the launches wait for; null:
+  // they record `opened` there. Never throws.
+  void launch_at_open(cudaStream_t stream, uint32_t seq, cudaEvent_t recorded) noexcept;
   // Close-time (Backend::begin_shutdown): no launch at an open from now on, whatever is
   // armed. Launches already enqueued are the executor's to drain or abandon.
   void refuse_launches_at_opens() {

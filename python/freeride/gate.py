@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._C import GATE_CLOSED, GATE_OPEN, IMMEDIATE
-from ._streams import current_stream, stream_handle, stream_is_capturing
+from ._streams import current_stream, stream_handle
 
 _SEQ_MASK = 2**32 - 1
 # slot_of() of a gate opened by hand, outside the bubbles of recorded iterations.
@@ -86,20 +86,14 @@ class Gate:
             handle = current_stream(self._device) if cuda else IMMEDIATE
         else:
             handle = stream_handle(stream, self._kind, self._device)
-        if mark and cuda and handle != IMMEDIATE and stream_is_capturing(handle, self._device):
-            # The write itself is captured with the graph (every replay writes the gate),
-            # but an event recorded in a capture is no point of the stream's timeline.
-            mark = False
-        ex = self._ex
+        # One call for the capture query, the mark and the write: the mark is 0 where the
+        # write is captured into a CUDA graph (every replay writes the gate, but an event
+        # recorded in a capture is no point of the stream's timeline).
         mark_id = 0
-        if not mark:
-            ex.gate_write(value, handle, seq, launch)
-        elif opening:
-            mark_id = ex.mark(handle)
-            ex.gate_write(value, handle, seq, launch)
+        if mark:
+            mark_id = self._ex.gate_write_marked(value, handle, seq, launch)
         else:
-            ex.gate_write(value, handle, seq, launch)
-            mark_id = ex.mark(handle)
+            self._ex.gate_write(value, handle, seq, launch)
         self.written_open = opening
         return mark_id
 
