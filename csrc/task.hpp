@@ -9,6 +9,8 @@
 
 namespace freeride {
 
+class LaunchShapes;  // cuda/launch_shapes.hpp
+
 // What a CUDA launch of one phase gets from the backend.
 struct CudaLaunch {
   fr_item_ctx ctx;      // device pointers of gate and counters, items of this phase
@@ -19,6 +21,9 @@ struct CudaLaunch {
   SmReserve reserve;    // what side blocks leave free on every SM (blocks == 0: nothing)
   // With a green-context reserve, for a task that runs in it: sm_count is the green
   // context's SMs and reserve is empty (the SMs left out are the room).
+  // The backend's answers to what a launch asks CUDA about its kernel. Null in a launch
+  // built by hand: every launch then asks.
+  LaunchShapes* shapes = nullptr;
 };
 
 class Task {

@@ -22,6 +22,7 @@
 #include "cuda/device_guard.hpp"
 #include "cuda/driver.hpp"
 #include "cuda/gate_memory.hpp"
+#include "cuda/launch_shapes.hpp"
 #include "cuda/occupancy.hpp"
 #include "cuda/open_watcher.hpp"
 #include "cuda/skipped_opens.hpp"
@@ -253,10 +254,17 @@ struct CudaShared {
   // also land on the SMs left out, and fewer of them leave those SMs emptier (with the
   // cap, room for `reserve` is left on every SM whatever).
   CudaLaunch launch(const fr_item_ctx& ctx, void* stream, bool in_green_context) const {
-    if (in_green_context) return CudaLaunch{ctx, stream, green_sms, device, sm, SmReserve{0}};
+    if (in_green_context) {
+      return CudaLaunch{ctx, stream, green_sms, device, sm, SmReserve{0}, &shapes};
+    }
     const int sms = green_side != nullptr ? green_sms : sm_count;
-    return CudaLaunch{ctx, stream, sms, device, sm, reserve};
+    return CudaLaunch{ctx, stream, sms, device, sm, reserve, &shapes};
   }
+  // Per backend, not per process: a harvester made after a device reset (the functions'
+  // settings gone with the context) or with another reserve (another carveout) starts
+  // with none of an earlier one's answers. Mutable: launch() is const, and the cache
+  // locks itself.
+  mutable LaunchShapes shapes;
 
   // Stream-ordered write of a 32-bit word on `stream`, by `how` (never kBatch: see
   // enqueue_gate_write).
