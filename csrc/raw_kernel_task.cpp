@@ -1,10 +1,10 @@
 #include "raw_kernel_task.hpp"
 
 #include <algorithm>
-#include <mutex>
 #include <utility>
 
 #include "check.hpp"
+#include "cuda/launch_shapes.hpp"
 #ifdef FREERIDE_WITH_CUDA
 #include "cuda/driver.hpp"
 #endif
@@ -35,7 +35,7 @@ class RawKernelTask final : public Task {
   RawKernelTask(std::string name, std::vector<RawPhase> kernels, uint64_t phases,
                 std::vector<uint64_t> args)
       : name_(std::move(name)), kernels_(std::move(kernels)), phases_(phases),
-        args_(std::move(args)), per_sm_(kernels_.size(), 0) {
+        args_(std::move(args)) {
     FR_ARG(!kernels_.empty(), "a RawKernel task needs at least one kernel");
     FR_ARG(phases_ > 0, "a RawKernel task needs at least one phase");
     for (const RawPhase& p : kernels_) {
@@ -68,7 +68,7 @@ class RawKernelTask final : public Task {
                                                 << " of " << phases_);
     const RawPhase& p = kernel_of(launch.ctx.phase);
     const CUfunction f = as_function(p.function);
-    const uint64_t resident = resident_blocks(a, launch.ctx.phase % kernels_.size(), p, launch);
+    const uint64_t resident = resident_blocks(a, p, launch);
     // A grid the user chose is capped too: blocks beyond the resident ones would wait
     // for a slot, and on a reserved device they would take the reserve's.
     const uint64_t grid = std::min<uint64_t>(
@@ -92,35 +92,44 @@ class RawKernelTask final : public Task {
   const RawPhase& kernel_of(uint64_t phase) const { return kernels_[phase % kernels_.size()]; }
 
 #ifdef FREERIDE_WITH_CUDA
-  // Blocks that may be resident at once: the kernel's occupancy (computed on first
-  // launch, on the executor's thread where the device's primary context is current, and
-  // kept: the device never changes), capped per SM by the launch's reserve.
-  uint64_t resident_blocks(const cuda_driver::Api& a, size_t kernel, const RawPhase& p,
+  // Blocks that may be resident at once: the kernel's occupancy, capped per SM by the
+  // launch's reserve. What this asks the driver is asked once per backend
+  // (launch.shapes, see cuda/launch_shapes.hpp); its first launch asks on the executor's
+  // thread, where the device's primary context is current. A launch built by hand has no
+  // backend cache: the task's own then keeps the occupancy, as it always did.
+  uint64_t resident_blocks(const cuda_driver::Api& a, const RawPhase& p,
                            const CudaLaunch& launch) {
     const CUfunction f = as_function(p.function);
-    int per_sm = 0;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (per_sm_[kernel] == 0) {
-        FR_DRV_CHECK(a.occupancy(&per_sm_[kernel], f, static_cast<int>(p.block), p.shared_mem));
-        FR_CHECK(per_sm_[kernel] > 0, name_ << ": not one block of " << p.block << " threads and "
-                                            << p.shared_mem
-                                            << " bytes of shared memory fits on an SM");
-      }
-      per_sm = per_sm_[kernel];
-    }
+    LaunchShapes& cache = launch.shapes != nullptr ? *launch.shapes : own_occupancy_;
+    const int occupancy = cache.occupancy(f, static_cast<int>(p.block),
+                                          static_cast<int>(p.shared_mem), [&] {
+      int per_sm = 0;
+      FR_DRV_CHECK(a.occupancy(&per_sm, f, static_cast<int>(p.block), p.shared_mem));
+      FR_CHECK(per_sm > 0, name_ << ": not one block of " << p.block << " threads and "
+                                 << p.shared_mem << " bytes of shared memory fits on an SM");
+      return per_sm;
+    });
+    int per_sm = occupancy;
     if (launch.reserve.blocks > 0 && launch.sm.threads > 0) {
-      const KernelUse use{static_cast<int>(p.block),
-                          function_attribute(a, f, CU_FUNC_ATTRIBUTE_NUM_REGS),
-                          function_attribute(a, f, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES) +
-                              static_cast<int>(p.shared_mem)};
+      const LaunchShapes::Attributes known = cached_attributes(launch.shapes, f, [&] {
+        return LaunchShapes::Attributes{
+            function_attribute(a, f, CU_FUNC_ATTRIBUTE_NUM_REGS),
+            function_attribute(a, f, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)};
+      });
+      const KernelUse use{static_cast<int>(p.block), known.registers_per_thread,
+                          known.static_shared_bytes + static_cast<int>(p.shared_mem)};
       per_sm = std::min(per_sm, side_blocks_per_sm(launch.sm, launch.reserve, use));
       FR_ARG(per_sm > 0, name_ << ": a block of " << p.block << " threads, " << use.registers_per_thread
                                << " registers per thread and " << use.shared_bytes
                                << " bytes of shared memory does not fit on an SM beside the "
                                   "harvester's reserve; use smaller blocks or a smaller reserve");
-      FR_DRV_CHECK(a.func_set_attribute(f, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                                        carveout_percent(launch.sm, launch.reserve, use, per_sm)));
+      // The user owns this function and may set its carveout too: see
+      // LaunchShapes::set_carveout for when ours is set again.
+      const int carveout = carveout_percent(launch.sm, launch.reserve, use, per_sm);
+      apply_carveout(launch.shapes, f, carveout, [&](int percent) {
+        FR_DRV_CHECK(
+            a.func_set_attribute(f, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, percent));
+      });
     }
     return static_cast<uint64_t>(per_sm) * static_cast<uint64_t>(std::max(launch.sm_count, 1));
   }
@@ -130,8 +139,7 @@ class RawKernelTask final : public Task {
   std::vector<RawPhase> kernels_;
   uint64_t phases_;
   std::vector<uint64_t> args_;
-  std::mutex mu_;
-  std::vector<int> per_sm_;  // the kernel's own occupancy, per kernel; 0: not yet known
+  LaunchShapes own_occupancy_;  // for launches that carry no cache (see resident_blocks)
 };
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "check.hpp"
 #include "freeride/preempt.cuh"
+#include "cuda/launch_shapes.hpp"
 #include "cuda/occupancy.hpp"
 #include "launchers.hpp"
 #include "task.hpp"
@@ -48,23 +49,37 @@ void preload(Kernel kernel) {
 // launches during a bubble must start at once. Also asks for a shared-memory carveout
 // that keeps the reserve's shared memory configured next to the side blocks. In a green
 // context (green-context reserve) the launch carries no per-SM reserve and the context's
-// SM count: the SMs left out of it are the room.
+// SM count: the SMs left out of it are the room. What it asks CUDA is asked once per
+// backend (launch.shapes): a launch at an open sizes its grid on a training thread.
 template <typename Kernel>
 unsigned int persistent_grid(Kernel kernel, int threads, const CudaLaunch& launch,
                              uint64_t items, int dynamic_shared_bytes = 0) {
-  int per_sm = 0;
-  FR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads,
-                                                              dynamic_shared_bytes));
+  const void* function = reinterpret_cast<const void*>(kernel);
+  const int occupancy =
+      cached_occupancy(launch.shapes, function, threads, dynamic_shared_bytes, [&] {
+        int per_sm = 0;
+        FR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads,
+                                                                    dynamic_shared_bytes));
+        return per_sm;
+      });
+  int per_sm = occupancy;
   if (launch.reserve.blocks > 0 && launch.sm.threads > 0) {
-    cudaFuncAttributes attributes{};
-    FR_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-    const KernelUse use{threads, attributes.numRegs,
-                        static_cast<int>(attributes.sharedSizeBytes) + dynamic_shared_bytes};
+    const LaunchShapes::Attributes known = cached_attributes(launch.shapes, function, [&] {
+      cudaFuncAttributes attributes{};
+      FR_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+      return LaunchShapes::Attributes{attributes.numRegs,
+                                      static_cast<int>(attributes.sharedSizeBytes)};
+    });
+    const KernelUse use{threads, known.registers_per_thread,
+                        known.static_shared_bytes + dynamic_shared_bytes};
     per_sm = std::min(per_sm, side_blocks_per_sm(launch.sm, launch.reserve, use));
     FR_CHECK(per_sm > 0, "a block of " << threads << " threads does not fit on an SM beside "
                                        "the harvester's reserve");
-    FR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                       carveout_percent(launch.sm, launch.reserve, use, per_sm)));
+    const int carveout = carveout_percent(launch.sm, launch.reserve, use, per_sm);
+    apply_carveout(launch.shapes, function, carveout, [&](int percent) {
+      FR_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent));
+    });
   }
   const uint64_t resident =
       static_cast<uint64_t>(std::max(per_sm, 1)) * static_cast<uint64_t>(std::max(launch.sm_count, 1));
