@@ -1,6 +1,7 @@
 #include "raw_kernel_task.hpp"
 
 #include <algorithm>
+#include <array>
 #include <utility>
 
 #include "check.hpp"
@@ -22,6 +23,9 @@ const cuda_driver::Api& kernel_api() {
 }
 
 CUfunction as_function(uintptr_t f) { return reinterpret_cast<CUfunction>(f); }
+
+// Parameters a launch passes from the stack (fr_item_ctx included); more go on the heap.
+constexpr size_t kInlineParams = 16;
 
 int function_attribute(const cuda_driver::Api& a, CUfunction f, CUfunction_attribute attr) {
   int value = 0;
@@ -74,14 +78,22 @@ class RawKernelTask final : public Task {
     const uint64_t grid = std::min<uint64_t>(
         {p.grid == 0 ? resident : std::min<uint64_t>(p.grid, resident), launch.ctx.n_items,
          1u << 30});
-    // The driver copies each parameter's bytes out of these pointers during the call.
+    // The driver copies each parameter's bytes out of these pointers during the call. On
+    // the stack, not the heap, up to kInlineParams: a launch at an open runs on a training
+    // thread. Not a member either: a plain run (run_plain) may launch this task from
+    // another thread while the executor does.
     fr_item_ctx ctx = launch.ctx;
-    std::vector<void*> params;
-    params.reserve(args_.size() + 1);
-    params.push_back(&ctx);
-    for (uint64_t& word : args_) params.push_back(&word);
+    std::array<void*, kInlineParams> inline_params;
+    std::vector<void*> many_params;
+    void** params = inline_params.data();
+    if (args_.size() + 1 > kInlineParams) {
+      many_params.resize(args_.size() + 1);
+      params = many_params.data();
+    }
+    params[0] = &ctx;
+    for (size_t i = 0; i < args_.size(); ++i) params[i + 1] = &args_[i];
     FR_DRV_CHECK(a.launch_kernel(f, static_cast<unsigned int>(grid), 1, 1, p.block, 1, 1, p.shared_mem,
-                                 static_cast<CUstream>(launch.stream), params.data(), nullptr));
+                                 static_cast<CUstream>(launch.stream), params, nullptr));
 #else
     (void)launch;
     FR_THROW(RuntimeFailure, name_ << ": this build of freeride has no CUDA support");
