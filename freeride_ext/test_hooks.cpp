@@ -21,6 +21,7 @@
 #include "cuda/close_ledger.hpp"
 #include "cuda/green_context_plan.hpp"
 #include "cuda/kernel_image.hpp"
+#include "cuda/launch_shapes.hpp"
 #include "cuda/open_watcher.hpp"
 #include "cuda/skipped_opens.hpp"
 #include "cuda/slot_pool.hpp"
@@ -466,6 +467,53 @@ void register_test_hooks(py::module_& m) {
         py::arg("blocks"), py::arg("items"), "freeride/item_time.hpp's launch_block_item_ns.");
   t.def("smoothed_item_ns", &freeride::smoothed_item_ns, py::arg("estimate"),
         py::arg("measured"), "freeride/item_time.hpp's smoothed_item_ns.");
+
+  // The queries are Python callables, run with the GIL; the cache's own lock is taken
+  // without it, as a launch takes it with no Python in sight, so threads contend there.
+  py::class_<freeride::LaunchShapes>(t, "LaunchShapes",
+                                     "The CUDA backend's cache of what launches ask CUDA "
+                                     "about their kernels (csrc/cuda/launch_shapes.hpp).")
+      .def(py::init<>())
+      .def(
+          "occupancy",
+          [](freeride::LaunchShapes& s, uintptr_t kernel, int threads, int dynamic_shared,
+             const py::function& query) {
+            py::gil_scoped_release released;
+            return s.occupancy(reinterpret_cast<const void*>(kernel), threads, dynamic_shared,
+                               [&] {
+                                 py::gil_scoped_acquire held;
+                                 return query().cast<int>();
+                               });
+          },
+          py::arg("kernel"), py::arg("threads"), py::arg("dynamic_shared"), py::arg("query"),
+          "query() -> int where (kernel, threads, dynamic_shared) is not yet known.")
+      .def(
+          "attributes",
+          [](freeride::LaunchShapes& s, uintptr_t kernel, const py::function& query) {
+            py::gil_scoped_release released;
+            const freeride::LaunchShapes::Attributes a =
+                s.attributes(reinterpret_cast<const void*>(kernel), [&] {
+                  py::gil_scoped_acquire held;
+                  const auto [registers, shared] = query().cast<std::pair<int, int>>();
+                  return freeride::LaunchShapes::Attributes{registers, shared};
+                });
+            return std::make_pair(a.registers_per_thread, a.static_shared_bytes);
+          },
+          py::arg("kernel"), py::arg("query"),
+          "(registers per thread, static shared bytes): query() -> that pair where the "
+          "kernel is not yet known.")
+      .def(
+          "set_carveout",
+          [](freeride::LaunchShapes& s, uintptr_t kernel, int percent, const py::function& set) {
+            py::gil_scoped_release released;
+            return s.set_carveout(reinterpret_cast<const void*>(kernel), percent, [&](int p) {
+              py::gil_scoped_acquire held;
+              set(p);
+            });
+          },
+          py::arg("kernel"), py::arg("percent"), py::arg("set"),
+          "set(percent) unless percent is the kernel's carveout last set here; whether it "
+          "called.");
 
   py::class_<FakeWatcher>(t, "FakeWatcher",
                           "An open watcher (csrc/cuda/open_watcher.hpp) with fake events: "

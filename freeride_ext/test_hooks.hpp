@@ -8,7 +8,7 @@ namespace freeride_ext {
 
 // Adds the submodule `_testing` to `m`: Latch, submit_after_latch, items_see_gate_closed,
 // the test queue backend (test_queue_hooks.cpp), fail_green_preload, delay_launch_end,
-// FakeWatcher.
+// FakeWatcher, LaunchShapes.
 void register_test_hooks(pybind11::module_& m);
 
 // The test queue backend's part of `_testing` (test_queue_hooks.cpp).
