@@ -106,8 +106,10 @@ class RawKernelTask final : public Task {
 #ifdef FREERIDE_WITH_CUDA
   // Blocks that may be resident at once: the kernel's occupancy, capped per SM by the
   // launch's reserve. What this asks the driver is asked once per backend
-  // (launch.shapes, see cuda/launch_shapes.hpp); its first launch asks on the executor's
-  // thread, where the device's primary context is current. A launch built by hand has no
+  // (launch.shapes, see cuda/launch_shapes.hpp); its first launch may be a launch at an
+  // open on a training thread (the runner is armed before the executor launches), where
+  // DeviceGuard has made the device's primary context current and compile() has loaded
+  // the function already, so the query loads nothing. A launch built by hand has no
   // backend cache: the task's own then keeps the occupancy, as it always did.
   uint64_t resident_blocks(const cuda_driver::Api& a, const RawPhase& p,
                            const CudaLaunch& launch) {

@@ -98,6 +98,29 @@ def test_the_carveout_is_set_only_when_it_changes():
     assert set_to == [50, 60, 50, 50]
 
 
+def test_setting_a_kernels_carveout_has_its_occupancy_asked_again_once():
+    """The driver's occupancy answer may read the function's preferred carveout, and the
+    first answer may have been taken under another (the default, an earlier harvester's):
+    a set that changes the carveout forgets that kernel's occupancy, at every shape, and
+    the next launch asks once more; an unchanged carveout keeps the answer, and another
+    kernel's answers stay."""
+    shapes = _C._testing.LaunchShapes()
+    query, other = Calls(4), Calls(2)
+    assert shapes.occupancy(KERNEL, 256, 0, query) == 4
+    assert shapes.occupancy(KERNEL, 512, 0, query) == 4
+    assert shapes.occupancy(OTHER, 256, 0, other) == 2
+    assert query.count == 2 and other.count == 1
+    shapes.set_carveout(KERNEL, 50, lambda percent: None)
+    query.value = 3  # its answer under the new carveout
+    assert shapes.occupancy(KERNEL, 256, 0, query) == 3
+    assert shapes.occupancy(KERNEL, 512, 0, query) == 3
+    assert query.count == 4
+    assert not shapes.set_carveout(KERNEL, 50, lambda percent: None)
+    assert shapes.occupancy(KERNEL, 256, 0, query) == 3
+    assert query.count == 4
+    assert shapes.occupancy(OTHER, 256, 0, other) == 2 and other.count == 1
+
+
 def test_each_cache_starts_empty():
     """A backend's cache is its own: a new harvester (after a device reset, or with
     another reserve) asks again and sets its carveout once."""

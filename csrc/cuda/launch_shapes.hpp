@@ -1,5 +1,6 @@
-// What a launch asks CUDA about its kernel, asked once per backend: occupancy, registers
-// and static shared memory never change for a loaded function on one device, yet sizing
+// What a launch asks CUDA about its kernel, asked once per backend: registers and static
+// shared memory never change for a loaded function on one device, nor does occupancy
+// while its carveout stays as set (see set_carveout), yet sizing
 // a persistent grid asked them at every launch, launches at opens included, which run on
 // a training thread where each host microsecond is the training step's. The preferred
 // carveout is a per-function setting: set again only where the value differs from the
@@ -14,7 +15,10 @@
 // CUfunction. One handle names one function for as long as a backend lives (built-ins
 // are in the binary; RawKernel's modules are kept for the process's life by the Python
 // layer's compile cache), and a backend lives within one device context: a new backend,
-// after a device reset say, starts with an empty cache.
+// after a device reset say, starts with an empty cache. Two harvesters alive on one
+// device at once with different reserves would each take the carveout as theirs, while
+// the function has one setting: the later set wins for both (before the cache every
+// launch set its own, racing the other's launches anyway).
 #pragma once
 
 #include <map>
@@ -63,6 +67,12 @@ class LaunchShapes {
   // changes: for built-ins no one else can name the function; for a RawKernel the user
   // owns it, and one who sets its carveout while it runs under a reserve gets what they
   // set until the reserve asks for another.
+  //
+  // A set forgets the kernel's occupancy: whether the driver's occupancy answer reads the
+  // function's preferred carveout is not documented (the occupancy calculator's
+  // cuda_occupancy.h does take a carveout), and the first answer may have been taken
+  // under another one (the default, or an earlier harvester's). The next launch asks
+  // again, under the carveout it runs with; that answer stays, as the carveout then does.
   template <typename Set>
   bool set_carveout(const void* kernel, int percent, Set&& set) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -70,6 +80,7 @@ class LaunchShapes {
     carveout_.erase(kernel);
     set(percent);
     carveout_.emplace(kernel, percent);
+    forget_occupancy_locked(kernel);
     return true;
   }
 
@@ -79,6 +90,7 @@ class LaunchShapes {
   const int* find_occupancy_locked(const OccupancyKey& key) const;
   const Attributes* find_attributes_locked(const void* kernel) const;
   bool carveout_is_locked(const void* kernel, int percent) const;
+  void forget_occupancy_locked(const void* kernel);
 
   // std::map: a handful of entries (each built-in kernel at its one shape, each RawKernel
   // phase's function), no hash to write, no rehash on a launch that adds one.

@@ -42,7 +42,11 @@ class OpenWatcher {
 #endif
   // Starts the thread (returns once it runs). One watcher per backend: its events come
   // from that harvester's training streams, which reach them in order, so the first in
-  // the queue is the first done.
+  // the queue is the first done. (Opens written from two threads on two streams may be
+  // queued out of the order the GPU reaches them, more so where ring_after's `then`
+  // takes long: the later ring waits for the earlier open in the queue. Stream-ordered
+  // gate writes come from one stream, docs/design.md; the executor also looks at the
+  // mirror by itself at least every kAdmissionPoll.)
   OpenWatcher(int device, const WatcherEvents& events);
   // Never blocks: the thread ends by itself once it has waited for every event queued
   // (it may wait forever for a stream that never gets there, a rank whose peer died; its
@@ -52,7 +56,8 @@ class OpenWatcher {
   OpenWatcher& operator=(const OpenWatcher&) = delete;
 
   // Records an event on `stream` (a cudaStream_t; the caller's current device must be the
-  // watcher's) and rings `bell` once the GPU has reached it. Never blocks on the GPU.
+  // watcher's) and rings `bell` once the GPU has reached it. Never blocks on the GPU
+  // (but for what `then` does).
   // False where no ring will come: the event could not be recorded (the thread's CUDA
   // error is cleared), or kMaxPending events are already waiting (a stream far behind, or
   // stuck). `bell` must outlive the watcher's thread (the gates' bells are never freed).
@@ -62,7 +67,8 @@ class OpenWatcher {
   // was), before the watcher's thread can see it: until it returns, nothing records that
   // event again, so work that must follow the same point of `stream` can wait for it
   // (cudaStreamWaitEvent takes the record made before it) instead of recording one of
-  // its own. The ring waits for it to return: it must be short.
+  // its own. The ring waits for it to return: it must be short (a launch's enqueue
+  // blocks only where the driver's launch queue is full, as training's own do).
   struct AfterRecord {
     void (*call)(void* context, void* event);  // null: nothing to call
     void* context;

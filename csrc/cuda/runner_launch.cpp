@@ -77,8 +77,10 @@ bool CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint3
     if (waits) atomic_max(s_->max_lookahead, waiting.count + 1);
     // Behind launches of its own the executor waits for the oldest one's end, which this
     // launch does not bring nearer: no wake-up for it (a futex wake on the training
-    // thread, and one for the executor, at every open; review G9). Launches begin in
-    // order, so the watcher's ring at that one's open is what the wait needs.
+    // thread, and one for the executor, at nearly every open; review G9). That wait sees
+    // the oldest begin by the watcher's ring at its open, where it waits for one, else
+    // by its own looks (wait_for_end's kEndPollFar, kNotBegunWait): a ring here, when
+    // the host wrote a later open, told it nothing about when the GPU began the oldest.
     rang = !had_pending;
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lk(launch_mu_);
