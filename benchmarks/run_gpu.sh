@@ -359,6 +359,10 @@ if step qualify; then
   # queue (with the probe's fallback as the negative control) and the default. 2 workers.
   # [~15 s]
   pytest_file $deadline 40 tests/test_profiling.py -m gpu -k clock_origin
+  # The launch shapes' cache (review G9, not yet run on a GPU): does the driver's
+  # occupancy answer read a function's preferred carveout (the cache asks again after a
+  # set either way)? CuPy and the driver only. [~5 s est.]
+  probe $deadline probe_occupancy_carveout 20 probe_occupancy_carveout.py
   # The rest of the qualify list, all passed on 2026-11-27 (its times in brackets).
   # G1, the deadlock: a close/open pair no block saw, then torch.cuda.synchronize(), both
   # reserves, and the same after an empty compute action; 4 workers. [~23 s]
