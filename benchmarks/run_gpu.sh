@@ -407,11 +407,8 @@ if step qualify; then
     -k "stay_on_its_sms or outside_the_green_context"
   pytest_file $deadline 30 tests/test_drivers_gpu.py -m gpu -k cannot_jit
   # F12's launch drawn where its first block began, the admission negative control
-  # [~16 s]; test_reserve_gpu's admission tests where that file has any.
+  # [~16 s].
   pytest_file $deadline 40 tests/test_gpu.py -m gpu -k "first_block or admission_sleeps"
-  if grep -q "def test_[a-z0-9_]*admission" tests/test_reserve_gpu.py; then
-    pytest_file $deadline 40 tests/test_reserve_gpu.py -m gpu -k admission
-  fi
   # G15(c): does mem_get_info on another thread invalidate a global-mode capture? [~8 s]
   probe $deadline probe_mem_get_info_capture 30 probe_mem_get_info_capture.py
   # Captures beside side work, job threads, bubble_stats, free-memory samples and
