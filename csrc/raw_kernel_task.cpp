@@ -115,15 +115,14 @@ class RawKernelTask final : public Task {
                            const CudaLaunch& launch) {
     const CUfunction f = as_function(p.function);
     LaunchShapes& cache = launch.shapes != nullptr ? *launch.shapes : own_occupancy_;
-    const int occupancy = cache.occupancy(f, static_cast<int>(p.block),
-                                          static_cast<int>(p.shared_mem), [&] {
-      int per_sm = 0;
-      FR_DRV_CHECK(a.occupancy(&per_sm, f, static_cast<int>(p.block), p.shared_mem));
-      FR_CHECK(per_sm > 0, name_ << ": not one block of " << p.block << " threads and "
+    int per_sm = cache.occupancy(f, static_cast<int>(p.block), static_cast<int>(p.shared_mem),
+                                 [&] {
+      int blocks = 0;
+      FR_DRV_CHECK(a.occupancy(&blocks, f, static_cast<int>(p.block), p.shared_mem));
+      FR_CHECK(blocks > 0, name_ << ": not one block of " << p.block << " threads and "
                                  << p.shared_mem << " bytes of shared memory fits on an SM");
-      return per_sm;
+      return blocks;
     });
-    int per_sm = occupancy;
     if (launch.reserve.blocks > 0 && launch.sm.threads > 0) {
       const LaunchShapes::Attributes known = cached_attributes(launch.shapes, f, [&] {
         return LaunchShapes::Attributes{

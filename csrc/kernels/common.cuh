@@ -55,14 +55,12 @@ template <typename Kernel>
 unsigned int persistent_grid(Kernel kernel, int threads, const CudaLaunch& launch,
                              uint64_t items, int dynamic_shared_bytes = 0) {
   const void* function = reinterpret_cast<const void*>(kernel);
-  const int occupancy =
-      cached_occupancy(launch.shapes, function, threads, dynamic_shared_bytes, [&] {
-        int per_sm = 0;
-        FR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads,
-                                                                    dynamic_shared_bytes));
-        return per_sm;
-      });
-  int per_sm = occupancy;
+  int per_sm = cached_occupancy(launch.shapes, function, threads, dynamic_shared_bytes, [&] {
+    int blocks = 0;
+    FR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads,
+                                                                dynamic_shared_bytes));
+    return blocks;
+  });
   if (launch.reserve.blocks > 0 && launch.sm.threads > 0) {
     const LaunchShapes::Attributes known = cached_attributes(launch.shapes, function, [&] {
       cudaFuncAttributes attributes{};

@@ -81,9 +81,8 @@ class Gate:
             seq_slot[seq] = MANUAL_BUBBLE if slot is None else slot
             if len(seq_slot) > _KEEP_SLOTS:
                 self._forget_oldest_slots()
-        cuda = self._cuda
         if stream is None:
-            handle = current_stream(self._device) if cuda else IMMEDIATE
+            handle = current_stream(self._device) if self._cuda else IMMEDIATE
         else:
             handle = stream_handle(stream, self._kind, self._device)
         # One call for the capture query, the mark and the write: the mark is 0 where the
