@@ -24,6 +24,7 @@
 #include "cuda/launch_shapes.hpp"
 #include "cuda/open_watcher.hpp"
 #include "cuda/skipped_opens.hpp"
+#include "cuda/unrung_opens.hpp"
 #include "cuda/slot_pool.hpp"
 #include "doorbell.hpp"
 #include "executor.hpp"
@@ -423,6 +424,17 @@ void register_test_hooks(py::module_& m) {
       .def("contains", &freeride::cuda::SkippedOpens::contains, py::arg("seq"))
       .def_property_readonly_static(
           "KEPT", [](const py::object&) { return freeride::cuda::SkippedOpens::kKept; });
+  py::class_<freeride::cuda::UnrungOpens>(
+      t, "UnrungOpens",
+      "The CUDA backend's record of whether an open may take effect without a ring, and "
+      "so how long the executor sleeps on the gate's bell between looks at the mirror "
+      "(csrc/cuda/unrung_opens.hpp).")
+      .def(py::init<>())
+      .def("note_open", &freeride::cuda::UnrungOpens::note_open, py::arg("stream"),
+           py::arg("captured"))
+      .def("note_unrung", &freeride::cuda::UnrungOpens::note_unrung)
+      .def("any", &freeride::cuda::UnrungOpens::any)
+      .def("poll_us", [](const freeride::cuda::UnrungOpens& u) { return u.poll().count(); });
   t.def(
       "queue_successor",
       [](bool enabled, bool has_slice, size_t pending, bool newest_running, bool progressed,

@@ -374,8 +374,9 @@ def mode_admission(args: dict) -> dict:
     """The closed gate's cost (above) under ring admission, then the admission delay of
     stream-ordered opens, and the same with the watcher held up by an open still ahead of
     the GPU on another stream (the negative control of the delay). Then the closed gate's
-    cost with FREERIDE_ADMISSION=poll (read when a harvester is made), the negative
-    control of the cost."""
+    cost again, now that opens came on two streams (the executor looks at the mirror
+    every millisecond), and with FREERIDE_ADMISSION=poll (read when a harvester is made):
+    the negative controls of the cost."""
     import torch
 
     import freeride as fr
@@ -397,6 +398,11 @@ def mode_admission(args: dict) -> dict:
         h.gate.open(stream="host")
         t.cancel()
         out["ring_cancelled"] = t.wait(30)
+        # Opens came on two streams: from now on the executor looks every millisecond.
+        t, out["unrung_cost"] = _closed_gate_cost(fr, h)
+        h.gate.open(stream="host")
+        t.cancel()
+        out["unrung_cancelled"] = t.wait(30)
     os.environ["FREERIDE_ADMISSION"] = "poll"
     with fr.Harvester("cuda:0") as h:
         t, out["poll_cost"] = _closed_gate_cost(fr, h)

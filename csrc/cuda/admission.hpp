@@ -10,10 +10,6 @@
 
 namespace freeride::cuda {
 
-// The longest the executor thread sleeps on the gate's bell before it looks at the mirror
-// anyway: the admission delay where no ring comes (an open enqueued while its stream was
-// being captured into a graph, or one whose ring could not be enqueued).
-constexpr std::chrono::microseconds kAdmissionPoll{1000};
 // How long a wait for the gate spins on the mirror before it sleeps.
 constexpr std::chrono::microseconds kAdmissionSpin{20};
 // Without rings (FREERIDE_ADMISSION=poll): the sleep between looks at the mirror.
@@ -27,8 +23,8 @@ void tighten_timer_slack();
 // (false). Spins (yielding) for kAdmissionSpin first: gaps between compute actions are
 // often that short, and a ring takes the watcher thread's wake-up and then this one's.
 // Then sleeps on the bell, rung when a stream-ordered open has taken effect
-// (ring_and_launch) and on an immediate open, looking anyway every kAdmissionPoll; or, where
-// rings are off, polls every kPollSleep.
+// (ring_and_launch) and on an immediate open, looking anyway every unrung.poll(); or,
+// where rings are off, polls every kPollSleep.
 template <typename Stopped, typename IsOpen>
 bool wait_for_gate(const CudaShared& s, std::chrono::steady_clock::time_point deadline,
                    Stopped stopped, IsOpen is_open) {
@@ -44,7 +40,7 @@ bool wait_for_gate(const CudaShared& s, std::chrono::steady_clock::time_point de
       std::this_thread::yield();
     } else if (s.ring) {
       const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
-      bell.wait_for(seen, std::min(kAdmissionPoll, left + std::chrono::microseconds(1)));
+      bell.wait_for(seen, std::min(s.unrung.poll(), left + std::chrono::microseconds(1)));
     } else {
       std::this_thread::sleep_for(kPollSleep);
     }

@@ -301,6 +301,7 @@ class CudaBackend final : public Backend {
     // Before the write: the executor must never see this open take effect unnoted. Not
     // one captured into a graph: every replay repeats its number, and would find it noted.
     if (!launch && !captured) s.skipped.note(seq);
+    s.unrung.note_open(reinterpret_cast<uintptr_t>(stream), captured);
     s.enqueue_gate_write(value, stream, seq);
     // An open captured into a graph rings nothing and carries no launch; neither after
     // shutdown: the watcher is gone, and so is every runner.
@@ -319,10 +320,11 @@ class CudaBackend final : public Backend {
   // The mirror, then the number: an open writes its number first, so an open mirror
   // read before a number that differs from `seq` belongs to a newer open. An open
   // replayed from a CUDA graph repeats the number it was captured with and rings nothing,
-  // so the wait also looks at the mirror every kAdmissionPoll, and a mirror seen closed
-  // and then open again is a new bubble too (one shorter than that is missed, and the
-  // wait lasts its timeout, as before). A ring that finds neither ends the wait (a
-  // submit, cancel or close: interrupt_waits).
+  // so the wait also looks at the mirror every kAdmissionPoll once such an open was
+  // written (CudaShared::unrung), and a mirror seen closed and then open again is a new
+  // bubble too (one shorter than that is missed, and the wait lasts its timeout, as
+  // before). A ring that finds neither ends the wait (a submit, cancel or close:
+  // interrupt_waits).
   bool wait_next_open(uint32_t seq, double timeout_s) const override {
     const CudaShared& s = *s_;
     Doorbell& bell = *s.gate.bell;
@@ -338,7 +340,7 @@ class CudaBackend final : public Backend {
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) return false;
       const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
-      if (bell.wait_for(seen, std::min(kAdmissionPoll, left + std::chrono::microseconds(1))) !=
+      if (bell.wait_for(seen, std::min(s.unrung.poll(), left + std::chrono::microseconds(1))) !=
           seen) {
         return s.mirror() == FREERIDE_GATE_OPEN && (closed_seen || s.mirror_seq() != seq);
       }

@@ -45,8 +45,8 @@ class OpenWatcher {
   // the queue is the first done. (Opens written from two threads on two streams may be
   // queued out of the order the GPU reaches them, more so where ring_after's `then`
   // takes long: the later ring waits for the earlier open in the queue. Stream-ordered
-  // gate writes come from one stream, docs/design.md; the executor also looks at the
-  // mirror by itself at least every kAdmissionPoll.)
+  // gate writes come from one stream, docs/design.md; once opens came from two, the
+  // executor also looks at the mirror by itself every kAdmissionPoll: UnrungOpens.)
   OpenWatcher(int device, const WatcherEvents& events);
   // Never blocks: the thread ends by itself once it has waited for every event queued
   // (it may wait forever for a stream that never gets there, a rank whose peer died; its

@@ -233,16 +233,18 @@ void CudaShared::ring_and_launch(cudaStream_t stream, uint32_t seq, bool launch)
     if (launch) launch_at_open(stream, seq, nullptr);
     return;
   }
+  bool rings = false;
   if (!launch) {
-    (void)watcher->ring_after(stream, gate.bell, seq);
-    return;
+    rings = watcher->ring_after(stream, gate.bell, seq);
+  } else {
+    // The launch is enqueued before the watcher's thread may wait for the event, and so
+    // before that thread can hand it to another open's record: the launch's stream wait
+    // takes this open's record.
+    rings = watcher->ring_after(stream, gate.bell, seq, [&](void* event) {
+      launch_at_open(stream, seq, static_cast<cudaEvent_t>(event));
+    });
   }
-  // The launch is enqueued before the watcher's thread may wait for the event, and so
-  // before that thread can hand it to another open's record: the launch's stream wait
-  // takes this open's record.
-  (void)watcher->ring_after(stream, gate.bell, seq, [&](void* event) {
-    launch_at_open(stream, seq, static_cast<cudaEvent_t>(event));
-  });
+  if (!rings) unrung.note_unrung();
 }
 
 void CudaShared::launch_at_reached(uint32_t seq) noexcept {

@@ -26,6 +26,7 @@
 #include "cuda/occupancy.hpp"
 #include "cuda/open_watcher.hpp"
 #include "cuda/skipped_opens.hpp"
+#include "cuda/unrung_opens.hpp"
 #include "doorbell.hpp"
 #include "launchers.hpp"
 #include "task.hpp"
@@ -113,6 +114,9 @@ struct CudaShared {
   // (FREERIDE_ADMISSION=poll). Null where polling, and after shutdown.
   std::unique_ptr<OpenWatcher> watcher;
   bool ring = true;
+  // Whether an open may take effect without a ring: waits for the gate then look at the
+  // mirror every kAdmissionPoll, and only as a backstop until then.
+  UnrungOpens unrung;
   // Green-context reserve: the context and the lowest-priority stream in it that tasks
   // which may (Task::runs_in_green_context) run on instead of `side`. Null otherwise.
   CUgreenCtx green = nullptr;
@@ -331,8 +335,8 @@ struct CudaShared {
   // shared (shutdown drops the watcher under it held exclusively: no ring after), with
   // the device current, and has checked that `stream` is not being captured into a graph
   // (waiting for an event recorded in a capture would invalidate it). Never throws: the
-  // open itself is enqueued, and where no ring comes the executor thread still looks at
-  // the mirror every kAdmissionPoll.
+  // open itself is enqueued, and where no ring comes it is noted in `unrung`, so that the
+  // executor thread looks at the mirror every kAdmissionPoll from then on.
   void ring_and_launch(cudaStream_t stream, uint32_t seq, bool launch) noexcept;
 
   // Launches from the watcher (FREERIDE_WATCHER_LAUNCH, watcher_launch_rule.hpp): once the
