@@ -149,6 +149,17 @@ def test_extension_uses_the_shared_libstdcxx():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF shared objects only")
+def test_extension_links_the_cuda_runtime_statically():
+    """The CUDA runtime keeps its last error per instance of itself and host thread
+    (cudaGetLastError's documentation: "in the same instance of the CUDA Runtime library").
+    freeride clears that error on the training thread after its own calls at an open; with
+    the runtime linked statically the error cleared is freeride's alone, never one that
+    torch's runtime (or a user extension's) holds for that thread and has yet to report."""
+    needed, _ = _private_libstdcxx(_C.__file__)
+    assert not [name for name in needed if name.startswith("libcudart")], needed
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF shared objects only")
 @pytest.mark.parametrize("strip", [False, True], ids=["symtab", "stripped"])
 def test_a_static_libstdcxx_is_detected(tmp_path, strip):
     """The check above fires on a library linked as the module is (--exclude-libs,ALL)

@@ -91,7 +91,11 @@ bool CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint3
     arrival_error_ = "a launch at a gate open failed";
     rang = true;
   }
-  // Training's next launch must not see this call's errors as its own.
+  // This call's errors must not be left to be taken for a later call's. The last error
+  // cleared is this module's own: the CUDA runtime is linked statically (CMakeLists.txt),
+  // and the runtime keeps the last error per instance of itself and host thread, so an
+  // error torch's or the user's runtime holds for the training thread is left for them
+  // to see (cudaGetLastError's documentation; tests/test_build.py checks the link).
   (void)cudaGetLastError();
   if (rang) s_->gate.bell->ring();  // the executor takes it up (or the error)
   return waits;
