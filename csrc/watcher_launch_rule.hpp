@@ -27,11 +27,16 @@ struct ReachedOpen {
                            // open (whose own event comes next), nor an immediate one
   bool skipped = false;    // the open was written without a launch on purpose (too short
                            // for one: SkippedOpens), which the executor stays out of too
+  bool others_pending = false;  // another runner's launch is enqueued on the same stream,
+                                // its end not taken (a task being drained or retired while
+                                // this one is armed, whose launches may wait for later
+                                // opens): run() launches only once those are taken, and a
+                                // launch now would queue behind them, into a later bubble
 };
 
 inline bool watcher_launches(const ReachedOpen& o) {
   return o.enabled && !o.pending && o.accepting && !o.stopping && o.gate_open && o.same_open &&
-         !o.skipped;
+         !o.skipped && !o.others_pending;
 }
 
 }  // namespace freeride

@@ -458,7 +458,7 @@ void register_test_hooks(py::module_& m) {
   t.def(
       "watcher_launches",
       [](bool enabled, bool pending, bool accepting, bool stopping, bool gate_open,
-         bool same_open, bool skipped) {
+         bool same_open, bool skipped, bool others_pending) {
         freeride::ReachedOpen o;
         o.enabled = enabled;
         o.pending = pending;
@@ -467,11 +467,13 @@ void register_test_hooks(py::module_& m) {
         o.gate_open = gate_open;
         o.same_open = same_open;
         o.skipped = skipped;
+        o.others_pending = others_pending;
         return freeride::watcher_launches(o);
       },
       py::arg("enabled") = true, py::arg("pending") = false, py::arg("accepting") = true,
       py::arg("stopping") = false, py::arg("gate_open") = true, py::arg("same_open") = true,
-      py::arg("skipped") = false, "csrc/watcher_launch_rule.hpp's watcher_launches.");
+      py::arg("skipped") = false, py::arg("others_pending") = false,
+      "csrc/watcher_launch_rule.hpp's watcher_launches.");
   t.def("waits_behind_another_stream", &freeride::waits_behind_another_stream,
         py::arg("newest_at_open"), py::arg("newest_begun"), py::arg("same_stream"),
         "freeride/open_launch_rule.hpp's waits_behind_another_stream.");

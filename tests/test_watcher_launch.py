@@ -28,7 +28,11 @@ def test_the_watcher_launches_only_where_the_executor_would():
     ring), not after a stop or an abandon, not while the gate's mirror reads closed (a
     bubble already over), not where the mirror's number is not this open's (a later open,
     whose own event comes next, or an immediate one), not into an open the training
-    thread wrote without a launch on purpose (too short: the executor stays out too)."""
+    thread wrote without a launch on purpose (too short: the executor stays out too), not
+    while another runner's launch is enqueued on the same stream with its end not taken (a
+    task drained or retired while this one is armed: its launches may wait for later
+    opens, and one enqueued now would run behind them, in a later bubble; run() itself
+    launches only once they are taken)."""
     rule = _C._testing.watcher_launches
     assert rule()
     for off in (
@@ -39,6 +43,7 @@ def test_the_watcher_launches_only_where_the_executor_would():
         {"gate_open": False},
         {"same_open": False},
         {"skipped": True},
+        {"others_pending": True},
     ):
         assert not rule(**off), off
 

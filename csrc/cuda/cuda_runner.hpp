@@ -62,7 +62,8 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   bool launch_at_open(cudaStream_t training, cudaEvent_t opened, uint32_t seq,
                       const OpenContext& context) noexcept override;
   void add_waiting_opens(WaitingOpens& into, cudaStream_t stream) const noexcept override;
-  bool launch_at_reached_open(uint32_t seq) noexcept override;
+  bool launch_at_reached_open(uint32_t seq, bool others_pending) noexcept override;
+  bool pending_on(cudaStream_t stream) const noexcept override;
   bool begun_after(uint64_t stamp) const noexcept override;
   void stop() override;
   void resume() override;
@@ -147,7 +148,11 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   unsigned int* stop_word(uint64_t slot = 0) const;
   const void* done_word(uint64_t slot = 0) const;
   void raise_progress(uint64_t slot, uint64_t value);
+  // 0 for a set cleared while launches of the phase that used it before were in flight
+  // (phases ahead): a store of theirs may land after the clear, and nothing tells it from
+  // this phase's; exact counts (ended launches) stand in for the mirror then.
   uint64_t progress_mirror(uint64_t slot) const {
+    if (!mirror_live_[slot].load(std::memory_order_acquire)) return 0;
     return std::atomic_ref<unsigned long long>(*progress_host_[slot]).load();
   }
   void give_back_slots() noexcept;
@@ -163,6 +168,8 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   unsigned long long* progress_dev_[kPhaseSlots] = {};    // word slot [0] and [32], device view
   unsigned long long* progress_host_[kPhaseSlots] = {};   // the same, host view
   uint64_t slot_phase_[kPhaseSlots] = {0, 1};  // the phase each set was last cleared for
+  // Whether each set's progress mirror is its phase's alone (progress_mirror).
+  std::atomic<bool> mirror_live_[kPhaseSlots] = {true, true};
   unsigned long long* readback_host_ = nullptr;   // word slot: [done, stop, held]
   LaunchRing ring_;                               // each launch's counters and end record
   std::string nvtx_name_;                         // NvtxRange's message

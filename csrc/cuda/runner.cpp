@@ -96,8 +96,12 @@ CudaRunner::~CudaRunner() {
   s.disarm(this);  // no launch_at_open is in progress once this returns
   bool idle = true;
   {
+    // Its streams destroyed (a shutdown that found them drained, or reclaim_abandoned
+    // once the GPU had passed them): nothing of it is left to run, and a destroyed
+    // stream's handle may not be used (it may name a stream made since).
+    std::shared_lock<std::shared_mutex> life(s.life);
     std::lock_guard<std::mutex> lk(launch_mu_);
-    if (!pending_.empty()) idle = quietly_idle();
+    if (!pending_.empty() && !s.streams_destroyed) idle = quietly_idle();
   }
   try {
     DeviceGuard guard(s.device);
@@ -331,6 +335,13 @@ void CudaRunner::clear_set_locked(uint64_t k, uint64_t phase) {
   FR_CUDA_CHECK(cudaMemsetAsync(state_[k], 0, offsetof(fr_phase_state, stop), stream_));
   slot_phase_[k] = phase;
   ended_done_[k] = 0;
+  // The mirror is zeroed now, at the enqueue; a launch of the set's phase before, still
+  // in flight, may store to it after that (its blocks' stores land in no order). Such a
+  // count could read as this phase complete (review of 2026-11-27): its mirror is then
+  // left out until the set is cleared again.
+  mirror_live_[k].store(std::none_of(pending_.begin(), pending_.end(),
+                                     [&](const Launch& l) { return l.slot == k; }),
+                        std::memory_order_release);
   std::lock_guard<std::mutex> plk(progress_mu_);
   std::atomic_ref<unsigned long long>(*progress_host_[k]).store(0);
   max_seen_[k] = 0;

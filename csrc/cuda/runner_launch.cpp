@@ -101,7 +101,7 @@ bool CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint3
   return waits;
 }
 
-bool CudaRunner::launch_at_reached_open(uint32_t seq) noexcept {
+bool CudaRunner::launch_at_reached_open(uint32_t seq, bool others_pending) noexcept {
   CudaShared& s = *s_;
   bool launched = false;
   try {
@@ -115,6 +115,7 @@ bool CudaRunner::launch_at_reached_open(uint32_t seq) noexcept {
     o.gate_open = s.mirror() == FREERIDE_GATE_OPEN;
     o.same_open = s.mirror_seq() == seq;
     o.skipped = s.skipped.contains(seq);
+    o.others_pending = others_pending;
     if (!watcher_launches(o)) return false;
     DeviceGuard guard(s.device);
     // The executor's thread leaves its current context to the runtime, which resolves a
@@ -147,6 +148,15 @@ bool CudaRunner::begun_after(uint64_t stamp) const noexcept {
   } catch (...) {
   }
   return false;
+}
+
+bool CudaRunner::pending_on(cudaStream_t stream) const noexcept {
+  try {
+    std::lock_guard<std::mutex> lk(launch_mu_);
+    return stream == stream_ && !pending_.empty();
+  } catch (...) {
+    return true;  // cannot tell: as if pending, so no launch is made behind it
+  }
 }
 
 void CudaRunner::add_waiting_opens(WaitingOpens& into, cudaStream_t stream) const noexcept {

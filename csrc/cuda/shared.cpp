@@ -39,6 +39,7 @@ void CudaShared::destroy_streams() noexcept {
   side = nullptr;
   control = nullptr;
   destroy_green();
+  streams_destroyed = true;
   (void)cudaGetLastError();
 }
 
@@ -254,7 +255,12 @@ void CudaShared::launch_at_reached(uint32_t seq) noexcept {
   std::shared_lock<std::shared_mutex> lk(life);
   if (shut_down) return;
   std::lock_guard<std::mutex> alk(arm_mu);
-  if (armed != nullptr && armed->launch_at_reached_open(seq)) watcher_launches.fetch_add(1);
+  if (armed == nullptr) return;
+  bool others_pending = false;
+  for (const OpenLauncher* other : launchers) {
+    if (other != armed && other->pending_on(armed->launch_stream())) others_pending = true;
+  }
+  if (armed->launch_at_reached_open(seq, others_pending)) watcher_launches.fetch_add(1);
 }
 
 bool CudaShared::captures(cudaStream_t stream) noexcept {

@@ -83,7 +83,10 @@ class OpenLauncher {
   // this moment (watcher_launch_rule.hpp), a wake-up before run() could. Never throws (a
   // failure is the task's, raised by the executor's next run()), and leaves no CUDA error
   // as the thread's last. Whether it enqueued one.
-  virtual bool launch_at_reached_open(uint32_t seq) noexcept = 0;
+  virtual bool launch_at_reached_open(uint32_t seq, bool others_pending) noexcept = 0;
+  // Whether a launch of it is enqueued on `stream` and its end not taken. Takes its own
+  // launch lock; never throws.
+  virtual bool pending_on(cudaStream_t stream) const noexcept = 0;
   // Whether a launch of it stamped after `stamp` has begun (or ended). Takes its own
   // launch lock; never throws.
   virtual bool begun_after(uint64_t stamp) const noexcept = 0;
@@ -174,6 +177,9 @@ struct CudaShared {
   ~CudaShared();
 
   void destroy_streams() noexcept;
+  // Set by destroy_streams (under `life` held exclusively, or before any runner exists):
+  // runners read it under `life` shared before they query their stream (~CudaRunner).
+  bool streams_destroyed = false;
 
   // The stream first: cuGreenCtxDestroy leaves a green context's streams behind, leaked.
   // Never while a launch may be queued in it (see `held`): the driver does not say what
