@@ -9,8 +9,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -20,173 +18,10 @@
 #include "backend.hpp"
 #include "check.hpp"
 #include "doorbell.hpp"
-#include "open_launch_rule.hpp"
-#include "phase_ahead_rule.hpp"
+#include "queued_launches.hpp"
 #include "task.hpp"
 
 namespace freeride {
-
-struct QueuedLaunches;
-
-// Which runner the backend's opens launch (CudaShared::armed): the one armed last, by
-// run() or arm(), until it is destroyed; and the one following it (follow()), whose
-// launch each open queues behind the armed one's.
-struct ArmSlot {
-  std::mutex mu;
-  std::weak_ptr<QueuedLaunches> armed;
-  std::weak_ptr<QueuedLaunches> follower;
-};
-
-// One runner's launches, shared by the runner and the test (which may outlive it).
-struct QueuedLaunches {
-  static constexpr size_t kCapacity = 32;  // as kLaunchRing: the most a runner takes
-
-  std::mutex mu;
-  std::condition_variable cv;
-  struct Launch {
-    int64_t items = -1;  // what it ran once ended; -1 while it has not
-    bool at_open = true;  // false: the executor's own (seen open on the mirror)
-    uint64_t phase = 0;   // the phase it launches
-    bool guarded = false;  // chained at an open behind phase - 1's (phases ahead)
-    bool waits_open = false;  // the first of an open's launches (the lookahead counts them)
-    bool begun = false;       // its blocks have started (begin(), or its end)
-    bool saw_stop = false;    // it began with the stop set: it claims nothing
-  };
-  std::deque<Launch> pending;
-  uint64_t phases = 0;  // begin_phase() calls
-  uint64_t phase = 0;   // the current phase (the last begun)
-  uint64_t n_items = 0;
-  uint64_t done = 0;    // the current phase's, as the runner reports it
-  bool phase_done = false;
-  // Phases ahead (phase_ahead_rule.hpp): begin_phase() with launches in flight, and
-  // opens that chain a guarded launch of the next phase. The model's device: what every
-  // phase finished (a launch's items are capped by what its phase has left, and a guarded
-  // one runs none unless the phase before is complete as it ends).
-  bool phases_ahead = false;
-  std::shared_ptr<Task> task;
-  // The lookahead bound (open_launch_rule.hpp), and the opens past it left without a launch
-  // (the backend's count, shared by its runners). The model's "not begun": not ended.
-  uint64_t lookahead_bound = 0;
-  std::shared_ptr<std::atomic<uint64_t>> beyond_lookahead;
-  std::map<uint64_t, uint64_t> phase_done_items;
-  uint64_t ran = 0;  // items every ended launch ran, in all
-  bool stopped = false;
-  bool abandoned = false;
-  std::string failure;  // the next run() throws it (see fail())
-  bool failure_drops = true;
-  bool stop_fails = false;  // stop() throws, as a stop write does on a broken context
-  // The backend's: set once it refuses launches at opens (close), and what an arrival
-  // rings (an open's launch ends a backoff, as CudaRunner::launch_at_open's ring does).
-  std::shared_ptr<std::atomic<bool>> refusing = std::make_shared<std::atomic<bool>>(false);
-  Doorbell* bell = nullptr;
-  std::shared_ptr<ArmSlot> arm_slot;
-  size_t index = 0;     // the backend's made_ order
-  uint64_t runs = 0;    // run() calls
-  uint64_t taken = 0;   // ends run() took (or dropped with a failure)
-  uint64_t stops = 0;   // stop() calls
-  bool hand_back = false;  // PhaseRunner::hand_back, until a run() returns for it
-  bool interrupt = false;  // PhaseRunner::interrupt, likewise
-
-  // Launches enqueued at opens, as the CUDA runner takes them: none before its first
-  // phase begins, once stopped, once the phase is done, when kCapacity are pending or
-  // once the backend refuses them. How many were taken. `at_open` false: launches of the
-  // executor's own instead (taken whatever the backend refuses: the executor makes them).
-  // With phases ahead, an open takes what launches_at_open says (one launch or two), and
-  // the count is of launches; the executor's own launch the current phase only.
-  // `others`: launches of other runners waiting for their opens (the lookahead counts
-  // them too: CudaShared::launch_at_open's WaitingOpens). `chained`: a follower's launch
-  // right behind the armed runner's at the same open, which waits for none of its own.
-  size_t arrive(size_t count, bool at_open = true, uint64_t others = 0, bool chained = false) {
-    size_t taken = 0;
-    {
-      std::lock_guard<std::mutex> lk(mu);
-      for (size_t open = 0; open < count; ++open) {
-        if (phases == 0 || stopped || abandoned || (at_open && refusing->load())) break;
-        const OpenLaunches go = launches_at_open(*task, phases_ahead && at_open, phase,
-                                                 phase_done, kCapacity - pending.size());
-        if (!go.current && !go.next) break;
-        if (at_open && !chained && !within_lookahead(waiting_locked() + others, lookahead_bound)) {
-          if (beyond_lookahead) beyond_lookahead->fetch_add(1);
-          continue;
-        }
-        const bool waits = at_open && !chained;
-        if (go.current) pending.push_back({-1, at_open, phase, false, waits});
-        if (go.next) pending.push_back({-1, at_open, phase + 1, true, waits && !go.current});
-        taken += (go.current ? 1 : 0) + (go.next ? 1 : 0);
-      }
-      cv.notify_all();
-    }
-    if (taken > 0 && bell != nullptr) bell->ring();
-    return taken;
-  }
-
-  // Launches waiting for their opens (the model's "not begun": not ended; caller holds mu).
-  uint64_t waiting_locked() const {
-    uint64_t n = 0;
-    for (const Launch& l : pending) n += l.waits_open && l.items < 0 ? 1 : 0;
-    return n;
-  }
-
-  // As CudaRunner::takes_opens_locked (caller holds mu).
-  bool takes_opens_locked() const {
-    return phases > 0 && pending.empty() && !stopped &&
-           (!phase_done || (phases_ahead && phase + 1 < task->num_phases()));
-  }
-
-  // Launch `l` begins now, if it had not (caller holds mu): it sees the stop as it is.
-  void begin_locked(Launch& l) {
-    if (l.begun) return;
-    l.begun = true;
-    l.saw_stop = stopped;
-  }
-
-  // The oldest launch not yet begun begins (its first block starts): with the stop set, it
-  // will claim nothing, as a kernel reads the stop word at its first claim.
-  void begin() {
-    std::lock_guard<std::mutex> lk(mu);
-    for (Launch& l : pending) {
-      if (!l.begun) {
-        begin_locked(l);
-        return;
-      }
-    }
-    FR_THROW(InvalidArgument, "no launch is waiting to begin");
-  }
-
-  // The oldest launch not yet ended ends (beginning now if it had not), having run `items`
-  // items: fewer where its phase has fewer left, none where it began stopped or is guarded
-  // and the phase before is not complete.
-  void end(int64_t items) {
-    FR_ARG(items >= 0, "items must not be negative");
-    std::lock_guard<std::mutex> lk(mu);
-    for (Launch& l : pending) {
-      if (l.items < 0) {
-        begin_locked(l);
-        uint64_t& finished = phase_done_items[l.phase];
-        const bool ready =
-            !l.guarded || phase_done_items[l.phase - 1] >= task->num_items(l.phase - 1);
-        uint64_t can = l.saw_stop || !ready ? 0 : static_cast<uint64_t>(items);
-        can = std::min<uint64_t>(can, task->num_items(l.phase) - finished);
-        finished += can;
-        l.items = static_cast<int64_t>(can);
-        ran += can;
-        cv.notify_all();
-        return;
-      }
-    }
-    FR_THROW(InvalidArgument, "no launch is pending");
-  }
-
-  // The next run() throws `message`: with `drop_pending`, as after a kernel fault (nothing
-  // enqueued behind it runs: every pending launch is gone); otherwise as after a launch
-  // that broke the item protocol (that launch ended, the others are still to come).
-  void fail(std::string message, bool drop_pending) {
-    std::lock_guard<std::mutex> lk(mu);
-    failure = std::move(message);
-    failure_drops = drop_pending;
-    cv.notify_all();
-  }
-};
 
 class QueuedRunner final : public PhaseRunner {
  public:
@@ -362,6 +197,7 @@ class QueueBackend final : public Backend {
                         bool followers = false)
       : phases_ahead_(phases_ahead), lookahead_bound_(lookahead_bound), followers_(followers) {}
   uint64_t opens_beyond_lookahead() const override { return beyond_lookahead_->load(); }
+  uint64_t skipped_open_launches() const override { return cross_stream_skips_->load(); }
   std::string kind() const override { return "queue"; }
   int device() const override { return -1; }
   std::string gate_write_mechanism() const override { return "host"; }
@@ -425,6 +261,8 @@ class QueueBackend final : public Backend {
     q->phases_ahead = phases_ahead_ && task->follows_item_protocol();
     q->lookahead_bound = lookahead_bound_;
     q->beyond_lookahead = beyond_lookahead_;
+    q->cross_stream_skips = cross_stream_skips_;
+    q->stamps = stamps_;
     q->task = std::move(task);
     q->refusing = refusing_;
     q->bell = &bell_;
@@ -470,11 +308,12 @@ class QueueBackend final : public Backend {
   // `count` stream-ordered opens (open_one): (the armed runner's index in admission order,
   // or -1 where none is armed, and how many launches it took). The follower's show in its
   // own launches (follower()).
-  std::pair<int64_t, size_t> open(size_t count) {
+  // `stream`: the training stream they are written on (the cross-stream rule).
+  std::pair<int64_t, size_t> open(size_t count, uint64_t stream = 0) {
     int64_t armed = -1;
     size_t taken = 0;
     for (size_t n = 0; n < count; ++n) {
-      const auto [index, queued] = open_one_counted();
+      const auto [index, queued] = open_one_counted(nullptr, stream);
       armed = index;
       taken += queued;
     }
@@ -482,9 +321,9 @@ class QueueBackend final : public Backend {
   }
   // One open: the indices of the runners whose launches it queued, in stream order (the
   // armed runner's, then its follower's, chained behind where the armed one took one).
-  std::vector<int64_t> open_one() {
+  std::vector<int64_t> open_one(uint64_t stream = 0) {
     std::vector<int64_t> queued;
-    open_one_counted(&queued);
+    open_one_counted(&queued, stream);
     return queued;
   }
   // The index of the runner following the armed one (-1: none).
@@ -522,6 +361,9 @@ class QueueBackend final : public Backend {
   bool followers_ = false;
   std::shared_ptr<std::atomic<uint64_t>> beyond_lookahead_ =
       std::make_shared<std::atomic<uint64_t>>(0);
+  std::shared_ptr<std::atomic<uint64_t>> cross_stream_skips_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
+  std::shared_ptr<std::atomic<uint64_t>> stamps_ = std::make_shared<std::atomic<uint64_t>>(0);
   std::shared_ptr<std::atomic<bool>> refusing_ = std::make_shared<std::atomic<bool>>(false);
   std::shared_ptr<ArmSlot> arm_ = std::make_shared<ArmSlot>();
   uint32_t gate_ = 1u;
@@ -531,7 +373,7 @@ class QueueBackend final : public Backend {
 
   // One open, as CudaShared::launch_at_open: (the armed runner's index or -1, what it
   // took); every launch queued appended to `queued` by runner index.
-  std::pair<int64_t, size_t> open_one_counted(std::vector<int64_t>* queued = nullptr) {
+  std::pair<int64_t, size_t> open_one_counted(std::vector<int64_t>* queued, uint64_t stream) {
     std::shared_ptr<QueuedLaunches> armed;
     std::shared_ptr<QueuedLaunches> follower;
     {
@@ -539,29 +381,36 @@ class QueueBackend final : public Backend {
       armed = arm_->armed.lock();
       follower = arm_->follower.lock();
     }
+    // Other runners' launches: those waiting for their opens, and the newest on the side
+    // stream (CudaShared::launch_at_open's context_for).
     auto others_of = [&](const std::shared_ptr<QueuedLaunches>& q) {
       std::vector<std::shared_ptr<QueuedLaunches>> made;
       {
         std::lock_guard<std::mutex> lk(mu_);
         made = made_;
       }
-      uint64_t n = 0;
+      std::pair<uint64_t, QueuedLaunches::Newest> out;
       for (const auto& other : made) {
         if (other == q) continue;
         std::lock_guard<std::mutex> lk(other->mu);
-        n += other->waiting_locked();
+        out.first += other->waiting_locked();
+        out.second = QueuedLaunches::newer(out.second, other->newest_locked());
       }
-      return n;
+      return out;
     };
     auto note = [&](const std::shared_ptr<QueuedLaunches>& q, size_t n) {
       for (; queued != nullptr && n > 0; --n) queued->push_back(static_cast<int64_t>(q->index));
     };
     size_t took = 0;
     if (armed) {
-      took = armed->arrive(1, true, others_of(armed));
+      const auto [waiting, newest] = others_of(armed);
+      took = armed->arrive(1, true, waiting, false, stream, &newest);
       note(armed, took);
     }
-    if (follower) note(follower, follower->arrive(1, true, others_of(follower), took > 0));
+    if (follower) {
+      const auto [waiting, newest] = others_of(follower);
+      note(follower, follower->arrive(1, true, waiting, took > 0, stream, &newest));
+    }
     return {armed ? static_cast<int64_t>(armed->index) : -1, took};
   }
 };

@@ -137,23 +137,27 @@ void register_queue_hooks(py::module_& t) {
       "The launches of the index-th runner the executor made (admission order).");
   t.def(
       "queue_open",
-      [](Executor& ex, size_t count) { return queue_backend(ex).open(count); },
-      py::arg("executor"), py::arg("count") = 1, py::call_guard<py::gil_scoped_release>(),
-      "`count` stream-ordered opens, each launching the runner armed then: (its index in "
-      "admission order, or -1 where none is armed, launches it took).");
+      [](Executor& ex, size_t count, uint64_t stream) {
+        return queue_backend(ex).open(count, stream);
+      },
+      py::arg("executor"), py::arg("count") = 1, py::arg("stream") = 0,
+      py::call_guard<py::gil_scoped_release>(),
+      "`count` stream-ordered opens on training stream `stream` (a number), each launching "
+      "the runner armed then: (its index in admission order, or -1 where none is armed, "
+      "launches it took).");
   t.def(
       "queue_open_one",
-      [](Executor& ex) {
+      [](Executor& ex, uint64_t stream) {
         std::vector<int64_t> queued;
         {
           py::gil_scoped_release released;
-          queued = queue_backend(ex).open_one();
+          queued = queue_backend(ex).open_one(stream);
         }
         py::list out;
         for (const int64_t index : queued) out.append(index);
         return out;
       },
-      py::arg("executor"),
+      py::arg("executor"), py::arg("stream") = 0,
       "One open: the runner index of every launch it queued, in stream order (the armed "
       "runner's, then its follower's).");
   t.def(
