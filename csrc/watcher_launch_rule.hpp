@@ -30,8 +30,10 @@ struct ReachedOpen {
   bool others_pending = false;  // another runner's launch is enqueued on the same stream,
                                 // its end not taken (a task being drained or retired while
                                 // this one is armed, whose launches may wait for later
-                                // opens): run() launches only once those are taken, and a
-                                // launch now would queue behind them, into a later bubble
+                                // opens): a launch now would queue behind them, into a
+                                // later bubble. (Stricter than run(), which may launch
+                                // behind a follower's launch: that one waits for no open
+                                // after this one.)
 };
 
 inline bool watcher_launches(const ReachedOpen& o) {

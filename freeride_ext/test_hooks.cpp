@@ -431,7 +431,7 @@ void register_test_hooks(py::module_& m) {
       "(csrc/cuda/unrung_opens.hpp).")
       .def(py::init<>())
       .def("note_open", &freeride::cuda::UnrungOpens::note_open, py::arg("stream"),
-           py::arg("captured"))
+           py::arg("captured"), py::arg("ambiguous") = false)
       .def("note_unrung", &freeride::cuda::UnrungOpens::note_unrung)
       .def("any", &freeride::cuda::UnrungOpens::any)
       .def("poll_us", [](const freeride::cuda::UnrungOpens& u) { return u.poll().count(); });

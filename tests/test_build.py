@@ -157,6 +157,17 @@ def test_extension_links_the_cuda_runtime_statically():
     torch's runtime (or a user extension's) holds for that thread and has yet to report."""
     needed, _ = _private_libstdcxx(_C.__file__)
     assert not [name for name in needed if name.startswith("libcudart")], needed
+    # Nor does the module export the copy's symbols (--exclude-libs,ALL), which another
+    # library loaded with RTLD_GLOBAL could bind to, sharing its state after all.
+    elffile = pytest.importorskip("elftools.elf.elffile")
+    with open(_C.__file__, "rb") as f:
+        dynsym = elffile.ELFFile(f).get_section_by_name(".dynsym")
+        exported = [
+            sym.name
+            for sym in dynsym.iter_symbols()
+            if sym["st_shndx"] != "SHN_UNDEF" and sym.name.startswith(("cuda", "__cuda"))
+        ]
+    assert not exported, exported[:5]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF shared objects only")

@@ -22,19 +22,31 @@ def test_while_every_open_rings_the_executor_looks_at_the_mirror_only_as_a_backs
 
 
 def test_an_open_captured_into_a_graph_makes_the_executor_look_every_millisecond():
-    """Its replays ring nothing, whenever they come: noted at the capture, for good."""
+    """Its replays ring nothing, whenever they come: noted at the capture, for good. The
+    note says when it set the flag (then only), so that the backend rings the bell: a
+    waiter already asleep for the backstop looks again, every millisecond."""
     u = UnrungOpens()
-    u.note_open(TRAIN, captured=True)
+    assert u.note_open(TRAIN, captured=True) is True
     assert u.any() and u.poll_us() == 1_000
-    u.note_open(TRAIN, captured=False)
+    assert u.note_open(TRAIN, captured=True) is False
+    assert u.note_open(TRAIN, captured=False) is False
+    assert u.any() and u.poll_us() == 1_000
+
+
+def test_an_open_on_the_per_thread_default_stream_makes_the_executor_look_every_millisecond():
+    """That handle names another stream on each thread: two threads' opens cannot be told
+    apart by it."""
+    u = UnrungOpens()
+    assert u.note_open(2, captured=False, ambiguous=True) is True
     assert u.any() and u.poll_us() == 1_000
 
 
 def test_an_open_whose_ring_could_not_be_enqueued_makes_the_executor_look_every_millisecond():
     u = UnrungOpens()
-    u.note_open(TRAIN, captured=False)
-    u.note_unrung()
+    assert u.note_open(TRAIN, captured=False) is False
+    assert u.note_unrung() is True
     assert u.any() and u.poll_us() == 1_000
+    assert u.note_unrung() is False
 
 
 def test_opens_on_a_second_stream_make_the_executor_look_every_millisecond():

@@ -301,7 +301,10 @@ class CudaBackend final : public Backend {
     // Before the write: the executor must never see this open take effect unnoted. Not
     // one captured into a graph: every replay repeats its number, and would find it noted.
     if (!launch && !captured) s.skipped.note(seq);
-    s.unrung.note_open(reinterpret_cast<uintptr_t>(stream), captured);
+    if (s.unrung.note_open(reinterpret_cast<uintptr_t>(stream), captured,
+                           stream == cudaStreamPerThread)) {
+      s.gate.bell->ring();
+    }
     s.enqueue_gate_write(value, stream, seq);
     // An open captured into a graph rings nothing and carries no launch; neither after
     // shutdown: the watcher is gone, and so is every runner.

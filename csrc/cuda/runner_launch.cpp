@@ -187,14 +187,17 @@ void CudaRunner::waiting_opens_locked(WaitingOpens& into, cudaStream_t stream) c
 // one in progress (it holds launch_mu_) is enqueued by the time stop() returns, and none
 // after, so in_flight() then counts every launch the stop leaves to drain.
 void CudaRunner::stop() {
+  // Rung however it ends: stop_requested_ is set before the stop word's CUDA calls, and a
+  // waiter must see it now even where one of those throws.
+  struct RingAtEnd {
+    Doorbell& bell;
+    ~RingAtEnd() { bell.ring(); }
+  } ring{*s_->gate.bell};
   set_stop(1u);
-  {
-    // After a launch at an open in progress (it saw no stop): no further one is taken.
-    std::shared_lock<std::shared_mutex> life(s_->life);  // before launch_mu_, as elsewhere
-    const std::lock_guard<std::mutex> lk(launch_mu_);
-    fence_stopped_locked();
-  }
-  s_->gate.bell->ring();
+  // After a launch at an open in progress (it saw no stop): no further one is taken.
+  std::shared_lock<std::shared_mutex> life(s_->life);  // before launch_mu_, as elsewhere
+  const std::lock_guard<std::mutex> lk(launch_mu_);
+  fence_stopped_locked();
 }
 
 void CudaRunner::resume() {

@@ -211,22 +211,33 @@ bool CudaShared::try_batch() {
 
 void CudaShared::write_gate_now(uint32_t value, uint32_t seq) {
   const bool open = value == FREERIDE_GATE_OPEN;
-  if (!host_gate && !stream_wait && gate_write == cuda_driver::GateWrite::kBatch) {
-    const CUresult res = enqueue_gate_batch(value, control, seq);
-    if (res != CUDA_SUCCESS) {
-      cuda_driver::throw_driver_error(res, "cuStreamBatchMemOp (immediate gate write)",
-                                      __FILE__, __LINE__);
+  try {
+    if (!host_gate && !stream_wait && gate_write == cuda_driver::GateWrite::kBatch) {
+      const CUresult res = enqueue_gate_batch(value, control, seq);
+      if (res != CUDA_SUCCESS) {
+        cuda_driver::throw_driver_error(res, "cuStreamBatchMemOp (immediate gate write)",
+                                        __FILE__, __LINE__);
+      }
+      finish_on_control("an immediate gate write");
+      if (open) gate.bell->ring();
+      return;
     }
-    finish_on_control("an immediate gate write");
+    if (open) std::atomic_ref<unsigned int>(gate.mirror[kMirrorSeq]).store(seq);
+    if (open && stream_wait) std::atomic_ref<unsigned int>(*gate.mirror).store(value);
+    if (!host_gate) write_now(gate.dev, value);
+    std::atomic_ref<unsigned int>(*gate.mirror).store(value);
+    if (!open) std::atomic_ref<unsigned int>(gate.mirror[kMirrorSeq]).store(seq);
     if (open) gate.bell->ring();
-    return;
+  } catch (...) {
+    // An open that failed may still take effect (a batch enqueued before its wait timed
+    // out; under stream_wait, the mirror stored open before the device write): nothing
+    // would ring for it.
+    if (open) {
+      unrung.note_unrung();
+      gate.bell->ring();
+    }
+    throw;
   }
-  if (open) std::atomic_ref<unsigned int>(gate.mirror[kMirrorSeq]).store(seq);
-  if (open && stream_wait) std::atomic_ref<unsigned int>(*gate.mirror).store(value);
-  if (!host_gate) write_now(gate.dev, value);
-  std::atomic_ref<unsigned int>(*gate.mirror).store(value);
-  if (!open) std::atomic_ref<unsigned int>(gate.mirror[kMirrorSeq]).store(seq);
-  if (open) gate.bell->ring();
 }
 
 void CudaShared::ring_and_launch(cudaStream_t stream, uint32_t seq, bool launch) noexcept {
@@ -245,7 +256,7 @@ void CudaShared::ring_and_launch(cudaStream_t stream, uint32_t seq, bool launch)
       launch_at_open(stream, seq, static_cast<cudaEvent_t>(event));
     });
   }
-  if (!rings) unrung.note_unrung();
+  if (!rings && unrung.note_unrung()) gate.bell->ring();
 }
 
 void CudaShared::launch_at_reached(uint32_t seq) noexcept {

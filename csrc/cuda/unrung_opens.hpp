@@ -26,13 +26,19 @@ class UnrungOpens {
  public:
   // A stream-ordered open, as the training thread writes it: `captured` where its stream
   // is being captured into a graph, `stream` its stream's handle (the legacy stream's
-  // is 0). Before the open is enqueued.
-  void note_open(uintptr_t stream, bool captured) noexcept {
+  // is 0), `ambiguous` where that handle may name another stream on another thread (the
+  // per-thread default stream's). Before the open is enqueued. Both return whether this
+  // call set it: the caller then rings the bell, so that a waiter already asleep for
+  // kAdmissionBackstop looks again, every kAdmissionPoll.
+  bool note_open(uintptr_t stream, bool captured, bool ambiguous = false) noexcept {
     const uintptr_t before = last_stream_.exchange(stream, std::memory_order_relaxed);
-    if (captured || (before != kNoOpenYet && before != stream)) set();
+    if (captured || ambiguous || (before != kNoOpenYet && before != stream)) return set();
+    return false;
   }
-  // An open whose ring could not be enqueued (OpenWatcher::ring_after returned false).
-  void note_unrung() noexcept { set(); }
+  // An open that may have taken effect without a ring: its ring could not be enqueued
+  // (OpenWatcher::ring_after returned false), or an immediate write failed after it may
+  // have been enqueued.
+  bool note_unrung() noexcept { return set(); }
 
   bool any() const noexcept { return unrung_.load(std::memory_order_relaxed); }
 
@@ -42,7 +48,7 @@ class UnrungOpens {
   }
 
  private:
-  void set() noexcept { unrung_.store(true, std::memory_order_relaxed); }
+  bool set() noexcept { return !unrung_.exchange(true, std::memory_order_relaxed); }
 
   static constexpr uintptr_t kNoOpenYet = ~uintptr_t{0};
   std::atomic<uintptr_t> last_stream_{kNoOpenYet};
