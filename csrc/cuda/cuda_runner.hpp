@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -154,6 +155,13 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   uint64_t progress_mirror(uint64_t slot) const {
     if (!mirror_live_[slot].load(std::memory_order_acquire)) return 0;
     return std::atomic_ref<unsigned long long>(*progress_host_[slot]).load();
+  }
+  // The mirror, or the exact count where it is left out (what the ended launches of the
+  // set's phase counted): for the looks that pace a wait or queue a successor.
+  uint64_t progress_seen(uint64_t slot) const {
+    const uint64_t mirror = progress_mirror(slot);
+    std::lock_guard<std::mutex> lk(progress_mu_);
+    return std::max<uint64_t>(mirror, max_seen_[slot]);
   }
   void give_back_slots() noexcept;
 

@@ -147,7 +147,7 @@ LaunchEnd CudaRunner::wait_for_end(const Launch& l) {
   };
   auto end_is_near = [&] {
     return s_->mirror() != FREERIDE_GATE_OPEN || stop_requested_.load() ||
-           progress_mirror(l.slot) >= l.n_items;
+           progress_seen(l.slot) >= l.n_items;
   };
   // Successors (freeride/successor_rule.hpp): decided once, kHandOverLeadNs before the
   // slice ends by this clock, counted from when the launch was first seen begun.
@@ -170,7 +170,7 @@ LaunchEnd CudaRunner::wait_for_end(const Launch& l) {
     }
     const auto now = clock::now();
     if (!successor_asked && ring_.started(l.number, launch_no_.load())) {
-      const uint64_t progress = progress_mirror(l.slot);
+      const uint64_t progress = progress_seen(l.slot);
       if (seen_begun == clock::time_point{}) {
         seen_begun = now;
         progress_at_begin = progress;

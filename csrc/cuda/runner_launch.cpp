@@ -286,7 +286,7 @@ void CudaRunner::maybe_queue_successor(bool progressed) noexcept {
     st.gate_open = s.mirror() == FREERIDE_GATE_OPEN && !s.skipped.contains(s.mirror_seq());
     st.stopping = stop_requested_.load() || abandoned_.load();
     // (A successor runs the current phase: not behind a launch of the next.)
-    st.phase_done = phase_done_ || progress_mirror(slot_of(phase_)) >= n_items_ ||
+    st.phase_done = phase_done_ || progress_seen(slot_of(phase_)) >= n_items_ ||
                     (!pending_.empty() && pending_.back().phase != phase_);
     st.follows_protocol = task_->follows_item_protocol();
     if (!queue_successor(st) || !accepting_locked()) return;
