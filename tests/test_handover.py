@@ -126,15 +126,18 @@ def test_a_yet_more_urgent_task_waits_for_the_armed_tasks_launches(ex):
 
 @pytest.mark.parametrize("seed", range(24))
 def test_random_switches_run_every_item_exactly_once(seed):
-    """Opens, ends (in the order the opens queued them, as on the one side stream),
-    submits of random urgency and cancels, interleaved at random, with and without phases
-    ahead and followers: every task ends done with every item or cancelled, each with exactly the items
-    the model's device ran, and the memory comes back."""
+    """Opens (on one of two training streams: one behind the other's launch waiting for
+    its open gets none, review G11), begins and ends (in the order the opens queued
+    them, as on the one side stream), submits of random urgency and cancels,
+    interleaved at random, with and without phases ahead and followers: every task ends
+    done with every item or cancelled, each with exactly the items the model's device
+    ran, and the memory comes back."""
     rng = random.Random(seed)
     ex = _C._testing.queue_executor(
         memory_budget=10**9, phases_ahead=seed % 2 == 1, followers=seed % 4 >= 2
     )
     stream = []  # runner index of every launch queued at an open, oldest first
+    begun = [0]  # how many of them (the oldest) have begun
     ids = []
     try:
 
@@ -155,9 +158,13 @@ def test_random_switches_run_every_item_exactly_once(seed):
 
         def step(action):
             if action == "open":
-                stream.extend(_C._testing.queue_open_one(ex))
+                stream.extend(_C._testing.queue_open_one(ex, rng.choice([0, 0, 0, 1])))
+            elif action == "begin" and begun[0] < len(stream):
+                queues()[stream[begun[0]]].begin()
+                begun[0] += 1
             elif action == "end" and stream:
                 queues()[stream.pop(0)].end(rng.randint(0, 5))
+                begun[0] = max(0, begun[0] - 1)
             elif action == "submit":
                 submit()
             elif action == "cancel" and ids:
@@ -165,7 +172,7 @@ def test_random_switches_run_every_item_exactly_once(seed):
 
         submit()
         for _ in range(60):
-            step(rng.choice(["open", "open", "end", "end", "submit", "cancel"]))
+            step(rng.choice(["open", "open", "begin", "end", "end", "submit", "cancel"]))
             time.sleep(rng.random() * 0.002)
         deadline = time.monotonic() + 20
         while not all(_status(ex, t)[0] in FINAL for t in ids):
