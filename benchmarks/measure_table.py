@@ -56,6 +56,9 @@ OVERHEAD_PCT = 0.5
 ITEM_OVERHEAD_PCT = 3.0
 PAIR_HOST_US = 10.0
 TRAINING_ADMISSION_US = 10.0
+# The executor sleeps through compute: with every open rung its own looks at the gate's
+# mirror are a 20 ms backstop, 50 a second (1 ms looks, 1,000 a second, before).
+EXECUTOR_WAKEUPS_PER_S = 100.0
 
 PAUSE_VARIANT = "freeride, gate in device memory"
 # The harvest matrix's runs, one row each (probes/probe_harvest_matrix.py's RUNS keys).
@@ -451,6 +454,32 @@ def training_admission_rows(preempt: Source) -> list[Row]:
     return [Row(metric, setting, measured, target, judge(passed == len(judged)))]
 
 
+def executor_sleep_rows(at_open: Source, ring: Source) -> list[Row]:
+    """probe_admission's first second, gate closed and the task waiting for it: how often
+    the executor thread woke, and the process's CPU."""
+    metric = "executor wake-ups while the gate is closed (sleeps through compute)"
+    target = f"≤ {EXECUTOR_WAKEUPS_PER_S:g} a second"
+    rows = []
+    for source, setting in (
+        (at_open, "launches at opens (default)"),
+        (ring, "host-started: executor, ring (FREERIDE_LAUNCH_AT_OPEN=0)"),
+    ):
+        d = source.data
+        if d is None:
+            rows.append(_not_run(metric, setting, target, source))
+            continue
+        rate, cpu = d.get("closed_wakeups_per_s"), d.get("closed_cpu_per_s")
+        if not _num(rate):
+            why = d.get("error") or "no wake-up count in the probe's output"
+            rows.append(Row(metric, setting, f"no figure: {why}", target, FAILED))
+            continue
+        measured = f"{rate:,.0f} a second"
+        if _num(cpu):
+            measured += f"; the process {cpu:.3f} CPU-s a second"
+        rows.append(Row(metric, setting, measured, target, judge(rate <= EXECUTOR_WAKEUPS_PER_S)))
+    return rows
+
+
 # -- the table ----------------------------------------------------------------------------
 
 
@@ -471,6 +500,7 @@ def rows_of(folder: str) -> list[Row]:
         *item_rows(src["items"]),
         *bandwidth_rows(src["items"]),
         *host_cost_rows(src["preempt"]),
+        *executor_sleep_rows(src["admission_at_open"], src["admission_ring"]),
         *training_admission_rows(src["preempt"]),
     ]
 

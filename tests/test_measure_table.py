@@ -32,7 +32,9 @@ def _load(name: str, path: pathlib.Path):
 
 mt = _load("measure_table", ROOT / "benchmarks" / "measure_table.py")
 
-ROWS = 41  # 5 pause + 4 admission + 8 harvest + 4 held + 8 overhead + 5 items + 3 bw + 3 host + 1
+# 5 pause + 4 admission + 8 harvest + 4 held + 8 overhead + 5 items + 3 bw + 3 host
+# + 2 executor sleep + 1 training admission
+ROWS = 43
 
 
 # -- inputs as the step writes them -------------------------------------------------------
@@ -230,6 +232,7 @@ def test_every_row_is_there_and_not_run_without_inputs(tmp_path):
         "item overhead",
         "side-kernel bandwidth",
         "host cost per close+open pair",
+        "executor wake-ups",
         "training-kernel admission",
     ):
         assert any(m.startswith(start) for m in metrics), start
@@ -269,6 +272,25 @@ def test_the_h200_run_of_2026_11_27_read_as_it_was(tmp_path):
     bandwidth = by_setting(rows, "side-kernel bandwidth")
     assert {r.verdict for r in bandwidth.values()} == {mt.NO_TARGET}
     assert "87% of the copy's 4,000 GB/s" in bandwidth["Saxpy float32"].measured
+
+
+@pytest.mark.parametrize(
+    "extra, verdict, shown",
+    [
+        ({"closed_wakeups_per_s": 51.2, "closed_cpu_per_s": 0.004}, mt.MET, "51 a second"),
+        ({"closed_wakeups_per_s": 100.0}, mt.MET, "100 a second"),
+        ({"closed_wakeups_per_s": 1003.0}, mt.MISSED, "1,003 a second"),
+        ({}, mt.FAILED, "no wake-up count"),
+    ],
+)
+def test_executor_wakeups_against_the_target(tmp_path, extra, verdict, shown):
+    """probe_admission's closed-gate second: the executor sleeps through compute when it
+    wakes at most 100 times a second (its 20 ms backstop is 50; the 1 ms look was 1,000)."""
+    write(tmp_path, "admission_at_open.json", admission(8.0, True, **extra))
+    rows = by_setting(mt.rows_of(str(tmp_path)), "executor wake-ups")
+    row = rows["launches at opens (default)"]
+    assert row.verdict == verdict and shown in row.measured, row
+    assert rows["host-started: executor, ring (FREERIDE_LAUNCH_AT_OPEN=0)"].verdict == mt.NOT_RUN
 
 
 def test_a_bench_items_json_without_the_copy_row(tmp_path):

@@ -26,6 +26,12 @@ Watcher (issue 36 item 1, FREERIDE_WATCHER_LAUNCH=1): the watcher's thread launc
 wakes, then rings, so one wake-up is left of ring's two; its launches are counted
 (`watcher_launches` in the JSON).
 
+First, with the gate closed from the host and the task waiting for it, the executor
+thread's wake-ups (context switches of "freeride-exec", from /proc) and the process's CPU
+time over one second: issue 36's "the executor sleeps through compute". Opens all come
+from one stream here, so every one rings: the executor's own looks at the mirror are the
+20 ms backstop (about 50 a second; 1 ms looks, about 1,000, before 995a586).
+
 `--trials N` (default 40) sets the number of trials (the measure step of
 benchmarks/run_gpu.sh runs 200, enough for a p99); `--json PATH` also writes the
 figures there (every delay, p50/p90/p99, the settings; an `error` where the probe
@@ -40,11 +46,21 @@ import time
 from collections.abc import Callable
 from typing import NoReturn
 
-from _probe import bounded, cycles_per_ms, hard_exit, percentile, result, wait_until, write_json
+from _probe import (
+    bounded,
+    cycles_per_ms,
+    hard_exit,
+    percentile,
+    result,
+    thread_wakeups,
+    wait_until,
+    write_json,
+)
 
 NAME = "probe_admission"
 TRIALS = 40
 SPIN_LIMIT_S = 2.0
+IDLE_S = 1.0  # how long the closed gate's cost is measured
 
 
 def main() -> None:
@@ -94,6 +110,16 @@ def measure(
     if not wait_until(lambda: t.items_done > 0, 30):
         fail("the Spin task never ran", 1)
     time.sleep(0.1)
+    # The closed gate's cost: the executor thread waits for an open (no launch in flight).
+    h.gate.close(stream="host")
+    time.sleep(0.2)
+    wake0, cpu0, wall0 = thread_wakeups("freeride-exec"), time.process_time(), time.monotonic()
+    time.sleep(IDLE_S)
+    wall = time.monotonic() - wall0
+    out.update(
+        closed_wakeups_per_s=(thread_wakeups("freeride-exec") - wake0) / wall,
+        closed_cpu_per_s=(time.process_time() - cpu0) / wall,
+    )
     for _ in range(trials):
         h.gate.close(stream="host")
         time.sleep(0.02)  # the launch in flight ends; the executor waits for an open
@@ -142,7 +168,9 @@ def measure(
         NAME,
         f"{how}: open seen -> first items, over {len(d)} trials: median "
         f"{out['p50_us']:.0f} us, p90 {out['p90_us']:.0f} us, p99 {out['p99_us']:.0f} us, "
-        f"min {d[0]:.0f} us, max {d[-1]:.0f} us; stuck {stuck}",
+        f"min {d[0]:.0f} us, max {d[-1]:.0f} us; stuck {stuck}; gate closed: the executor "
+        f"woke {out['closed_wakeups_per_s']:.0f} times a second, the process used "
+        f"{out['closed_cpu_per_s']:.3f} CPU-s a second",
     )
 
 
