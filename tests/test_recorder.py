@@ -309,6 +309,33 @@ def test_gpu_origin_is_asked_for_only_once_the_gpu_passed_the_iteration(capture)
     assert rec.clock_origin_unix_ns == 10**18 + ex.times[1]
 
 
+def test_gpu_origin_is_asked_only_by_a_flush_that_may_wait(capture):
+    """The origin's wall time may wait for the control stream behind training's backlog
+    (one hardware queue: up to CLOCK_ORIGIN_TIMEOUT_S): a flush that may not wait (the
+    training thread's backlog flush, bubble_stats) leaves it owed, even with the GPU past
+    the iteration, and keeps its mark (not released as an old anchor) for the next flush
+    that may wait, which asks once and then lets the mark go, once."""
+    ex = FakeCudaExecutor()
+    ex.unix_base = 10**18
+    rec = _recorder(ex, "cuda", 0)
+    origin = ex.next_mark  # the first iteration's first mark
+    iteration(rec)
+    rec.flush(block=False)
+    assert len(rec.iterations()) == 1  # resolved...
+    assert ex.unix_asked == [] and rec.clock_origin_unix_ns is None  # ...but not asked
+    iteration(rec)
+    iteration(rec)
+    rec.flush(block=False)
+    assert len(rec.iterations()) == 3 and ex.unix_asked == []
+    assert origin not in ex.released and origin in ex.times  # kept for the answer
+    rec.flush(block=True, timeout=1.0)
+    assert ex.unix_asked == [(origin, recorder.CLOCK_ORIGIN_TIMEOUT_S)]
+    assert rec.clock_origin_unix_ns == 10**18 + 1000  # the fake clock's first mark
+    assert ex.released.count(origin) == 1
+    rec.flush(block=True, timeout=1.0)
+    assert len(ex.unix_asked) == 1 and ex.released.count(origin) == 1
+
+
 def test_gpu_record_falls_back_to_a_probe_where_the_anchor_gives_no_answer(capture, monkeypatch):
     """Where mark_unix_ns gives no answer, a probe mark on the control stream, taken when
     the first iteration resolves, ties the marks to time.time_ns(): exact only where the
@@ -489,3 +516,16 @@ def test_the_report_waits_only_for_launches_whose_end_has_come():
             _C._testing.delay_launch_end(0)
         assert h._ex.wait_launches_taken(30.0)
         assert h.launch_counts().launches == 1  # taken by the time the wait returned
+
+
+def test_a_compute_action_that_failed_to_enter_leaves_the_next_one_whole(host):
+    """A compute action whose gate write raised (here a stream that is no stream) was not
+    entered: the next one closes the gate as usual. Before, the failed one stayed counted
+    as entered, and every later compute action ran nested in it, with the gate open."""
+    with pytest.raises(ValueError), host.compute(stream=12345):
+        pass
+    with host.iteration():
+        assert host.gate.is_open
+        with host.compute():
+            assert not host.gate.is_open
+        assert host.gate.is_open

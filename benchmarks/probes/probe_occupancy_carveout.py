@@ -40,7 +40,9 @@ def main() -> None:
     import cupy
 
     function = cupy.RawModule(code=SOURCE).get_function("shared_heavy")
-    handle = ctypes.c_void_p(function.ptr)
+    # get_function gives a RawKernel; its CUfunction is the .kernel Function's pointer
+    # (as freeride's own tasks/_kernel_cache.py reads it).
+    handle = ctypes.c_void_p(getattr(function, "kernel", function).ptr)
     driver = ctypes.CDLL("libcuda.so.1")
 
     def occupancy() -> int:

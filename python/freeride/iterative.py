@@ -296,10 +296,11 @@ class IterativeRunner:
         device = torch.device("cuda", self._device)
         events = []
         for handle in after:
-            # Handle 0 is the default stream; ExternalStream(0) would be a pool stream.
+            # Handles 0 and 1 (cudaStreamLegacy) are the default stream: ExternalStream(0)
+            # would be a pool stream, and torch refuses 1 (an odd id is one of its own).
             stream = (
                 torch.cuda.default_stream(device)
-                if handle == 0
+                if handle in (0, 1)
                 else torch.cuda.ExternalStream(handle, device=device)
             )
             event = torch.cuda.Event()

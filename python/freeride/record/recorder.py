@@ -77,6 +77,11 @@ class Recorder:
         self._launches: deque[SideLaunch] = deque()
         self._raw_launches: list[tuple] = []
         self._anchor: tuple[int, int] | None = None  # (mark, ns since recording start)
+        # GPU: the first iteration's origin mark once the GPU has passed it, while its wall
+        # time is still to be asked (_settle_origin): only by a flush that may wait, as
+        # the answer can wait for the control stream behind training's backlog. Kept (not
+        # released as an old anchor) until then.
+        self._origin_owed: int | None = None
         self._next_index = 0
         self._slot = 0
         # Free device memory is sampled at one bubble per iteration, the slots in turn:
@@ -165,12 +170,20 @@ class Recorder:
             return
         gate = self._gate
         self._saved_open.append(gate.written_open)
-        self._ranges.close()
-        current = self._current
-        if current is None:
-            gate.write(GATE_CLOSED, stream)
-        else:
-            current.events.append(("close", label, gate.write(GATE_CLOSED, stream, True), None))
+        try:
+            self._ranges.close()
+            current = self._current
+            if current is None:
+                gate.write(GATE_CLOSED, stream)
+            else:
+                mark = gate.write(GATE_CLOSED, stream, True)
+                current.events.append(("close", label, mark, None))
+        except BaseException:
+            # Not entered (a bad stream, a failed write): the next compute action closes
+            # the gate itself, not one nested in this one.
+            self._saved_open.pop()
+            self._depth -= 1
+            raise
 
     def compute_end(self, stream: Any = None) -> None:
         """After a compute action: reopens the gate if it was open before it."""
@@ -306,6 +319,8 @@ class Recorder:
                 with self._shared:
                     self._raw_launches.extend(log)
                 iterations_done = self._resolve_iterations()
+                if block and self._origin_owed is not None:
+                    self._settle_origin()
                 done = iterations_done and self._resolve_launches()
             if not block or time.monotonic() > deadline:
                 return
@@ -360,6 +375,15 @@ class Recorder:
         finally:
             self._ex.release_mark(probe)
 
+    def _settle_origin(self) -> None:
+        """The record's time 0 on the wall clock, from the origin mark owed (see
+        _origin_owed), which then goes back unless it is still the anchor."""
+        owed = self._origin_owed
+        self._origin_owed = None
+        self.clock_origin_unix_ns = self._gpu_mark_unix_ns(owed)
+        if self._anchor is None or self._anchor[0] != owed:
+            self._ex.release_mark(owed)
+
     def _resolve_iterations(self) -> bool:
         while self._pending:
             pend = self._pending[0]
@@ -391,13 +415,13 @@ class Recorder:
                 offsets.append(origin_ns + rel)
             if self._anchor is None and self._kind != "host":
                 # Only now: every mark of the iteration timed, so the GPU has passed the
-                # origin, and nothing waits here for a GPU still short of it.
-                self.clock_origin_unix_ns = self._gpu_mark_unix_ns(pend.origin)
+                # origin. Its wall time is asked by the next flush that may wait.
+                self._origin_owed = pend.origin
             self._iterations.append(self._build(pend, offsets))
             for _, _, mark, _ in pend.events:
                 if mark != pend.origin:
                     self._ex.release_mark(mark)
-            if self._anchor is not None:
+            if self._anchor is not None and self._anchor[0] != self._origin_owed:
                 self._ex.release_mark(self._anchor[0])
             self._anchor = (pend.origin, origin_ns)
             self._pending.popleft()

@@ -107,9 +107,10 @@ class Report:
     # Set by gather_reports(..., queue=q): the job queue's record on this rank (the
     # tasks placed here and, on the coordinator's rank, every placement decision).
     placement: dict[str, Any] = field(default_factory=dict)
-    # Host backend: the Unix time in ns of the record's time 0, the clock of
-    # torch.profiler's traces (profiling.py); None on a GPU, whose record is on the
-    # device's own timeline.
+    # The Unix time in ns of the record's time 0, the clock of torch.profiler's traces
+    # (profiling.py): the host backend's steady clock, or on a GPU the clock anchor's
+    # answer for the first iteration's origin (or a probe's, where the anchor gave none);
+    # None where neither answered in time, or no report waited for the answer yet.
     clock_origin_unix_ns: int | None = None
     # Harvester.launch_counts() when the report was taken: side launches, those that ran
     # no item, and those of each enqueued at opens (empty in a report without them).
