@@ -1,3 +1,5 @@
+import sys
+
 import numpy as np
 import pytest
 
@@ -116,3 +118,32 @@ def test_bad_image_dtype_and_layout(host):
     with pytest.raises(ValueError, match="images must be contiguous"):
         host.submit(fr.tasks.Resize(np.zeros((1, 4, 8), np.float32)[:, :, ::2], 2))
     assert host.submit(fr.tasks.Spin(2, 10)).wait(10)
+
+
+def test_an_output_on_a_gpu_follows_a_cupy_input(monkeypatch):
+    """On a GPU, an image task's output is made in its input's library: CuPy in, CuPy out,
+    even where torch is installed too (which buffers on a GPU use otherwise). A stand-in
+    CuPy module answers here, as there is no GPU."""
+    import contextlib
+    import types
+
+    from freeride.tasks import _base
+
+    made = []
+
+    class _Buffer:
+        def __init__(self, shape, dtype):
+            self.shape, self.dtype = shape, dtype
+            self.data = types.SimpleNamespace(ptr=0xC0DE)
+
+    def cupy_zeros(shape, dtype):
+        made.append((shape, dtype))
+        return _Buffer(shape, dtype)
+
+    fake = types.SimpleNamespace(
+        zeros=cupy_zeros,
+        cuda=types.SimpleNamespace(Device=lambda index: contextlib.nullcontext()),
+    )
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    arr, ptr = _base.zeros((2, 3), "float32", "cuda", 0, library="cupy")
+    assert isinstance(arr, _Buffer) and ptr == 0xC0DE and made == [((2, 3), "float32")]

@@ -33,19 +33,23 @@ class Task:
         raise NotImplementedError
 
 
-def zeros(shape: tuple[int, ...], dtype: str, kind: str, device: int) -> tuple[Any, int]:
+def zeros(
+    shape: tuple[int, ...], dtype: str, kind: str, device: int, library: str = "torch"
+) -> tuple[Any, int]:
     """A zeroed buffer on the harvester's device and its address: numpy on the host,
-    torch (or CuPy) on a GPU."""
+    torch (or CuPy) on a GPU; CuPy first with `library` "cupy" (an output that follows a
+    CuPy input)."""
     if kind == "host":
         arr = np.zeros(shape, dtype=dtype)
         return arr, int(arr.ctypes.data)
-    try:
-        import torch
+    if library != "cupy":
+        try:
+            import torch
 
-        arr = torch.zeros(shape, dtype=getattr(torch, dtype), device=f"cuda:{device}")
-        return arr, int(arr.data_ptr())
-    except ImportError:
-        pass
+            arr = torch.zeros(shape, dtype=getattr(torch, dtype), device=f"cuda:{device}")
+            return arr, int(arr.data_ptr())
+        except ImportError:
+            pass
     cupy = sys.modules.get("cupy")
     if cupy is None:
         try:

@@ -39,7 +39,9 @@ class _ImageTask(Task):
     ) -> tuple[Any, Any, int, Any]:
         src = as_array(self.images, "images", kind, device, dtypes=_DTYPES)
         out_shape = self.shape[:-2] + out_hw
-        out, out_ptr = zeros(out_shape, src.dtype, kind, device)
+        # The output in the input's own library: CuPy in, CuPy out (torch otherwise).
+        library = "cupy" if type(self.images).__module__.startswith("cupy") else "torch"
+        out, out_ptr = zeros(out_shape, src.dtype, kind, device, library)
         return src, (out, out_ptr), 0 if src.dtype == "uint8" else 1, kind
 
     def _wrap(self, out: Any) -> Any:
