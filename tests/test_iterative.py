@@ -492,3 +492,34 @@ def test_without_noticing_reopens_the_runner_starves_across_replays(host, monkey
     per_bubble, _, _ = _replay_steps(host, task, handle)
     handle.cancel()
     assert sum(per_bubble[2:]) == 0, per_bubble
+
+
+def test_a_failed_step_gives_its_start_mark_back(host):
+    """The mark taken before a step that raises goes back (on CUDA an event per failed
+    step would otherwise be held until the harvester closed)."""
+    first = host.submit(Stepper(step_s=0.001, steps=1))  # makes the iterative runner
+    assert first.wait(timeout=30)
+    runner = host._iterative
+    real = runner._ex
+    held: set[int] = set()
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def mark(self, stream):
+            mark = real.mark(stream)
+            held.add(mark)
+            return mark
+
+        def release_mark(self, mark):
+            held.discard(mark)
+            real.release_mark(mark)
+
+    runner._ex = Counting()
+    try:
+        handle = host.submit(Stepper(step_s=0.001, steps=10, fail_at=3))
+        assert handle.wait(timeout=30) and handle.state == "failed"
+    finally:
+        runner._ex = real
+    assert not held, f"marks never given back: {sorted(held)}"

@@ -562,8 +562,12 @@ class IterativeRunner:
         stream = self._stream
         where = 0 if stream is None else int(stream.cuda_stream)  # the host ignores it
         start = self._ex.mark(where)
-        with self._on_step_stream():
-            handle.task.step()
+        try:
+            with self._on_step_stream():
+                handle.task.step()
+        except BaseException:
+            self._ex.release_mark(start)  # the step failed: nothing will time it
+            raise
         end = self._ex.mark(where)
         if stream is not None:
             stream.synchronize()
