@@ -54,3 +54,27 @@ def test_making_a_harvester_lets_go_of_what_was_passed():
     with fr.Harvester("cpu", workers=1):
         assert ex.asked >= 1
         assert all(kept is not ex for kept, _ in _abandoned._kept)
+
+
+def test_a_close_whose_executor_cannot_say_keeps_it_and_does_not_raise():
+    """A closed executor that cannot answer reclaim_abandoned() (a broken context: its
+    device cannot even be made current) is kept, as release_passed keeps one, instead of
+    the error leaving close() (from its `finally`, over close's own outcome)."""
+    from freeride.harvester import _Parts
+
+    class ClosedBroken(Broken):
+        def close(self, deadline: float) -> None:
+            pass
+
+        def take_abandoned(self) -> list[int]:
+            return []
+
+    before = _abandoned.kept()
+    ex = ClosedBroken()
+    _Parts(ex, {}).close()
+    try:
+        assert any(kept is ex for kept, _ in _abandoned._kept)
+        assert _abandoned.kept() == before + 1
+    finally:
+        with _abandoned._lock:
+            _abandoned._kept[:] = [e for e in _abandoned._kept if e[0] is not ex]

@@ -33,9 +33,9 @@ def release_passed() -> int:
     handles); how many are still kept."""
     with _lock:
         entries = list(_kept)
-    passed = [entry for entry in entries if _passed(entry[0])]
+    gone = [entry for entry in entries if passed(entry[0])]
     with _lock:
-        for entry in passed:
+        for entry in gone:
             _kept.remove(entry)
         return len(_kept)
 
@@ -46,7 +46,9 @@ def kept() -> int:
         return len(_kept)
 
 
-def _passed(executor: Any) -> bool:
+def passed(executor: Any) -> bool:
+    """Whether the GPU has passed every launch `executor` (closed) left; False where it
+    cannot say (a broken context: its device cannot even be made current)."""
     try:
         return bool(executor.reclaim_abandoned())
     except RuntimeError:  # it cannot say: keep it, as its launches' fate is unknown

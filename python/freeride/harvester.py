@@ -171,7 +171,7 @@ class _Parts:
         # Abandoned tasks are never among those take_finished() names, so _reap() on
         # another thread cannot have let go of their handles since close() returned.
         abandoned = self.ex.take_abandoned()
-        if abandoned or not self.ex.reclaim_abandoned():
+        if abandoned or not _abandoned.passed(self.ex):
             handles = [self.live.get(task_id) for task_id in abandoned]
             _abandoned.keep(self.ex, [h for h in handles if h is not None])
         _abandoned.release_passed()
