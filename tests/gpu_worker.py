@@ -294,8 +294,9 @@ def mode_queue_control(args: dict) -> dict:
     return _queued_behind_a_long_kernel(torch, float(args.get("hold_ms", 300.0)))
 
 
-def _exec_wakeups() -> int:
-    """Context switches of the executor threads ("freeride-exec") so far."""
+def exec_wakeups() -> int:
+    """Context switches of the executor threads ("freeride-exec") so far (each sleep that
+    ends is one); probes/probe_admission.py counts with it too."""
     total = 0
     for tid in os.listdir("/proc/self/task"):
         try:
@@ -359,13 +360,13 @@ def _closed_gate_cost(fr, h) -> dict:
     h.gate.close(stream="host")
     t = h.submit(fr.tasks.Spin(items=2**40, ns_per_item=1_000))
     time.sleep(0.2)  # the executor thread reaches its wait for the gate
-    wake0, cpu0, wall0 = _exec_wakeups(), time.process_time(), time.monotonic()
+    wake0, cpu0, wall0 = exec_wakeups(), time.process_time(), time.monotonic()
     time.sleep(1.0)
     wall = time.monotonic() - wall0
     return t, {
         "admission": h.admission,
         "cpu_per_s": (time.process_time() - cpu0) / wall,
-        "wakeups_per_s": (_exec_wakeups() - wake0) / wall,
+        "wakeups_per_s": (exec_wakeups() - wake0) / wall,
         "items_while_closed": t.items_done,
     }
 

@@ -150,21 +150,3 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.0005) -> bool
             return False
         time.sleep(interval)
     return True
-
-
-def thread_wakeups(name: str) -> int:
-    """Context switches so far of this process's threads named `name` (freeride names its
-    own: "freeride-exec" is an executor's), from /proc: each sleep that ends is one."""
-    total = 0
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().strip() != name:
-                    continue
-            with open(f"/proc/self/task/{tid}/status") as f:
-                for line in f:
-                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                        total += int(line.split()[1])
-        except OSError:
-            continue
-    return total

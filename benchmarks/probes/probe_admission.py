@@ -42,22 +42,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import NoReturn
 
-from _probe import (
-    bounded,
-    cycles_per_ms,
-    hard_exit,
-    percentile,
-    result,
-    thread_wakeups,
-    wait_until,
-    write_json,
-)
+from _probe import bounded, cycles_per_ms, hard_exit, percentile, result, wait_until, write_json
 
 NAME = "probe_admission"
+TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests")
 TRIALS = 40
 SPIN_LIMIT_S = 2.0
 IDLE_S = 1.0  # how long the closed gate's cost is measured
@@ -97,6 +90,9 @@ def measure(
 
     import freeride as fr
 
+    sys.path.insert(0, os.path.abspath(TESTS))
+    from gpu_worker import exec_wakeups
+
     torch.ones(1, device="cuda").cpu()
     cyc = cycles_per_ms(torch)
     train = torch.cuda.Stream(priority=-1)  # before the harvester: creation may wait
@@ -113,11 +109,11 @@ def measure(
     # The closed gate's cost: the executor thread waits for an open (no launch in flight).
     h.gate.close(stream="host")
     time.sleep(0.2)
-    wake0, cpu0, wall0 = thread_wakeups("freeride-exec"), time.process_time(), time.monotonic()
+    wake0, cpu0, wall0 = exec_wakeups(), time.process_time(), time.monotonic()
     time.sleep(IDLE_S)
     wall = time.monotonic() - wall0
     out.update(
-        closed_wakeups_per_s=(thread_wakeups("freeride-exec") - wake0) / wall,
+        closed_wakeups_per_s=(exec_wakeups() - wake0) / wall,
         closed_cpu_per_s=(time.process_time() - cpu0) / wall,
     )
     for _ in range(trials):
