@@ -219,7 +219,9 @@ if step measure; then
     table_of measure_bench_preempt "^ *(no side work|freeride, gate in device)"
     # 2. Side admission, open seen -> first items, 200 trials each (a p99): device-started
     #    (the launch an open enqueues, the default) and host-started (the executor's
-    #    ring, FREERIDE_LAUNCH_AT_OPEN=0). [~10 s each est.: 40 trials took 5-8 s measured]
+    #    ring, FREERIDE_LAUNCH_AT_OPEN=0); each first counts the executor's wake-ups over a
+    #    second with the gate closed (it sleeps through compute). [~11 s each est.: 40
+    #    trials took 5-8 s measured]
     probe $deadline measure_admission_at_open 30 probe_admission.py --trials 200 \
       --json "$m/admission_at_open.json"
     stand_in "$m/admission_at_open.json" $? measure_admission_at_open
