@@ -40,12 +40,8 @@ class LaunchShapes {
   // ours, so this lock stays innermost.
   template <typename Query>
   int occupancy(const void* kernel, int threads, int dynamic_shared_bytes, Query&& query) {
-    const OccupancyKey key{kernel, threads, dynamic_shared_bytes};
     std::lock_guard<std::mutex> lk(mu_);
-    if (const int* known = find_occupancy_locked(key)) return *known;
-    const int per_sm = query();
-    occupancy_.emplace(key, per_sm);
-    return per_sm;
+    return remembered(occupancy_, OccupancyKey{kernel, threads, dynamic_shared_bytes}, query);
   }
 
   // Registers per thread and static shared memory of `kernel`: query() (returning
@@ -53,10 +49,7 @@ class LaunchShapes {
   template <typename Query>
   Attributes attributes(const void* kernel, Query&& query) {
     std::lock_guard<std::mutex> lk(mu_);
-    if (const Attributes* known = find_attributes_locked(kernel)) return *known;
-    const Attributes a = query();
-    attributes_.emplace(kernel, a);
-    return a;
+    return remembered(attributes_, kernel, query);
   }
 
   // Calls set(percent) unless `percent` is the carveout this cache last set on `kernel`;
@@ -87,8 +80,14 @@ class LaunchShapes {
  private:
   using OccupancyKey = std::tuple<const void*, int, int>;  // kernel, threads, dynamic shared
 
-  const int* find_occupancy_locked(const OccupancyKey& key) const;
-  const Attributes* find_attributes_locked(const void* kernel) const;
+  // map[key], from query() the first time (caller holds mu_). A query that throws adds
+  // nothing.
+  template <typename Map, typename Query>
+  static typename Map::mapped_type remembered(Map& map, const typename Map::key_type& key,
+                                              Query& query) {
+    if (const auto it = map.find(key); it != map.end()) return it->second;
+    return map.emplace(key, query()).first->second;
+  }
   bool carveout_is_locked(const void* kernel, int percent) const;
   void forget_occupancy_locked(const void* kernel);
 

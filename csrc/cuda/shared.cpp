@@ -5,6 +5,7 @@
 #include "capture_mode.hpp"
 #include "test_switches.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -267,10 +268,10 @@ void CudaShared::launch_at_reached(uint32_t seq) noexcept {
   if (shut_down) return;
   std::lock_guard<std::mutex> alk(arm_mu);
   if (armed == nullptr) return;
-  bool others_pending = false;
-  for (const OpenLauncher* other : launchers) {
-    if (other != armed && other->pending_on(armed->launch_stream())) others_pending = true;
-  }
+  const bool others_pending =
+      std::any_of(launchers.begin(), launchers.end(), [&](const OpenLauncher* other) {
+        return other != armed && other->pending_on(armed->launch_stream());
+      });
   if (armed->launch_at_reached_open(seq, others_pending)) watcher_launches.fetch_add(1);
 }
 

@@ -31,6 +31,7 @@ class UnrungOpens {
   // call set it: the caller then rings the bell, so that a waiter already asleep for
   // kAdmissionBackstop looks again, every kAdmissionPoll.
   bool note_open(uintptr_t stream, bool captured, bool ambiguous = false) noexcept {
+    if (any()) return false;  // set for good: no exchange on the training thread's path
     const uintptr_t before = last_stream_.exchange(stream, std::memory_order_relaxed);
     if (captured || ambiguous || (before != kNoOpenYet && before != stream)) return set();
     return false;
