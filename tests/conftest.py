@@ -42,6 +42,17 @@ def host():
         yield h
 
 
+@pytest.fixture
+def ex():
+    """An executor on the test queue backend (_C._testing.queue_executor), closed after the
+    test. A module that needs other settings defines its own (test_phases_ahead.py)."""
+    from freeride import _C
+
+    executor = _C._testing.queue_executor()
+    yield executor
+    executor.close(0.5)
+
+
 def wait_until(predicate, timeout=10.0, interval=0.002):
     """Polls predicate until true; fails the test after `timeout` seconds."""
     deadline = time.monotonic() + timeout

@@ -10,20 +10,11 @@ same stream, behind a launch that has begun, or behind the executor's own launch
 before. The rule itself is tested in tests/test_launch_at_open.py; GPU:
 test_opens_on_a_second_stream_behind_a_lagging_one_are_counted_not_queued there."""
 
-import pytest
-
 from conftest import runner_launches as _launches
 from conftest import wait_until
 from freeride import _C
 
 A, B = 1, 2  # two training streams
-
-
-@pytest.fixture
-def ex():
-    executor = _C._testing.queue_executor()
-    yield executor
-    executor.close(0.5)
 
 
 def _open(ex, stream):

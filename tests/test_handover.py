@@ -23,13 +23,6 @@ from freeride import _C
 FINAL = ("done", "failed", "cancelled")
 
 
-@pytest.fixture
-def ex():
-    executor = _C._testing.queue_executor()
-    yield executor
-    executor.close(0.5)
-
-
 def _open(ex):
     return _C._testing.queue_open(ex)
 

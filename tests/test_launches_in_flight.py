@@ -24,13 +24,6 @@ from freeride import _C
 FINAL = ("done", "failed", "cancelled")
 
 
-@pytest.fixture
-def ex():
-    executor = _C._testing.queue_executor()
-    yield executor
-    executor.close(0.5)
-
-
 def _task(items, phases=1):
     return _C.spin_task(items, phases, 1000)
 
