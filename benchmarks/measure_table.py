@@ -71,6 +71,8 @@ HARVEST_ROWS = (
     ("phases-20ms-1q-ahead1", "30-phase ItemCounter, 20 ms bubbles, 1 queue, phases ahead on"),
     ("spin-0.5ms-8q", "single-phase Spin, 20 bubbles of 0.5 ms, 8 queues (default)"),
     ("spin-0.5ms-1q", "single-phase Spin, 20 bubbles of 0.5 ms, 1 queue"),
+    ("phases-20ms-8q-device1", "30-phase ItemCounter, 20 ms bubbles, 8 queues, device phases"),
+    ("phases-20ms-1q-device1", "30-phase ItemCounter, 20 ms bubbles, 1 queue, device phases"),
 )
 PIPELINE_TASKS = ("saxpy", "blur", "pagerank", "spin")
 PIPELINE_CONNECTIONS = (("default", "8 queues (default)"), ("1", "1 queue"))

@@ -202,6 +202,7 @@ if step measure; then
   (
     unset FREERIDE_LAUNCH_AT_OPEN FREERIDE_ADMISSION FREERIDE_GATE_WRITE FREERIDE_MAX_LOOKAHEAD \
       FREERIDE_PHASES_AHEAD FREERIDE_SUCCESSORS FREERIDE_FOLLOW FREERIDE_WATCHER_LAUNCH \
+      FREERIDE_DEVICE_PHASES \
       CUDA_DEVICE_MAX_CONNECTIONS
     deadline=$((SECONDS + ${MEASURE_BUDGET:-480}))
     m="$work/measure"
@@ -236,7 +237,8 @@ if step measure; then
     stand_in "$m/admission_watcher.json" $? measure_admission_watcher
     # 3. Harvest of open-gate time in bubbles queued ahead of the GPU (20 ms, and 0.5 ms:
     #    both >= 200 us), 8 and 1 hardware queues, single-phase Spin and a 30-phase
-    #    ItemCounter with phases ahead off and on: 8 workers, each in a fresh process
+    #    ItemCounter with phases ahead off and on, then with device phases (the last two,
+    #    where the budget leaves time): 10 workers, each in a fresh process
     #    (probes/probe_harvest_matrix.py; its own budget is what is left here, at most
     #    150 s). [~60 s est.: 5 queued_bubbles workers took 26 s in all in
     #    test_launch_at_open.py, measured; queued_phases has not run on a GPU yet]
@@ -370,6 +372,14 @@ if step qualify; then
   # occupancy answer read a function's preferred carveout (the cache asks again after a
   # set either way)? CuPy and the driver only. [~5 s est.]
   probe $deadline probe_occupancy_carveout 20 probe_occupancy_carveout.py
+  # Device phases (off by default, FREERIDE_DEVICE_PHASES=1; issue 36 item 1, not yet run
+  # on a GPU): the 30-phase ItemCounter in bubbles queued ahead with them on and off (no
+  # item before the phase before completed, every item once; phases in the bubbles
+  # printed) [~40 s est.]; a RawKernel's stencil across 61 phases against numpy in fewer
+  # launches than phases, every item once in order under gate flips, and a kernel that
+  # uses for_each_item refused [~15 s est.].
+  pytest_file $deadline 90 tests/test_device_phases.py -m gpu -s
+  pytest_file $deadline 40 tests/test_raw_kernel_gpu.py -m gpu -s -k device_phases
   # The rest of the qualify list, all passed on 2026-11-27 (its times in brackets).
   # G1, the deadlock: a close/open pair no block saw, then torch.cuda.synchronize(), both
   # reserves, and the same after an empty compute action; 4 workers. [~23 s]

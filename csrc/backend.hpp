@@ -237,6 +237,10 @@ class Backend {
   virtual bool launches_at_opens() const { return false; }
   // Whether the executor queues the next task behind a finishing one (follow_rule.hpp).
   virtual bool followers() const { return false; }
+  // Whether a task that can serve every phase from one launch does
+  // (Task::supports_device_phases; csrc/device_phases.hpp). Never on the host backend,
+  // whose workers run a task's phases one after another themselves.
+  virtual bool device_phases() const { return false; }
   // Stream-ordered opens whose launch was left out because it would wait behind another
   // training stream's open (freeride/open_launch_rule.hpp's G11); any thread.
   virtual uint64_t skipped_open_launches() const { return 0; }

@@ -56,6 +56,7 @@ class SpinTask final : public UniformTask {
   std::string name() const override { return "Spin"; }
   // The slicing baseline's blocks run one item each and ignore the gate by design.
   bool follows_item_protocol() const override { return slice_blocks_ == 0; }
+  bool supports_device_phases() const override { return slice_blocks_ == 0; }
   void run_item(uint64_t, uint64_t) override { spin_for(ns_); }
   void launch_cuda(const CudaLaunch& launch) override {
 #ifdef FREERIDE_WITH_CUDA
@@ -133,6 +134,8 @@ class ItemCounterTask final : public UniformTask {
     FR_ARG(counts && phase_done && violations, "counter buffers must not be null");
   }
   std::string name() const override { return "ItemCounter"; }
+  // Its kernel checks the phase order that device phases keep on the device.
+  bool supports_device_phases() const override { return fail_phase_ < 0; }
   void run_item(uint64_t phase, uint64_t item) override {
     if (static_cast<int64_t>(phase) == fail_phase_ && static_cast<int64_t>(item) == fail_item_) {
       FR_THROW(RuntimeFailure, "injected failure at phase " << phase << ", item " << item);

@@ -8,6 +8,7 @@
 #include <exception>
 
 #include "check.hpp"
+#include "device_phases.hpp"
 #include "doorbell.hpp"
 
 namespace freeride {
@@ -50,6 +51,7 @@ uint64_t Executor::submit(std::shared_ptr<Task> task, int priority,
 uint64_t Executor::submit_after(std::shared_ptr<Task> task, int priority,
                                 std::unique_ptr<StreamDependency> dependency) {
   FR_ARG(task != nullptr, "task must not be null");
+  task = with_device_phases(std::move(task), backend_->device_phases());
   const uint64_t total = task->total_items();
   std::lock_guard<std::mutex> lock(mutex_);
   FR_CHECK(!closing_, "the harvester is closed");
@@ -109,7 +111,7 @@ TaskStatus Executor::status(uint64_t id) const {
   s.items_done =
       r.items_before_phase + (r.runner ? r.runner->done() + r.runner->done_ahead() : 0);
   s.items_total = r.items_total;
-  s.phase = r.phase;
+  s.phase = r.task ? r.task->reported_phase(r.phase, s.items_done) : r.phase;  // final: none
   s.launches = r.launches;
   s.error_kind = r.error_kind;
   s.error = r.error;
@@ -387,6 +389,7 @@ void Executor::finish_locked(Record& r, TaskState state, ErrorKind kind, std::st
     (named_by != nullptr ? *named_by : finished_).push_back(r.id);
     used_ -= charged;
   }
+  r.phase = r.task->reported_phase(r.phase, r.items_before_phase);  // what status() says then
   r.task.reset();
   r.after.reset();
   done_cv_.notify_all();

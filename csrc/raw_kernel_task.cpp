@@ -37,10 +37,12 @@ int function_attribute(const cuda_driver::Api& a, CUfunction f, CUfunction_attri
 class RawKernelTask final : public Task {
  public:
   RawKernelTask(std::string name, std::vector<RawPhase> kernels, uint64_t phases,
-                std::vector<uint64_t> args)
+                std::vector<uint64_t> args, bool device_phases)
       : name_(std::move(name)), kernels_(std::move(kernels)), phases_(phases),
-        args_(std::move(args)) {
+        args_(std::move(args)), device_phases_(device_phases) {
     FR_ARG(!kernels_.empty(), "a RawKernel task needs at least one kernel");
+    FR_ARG(!device_phases_ || kernels_.size() == 1,
+           "device_phases needs one kernel for every phase, got " << kernels_.size());
     FR_ARG(phases_ > 0, "a RawKernel task needs at least one phase");
     for (const RawPhase& p : kernels_) {
       FR_ARG(p.function != 0, "RawKernel phase without a function");
@@ -51,6 +53,8 @@ class RawKernelTask final : public Task {
 
   std::string name() const override { return name_; }
   uint64_t num_phases() const override { return phases_; }
+  // The user says its kernel takes the phase from freeride::for_each_phase_item.
+  bool supports_device_phases() const override { return device_phases_; }
 
   // Stays on the primary context's side stream under the occupancy cap even with a
   // green-context reserve. Its CUfunctions were loaded by CuPy into the primary context,
@@ -152,15 +156,17 @@ class RawKernelTask final : public Task {
   std::vector<RawPhase> kernels_;
   uint64_t phases_;
   std::vector<uint64_t> args_;
+  bool device_phases_;
   LaunchShapes own_occupancy_;  // for launches that carry no cache (see resident_blocks)
 };
 
 }  // namespace
 
 std::shared_ptr<Task> make_raw_kernel_task(std::string name, std::vector<RawPhase> kernels,
-                                           uint64_t phases, std::vector<uint64_t> args) {
+                                           uint64_t phases, std::vector<uint64_t> args,
+                                           bool device_phases) {
   return std::make_shared<RawKernelTask>(std::move(name), std::move(kernels), phases,
-                                         std::move(args));
+                                         std::move(args), device_phases);
 }
 
 FunctionInfo query_function(uintptr_t function) {

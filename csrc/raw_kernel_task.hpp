@@ -24,9 +24,11 @@ struct RawPhase {
 // Phase p of the `phases` runs kernels[p % kernels.size()], so an iterative algorithm of
 // many phases costs no more than its distinct kernels. `args` holds one 8-byte
 // little-endian word per kernel parameter after the fr_item_ctx; a parameter of size s
-// reads the first s bytes of its word.
+// reads the first s bytes of its word. `device_phases`: the one kernel takes its phase from
+// freeride::for_each_phase_item, so one launch may serve every phase (device_phases.hpp).
 std::shared_ptr<Task> make_raw_kernel_task(std::string name, std::vector<RawPhase> kernels,
-                                           uint64_t phases, std::vector<uint64_t> args);
+                                           uint64_t phases, std::vector<uint64_t> args,
+                                           bool device_phases = false);
 
 // What the driver says about a loaded function, for checks before any launch.
 struct FunctionInfo {

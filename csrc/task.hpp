@@ -50,6 +50,20 @@ class Task {
   // green-context streams are documented to take; RawKernel overrides this (see there).
   virtual bool runs_in_green_context() const { return true; }
 
+  // True when one launch may serve every phase of the task (device phases,
+  // csrc/device_phases.hpp): every phase runs the same kernel with the same arguments
+  // over as many items, and that kernel takes its phase from freeride::for_each_phase_item
+  // rather than from ctx.phase.
+  virtual bool supports_device_phases() const { return false; }
+
+  // The phase status() reports for the executor's `phase` of this task with `items_done`
+  // in all (a task served by device phases is one phase to the executor).
+  virtual uint64_t reported_phase(uint64_t phase, uint64_t /*items_done*/) const { return phase; }
+
+  // Added to the error of a launch that broke the item protocol: what this task's kernel
+  // must do besides calling freeride::for_each_item.
+  virtual std::string protocol_hint() const { return ""; }
+
   // Host backend: runs one item on the calling worker thread. May throw; the task then fails.
   virtual void run_item(uint64_t phase, uint64_t item) = 0;
 

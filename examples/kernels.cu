@@ -14,11 +14,13 @@ extern "C" __global__ void scale_shift(fr_item_ctx ctx, const float* x, float* y
 
 // One explicit step of 1-D heat diffusion per phase, ping-ponging between u0 and u1:
 // phase p reads what phase p - 1 wrote (phases never overlap). The ends stay fixed.
+// for_each_phase_item gives each item's phase, so one launch may go on from phase to
+// phase (RawKernel(..., device_phases=True)); the buffers are picked per item.
 extern "C" __global__ void heat_step(fr_item_ctx ctx, float* u0, float* u1, float alpha,
                                      unsigned long long n) {
-  const float* src = ctx.phase % 2 == 0 ? u0 : u1;
-  float* dst = ctx.phase % 2 == 0 ? u1 : u0;
-  freeride::for_each_item(ctx, [&](unsigned long long item) {
+  freeride::for_each_phase_item(ctx, [&](unsigned long long phase, unsigned long long item) {
+    const float* src = phase % 2 == 0 ? u0 : u1;
+    float* dst = phase % 2 == 0 ? u1 : u0;
     const unsigned long long i = item * blockDim.x + threadIdx.x;
     if (i >= n) return;
     if (i == 0 || i == n - 1) {

@@ -12,7 +12,11 @@ The kernels are in examples/kernels.cu. Writing one takes three steps:
    ``freeride::for_each_item``. An item must be independent of the others in its phase;
    it may run on any block and at any time, and it runs exactly once.
 3. Submit ``fr.tasks.RawKernel(source, name, items, args)``. For iterative algorithms,
-   give ``phases``: phases run one after another, and the kernel reads ``ctx.phase``.
+   give ``phases``: phases run one after another, and the kernel reads its phase from
+   ``freeride::for_each_phase_item`` (or ``ctx.phase``). With ``device_phases=True``
+   (one kernel for every phase, its phase from ``for_each_phase_item``) one launch may
+   go on from phase to phase on the GPU, where ``FREERIDE_DEVICE_PHASES=1`` turns that
+   on (off by default until qualified on a GPU): many short phases then fill a bubble.
    In ``args``, tensors go to pointers, a Python float to a ``float`` (or ``double``)
    and a Python int to an integer of the parameter's size; a numpy scalar
    (``np.float32(3)``) says its type exactly. The driver tells RawKernel each
@@ -61,7 +65,9 @@ def main() -> None:
     with fr.Harvester("cuda:0", memory_budget="2GiB") as h:
         scale = h.submit(fr.tasks.RawKernel(source, "scale_shift", tiles, (x, y, 3.0, 1.0, n)))
         heat = h.submit(
-            fr.tasks.RawKernel(source, "heat_step", tiles, (u0, u1, 0.25, n), phases=steps)
+            fr.tasks.RawKernel(
+                source, "heat_step", tiles, (u0, u1, 0.25, n), phases=steps, device_phases=True
+            )
         )
         t0 = time.perf_counter()
         while not (scale.done() and heat.done()):

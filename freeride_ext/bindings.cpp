@@ -328,18 +328,20 @@ PYBIND11_MODULE(_C, m) {
       "raw_kernel_task",
       [](std::string name,
          const std::vector<std::tuple<uintptr_t, uint64_t, uint32_t, uint32_t, uint32_t>>& kernels,
-         uint64_t phases, std::vector<uint64_t> args) {
+         uint64_t phases, std::vector<uint64_t> args, bool device_phases) {
         std::vector<freeride::RawPhase> ks;
         ks.reserve(kernels.size());
         for (const auto& [function, items, block, shared_mem, grid] : kernels) {
           ks.push_back(freeride::RawPhase{function, items, block, shared_mem, grid});
         }
         return freeride::make_raw_kernel_task(std::move(name), std::move(ks), phases,
-                                              std::move(args));
+                                              std::move(args), device_phases);
       },
       py::arg("name"), py::arg("kernels"), py::arg("phases"), py::arg("args"),
+      py::arg("device_phases") = false,
       "kernels: (CUfunction, items, block, shared_mem, grid) each; phase p runs kernel "
-      "p % len(kernels); args: one word per parameter");
+      "p % len(kernels); args: one word per parameter; device_phases: the one kernel uses "
+      "freeride::for_each_phase_item, so one launch may serve every phase");
   m.def(
       "function_info",
       [](uintptr_t function) {

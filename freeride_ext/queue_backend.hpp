@@ -194,8 +194,10 @@ class QueuedRunner final : public PhaseRunner {
 class QueueBackend final : public Backend {
  public:
   explicit QueueBackend(bool phases_ahead = false, uint64_t lookahead_bound = 0,
-                        bool followers = false)
-      : phases_ahead_(phases_ahead), lookahead_bound_(lookahead_bound), followers_(followers) {}
+                        bool followers = false, bool device_phases = false)
+      : phases_ahead_(phases_ahead), lookahead_bound_(lookahead_bound), followers_(followers),
+        device_phases_(device_phases) {}
+  bool device_phases() const override { return device_phases_; }
   uint64_t opens_beyond_lookahead() const override { return beyond_lookahead_->load(); }
   uint64_t skipped_open_launches() const override { return cross_stream_skips_->load(); }
   std::string kind() const override { return "queue"; }
@@ -357,6 +359,7 @@ class QueueBackend final : public Backend {
   uint64_t interrupts_ = 0;
   bool hold_backoffs_ = false;
   bool phases_ahead_ = false;
+  bool device_phases_ = false;
   uint64_t lookahead_bound_ = 0;
   bool followers_ = false;
   std::shared_ptr<std::atomic<uint64_t>> beyond_lookahead_ =

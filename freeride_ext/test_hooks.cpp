@@ -339,6 +339,8 @@ void register_test_hooks(py::module_& m) {
         "csrc/cuda/admission.hpp's successors_enabled: FREERIDE_SUCCESSORS as read.");
   t.def("phases_ahead_enabled", &freeride::cuda::phases_ahead_enabled,
         "csrc/cuda/admission.hpp's phases_ahead_enabled: FREERIDE_PHASES_AHEAD as read.");
+  t.def("device_phases_enabled", &freeride::cuda::device_phases_enabled,
+        "csrc/cuda/admission.hpp's device_phases_enabled: FREERIDE_DEVICE_PHASES as read.");
   t.def("watcher_launch_enabled", &freeride::cuda::watcher_launch_enabled,
         "csrc/cuda/admission.hpp's watcher_launch_enabled: FREERIDE_WATCHER_LAUNCH as read.");
   t.def("lookahead_bound", &freeride::cuda::lookahead_bound,

@@ -86,6 +86,8 @@ void register_queue_hooks(py::module_& t) {
       .def_property_readonly("runs", locked([](const QueuedLaunches& q) { return q.runs; }))
       .def_property_readonly("phase", locked([](const QueuedLaunches& q) { return q.phase; }),
                              "The runner's current phase (the last begin_phase()).")
+      .def_property_readonly("n_items", locked([](const QueuedLaunches& q) { return q.n_items; }),
+                             "Items of the runner's current phase, as begin_phase() gave them.")
       .def_property_readonly("pending_phases",
                              locked([](const QueuedLaunches& q) {
                                py::list out;
@@ -100,18 +102,21 @@ void register_queue_hooks(py::module_& t) {
 
   t.def(
       "queue_executor",
-      [](uint64_t memory_budget, bool phases_ahead, uint64_t max_lookahead, bool followers) {
+      [](uint64_t memory_budget, bool phases_ahead, uint64_t max_lookahead, bool followers,
+         bool device_phases) {
         return std::make_unique<Executor>(
-            std::make_unique<QueueBackend>(phases_ahead, max_lookahead, followers),
+            std::make_unique<QueueBackend>(phases_ahead, max_lookahead, followers, device_phases),
             memory_budget);
       },
       py::arg("memory_budget") = 0, py::arg("phases_ahead") = false,
       py::arg("max_lookahead") = 0, py::arg("followers") = false,
+      py::arg("device_phases") = false,
       "An Executor on the test queue backend: its launches are enqueued and ended by the "
       "test (queue_launches). phases_ahead: its runners begin phases with launches in "
       "flight and chain the next phase's at opens (csrc/phase_ahead_rule.hpp). "
       "max_lookahead: the lookahead bound (csrc/open_launch_rule.hpp; 0: none). followers: "
-      "the next task follows one in its tail (csrc/follow_rule.hpp).");
+      "the next task follows one in its tail (csrc/follow_rule.hpp). device_phases: a task "
+      "that can serve every phase from one launch does (csrc/device_phases.hpp).");
   t.def("within_lookahead", &freeride::within_lookahead, py::arg("opens_ahead"),
         py::arg("bound"), "csrc/open_launch_rule.hpp's within_lookahead.");
   t.def(

@@ -649,7 +649,7 @@ def _open_gate_rate(t, total: int, limit_s: float = 60.0) -> float:
 def mode_queued_phases(args: dict) -> dict:
     """Issue 36 (review G3): a task of many phases in bubbles queued ahead of the GPU, as
     mode_queued_bubbles queues them, with phases ahead on or off (FREERIDE_PHASES_AHEAD in
-    the environment). An ItemCounter of `phases` phases of `items` items (`item_us` each)
+    the environment), or device phases (FREERIDE_DEVICE_PHASES). An ItemCounter of `phases` phases of `items` items (`item_us` each)
     checks that no item started before the phase before had completed (a launch chained at
     an open claims only once it has) and, once the gate is opened from the host and the
     task finishes, that every item ran exactly once across stale, chained and ordinary
@@ -670,7 +670,11 @@ def mode_queued_phases(args: dict) -> dict:
     recv_ms = float(args.get("recv_ms", 20.0))
     hold_ms = float(args.get("hold_ms", 100.0))
     torch.cuda.init()
-    out: dict = {"phases_ahead_env": os.environ.get("FREERIDE_PHASES_AHEAD"), "phases": phases}
+    out: dict = {
+        "phases_ahead_env": os.environ.get("FREERIDE_PHASES_AHEAD"),
+        "device_phases_env": os.environ.get("FREERIDE_DEVICE_PHASES"),
+        "phases": phases,
+    }
     train = torch.cuda.Stream()
     comm = torch.cuda.Stream()
     with fr.Harvester("cuda:0") as h:

@@ -67,7 +67,29 @@ extern "C" __global__ void leader_only(fr_item_ctx ctx, unsigned int* hits) {
 }
 """
 
-SOURCES = {"scale": SCALE, "reduce": REDUCE, "one_item": PIECES, "leader_only": PIECES}
+
+# Device phases (csrc/device_phases.hpp): one launch serves every phase of the task, the
+# body taking the phase with the item (as a ping-pong stencil picks its buffers).
+PHASES = r"""
+#include <freeride/preempt.cuh>
+extern "C" __global__ void sweep(fr_item_ctx ctx, float* a, float* b, unsigned long long n) {
+  freeride::for_each_phase_item(ctx, [&](unsigned long long phase, unsigned long long item) {
+    const float* src = phase % 2 ? b : a;
+    float* dst = phase % 2 ? a : b;
+    unsigned long long i = item * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = src[i] * 0.5f;
+  });
+}
+"""
+
+
+SOURCES = {
+    "scale": SCALE,
+    "reduce": REDUCE,
+    "one_item": PIECES,
+    "leader_only": PIECES,
+    "sweep": PHASES,
+}
 
 _BARRIER = re.compile(r"(?:bar|barrier)(?:\.cta)?\.(?:sync|arrive|red)\b")
 _SYSTEM_FENCE = re.compile(r"(?:membar\.sys|fence(?:\.\w+)*\.sys)\b")
@@ -231,3 +253,54 @@ def test_a_chained_launch_reads_the_phase_before_once_per_block_before_any_claim
     gate = next(n for n, i in enumerate(code) if _VOLATILE_U32_LOAD.match(i))
     assert start < reads[0] < gate
     assert sum(1 for i in code if i.startswith("atom.global.add.u32")) == 2, "held and exited"
+
+
+def _gpu_fences(code: list[str]) -> list[int]:
+    return [n for n, i in enumerate(code) if _ANY_FENCE.match(i) and not _SYSTEM_FENCE.match(i)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_device_phases_add_two_device_fences_and_nothing_else(arch):
+    """for_each_phase_item adds two device-scope fences to for_each_item's code and no
+    atomic: one before the leader counts an item (the release another block's wait for
+    the phase relies on), one after the wait at a phase boundary (the acquire), a grid-wide
+    barrier's pattern, as cooperative groups' grid sync. Still one system-scope fence and
+    no system atomic; for_each_item itself (the scale kernel) keeps its counts."""
+    sweep = instructions(_ptx(PHASES, arch), "sweep")
+    scale = instructions(_ptx(SCALE, arch), "scale")
+    assert len(_gpu_fences(sweep)) == len(_gpu_fences(scale)) + 2 == 4
+    assert sum(1 for i in sweep if _SYSTEM_FENCE.match(i)) == 1
+    assert not [i for i in sweep if _SYSTEM_ATOMIC.match(i)]
+
+    def atomics(code):
+        return sorted(i.split()[0] for i in code if i.startswith(("atom.", "red.")))
+
+    assert atomics(sweep) == atomics(scale)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_device_phases_fence_before_the_count(arch):
+    """After the loop's barrier (every thread finished the item) the leader fences before
+    its count of `done`, which another block's wait reads: no count comes between them."""
+    code = instructions(_ptx(PHASES, arch), "sweep")
+    barrier = next(n for n, i in enumerate(code) if _BARRIER.match(i))
+    fence = min(f for f in _gpu_fences(code) if f > barrier)
+    counts = [n for n, i in enumerate(code) if i.startswith("atom.global.add.u64") and n > barrier]
+    assert counts and fence < min(counts), (fence, counts)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_device_phases_wait_is_a_volatile_load_loop_then_a_fence_and_a_barrier(arch):
+    """At a phase boundary the leader reads `done` (volatile, so from L2, pausing between
+    reads) until it covers the phases before, fences, and the block meets at a barrier
+    before the body: a second barrier per item only at such a step."""
+    code = instructions(_ptx(PHASES, arch), "sweep")
+    loads = [n for n, i in enumerate(code) if i.startswith("ld.volatile.global.u64")]
+    waits = [
+        f
+        for f in _gpu_fences(code)
+        if any(0 < f - n <= 4 for n in loads) and any(_BARRIER.match(i) for i in code[f : f + 3])
+    ]
+    assert len(waits) == 1, (loads, _gpu_fences(code))
+    sleeps = [n for n, i in enumerate(code) if i.startswith("nanosleep")]
+    assert len(sleeps) == 1 and waits[0] - 8 < sleeps[0] < waits[0], (sleeps, waits)

@@ -32,9 +32,9 @@ def _load(name: str, path: pathlib.Path):
 
 mt = _load("measure_table", ROOT / "benchmarks" / "measure_table.py")
 
-# 5 pause + 4 admission + 8 harvest + 4 held + 8 overhead + 5 items + 3 bw + 3 host
+# 5 pause + 4 admission + 10 harvest + 4 held + 8 overhead + 5 items + 3 bw + 3 host
 # + 2 executor sleep + 1 training admission
-ROWS = 43
+ROWS = 45
 
 
 # -- inputs as the step writes them -------------------------------------------------------
@@ -491,7 +491,8 @@ def test_harvest_rows_are_the_matrix_runs():
         assert mode == ("queued_phases" if key.startswith("phases") else "queued_bubbles")
         assert (env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1") == ("-1q" in key)
         if mode == "queued_phases":
-            assert env["FREERIDE_PHASES_AHEAD"] == key[-1]
+            switch = "FREERIDE_DEVICE_PHASES" if "-device" in key else "FREERIDE_PHASES_AHEAD"
+            assert env[switch] == key[-1]
         assert args.get("recv_ms", 20.0) >= 0.2  # the target's bubbles: >= 200 us
 
 

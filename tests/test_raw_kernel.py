@@ -17,6 +17,8 @@ import pytest
 from nvrtc import SCALE, NvrtcError, compile_ptx, find_nvrtc, ptx_param_sizes
 
 import freeride as fr
+from conftest import runner_launches
+from freeride import _C
 from freeride.tasks import _kernel_cache, raw_kernel
 from freeride.tasks._signature import CTX_BYTES, check_sizes, pack, scalar_word
 
@@ -325,3 +327,25 @@ def test_compile_options_name_the_headers_contents(tmp_path):
     (folder / "freeride" / "item_ctx.h").write_text("/* another protocol */\n")
     _kernel_cache._headers_define.cache_clear()
     assert _kernel_cache._headers_define(str(folder)) != same
+
+
+def test_device_phases_need_one_kernel_and_reach_the_core(fake_driver):
+    """device_phases=True (one launch may serve every phase: csrc/device_phases.hpp) is
+    checked at construction and handed to the core task, which an executor with device
+    phases then runs as one phase of every phase's items; without it, phase by phase."""
+    RawKernel = fr.tasks.RawKernel
+    two = SCALE + SCALE.replace("scale(", "other(")
+    with pytest.raises(ValueError, match="device_phases=True needs one kernel for every phase"):
+        RawKernel(two, ["scale", "other"], 4, (None, 2.0, 10), device_phases=True)
+    with pytest.raises(TypeError, match="device_phases must be a bool, got int"):
+        RawKernel(SCALE, "scale", 4, (None, 2.0, 10), device_phases=1)
+    fake_driver["scale"] = [CTX_BYTES, 8, 4, 8]
+    ex = _C._testing.queue_executor(device_phases=True)
+    try:
+        for index, (flag, items) in enumerate(((True, 12), (False, 4))):
+            k = RawKernel(SCALE, "scale", 4, (None, 2.0, 10), phases=3, device_phases=flag)
+            tid = ex.submit(k._build("cuda", 0).core, 0)
+            assert runner_launches(ex, index).n_items == items
+            assert ex.cancel(tid, False) and ex.wait(tid, 10)
+    finally:
+        ex.close(0.5)

@@ -511,3 +511,135 @@ def test_submit_follows_cupys_current_stream_on_a_gpu(gpu, current):
         assert low == 0.0, (
             f"negative control: Saxpy should have overtaken the producer, y.min()={low}"
         )
+
+
+# ---- Device phases (FREERIDE_DEVICE_PHASES=1, csrc/device_phases.hpp) ----
+
+COUNT_PHASES = r"""
+#include <freeride/preempt.cuh>
+// COUNT's checks with the phase from for_each_phase_item: counts[phase * items + item] += 1,
+// and a violation for an item that starts before the previous phase finished (with device
+// phases, other blocks of the same launch may have run that phase).
+extern "C" __global__ void count_phases(fr_item_ctx ctx, unsigned int* counts,
+                                        unsigned long long* phase_done,
+                                        unsigned int* violations, unsigned long long items,
+                                        unsigned long long ns) {
+  freeride::for_each_phase_item(ctx, [&](unsigned long long phase, unsigned long long item) {
+    if (threadIdx.x == 0) {
+      if (phase > 0 && *(volatile unsigned long long*)&phase_done[phase - 1] != items) {
+        atomicAdd(violations, 1u);
+      }
+      unsigned long long t0;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+      for (unsigned long long t = t0; t - t0 < ns;) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      atomicAdd(&counts[phase * items + item], 1u);
+      __threadfence();
+      atomicAdd(&phase_done[phase], 1ull);
+    }
+  });
+}
+"""
+
+
+@pytest.fixture
+def gpu_device_phases(monkeypatch):
+    """A harvester whose backend serves every phase of a task that can from one launch
+    (read as the backend is made)."""
+    pytest.importorskip("cupy", reason="RawKernel needs CuPy (pip install 'freeride[cupy]')")
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("FREERIDE_DEVICE_PHASES", "1")
+    with fr.Harvester("cuda:0", memory_budget="1GiB") as h:
+        yield h, torch
+
+
+@pytest.mark.gpu
+def test_gpu_device_phases_heat_matches_numpy_in_fewer_launches_than_phases(gpu_device_phases):
+    """The example's heat stencil (each item reads neighbours that other blocks wrote in
+    the phase before) as one phase of every phase's items: the result matches numpy, so
+    the kernel kept the phases in order and their results visible across blocks, and it
+    took fewer launches than phases (a launch went on from phase to phase on the GPU)."""
+    h, torch = gpu_device_phases
+    n, steps = 100_000, 61
+    u0 = torch.zeros(n, device="cuda")
+    u0[n // 2 - 50 : n // 2 + 50] = 100.0
+    initial = u0.cpu().numpy()
+    u1 = torch.empty_like(u0)
+    h.gate.open()
+    tiles = (n + 255) // 256
+    k = fr.tasks.RawKernel(
+        EXAMPLE.read_text(), "heat_step", tiles, (u0, u1, 0.25, n), phases=steps, device_phases=True
+    )
+    handle = h.submit(k)
+    handle.result(60)
+    ref = initial.copy()
+    for _ in range(steps):
+        nxt = ref.copy()
+        nxt[1:-1] = ref[1:-1] + np.float32(0.25) * (ref[:-2] - 2 * ref[1:-1] + ref[2:])
+        ref = nxt
+    out = (u1 if steps % 2 else u0).cpu().numpy()
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
+    print(f"{steps} phases in {handle.launches} launches")
+    assert handle.launches < steps
+
+
+@pytest.mark.gpu
+def test_gpu_device_phases_exactly_once_in_order_under_gate_flips(gpu_device_phases):
+    """Every item once and no item of a phase before the phase before completed, with the
+    gate flipped from another thread so that launches pause mid-phase and resume in
+    another phase."""
+    import threading
+
+    h, torch = gpu_device_phases
+    items, phases = 2_000, 20  # 50 us items on every SM: a phase spans about a flip
+    counts, done, violations = _count_buffers(torch, items, phases)
+    stop = threading.Event()
+
+    def flip():
+        while not stop.is_set():
+            h.gate.open(stream="host")
+            time.sleep(0.0007)
+            h.gate.close(stream="host")
+            time.sleep(0.0003)
+
+    k = fr.tasks.RawKernel(
+        COUNT_PHASES,
+        "count_phases",
+        items,
+        (counts, done, violations, items, 50_000),
+        phases=phases,
+        device_phases=True,
+    )
+    flipper = threading.Thread(target=flip)
+    flipper.start()
+    try:
+        handle = h.submit(k)
+        assert handle.wait(120)
+    finally:
+        stop.set()
+        flipper.join()
+    handle.result()
+    torch.cuda.synchronize()
+    print(f"{phases} phases in {handle.launches} launches under flips")
+    assert torch.all(counts.view(torch.int32) == 1)
+    assert int(violations.view(torch.int32)[0]) == 0
+    assert torch.all(done.view(torch.int64) == items)
+
+
+@pytest.mark.gpu
+def test_gpu_device_phases_refuse_a_kernel_that_uses_for_each_item(gpu_device_phases):
+    """device_phases=True with a kernel that calls for_each_item (its body would take later
+    phases' items for ctx.phase's): no item runs, and the task fails saying what to use.
+    The same kernel without device_phases runs."""
+    h, torch = gpu_device_phases
+    x = torch.ones(1000, device="cuda")
+    h.gate.open()
+    wrong = fr.tasks.RawKernel(SCALE, "scale", 4, (x, 2.0, 1000), phases=2, device_phases=True)
+    handle = h.submit(wrong)
+    assert handle.wait(60), "the refused launches were relaunched instead of failing"
+    with pytest.raises(fr.TaskFailedError, match="for_each_phase_item"):
+        handle.result()
+    torch.cuda.synchronize()
+    assert torch.all(x == 1.0), "an item ran"
+    h.submit(fr.tasks.RawKernel(SCALE, "scale", 4, (x, 2.0, 1000), phases=2)).result(60)
+    torch.cuda.synchronize()
+    assert torch.all(x == 4.0)

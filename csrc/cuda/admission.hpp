@@ -69,6 +69,11 @@ bool successors_enabled();
 // value.
 bool phases_ahead_enabled();
 
+// Whether a task that can serve every phase from one launch does (device_phases.hpp;
+// FREERIDE_DEVICE_PHASES "0", the default, or "1", until a GPU run has qualified it).
+// Throws InvalidArgument for another value.
+bool device_phases_enabled();
+
 // Whether the executor queues the next task behind one in the tail of its last phase
 // (follow_rule.hpp; FREERIDE_FOLLOW "0", the default, or "1", until a GPU run has
 // measured it). Throws InvalidArgument for another value.

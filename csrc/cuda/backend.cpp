@@ -116,6 +116,7 @@ class CudaBackend final : public Backend {
     const bool at_opens = launch_at_opens_enabled();
     const bool successors = successors_enabled();
     const bool phases_ahead = phases_ahead_enabled();
+    device_phases_ = device_phases_enabled();
     const bool followers = followers_enabled();
     const bool watcher_launch = watcher_launch_enabled();
     const uint64_t lookahead = lookahead_bound();
@@ -368,6 +369,7 @@ class CudaBackend final : public Backend {
 
   bool launches_at_opens() const override { return s_->launch_at_opens; }
   bool followers() const override { return s_->followers; }
+  bool device_phases() const override { return device_phases_; }
   uint64_t skipped_open_launches() const override { return s_->cross_stream_skips.load(); }
   uint64_t max_lookahead() const override { return s_->max_lookahead.load(); }
   uint64_t opens_beyond_lookahead() const override { return s_->beyond_lookahead.load(); }
@@ -518,6 +520,7 @@ class CudaBackend final : public Backend {
 
  private:
   std::shared_ptr<CudaShared> s_;
+  bool device_phases_ = false;  // FREERIDE_DEVICE_PHASES, as read at construction
 };
 
 }  // namespace

@@ -124,7 +124,8 @@ LaunchMarks CudaRunner::finish_oldest() {
              task_->name() << ": a launch of phase " << l.phase << " ended without every "
                            << "block leaving through freeride::for_each_item: the kernel "
                               "must call freeride::for_each_item(ctx, ...) in every block and "
-                              "not return before it ends, or it would be relaunched for ever");
+                              "not return before it ends, or it would be relaunched for ever"
+                           << task_->protocol_hint());
   }
   check_protocol(l, end.done, end.held);
   return marks;
@@ -330,7 +331,8 @@ void CudaRunner::check_protocol(const Launch& l, uint64_t done, uint32_t held) {
                                 << " items done although no block was held back by the gate "
                                    "or a stop: the kernel must call freeride::for_each_item"
                                    "(ctx, ...) in every block and not return before it ends, "
-                                   "or it would be relaunched forever");
+                                   "or it would be relaunched forever"
+                                << task_->protocol_hint());
 }
 
 void CudaRunner::raise_progress(uint64_t slot, uint64_t value) {

@@ -19,13 +19,14 @@ __global__ void __launch_bounds__(kThreads)
     item_counter_kernel(fr_item_ctx ctx, unsigned int* counts, unsigned long long* phase_done,
                         unsigned long long* violations, unsigned long long* times,
                         unsigned long long items_per_phase, unsigned long long ns) {
-  freeride::for_each_item(ctx, [&](unsigned long long item) {
+  freeride::for_each_phase_item(ctx, [&](unsigned long long phase, unsigned long long item) {
     if (!freeride::leader_thread()) return;
-    const unsigned long long phase = ctx.phase;
     const unsigned long long slot = phase * items_per_phase + item;
     if (times != nullptr) times[2 * slot] = globaltimer_ns();
     if (phase > 0) {
-      // Written by earlier launches; volatile so the read is not served from a stale L1 line.
+      // Written by earlier launches or, with device phases, by other blocks of this one
+      // before for_each_phase_item let this phase begin; volatile so the read is not
+      // served from a stale L1 line.
       const unsigned long long prev =
           *reinterpret_cast<volatile unsigned long long*>(&phase_done[phase - 1]);
       if (prev != items_per_phase) atomicAdd(violations, 1ull);
@@ -56,9 +57,11 @@ void launch_item_counter(const CudaLaunch& launch, uint32_t* counts,
   FR_ARG(counts != nullptr && phase_done != nullptr && violations != nullptr,
          "ItemCounter: counter buffers must not be null");
   // Item indices index counts[phase * items_per_phase + item]: more items would write past
-  // the row of their phase.
-  FR_ARG(launch.ctx.n_items <= items_per_phase,
-         "ItemCounter: phase has " << launch.ctx.n_items << " items, more than items_per_phase "
+  // the row of their phase. With device phases a launch's items are every phase's.
+  const uint64_t per_phase =
+      launch.ctx.phase_items != 0 ? launch.ctx.phase_items : launch.ctx.n_items;
+  FR_ARG(per_phase <= items_per_phase,
+         "ItemCounter: phase has " << per_phase << " items, more than items_per_phase "
                                    << items_per_phase);
   const unsigned int blocks =
       persistent_grid(item_counter_kernel, kThreads, launch, launch.ctx.n_items);

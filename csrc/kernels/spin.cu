@@ -16,7 +16,7 @@ namespace {
 constexpr int kThreads = 128;
 
 __global__ void __launch_bounds__(kThreads) spin_kernel(fr_item_ctx ctx, unsigned long long ns) {
-  freeride::for_each_item(ctx, [&](unsigned long long) {
+  freeride::for_each_phase_item(ctx, [&](unsigned long long, unsigned long long) {
     const unsigned long long start = globaltimer_ns();
     while (globaltimer_ns() - start < ns) {
     }

@@ -79,6 +79,13 @@ typedef struct fr_item_ctx {
                                                     at least after_items (the phase is
                                                     complete) as its block begins */
   unsigned long long after_items;                /* items of the previous phase */
+  unsigned long long phase_items; /* 0: the launch serves ctx.phase. Nonzero (device
+                                     phases): it serves every phase of the task in
+                                     order, each of phase_items items, from one claim
+                                     counter: claim g is item g % phase_items of phase
+                                     g / phase_items, n_items counts every phase's, and
+                                     `phase` is 0. Only freeride::for_each_phase_item
+                                     runs such a launch (it keeps the phases in order) */
 } fr_item_ctx;
 
 #endif /* FREERIDE_ITEM_CTX_H_ */

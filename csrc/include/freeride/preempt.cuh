@@ -39,6 +39,12 @@
 // `done` reaches a multiple of kProgressEvery and at the phase's last item; it may lag,
 // and items_done read from it orders nothing (count_finished says what would need one).
 //
+// A task whose phases all run one kernel with as many items each may serve every phase
+// from one launch (device phases, FREERIDE_DEVICE_PHASES: ctx.phase_items): its kernel
+// uses for_each_phase_item, whose body takes the phase with the item, and the launch goes
+// on from one phase to the next on the device, keeping them in order (item_loop), so a
+// launch queued at an open serves whatever phase is current when its bubble comes.
+//
 // A launch's time slice counts from its first block's start (enter_launch): a block that
 // becomes resident only when an earlier one leaves gets what is left of the slice, so a
 // launch ends about one slice (plus an item) after it started, whatever its grid, unless
@@ -259,6 +265,8 @@ __device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx,
 // strength of `done` or the mirror (a host thread reading mapped memory, a concurrent
 // kernel) would need a release at its scope here: __threadfence_system() before a count
 // the host polls.
+// With device phases other blocks do read `done` during the launch
+// (wait_for_phases_before): item_loop fences before each count there.
 __device__ __forceinline__ unsigned long long count_finished(const fr_item_ctx& ctx) {
   return atomicAdd(leader_word(&ctx.state->done), 1ull);
 }
@@ -282,10 +290,29 @@ __device__ __forceinline__ void finish_item(const fr_item_ctx& ctx) {
   publish_progress(ctx, count_finished(ctx) + 1ull);
 }
 
-// Runs body(item) for every item this block claims until the gate closes, the phase is
-// stopped, the launch's time slice ends or no item is left. Every thread of the block
-// must call it (it synchronises); the body may use shared memory and __syncthreads:
-// consecutive items are separated by a block barrier.
+// Leader only, device phases (ctx.phase_items): waits until every item of the phases
+// before `phase` has been counted, then fences, so that after the block barrier that
+// follows, every thread of the block sees those items' results. The release is the
+// counting blocks' fence before each count (item_loop): the pattern of a grid-wide
+// barrier (a fence, then the count; the count read, then a fence), as cooperative
+// groups' grid sync. The wait is bounded by one item: whatever of those phases is not yet
+// counted is claimed, so it runs in a resident block of this launch (launches of a task
+// run one after another on its stream, and an ended launch left no claim unfinished),
+// and no block waits here holding an item it has not counted.
+__device__ __forceinline__ void wait_for_phases_before(const fr_item_ctx& ctx,
+                                                       unsigned long long phase) {
+  const unsigned long long need = phase * ctx.phase_items;
+  const volatile unsigned long long* done = &ctx.state->done;
+  while (*done < need) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    __nanosleep(128);  // fewer loads beside the counts they wait for
+#endif
+  }
+  __threadfence();
+}
+
+// for_each_item and for_each_phase_item: the one loop (kPhases: the body takes the phase
+// too, and a launch with device phases runs).
 //
 // One barrier per item: the leader claims item k+1 as soon as its own part of item k is
 // done, into the shared slot item k was not read from (a slower thread may still be
@@ -296,31 +323,42 @@ __device__ __forceinline__ void finish_item(const fr_item_ctx& ctx) {
 // in the SASS of the built-in kernels with CUDA 13). When the claim says kNoItem the
 // leader counts and publishes the last item before the block returns.
 //
-// Call it once per block per launch: the block leaves the launch when it returns.
-//
-// A context without phase state (ctx.state == 0) runs the kernel plain: every item, in a
-// grid-stride loop, with no gate, claims or counters. The item-overhead benchmark
-// compares the two modes of the same kernel this way.
-template <typename Body>
-__device__ __forceinline__ void for_each_item(const fr_item_ctx& ctx, Body&& body) {
+// With device phases a claim may be of a later phase than the block's last: the block
+// first waits, after counting its own last item, until the phases before it are counted
+// (wait_for_phases_before, and a second barrier: only at such a step, which is uniform
+// across the block), and each count is fenced first. A close that lands while a block
+// waits there lets it run that one item after the wait: at a phase boundary a block
+// leaves up to two items after a close instead of one.
+template <bool kPhases, typename Body>
+__device__ __forceinline__ void item_loop(const fr_item_ctx& ctx, Body&& body) {
   if (ctx.state == 0) {
     for (unsigned long long item = blockIdx.x; item < ctx.n_items; item += gridDim.x) {
-      body(item);
+      body(ctx.phase, item);
       __syncthreads();  // as between claimed items: the body may reuse shared memory
     }
     return;
   }
   __shared__ unsigned long long s_item[2];
   const bool leader = leader_thread();
+  // for_each_item in a launch with device phases claims nothing, and holds no block
+  // back: the host then fails the task with the reason (its body would take items of
+  // later phases for ctx.phase's).
+  const bool refuse = !kPhases && ctx.phase_items != 0ull;
+  const bool device_phases = kPhases && ctx.phase_items != 0ull;
   const unsigned long long started_ns = leader ? enter_launch(ctx) : 0ull;
   const bool ready = leader && phase_ready(ctx);
   bool ran = false;  // the previous pass ran an item: the leader counts it after the barrier
   unsigned int slot = 0;
+  // Device phases: the block's phase and its claims [first, end), every thread's copy.
+  unsigned long long phase = ctx.phase;
+  unsigned long long first = 0;
+  unsigned long long end = ctx.phase_items;
   while (true) {
-    if (leader) s_item[slot] = claim_item(ctx, started_ns, ready);
+    if (leader) s_item[slot] = refuse ? kNoItem : claim_item(ctx, started_ns, ready);
     __syncthreads();  // every thread finished the previous item; s_item[slot] is set
-    const unsigned long long item = s_item[slot];
+    unsigned long long item = s_item[slot];
     const bool count = leader && ran;
+    if (count && device_phases) __threadfence();  // the item's results before its count
     if (item == kNoItem) {  // uniform across the block
       if (count) finish_item(ctx);
       leave_launch(ctx);
@@ -329,11 +367,49 @@ __device__ __forceinline__ void for_each_item(const fr_item_ctx& ctx, Body&& bod
     unsigned long long before = 0;  // `done` before the count (count_finished)
     if (count) before = count_finished(ctx);
     ran = true;
-    body(item);
+    if (device_phases) {
+      // A block's claims only grow: past `end` is a later phase (the first claim of a
+      // launch may be any number of phases on). Uniform: every thread read the claim.
+      if (item >= end) {
+        phase = item / ctx.phase_items;
+        first = phase * ctx.phase_items;
+        end = first + ctx.phase_items;
+        if (leader) wait_for_phases_before(ctx, phase);
+        __syncthreads();
+      }
+      item -= first;
+    }
+    body(phase, item);
     // The count's result is used only now, an item after the atomic was issued.
     if (count) publish_progress(ctx, before + 1ull);
     slot ^= 1u;
   }
+}
+
+// Runs body(item) for every item this block claims until the gate closes, the phase is
+// stopped, the launch's time slice ends or no item is left. Every thread of the block
+// must call it (it synchronises); the body may use shared memory and __syncthreads:
+// consecutive items are separated by a block barrier.
+//
+// Call it once per block per launch: the block leaves the launch when it returns.
+//
+// A context without phase state (ctx.state == 0) runs the kernel plain: every item, in a
+// grid-stride loop, with no gate, claims or counters. The item-overhead benchmark
+// compares the two modes of the same kernel this way.
+template <typename Body>
+__device__ __forceinline__ void for_each_item(const fr_item_ctx& ctx, Body&& body) {
+  item_loop<false>(ctx, [&](unsigned long long, unsigned long long item) { body(item); });
+}
+
+// The same, with the item's phase: body(phase, item). In a launch of one phase the phase
+// is ctx.phase; in a launch with device phases (ctx.phase_items: a task that serves every
+// phase from one launch, FREERIDE_DEVICE_PHASES) the launch goes on from phase to phase
+// in order, each phase's items all finished before any item of the next starts, as
+// separate launches would. A kernel that takes its phase from here rather than from
+// ctx.phase runs either way.
+template <typename Body>
+__device__ __forceinline__ void for_each_phase_item(const fr_item_ctx& ctx, Body&& body) {
+  item_loop<true>(ctx, body);
 }
 
 }  // namespace freeride

@@ -57,6 +57,17 @@ class RawKernel(Task):
     A kernel reads its phase index from ``ctx.phase`` (to pick ping-pong buffers, say).
     Every kernel named takes the same `args`, so their parameter sizes must agree.
 
+    `device_phases=True` lets one launch serve every phase, where the CUDA backend runs
+    with ``FREERIDE_DEVICE_PHASES=1`` (off by default until it has been qualified on a
+    GPU): a launch queued at a bubble's open then goes on from phase to phase on the
+    device, so a task of many short phases is not held to one phase per launch. It needs
+    one kernel for every phase, which takes the phase from
+    ``freeride::for_each_phase_item(ctx, [&](unsigned long long phase, unsigned long long
+    item) {...})`` instead of ``ctx.phase``, and keeps the order above (every item of a
+    phase finishes before an item of the next starts). Such a kernel runs the same
+    without device phases; one that calls ``for_each_item`` there runs nothing, and the
+    task fails saying why.
+
     `block` is the threads per block; `shared_mem` the dynamic shared memory per block
     in bytes; `grid` the blocks per launch (default, and at most: as many as fit on the
     device at once beside the harvester's reserve, so that every block polls the gate
@@ -81,6 +92,7 @@ class RawKernel(Task):
         shared_mem: int = 0,
         grid: int | None = None,
         options: Sequence[str] = (),
+        device_phases: bool = False,
     ) -> None:
         _kernel_cache.require_cupy()
         if not isinstance(source, str) or not source.strip():
@@ -105,6 +117,14 @@ class RawKernel(Task):
         if isinstance(options, str) or not all(isinstance(o, str) for o in options):
             raise TypeError("options must be a sequence of strings")
         self.options = tuple(options)
+        if not isinstance(device_phases, bool):
+            raise TypeError(f"device_phases must be a bool, got {type(device_phases).__name__}")
+        if device_phases and len(names) != 1:
+            raise ValueError(
+                "device_phases=True needs one kernel for every phase (its body takes the "
+                f"phase from freeride::for_each_phase_item), got {len(names)} names"
+            )
+        self.device_phases = device_phases
         if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
             raise TypeError(f"args must be a tuple or list, got {type(args).__name__}")
         self.args = tuple(args)
@@ -182,7 +202,9 @@ class RawKernel(Task):
             )
             for i, n in enumerate(self.names)
         ]
-        core = raw_kernel_task(f"RawKernel({self.names[0]})", kernels, self.phases, words)
+        core = raw_kernel_task(
+            f"RawKernel({self.names[0]})", kernels, self.phases, words, self.device_phases
+        )
         core.memory_bytes = memory
         return BoundTask(core, lambda: self.args, keep=(*keep, self.args))
 
