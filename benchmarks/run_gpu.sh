@@ -315,9 +315,10 @@ if step qualify; then
   # 2c. Phases ahead (off by default, FREERIDE_PHASES_AHEAD=1; issue 36, review G3): a
   #    30-phase ItemCounter in bubbles queued ahead, both ways (no item may start before
   #    the phase before completed, every item once; phases done in the bubbles printed:
-  #    about twice as many expected with it on) [~40 s]; then the multi-phase GPU tests
+  #    about twice as many expected with it on), and with device phases on
+  #    (FREERIDE_DEVICE_PHASES=1, not yet run on a GPU) [~60 s]; then the multi-phase GPU tests
   #    with it on, stream-ordered bubbles included [~40 s].
-  pytest_file $deadline 90 tests/test_phases_ahead.py -m gpu -s
+  pytest_file $deadline 110 tests/test_phases_ahead.py -m gpu -s
   budgeted $deadline "test_gpu_phases_ahead" 90 env FREERIDE_PHASES_AHEAD=1 \
     $py -X faulthandler -m pytest -q -p no:cacheprovider tests/test_gpu.py -m gpu \
     -k "exactly_once or fallback_without_stream_memops or image_tasks"
@@ -373,12 +374,10 @@ if step qualify; then
   # set either way)? CuPy and the driver only. [~5 s est.]
   probe $deadline probe_occupancy_carveout 20 probe_occupancy_carveout.py
   # Device phases (off by default, FREERIDE_DEVICE_PHASES=1; issue 36 item 1, not yet run
-  # on a GPU): the 30-phase ItemCounter in bubbles queued ahead with them on and off (no
-  # item before the phase before completed, every item once; phases in the bubbles
-  # printed) [~40 s est.]; a RawKernel's stencil across 61 phases against numpy in fewer
-  # launches than phases, every item once in order under gate flips, and a kernel that
-  # uses for_each_item refused [~15 s est.].
-  pytest_file $deadline 90 tests/test_device_phases.py -m gpu -s
+  # on a GPU; the 30-phase ItemCounter in queued bubbles with them on is item 2c's third
+  # case): a RawKernel's stencil across 61 phases against numpy in fewer launches than
+  # phases, every item once and in order under gate flips, and a kernel that uses
+  # for_each_item refused [~15 s est.].
   pytest_file $deadline 40 tests/test_raw_kernel_gpu.py -m gpu -s -k device_phases
   # The rest of the qualify list, all passed on 2026-11-27 (its times in brackets).
   # G1, the deadlock: a close/open pair no block saw, then torch.cuda.synchronize(), both

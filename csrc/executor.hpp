@@ -39,7 +39,7 @@ struct TaskStatus {
 // One launch of a phase, for the bubble record: its marks are the backend's.
 struct LaunchRecord {
   uint64_t task_id = 0;
-  uint64_t phase = 0;
+  uint64_t phase = 0;  // the phase it began in (device phases: one may go on past it)
   uint64_t start_mark = 0;
   uint64_t end_mark = 0;
   uint64_t items = 0;  // items the launch finished

@@ -142,7 +142,9 @@ void Executor::loop() {
     r->state = TaskState::Running;
     ++r->launches;
     const uint64_t done_before = runner->done();
-    const uint64_t phase = r->phase;
+    // For the launch log: the phase it begins in (device phases: the one the items done
+    // have reached; the launch may go on through later ones).
+    const uint64_t phase = r->task->reported_phase(r->phase, r->items_before_phase + done_before);
     LaunchMarks marks;
     std::string error;
     bool abandoned = false;

@@ -43,14 +43,21 @@ def host():
 
 
 @pytest.fixture
-def ex():
+def ex(request):
     """An executor on the test queue backend (_C._testing.queue_executor), closed after the
-    test. A module that needs other settings defines its own (test_phases_ahead.py)."""
+    test; made with the test module's QUEUE_SETTINGS where it has them (phases_ahead=True,
+    say), the defaults otherwise."""
     from freeride import _C
 
-    executor = _C._testing.queue_executor()
+    executor = _C._testing.queue_executor(**getattr(request.module, "QUEUE_SETTINGS", {}))
     yield executor
     executor.close(0.5)
+
+
+def queue_status(ex, task_id):
+    """(state, items done, phase) of a task of an executor."""
+    state, items, _total, phase = ex.status(task_id)[:4]
+    return state, items, phase
 
 
 def wait_until(predicate, timeout=10.0, interval=0.002):

@@ -19,8 +19,8 @@ import random
 import time
 
 import pytest
-from gpu_worker import run_worker
 
+from conftest import queue_status as _status
 from conftest import runner_launches as _launches
 from conftest import wait_until
 from freeride import _C
@@ -28,16 +28,8 @@ from freeride import _C
 FINAL = ("done", "failed", "cancelled")
 
 
-@pytest.fixture
-def ex():
-    executor = _C._testing.queue_executor(device_phases=True)
-    yield executor
-    executor.close(0.5)
-
-
-def _status(ex, task_id):
-    state, items, _total, phase = ex.status(task_id)[:4]
-    return state, items, phase
+# The queue executor of conftest.py's `ex` fixture.
+QUEUE_SETTINGS = {"device_phases": True}
 
 
 def test_one_launch_at_an_open_serves_every_phase(ex):
@@ -171,19 +163,6 @@ def test_random_opens_and_ends_count_every_item_once(ex, seed):
     assert q.ran == total
 
 
-def test_the_switch_is_off_unless_set(monkeypatch):
-    """FREERIDE_DEVICE_PHASES is read as the CUDA backend reads it: off unset, 1 on, and a
-    misspelt value is refused naming the variable."""
-    read = _C._testing.device_phases_enabled
-    monkeypatch.delenv("FREERIDE_DEVICE_PHASES", raising=False)
-    assert read() is False
-    monkeypatch.setenv("FREERIDE_DEVICE_PHASES", "1")
-    assert read() is True
-    monkeypatch.setenv("FREERIDE_DEVICE_PHASES", "yes")
-    with pytest.raises(ValueError, match="FREERIDE_DEVICE_PHASES must be '0' or '1'"):
-        read()
-
-
 def test_the_host_backend_keeps_running_phases_in_order():
     """The host backend never takes device phases: an ItemCounter of several phases run
     by four workers has no item that started before the phase before completed."""
@@ -196,23 +175,3 @@ def test_the_host_backend_keeps_running_phases_in_order():
         assert handle.wait(60) and handle.state == "done"
         seen = counter.snapshot()
         assert int(seen.violations) == 0 and (seen.counts == 1).all()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("device", ["1", "0"], ids=["device", "host"])
-def test_many_phases_in_bubbles_queued_ahead_keep_the_phase_order(device):
-    """On a GPU (tests/gpu_worker.py's queued_phases): an ItemCounter of 30 phases in five
-    20 ms bubbles queued ahead of the GPU, with device phases on and off. No item may
-    start before the phase before completed (the kernel's wait at a boundary, its fences),
-    every item runs exactly once in the end, and the phases done in the bubbles are
-    printed for both (device phases should do as many as fit in a bubble)."""
-    r = run_worker("queued_phases", {}, env={"FREERIDE_DEVICE_PHASES": device}, timeout=300)
-    print(
-        f"device phases={device}: {r['items_in_bubbles']} items, {r['phases_in_bubbles']} "
-        f"phases in the bubbles (harvest {r['harvest_share']:.3f}); launches {r['launches']} "
-        f"({r['at_opens']} at opens, {r['idle_at_opens']} idle)"
-    )
-    assert r["launches_at_opens"]
-    assert r["violations_in_bubbles"] == 0 and r["max_count_in_bubbles"] <= 1
-    assert r["finished"] and r["state"] == "done", r
-    assert r["violations"] == 0 and r["counts_all_one"], r

@@ -401,10 +401,12 @@ def test_the_executor_queues_a_successor_only_behind_one_running_launch():
     [
         ("FREERIDE_SUCCESSORS", "successors_enabled"),
         ("FREERIDE_PHASES_AHEAD", "phases_ahead_enabled"),
+        ("FREERIDE_DEVICE_PHASES", "device_phases_enabled"),
     ],
 )
 def test_switches_off_until_a_gpu_run_qualifies_them(monkeypatch, variable, hook):
-    """FREERIDE_SUCCESSORS and FREERIDE_PHASES_AHEAD (csrc/phase_ahead_rule.hpp) are read
+    """FREERIDE_SUCCESSORS, FREERIDE_PHASES_AHEAD (csrc/phase_ahead_rule.hpp) and
+    FREERIDE_DEVICE_PHASES (csrc/device_phases.hpp) are read
     when a CUDA harvester is made, as FREERIDE_LAUNCH_AT_OPEN is: off unless "1" until a
     GPU run has qualified them; anything but "0" or "1" is refused there, naming it."""
     if not hasattr(_C._testing, hook):

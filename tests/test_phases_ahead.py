@@ -19,6 +19,7 @@ import time
 import pytest
 from gpu_worker import run_worker
 
+from conftest import queue_status as _status
 from conftest import runner_launches as _launches
 from conftest import wait_until
 from freeride import _C
@@ -26,16 +27,8 @@ from freeride import _C
 FINAL = ("done", "failed", "cancelled")
 
 
-@pytest.fixture
-def ex():
-    executor = _C._testing.queue_executor(phases_ahead=True)
-    yield executor
-    executor.close(0.5)
-
-
-def _status(ex, task_id):
-    state, items, _total, phase = ex.status(task_id)[:4]
-    return state, items, phase
+# The queue executor of conftest.py's `ex` fixture.
+QUEUE_SETTINGS = {"phases_ahead": True}
 
 
 def test_rule_an_open_carries_the_current_phase_and_chains_the_next():
@@ -186,16 +179,26 @@ def test_off_by_default_the_next_phase_waits_for_the_drain():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ahead", ["1", "0"], ids=["ahead", "drain"])
-def test_many_phases_in_bubbles_queued_ahead_keep_the_item_protocol(ahead):
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"FREERIDE_PHASES_AHEAD": "1"},
+        {"FREERIDE_PHASES_AHEAD": "0"},
+        {"FREERIDE_DEVICE_PHASES": "1"},
+    ],
+    ids=["ahead", "drain", "device"],
+)
+def test_many_phases_in_bubbles_queued_ahead_keep_the_item_protocol(env):
     """On a GPU (tests/gpu_worker.py's queued_phases): an ItemCounter of 30 phases of about
     4 ms each in five 20 ms bubbles queued ahead of the GPU. No item may start before the
-    phase before completed (the guard of a chained launch), every item runs exactly once
-    in the end, and the items and phases done in the bubbles are printed for both modes
-    (phases ahead should do about twice the phases per bubble: a chain of one)."""
-    r = run_worker("queued_phases", {}, env={"FREERIDE_PHASES_AHEAD": ahead}, timeout=300)
+    phase before completed (the guard of a chained launch; with device phases
+    (tests/test_device_phases.py), the kernel's wait at a boundary and its fences), every
+    item runs exactly once in the end, and the items and phases done in the bubbles are
+    printed for each mode (phases ahead should do about twice the phases per bubble: a
+    chain of one; device phases as many as fit in a bubble)."""
+    r = run_worker("queued_phases", {}, env=env, timeout=300)
     print(
-        f"phases ahead={ahead}: {r['items_in_bubbles']} items, {r['phases_in_bubbles']} "
+        f"{env}: {r['items_in_bubbles']} items, {r['phases_in_bubbles']} "
         f"phases in the bubbles; launches {r['launches']} ({r['at_opens']} at opens, "
         f"{r['idle_at_opens']} idle); queued ahead {r['queued_ahead']}"
     )

@@ -7,8 +7,10 @@ instead of looping while paused launches of a correct one go on, the example scr
 a faulting kernel fails its task and poisons only its process, and submit() follows CuPy's
 current stream."""
 
+import contextlib
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -63,6 +65,28 @@ def gpu_no_slice():
         yield h, torch
 
 
+@contextlib.contextmanager
+def _gate_flips(h):
+    """The gate opened for 0.7 ms and closed for 0.3 ms, over and over, from another
+    thread (from the host), until the block ends."""
+    stop = threading.Event()
+
+    def flip():
+        while not stop.is_set():
+            h.gate.open(stream="host")
+            time.sleep(0.0007)
+            h.gate.close(stream="host")
+            time.sleep(0.0003)
+
+    flipper = threading.Thread(target=flip)
+    flipper.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        flipper.join()
+
+
 def _count_buffers(torch, items, phases):
     # The kernel takes unsigned pointers: views give the tensors the dtypes it names.
     counts = torch.zeros(items * phases, dtype=torch.int32, device="cuda").view(torch.uint32)
@@ -108,8 +132,6 @@ def test_gpu_exactly_once_across_phases_under_gate_flips(gpu_no_slice):
     """Every item once across phases under flips from another thread. No time slice, so
     launches beyond the phases are flips that paused one. Negative control: the same
     kernel without flips runs in one launch per phase."""
-    import threading
-
     h, torch = gpu_no_slice
     items, phases = 20_000, 3  # 100 us items: each phase spans several gate flips
     quiet_buffers = _count_buffers(torch, items, phases)
@@ -120,26 +142,12 @@ def test_gpu_exactly_once_across_phases_under_gate_flips(gpu_no_slice):
     assert torch.all(quiet_buffers[0].view(torch.int32) == 1)
     assert quiet.launches <= phases + 1, f"{quiet.launches} launches without flips or slices"
     counts, done, violations = _count_buffers(torch, items, phases)
-    stop = threading.Event()
-
-    def flip():
-        while not stop.is_set():
-            h.gate.open(stream="host")
-            time.sleep(0.0007)
-            h.gate.close(stream="host")
-            time.sleep(0.0003)
-
     k = fr.tasks.RawKernel(
         COUNT, "count", items, (counts, done, violations, 100_000), phases=phases
     )
-    flipper = threading.Thread(target=flip)
-    flipper.start()
-    try:
+    with _gate_flips(h):
         handle = h.submit(k)
         assert handle.wait(120)
-    finally:
-        stop.set()
-        flipper.join()
     handle.result()
     print(f"launches: {quiet.launches} without flips, {handle.launches} with")
     assert handle.launches > quiet.launches, "no launch was paused by a flip"
@@ -147,20 +155,21 @@ def test_gpu_exactly_once_across_phases_under_gate_flips(gpu_no_slice):
     assert int(violations.view(torch.int32)[0]) == 0
 
 
-@pytest.mark.gpu
-def test_gpu_example_kernels_match_numpy(gpu):
-    h, torch = gpu
-    source = EXAMPLE.read_text()
-    n, steps = 100_000, 31
+def _heat_matches_numpy(h, torch, steps, **kwargs):
+    """The example's heat stencil (each item reads neighbours that other blocks wrote in
+    the phase before) over `steps` phases, against numpy; the task's handle."""
+    n = 100_000
     u0 = torch.zeros(n, device="cuda")
     u0[n // 2 - 50 : n // 2 + 50] = 100.0
     initial = u0.cpu().numpy()
     u1 = torch.empty_like(u0)
     h.gate.open()
     tiles = (n + 255) // 256
-    h.submit(
-        fr.tasks.RawKernel(source, "heat_step", tiles, (u0, u1, 0.25, n), phases=steps)
-    ).result(60)
+    k = fr.tasks.RawKernel(
+        EXAMPLE.read_text(), "heat_step", tiles, (u0, u1, 0.25, n), phases=steps, **kwargs
+    )
+    handle = h.submit(k)
+    handle.result(60)
     ref = initial.copy()
     for _ in range(steps):
         nxt = ref.copy()
@@ -168,6 +177,13 @@ def test_gpu_example_kernels_match_numpy(gpu):
         ref = nxt
     out = (u1 if steps % 2 else u0).cpu().numpy()
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
+    return handle
+
+
+@pytest.mark.gpu
+def test_gpu_example_kernels_match_numpy(gpu):
+    h, torch = gpu
+    _heat_matches_numpy(h, torch, 31)
 
 
 @pytest.mark.gpu
@@ -559,25 +575,8 @@ def test_gpu_device_phases_heat_matches_numpy_in_fewer_launches_than_phases(gpu_
     the kernel kept the phases in order and their results visible across blocks, and it
     took fewer launches than phases (a launch went on from phase to phase on the GPU)."""
     h, torch = gpu_device_phases
-    n, steps = 100_000, 61
-    u0 = torch.zeros(n, device="cuda")
-    u0[n // 2 - 50 : n // 2 + 50] = 100.0
-    initial = u0.cpu().numpy()
-    u1 = torch.empty_like(u0)
-    h.gate.open()
-    tiles = (n + 255) // 256
-    k = fr.tasks.RawKernel(
-        EXAMPLE.read_text(), "heat_step", tiles, (u0, u1, 0.25, n), phases=steps, device_phases=True
-    )
-    handle = h.submit(k)
-    handle.result(60)
-    ref = initial.copy()
-    for _ in range(steps):
-        nxt = ref.copy()
-        nxt[1:-1] = ref[1:-1] + np.float32(0.25) * (ref[:-2] - 2 * ref[1:-1] + ref[2:])
-        ref = nxt
-    out = (u1 if steps % 2 else u0).cpu().numpy()
-    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
+    steps = 61
+    handle = _heat_matches_numpy(h, torch, steps, device_phases=True)
     print(f"{steps} phases in {handle.launches} launches")
     assert handle.launches < steps
 
@@ -587,20 +586,9 @@ def test_gpu_device_phases_exactly_once_in_order_under_gate_flips(gpu_device_pha
     """Every item once and no item of a phase before the phase before completed, with the
     gate flipped from another thread so that launches pause mid-phase and resume in
     another phase."""
-    import threading
-
     h, torch = gpu_device_phases
     items, phases = 2_000, 20  # 50 us items on every SM: a phase spans about a flip
     counts, done, violations = _count_buffers(torch, items, phases)
-    stop = threading.Event()
-
-    def flip():
-        while not stop.is_set():
-            h.gate.open(stream="host")
-            time.sleep(0.0007)
-            h.gate.close(stream="host")
-            time.sleep(0.0003)
-
     k = fr.tasks.RawKernel(
         COUNT_PHASES,
         "count_phases",
@@ -609,14 +597,9 @@ def test_gpu_device_phases_exactly_once_in_order_under_gate_flips(gpu_device_pha
         phases=phases,
         device_phases=True,
     )
-    flipper = threading.Thread(target=flip)
-    flipper.start()
-    try:
+    with _gate_flips(h):
         handle = h.submit(k)
         assert handle.wait(120)
-    finally:
-        stop.set()
-        flipper.join()
     handle.result()
     torch.cuda.synchronize()
     print(f"{phases} phases in {handle.launches} launches under flips")

@@ -22,8 +22,9 @@ class RawKernel(Task):
     """A user kernel, compiled by CuPy (NVRTC) and run as a preemptible side task.
 
     Every kernel takes ``fr_item_ctx ctx`` first and calls ``freeride::for_each_item``
-    (``#include <freeride/preempt.cuh>``; the include path is added for you), then the
-    arguments in `args`. Kernels must be ``extern "C"``.
+    (or ``freeride::for_each_phase_item``, below; ``#include <freeride/preempt.cuh>``,
+    the include path is added for you), then the arguments in `args`. Kernels must be
+    ``extern "C"``.
 
     One phase: ``RawKernel(src, "scale", items=n_blocks, args=(x, 2.0, n))``.
 
