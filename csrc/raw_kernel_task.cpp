@@ -80,7 +80,7 @@ class RawKernelTask final : public Task {
     // A grid the user chose is capped too: blocks beyond the resident ones would wait
     // for a slot, and on a reserved device they would take the reserve's.
     const uint64_t grid = std::min<uint64_t>(
-        {p.grid == 0 ? resident : std::min<uint64_t>(p.grid, resident), launch.ctx.n_items,
+        {p.grid == 0 ? resident : std::min<uint64_t>(p.grid, resident), grid_items(launch.ctx),
          1u << 30});
     // The driver copies each parameter's bytes out of these pointers during the call. On
     // the stack, not the heap, up to kInlineParams: a launch at an open runs on a training

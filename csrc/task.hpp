@@ -26,6 +26,15 @@ struct CudaLaunch {
   LaunchShapes* shapes = nullptr;
 };
 
+// Items a launch's grid is sized for: its items, or with device phases (ctx.phase_items)
+// one phase's. A larger grid would hold claims of more than two phases at once, each
+// phase's blocks waiting for the one before, and a close or stop would then take as many
+// items to drain as there are phases in flight (with at most one phase's worth of blocks,
+// two items); no more than a phase's items can run at once anyway.
+inline uint64_t grid_items(const fr_item_ctx& ctx) {
+  return ctx.phase_items != 0 && ctx.phase_items < ctx.n_items ? ctx.phase_items : ctx.n_items;
+}
+
 class Task {
  public:
   virtual ~Task() = default;

@@ -161,17 +161,3 @@ def test_random_opens_and_ends_count_every_item_once(ex, seed):
     assert ex.wait(task, 10)
     assert _status(ex, task)[:2] == ("done", total)
     assert q.ran == total
-
-
-def test_the_host_backend_keeps_running_phases_in_order():
-    """The host backend never takes device phases: an ItemCounter of several phases run
-    by four workers has no item that started before the phase before completed."""
-    import freeride as fr
-
-    with fr.Harvester("cpu", workers=4) as h:
-        h.gate.open()
-        counter = fr.tasks.ItemCounter(50, 6, ns_per_item=2000)
-        handle = h.submit(counter)
-        assert handle.wait(60) and handle.state == "done"
-        seen = counter.snapshot()
-        assert int(seen.violations) == 0 and (seen.counts == 1).all()

@@ -260,47 +260,62 @@ def _gpu_fences(code: list[str]) -> list[int]:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_device_phases_add_two_device_fences_and_nothing_else(arch):
-    """for_each_phase_item adds two device-scope fences to for_each_item's code and no
-    atomic: one before the leader counts an item (the release another block's wait for
-    the phase relies on), one after the wait at a phase boundary (the acquire), a grid-wide
-    barrier's pattern, as cooperative groups' grid sync. Still one system-scope fence and
-    no system atomic; for_each_item itself (the scale kernel) keeps its counts."""
+def test_device_phases_add_no_fence(arch):
+    """for_each_phase_item adds no fence to for_each_item's code: its counts are releases
+    and its wait an acquire (below). Still one system-scope fence, no system atomic."""
     sweep = instructions(_ptx(PHASES, arch), "sweep")
     scale = instructions(_ptx(SCALE, arch), "scale")
-    assert len(_gpu_fences(sweep)) == len(_gpu_fences(scale)) + 2 == 4
+    assert len(_gpu_fences(sweep)) == len(_gpu_fences(scale)) == 2
     assert sum(1 for i in sweep if _SYSTEM_FENCE.match(i)) == 1
     assert not [i for i in sweep if _SYSTEM_ATOMIC.match(i)]
 
-    def atomics(code):
-        return sorted(i.split()[0] for i in code if i.startswith(("atom.", "red.")))
-
-    assert atomics(sweep) == atomics(scale)
-
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_device_phases_fence_before_the_count(arch):
-    """After the loop's barrier (every thread finished the item) the leader fences before
-    its count of `done`, which another block's wait reads: no count comes between them."""
+def test_device_phases_count_with_a_release_after_the_barrier(arch):
+    """With device phases the leader counts each item with a release at device scope
+    (another block's wait for the phase reads it), after the barrier that ended the item
+    (a release covers the writes that barrier ordered before it): the loop's count and
+    the last one, each with the plain count beside it for launches of one phase."""
     code = instructions(_ptx(PHASES, arch), "sweep")
     barrier = next(n for n, i in enumerate(code) if _BARRIER.match(i))
-    fence = min(f for f in _gpu_fences(code) if f > barrier)
-    counts = [n for n, i in enumerate(code) if i.startswith("atom.global.add.u64") and n > barrier]
-    assert counts and fence < min(counts), (fence, counts)
+    releases = [n for n, i in enumerate(code) if i.startswith("atom.release.gpu.global.add.u64")]
+    assert len(releases) == 2 and min(releases) > barrier, (releases, barrier)
+    plain = [n for n, i in enumerate(code) if i.startswith("atom.global.add.u64") and n > barrier]
+    assert len(plain) == 2, plain
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_device_phases_wait_is_a_volatile_load_loop_then_a_fence_and_a_barrier(arch):
-    """At a phase boundary the leader reads `done` (volatile, so from L2, pausing between
-    reads) until it covers the phases before, fences, and the block meets at a barrier
-    before the body: a second barrier per item only at such a step."""
+def test_device_phases_wait_is_an_acquire_loop_then_a_barrier(arch):
+    """At a phase boundary the leader reads `done` with an acquire at device scope,
+    pausing between reads, until it covers the phases before, and the block meets at a
+    barrier before the body: a second barrier per item only at such a step."""
     code = instructions(_ptx(PHASES, arch), "sweep")
-    loads = [n for n, i in enumerate(code) if i.startswith("ld.volatile.global.u64")]
-    waits = [
-        f
-        for f in _gpu_fences(code)
-        if any(0 < f - n <= 4 for n in loads) and any(_BARRIER.match(i) for i in code[f : f + 3])
-    ]
-    assert len(waits) == 1, (loads, _gpu_fences(code))
+    loads = [n for n, i in enumerate(code) if i.startswith("ld.acquire.gpu.global.u64")]
+    assert loads, "no acquire"
     sleeps = [n for n, i in enumerate(code) if i.startswith("nanosleep")]
-    assert len(sleeps) == 1 and waits[0] - 8 < sleeps[0] < waits[0], (sleeps, waits)
+    assert len(sleeps) == 1 and min(loads) < sleeps[0] < max(loads), (loads, sleeps)
+    after = code[max(loads) + 1 : max(loads) + 5]
+    assert any(_BARRIER.match(i) for i in after), after
+
+
+# fr_item_ctx.phase_items: its last 8 bytes.
+_PHASE_ITEMS = re.compile(r"ld\.param\.u64\s+%rd\d+, \[\w+_param_0\+(\d+)\]")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kernel", ["scale", "one_item"])
+def test_a_kernel_without_the_phase_refuses_a_launch_with_device_phases(kernel, arch):
+    """for_each_item and the claim_item a kernel calls itself read ctx.phase_items before
+    the first claim: a launch with device phases gets no claim from them (the host then
+    fails the task, naming for_each_phase_item), where their bodies would take later
+    phases' items for ctx.phase's."""
+    from freeride._C import ITEM_CTX_BYTES
+
+    code = instructions(_ptx(SOURCES[kernel], arch), kernel)
+    reads = [
+        n
+        for n, i in enumerate(code)
+        if (m := _PHASE_ITEMS.match(i)) and int(m.group(1)) == ITEM_CTX_BYTES - 8
+    ]
+    claim = next(n for n, i in enumerate(code) if i.startswith("atom.global.add.u64"))
+    assert reads and min(reads) < claim, (reads, claim)

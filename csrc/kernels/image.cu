@@ -89,7 +89,7 @@ void preload_image_kernels() {
 void launch_gaussian_blur(const CudaLaunch& launch, const ImageShape& shape, uintptr_t in,
                           uintptr_t tmp, uintptr_t out, uintptr_t weights, int radius,
                           uint64_t rows_per_item) {
-  const unsigned grid = persistent_grid(blur, kThreads, launch, launch.ctx.n_items);
+  const unsigned grid = persistent_grid(blur, kThreads, launch, grid_items(launch.ctx));
   blur<<<grid, kThreads, 0, static_cast<cudaStream_t>(launch.stream)>>>(
       launch.ctx, shape, reinterpret_cast<const void*>(in), reinterpret_cast<float*>(tmp),
       reinterpret_cast<void*>(out), reinterpret_cast<const float*>(weights), radius,
@@ -99,7 +99,7 @@ void launch_gaussian_blur(const CudaLaunch& launch, const ImageShape& shape, uin
 
 void launch_resize(const CudaLaunch& launch, const ImageShape& shape, uintptr_t in, uintptr_t out,
                    uint64_t rows_per_item) {
-  const unsigned grid = persistent_grid(resize, kThreads, launch, launch.ctx.n_items);
+  const unsigned grid = persistent_grid(resize, kThreads, launch, grid_items(launch.ctx));
   resize<<<grid, kThreads, 0, static_cast<cudaStream_t>(launch.stream)>>>(
       launch.ctx, shape, reinterpret_cast<const void*>(in), reinterpret_cast<void*>(out),
       rows_per_item);

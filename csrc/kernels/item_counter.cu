@@ -64,7 +64,7 @@ void launch_item_counter(const CudaLaunch& launch, uint32_t* counts,
          "ItemCounter: phase has " << per_phase << " items, more than items_per_phase "
                                    << items_per_phase);
   const unsigned int blocks =
-      persistent_grid(item_counter_kernel, kThreads, launch, launch.ctx.n_items);
+      persistent_grid(item_counter_kernel, kThreads, launch, grid_items(launch.ctx));
   item_counter_kernel<<<blocks, kThreads, 0,
                         static_cast<cudaStream_t>(launch.stream)>>>(
       launch.ctx, counts, phase_done, violations, times, items_per_phase, ns_per_item);

@@ -73,12 +73,12 @@ void launch_pagerank(const CudaLaunch& launch, const PageRankBuffers& b, double 
   auto* dangling_k = reinterpret_cast<double*>(b.dangling) + k;
   auto stream = static_cast<cudaStream_t>(launch.stream);
   if (launch.ctx.phase % 2 == 0) {
-    const unsigned grid = persistent_grid(contributions, kThreads, launch, launch.ctx.n_items);
+    const unsigned grid = persistent_grid(contributions, kThreads, launch, grid_items(launch.ctx));
     contributions<<<grid, kThreads, 0, stream>>>(launch.ctx, rank,
                                                  reinterpret_cast<const double*>(b.inv_outdeg),
                                                  contrib, dangling_k, b.n, nodes_per_item);
   } else {
-    const unsigned grid = persistent_grid(pull, kThreads, launch, launch.ctx.n_items);
+    const unsigned grid = persistent_grid(pull, kThreads, launch, grid_items(launch.ctx));
     pull<<<grid, kThreads, 0, stream>>>(launch.ctx, reinterpret_cast<const int64_t*>(b.in_indptr),
                                         reinterpret_cast<const int64_t*>(b.in_indices), contrib,
                                         dangling_k, next, b.n, nodes_per_item, damping);

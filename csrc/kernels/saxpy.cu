@@ -42,7 +42,7 @@ template <typename T>
 void launch_items(const CudaLaunch& launch, double a, const void* x, void* y, uint64_t n,
                   uint64_t chunk) {
   auto kernel = saxpy_items<T>;
-  const unsigned int blocks = persistent_grid(kernel, kThreads, launch, launch.ctx.n_items);
+  const unsigned int blocks = persistent_grid(kernel, kThreads, launch, grid_items(launch.ctx));
   kernel<<<blocks, kThreads, 0,
            static_cast<cudaStream_t>(launch.stream)>>>(
       launch.ctx, static_cast<T>(a), static_cast<const T*>(x), static_cast<T*>(y), n, chunk);

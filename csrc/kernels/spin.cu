@@ -61,7 +61,7 @@ void launch_spin_slice(const CudaLaunch& launch, uint64_t ns_per_item, uint64_t 
 void launch_spin(const CudaLaunch& launch, uint64_t ns_per_item) {
   check_context(launch, "Spin");
   const unsigned int grid =
-      persistent_grid(spin_kernel, kThreads, launch, launch.ctx.n_items);
+      persistent_grid(spin_kernel, kThreads, launch, grid_items(launch.ctx));
   spin_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(launch.stream)>>>(
       launch.ctx, static_cast<unsigned long long>(ns_per_item));
   FR_CUDA_CHECK(cudaGetLastError());

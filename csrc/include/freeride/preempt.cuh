@@ -248,9 +248,13 @@ __device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx,
 
 // The same for a kernel that claims without for_each_item: the phase-before check at every
 // claim (a chained launch's count cannot move while it runs, so the answer is the same
-// each time; a launch that is not chained pays only a test of its parameter).
+// each time; a launch that is not chained pays only a test of its parameter). In a launch
+// with device phases (ctx.phase_items) it claims nothing and holds no block back, as
+// for_each_item does: such a kernel would take later phases' items for ctx.phase's, and
+// the host fails its task saying so.
 __device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx,
                                                          unsigned long long started_ns) {
+  if (ctx.phase_items != 0ull) return kNoItem;
   return claim_item(ctx, started_ns, phase_ready(ctx));
 }
 
@@ -266,7 +270,7 @@ __device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx,
 // kernel) would need a release at its scope here: __threadfence_system() before a count
 // the host polls.
 // With device phases other blocks do read `done` during the launch
-// (wait_for_phases_before): item_loop fences before each count there.
+// (wait_for_phases_before): item_loop counts with count_finished_release there.
 __device__ __forceinline__ unsigned long long count_finished(const fr_item_ctx& ctx) {
   return atomicAdd(leader_word(&ctx.state->done), 1ull);
 }
@@ -290,25 +294,48 @@ __device__ __forceinline__ void finish_item(const fr_item_ctx& ctx) {
   publish_progress(ctx, count_finished(ctx) + 1ull);
 }
 
-// Leader only, device phases (ctx.phase_items): waits until every item of the phases
-// before `phase` has been counted, then fences, so that after the block barrier that
-// follows, every thread of the block sees those items' results. The release is the
-// counting blocks' fence before each count (item_loop): the pattern of a grid-wide
-// barrier (a fence, then the count; the count read, then a fence), as cooperative
-// groups' grid sync. The wait is bounded by one item: whatever of those phases is not yet
-// counted is claimed, so it runs in a resident block of this launch (launches of a task
-// run one after another on its stream, and an ended launch left no claim unfinished),
-// and no block waits here holding an item it has not counted.
+// Leader only, device phases (ctx.phase_items): count_finished as a release at device
+// scope (atom.release.gpu), so that a block that reads the count with an acquire
+// (wait_for_phases_before) sees the item's results too. It comes after the block barrier
+// that ended the item, and a release covers what precedes it in causality order, every
+// thread's writes that barrier ordered included: the pattern of CUTLASS's GenericBarrier
+// (a barrier, then one thread's release; one thread's acquire, then a barrier).
+__device__ __forceinline__ unsigned long long count_finished_release(const fr_item_ctx& ctx) {
+  unsigned long long before;
+  asm volatile("atom.release.gpu.global.add.u64 %0, [%1], 1;"
+               : "=l"(before)
+               : "l"(__cvta_generic_to_global(leader_word(&ctx.state->done)))
+               : "memory");
+  return before;
+}
+
+// Leader only: count the item the block finished, with a release where device phases
+// need one.
+__device__ __forceinline__ unsigned long long count_item(const fr_item_ctx& ctx, bool release) {
+  return release ? count_finished_release(ctx) : count_finished(ctx);
+}
+
+// Leader only, device phases: waits until every item of the phases before `phase` has
+// been counted, reading the count with an acquire at device scope, so that after the
+// block barrier that follows (item_loop), every thread of the block sees those items'
+// results (the counts were releases: count_finished_release). The wait is bounded by two
+// items: whatever of those phases is not yet counted is claimed, so it runs in a resident
+// block of this launch (launches of a task run one after another on its stream, and an
+// ended launch left no claim unfinished); no block waits here holding an item it has not
+// counted; and a grid of at most one phase's items (grid_items) holds claims of at most
+// two phases.
 __device__ __forceinline__ void wait_for_phases_before(const fr_item_ctx& ctx,
                                                        unsigned long long phase) {
   const unsigned long long need = phase * ctx.phase_items;
-  const volatile unsigned long long* done = &ctx.state->done;
-  while (*done < need) {
+  const size_t done = __cvta_generic_to_global(&ctx.state->done);
+  while (true) {
+    unsigned long long seen;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(seen) : "l"(done) : "memory");
+    if (seen >= need) return;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
     __nanosleep(128);  // fewer loads beside the counts they wait for
 #endif
   }
-  __threadfence();
 }
 
 // for_each_item and for_each_phase_item: the one loop (kPhases: the body takes the phase
@@ -326,7 +353,7 @@ __device__ __forceinline__ void wait_for_phases_before(const fr_item_ctx& ctx,
 // With device phases a claim may be of a later phase than the block's last: the block
 // first waits, after counting its own last item, until the phases before it are counted
 // (wait_for_phases_before, and a second barrier: only at such a step, which is uniform
-// across the block), and each count is fenced first. A close that lands while a block
+// across the block), and each count is a release. A close that lands while a block
 // waits there lets it run that one item after the wait: at a phase boundary a block
 // leaves up to two items after a close instead of one.
 template <bool kPhases, typename Body>
@@ -358,14 +385,13 @@ __device__ __forceinline__ void item_loop(const fr_item_ctx& ctx, Body&& body) {
     __syncthreads();  // every thread finished the previous item; s_item[slot] is set
     unsigned long long item = s_item[slot];
     const bool count = leader && ran;
-    if (count && device_phases) __threadfence();  // the item's results before its count
     if (item == kNoItem) {  // uniform across the block
-      if (count) finish_item(ctx);
+      if (count) publish_progress(ctx, count_item(ctx, device_phases) + 1ull);
       leave_launch(ctx);
       return;
     }
     unsigned long long before = 0;  // `done` before the count (count_finished)
-    if (count) before = count_finished(ctx);
+    if (count) before = count_item(ctx, device_phases);
     ran = true;
     if (device_phases) {
       // A block's claims only grow: past `end` is a later phase (the first claim of a
@@ -405,8 +431,11 @@ __device__ __forceinline__ void for_each_item(const fr_item_ctx& ctx, Body&& bod
 // is ctx.phase; in a launch with device phases (ctx.phase_items: a task that serves every
 // phase from one launch, FREERIDE_DEVICE_PHASES) the launch goes on from phase to phase
 // in order, each phase's items all finished before any item of the next starts, as
-// separate launches would. A kernel that takes its phase from here rather than from
-// ctx.phase runs either way.
+// separate launches would, for ordinary loads and stores (not read-only-cache loads,
+// ld.global.nc from const __restrict__ pointers or __ldg, nor textures: their data must
+// not change during the launch). There ctx.phase is 0 and ctx.n_items counts every
+// phase's items. A kernel that takes its phase from here rather than from ctx.phase runs
+// either way.
 template <typename Body>
 __device__ __forceinline__ void for_each_phase_item(const fr_item_ctx& ctx, Body&& body) {
   item_loop<true>(ctx, body);

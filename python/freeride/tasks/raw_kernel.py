@@ -67,7 +67,10 @@ class RawKernel(Task):
     item) {...})`` instead of ``ctx.phase``, and keeps the order above (every item of a
     phase finishes before an item of the next starts). Such a kernel runs the same
     without device phases; one that calls ``for_each_item`` there runs nothing, and the
-    task fails saying why.
+    task fails saying why. In the body ``ctx.phase`` is then 0 and ``ctx.n_items`` counts
+    every phase's items, and buffers an earlier phase wrote must be read through plain
+    pointers (not ``const T* __restrict__``, ``__ldg`` or textures: those loads assume
+    data that does not change during the launch).
 
     `block` is the threads per block; `shared_mem` the dynamic shared memory per block
     in bytes; `grid` the blocks per launch (default, and at most: as many as fit on the
