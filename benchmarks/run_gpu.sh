@@ -292,8 +292,8 @@ if step qualify; then
   deadline=$((SECONDS + ${QUALIFY_BUDGET:-480}))
   # In order of importance; [~N s] is the estimate on an H100/H200 when things pass (the
   # 2026-11-27 H200 run's time where it ran them; a fresh Python with torch and CUDA takes
-  # ~5 s), the number after the name the hard limit. Items 1-5 come to ~437 s when things
-  # pass, and the limits of 1-4 to 695 s: with QUALIFY_BUDGET=480, 1-4 run unless an
+  # ~5 s), the number after the name the hard limit. Items 1-5 come to ~457 s when things
+  # pass, and the limits of 1-4 to 715 s: with QUALIFY_BUDGET=480, 1-4 run unless an
   # earlier one hangs, and the benchmarks (5) where none does. The rest (all passed on
   # 2026-11-27, ~220 s) run where time is left and are listed NOT RUN otherwise. A hung
   # item costs its limit, plus the watchdog's stack dumps (py-spy: about a second a
@@ -377,8 +377,10 @@ if step qualify; then
   # on a GPU; the 30-phase ItemCounter in queued bubbles with them on is item 2c's third
   # case): a RawKernel's stencil across 61 phases against numpy in fewer launches than
   # phases, every item once and in order under gate flips, and a kernel that uses
-  # for_each_item refused [~15 s est.].
+  # for_each_item refused [~15 s est.]; PageRank against the host backend in fewer
+  # launches than phases [~10 s est.].
   pytest_file $deadline 40 tests/test_raw_kernel_gpu.py -m gpu -s -k device_phases
+  pytest_file $deadline 30 tests/test_pagerank.py -m gpu -s -k device_phases
   # The rest of the qualify list, all passed on 2026-11-27 (its times in brackets).
   # G1, the deadlock: a close/open pair no block saw, then torch.cuda.synchronize(), both
   # reserves, and the same after an empty compute action; 4 workers. [~23 s]

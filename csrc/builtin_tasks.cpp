@@ -188,6 +188,8 @@ class PageRankTask final : public Task {
     items_ = (b.n + per_item - 1) / per_item;
   }
   std::string name() const override { return "PageRank"; }
+  // Its phases have as many items each, and its kernel of device phases takes both kinds.
+  bool supports_device_phases() const override { return true; }
   uint64_t num_phases() const override { return 2 * iters_; }
   uint64_t num_items(uint64_t) const override { return items_; }
 

@@ -99,8 +99,8 @@ def test_a_bubble_that_closes_mid_phase_resumes_there(ex):
 
 
 def test_only_tasks_that_can_serve_every_phase_are_seen_whole(ex):
-    """A RawKernel says so itself (device_phases=True; one kernel); Spin's sliced baseline
-    cannot; a task of one phase needs nothing. What the runner is given shows it: the
+    """A RawKernel says so itself (device_phases=True; one kernel); Spin and PageRank can;
+    Spin's sliced baseline cannot; a task of one phase needs nothing. What the runner is given shows it: the
     items of every phase, or of the first."""
     runners = iter(range(100))
 
@@ -116,6 +116,9 @@ def test_only_tasks_that_can_serve_every_phase_are_seen_whole(ex):
     assert first_phase_items(_C.spin_task(6, 3, 1000, slice_blocks=4)) == 6
     assert first_phase_items(_C.spin_task(6, 3, 1000)) == 18
     assert first_phase_items(_C.spin_task(6, 1, 1000)) == 6
+    # PageRank: 2 phases an iteration of as many items (addresses never launched here).
+    pagerank = _C.pagerank_task(100, *range(1, 8), iters=3, damping=0.85, nodes_per_item=10)
+    assert first_phase_items(pagerank) == 60
 
 
 def test_a_raw_kernel_task_with_device_phases_needs_one_kernel():
