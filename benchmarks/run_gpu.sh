@@ -196,7 +196,7 @@ if step measure; then
   # settings it varies (in a subshell), and each item sets its own. [~N s] is the estimate
   # on an H200 and where it comes from (results/h200-2026-11-27/: "measured" from its
   # logs, JSON dates and summary, "est." where nothing like it has run on a GPU yet); the
-  # number after the name is the hard limit. Estimates add up to ~330 s, the limits to
+  # number after the name is the hard limit. Estimates add up to ~360 s, the limits to
   # ~720 s: with MEASURE_BUDGET=480 everything runs unless something hangs, and then the
   # last items are listed NOT RUN and their rows say "not run".
   (
@@ -240,7 +240,7 @@ if step measure; then
     #    ItemCounter with phases ahead off and on, then with device phases (the last two,
     #    where the budget leaves time): 10 workers, each in a fresh process
     #    (probes/probe_harvest_matrix.py; its own budget is what is left here, at most
-    #    150 s). [~60 s est.: 5 queued_bubbles workers took 26 s in all in
+    #    150 s). [~90 s est.: 5 queued_bubbles workers took 26 s in all in
     #    test_launch_at_open.py, measured; queued_phases has not run on a GPU yet]
     left=$((deadline - SECONDS - 10))
     [ $left -gt 150 ] && left=150
@@ -292,9 +292,10 @@ if step qualify; then
   deadline=$((SECONDS + ${QUALIFY_BUDGET:-480}))
   # In order of importance; [~N s] is the estimate on an H100/H200 when things pass (the
   # 2026-11-27 H200 run's time where it ran them; a fresh Python with torch and CUDA takes
-  # ~5 s), the number after the name the hard limit. Items 1-5 come to ~457 s when things
-  # pass, and the limits of 1-4 to 715 s: with QUALIFY_BUDGET=480, 1-4 run unless an
-  # earlier one hangs, and the benchmarks (5) where none does. The rest (all passed on
+  # ~5 s), the number after the name the hard limit. Items 1-4 come to ~426 s when things
+  # pass and item 5 to ~105 s more, and the limits of 1-4 to 785 s: with
+  # QUALIFY_BUDGET=480, 1-4 run unless an earlier one hangs, and of the benchmarks (5)
+  # what time is left (the measure step runs both in full). The rest (all passed on
   # 2026-11-27, ~220 s) run where time is left and are listed NOT RUN otherwise. A hung
   # item costs its limit, plus the watchdog's stack dumps (py-spy: about a second a
   # process) and 10 s.
@@ -332,6 +333,14 @@ if step qualify; then
   #    counted, with the 1 ms look after opens on two streams and polling as controls),
   #    and a ring still admits within the bubble (90th percentile under 2 ms). [~12 s]
   pytest_file $deadline 40 tests/test_gpu.py -m gpu -k admission_sleeps
+  # 2f. Device phases (off by default, FREERIDE_DEVICE_PHASES=1; issue 36 item 1, not yet
+  #    run on a GPU; the 30-phase ItemCounter in queued bubbles with them on is 2c's third
+  #    case): a RawKernel's stencil across 61 phases against numpy in fewer launches than
+  #    phases, every item once and in order under gate flips, and a kernel that uses
+  #    for_each_item refused [~15 s est.]; PageRank against the host backend in fewer
+  #    launches than phases [~10 s est.].
+  pytest_file $deadline 40 tests/test_raw_kernel_gpu.py -m gpu -s -k device_phases
+  pytest_file $deadline 30 tests/test_pagerank.py -m gpu -s -k device_phases
   # 3. The morning's failures again. tests/test_hardware_queues.py hung on a lazy kernel
   #    load in its worker (4 workers of ~10-12 s) [~55 s]; the queued-ahead harvest
   #    tests [~27 s].
@@ -373,14 +382,6 @@ if step qualify; then
   # occupancy answer read a function's preferred carveout (the cache asks again after a
   # set either way)? CuPy and the driver only. [~5 s est.]
   probe $deadline probe_occupancy_carveout 20 probe_occupancy_carveout.py
-  # Device phases (off by default, FREERIDE_DEVICE_PHASES=1; issue 36 item 1, not yet run
-  # on a GPU; the 30-phase ItemCounter in queued bubbles with them on is item 2c's third
-  # case): a RawKernel's stencil across 61 phases against numpy in fewer launches than
-  # phases, every item once and in order under gate flips, and a kernel that uses
-  # for_each_item refused [~15 s est.]; PageRank against the host backend in fewer
-  # launches than phases [~10 s est.].
-  pytest_file $deadline 40 tests/test_raw_kernel_gpu.py -m gpu -s -k device_phases
-  pytest_file $deadline 30 tests/test_pagerank.py -m gpu -s -k device_phases
   # The rest of the qualify list, all passed on 2026-11-27 (its times in brackets).
   # G1, the deadlock: a close/open pair no block saw, then torch.cuda.synchronize(), both
   # reserves, and the same after an empty compute action; 4 workers. [~23 s]

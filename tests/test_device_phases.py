@@ -11,8 +11,10 @@ boundary and a bubble runs one phase (two with phases ahead).
 
 The test queue backend (freeride_ext/queue_backend.hpp) models the device: a launch runs
 at most what its phase has left. What is tested here is the executor's side; the device
-side (the phase order kept by the kernel, its fences) is checked in the PTX here and has
-not run on a GPU yet.
+side (the phase order kept by the kernel: its release counts, acquire and barrier) is
+checked in the PTX by tests/test_item_protocol.py, and by GPU tests in
+tests/test_raw_kernel_gpu.py, tests/test_pagerank.py and tests/test_phases_ahead.py that
+have not run on a GPU yet.
 """
 
 import random

@@ -260,12 +260,13 @@ def _gpu_fences(code: list[str]) -> list[int]:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_device_phases_add_no_fence(arch):
-    """for_each_phase_item adds no fence to for_each_item's code: its counts are releases
-    and its wait an acquire (below). Still one system-scope fence, no system atomic."""
+def test_device_phases_add_one_fence_at_the_wait(arch):
+    """for_each_phase_item adds one fence to for_each_item's code, the acquire that ends a
+    wait at a phase boundary (below); its counts are releases. Still one system-scope
+    fence, no system atomic."""
     sweep = instructions(_ptx(PHASES, arch), "sweep")
     scale = instructions(_ptx(SCALE, arch), "scale")
-    assert len(_gpu_fences(sweep)) == len(_gpu_fences(scale)) == 2
+    assert len(_gpu_fences(sweep)) == len(_gpu_fences(scale)) + 1 == 3
     assert sum(1 for i in sweep if _SYSTEM_FENCE.match(i)) == 1
     assert not [i for i in sweep if _SYSTEM_ATOMIC.match(i)]
 
@@ -285,16 +286,21 @@ def test_device_phases_count_with_a_release_after_the_barrier(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_device_phases_wait_is_an_acquire_loop_then_a_barrier(arch):
-    """At a phase boundary the leader reads `done` with an acquire at device scope,
-    pausing between reads, until it covers the phases before, and the block meets at a
-    barrier before the body: a second barrier per item only at such a step."""
+def test_device_phases_wait_reads_then_acquires_once_then_meets_at_a_barrier(arch):
+    """At a phase boundary the leader reads `done` (strong, relaxed, device scope; pausing
+    between reads) until it covers the phases before, then fences with acq_rel once (a
+    strong read then a fence: an acquire pattern, one L1 invalidation a wait rather than
+    one a read), and the block meets at a barrier before the body: a second barrier per
+    item only at such a step."""
     code = instructions(_ptx(PHASES, arch), "sweep")
-    loads = [n for n, i in enumerate(code) if i.startswith("ld.acquire.gpu.global.u64")]
-    assert loads, "no acquire"
+    loads = [n for n, i in enumerate(code) if i.startswith("ld.relaxed.gpu.global.u64")]
+    assert loads, "no strong read of done"
+    assert not [i for i in code if i.startswith("ld.acquire")], "an acquire at every read"
     sleeps = [n for n, i in enumerate(code) if i.startswith("nanosleep")]
     assert len(sleeps) == 1 and min(loads) < sleeps[0] < max(loads), (loads, sleeps)
-    after = code[max(loads) + 1 : max(loads) + 5]
+    fences = [n for n, i in enumerate(code) if i.startswith("fence.acq_rel.gpu")]
+    assert len(fences) == 1 and max(loads) < fences[0] <= max(loads) + 4, (loads, fences)
+    after = code[fences[0] + 1 : fences[0] + 4]
     assert any(_BARRIER.match(i) for i in after), after
 
 

@@ -62,7 +62,8 @@ def test_registers_come_from_one_sub_partition():
 
 
 def test_reserve_takes_threads_registers_and_shared_memory():
-    # Spin: 128 threads of 18 registers (rounded to 768 per warp). Beside the reserve's
+    # Spin: 128 threads of 18 registers (23 with nvcc 13.0 for sm_90: the same 768 per
+    # warp once rounded). Beside the reserve's
     # 16 warps 48 slots are left (12 blocks), but each sub-partition holds 10 more warps
     # of 768 registers in the 8192 the reserve leaves it: 40 warps, 10 blocks.
     assert blocks((128, 18, 0)) == 10

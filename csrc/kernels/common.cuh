@@ -28,6 +28,19 @@ inline void check_context(const CudaLaunch& launch, const char* task) {
 
 using freeride::globaltimer_ns;
 
+// body(phase, item) for every item this block claims: through for_each_phase_item in a
+// kernel built for device phases (kPhases), through for_each_item otherwise (its phase
+// ctx.phase). Two builds of a kernel rather than one that serves both: device phases
+// cost registers (and so resident blocks) that a launch of one phase would pay for too.
+template <bool kPhases, typename Body>
+__device__ __forceinline__ void each_item(const fr_item_ctx& ctx, Body&& body) {
+  if constexpr (kPhases) {
+    freeride::for_each_phase_item(ctx, body);
+  } else {
+    freeride::for_each_item(ctx, [&](unsigned long long item) { body(ctx.phase, item); });
+  }
+}
+
 // Loads `kernel` into the current context now. CUDA loads kernels lazily by default, and
 // a lazy load synchronises the context: at a first launch in the middle of training it
 // would wait for every running kernel, side kernels (and through them the gate) included.

@@ -15,11 +15,12 @@ namespace {
 
 constexpr int kThreads = 256;
 
+template <bool kPhases>
 __global__ void __launch_bounds__(kThreads)
     item_counter_kernel(fr_item_ctx ctx, unsigned int* counts, unsigned long long* phase_done,
                         unsigned long long* violations, unsigned long long* times,
                         unsigned long long items_per_phase, unsigned long long ns) {
-  freeride::for_each_phase_item(ctx, [&](unsigned long long phase, unsigned long long item) {
+  each_item<kPhases>(ctx, [&](unsigned long long phase, unsigned long long item) {
     if (!freeride::leader_thread()) return;
     const unsigned long long slot = phase * items_per_phase + item;
     if (times != nullptr) times[2 * slot] = globaltimer_ns();
@@ -46,7 +47,10 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void preload_item_counter_kernels() { preload(item_counter_kernel); }
+void preload_item_counter_kernels() {
+  preload(item_counter_kernel<false>);
+  preload(item_counter_kernel<true>);
+}
 
 void launch_item_counter(const CudaLaunch& launch, uint32_t* counts,
                          unsigned long long* phase_done, unsigned long long* violations,
@@ -63,10 +67,10 @@ void launch_item_counter(const CudaLaunch& launch, uint32_t* counts,
   FR_ARG(per_phase <= items_per_phase,
          "ItemCounter: phase has " << per_phase << " items, more than items_per_phase "
                                    << items_per_phase);
-  const unsigned int blocks =
-      persistent_grid(item_counter_kernel, kThreads, launch, grid_items(launch.ctx));
-  item_counter_kernel<<<blocks, kThreads, 0,
-                        static_cast<cudaStream_t>(launch.stream)>>>(
+  auto* kernel =
+      launch.ctx.phase_items != 0 ? item_counter_kernel<true> : item_counter_kernel<false>;
+  const unsigned int blocks = persistent_grid(kernel, kThreads, launch, grid_items(launch.ctx));
+  kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(launch.stream)>>>(
       launch.ctx, counts, phase_done, violations, times, items_per_phase, ns_per_item);
   FR_CUDA_CHECK(cudaGetLastError());
 }

@@ -15,8 +15,9 @@ namespace {
 
 constexpr int kThreads = 128;
 
+template <bool kPhases>
 __global__ void __launch_bounds__(kThreads) spin_kernel(fr_item_ctx ctx, unsigned long long ns) {
-  freeride::for_each_phase_item(ctx, [&](unsigned long long, unsigned long long) {
+  each_item<kPhases>(ctx, [&](unsigned long long, unsigned long long) {
     const unsigned long long start = globaltimer_ns();
     while (globaltimer_ns() - start < ns) {
     }
@@ -45,7 +46,8 @@ __global__ void __launch_bounds__(kThreads) spin_slice_kernel(fr_item_ctx ctx, u
 }  // namespace
 
 void preload_spin_kernels() {
-  preload(spin_kernel);
+  preload(spin_kernel<false>);
+  preload(spin_kernel<true>);
   preload(spin_slice_kernel);
 }
 
@@ -60,9 +62,9 @@ void launch_spin_slice(const CudaLaunch& launch, uint64_t ns_per_item, uint64_t 
 
 void launch_spin(const CudaLaunch& launch, uint64_t ns_per_item) {
   check_context(launch, "Spin");
-  const unsigned int grid =
-      persistent_grid(spin_kernel, kThreads, launch, grid_items(launch.ctx));
-  spin_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(launch.stream)>>>(
+  auto* kernel = launch.ctx.phase_items != 0 ? spin_kernel<true> : spin_kernel<false>;
+  const unsigned int grid = persistent_grid(kernel, kThreads, launch, grid_items(launch.ctx));
+  kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(launch.stream)>>>(
       launch.ctx, static_cast<unsigned long long>(ns_per_item));
   FR_CUDA_CHECK(cudaGetLastError());
 }

@@ -46,8 +46,8 @@ class Reserve:
     dynamic shared memory and up to 640 threads per block, nearly a whole SM, so under
     the cap such a block may wait for side blocks to leave (at most one item after the
     gate closes, one time slice while it stays open); only whole SMs (green context) give
-    it room at once. Cost: the built-in Spin kernel (128-thread blocks, 18 registers per
-    thread for sm_90) keeps 10 of 16 blocks per SM on an H100; kernels heavy on registers
+    it room at once. Cost: the built-in Spin kernel (128-thread blocks, 23 registers per
+    thread for sm_90 with nvcc 13.0) keeps 10 of 16 blocks per SM on an H100; kernels heavy on registers
     or shared memory lose more. A side kernel whose single block does not fit beside the
     reserve fails with a clear error. RawKernel's ``grid`` is capped the same way; the cap
     is not enforced on kernels that ignore freeride's grid sizing.

@@ -10,8 +10,9 @@
  * phase: a paused kernel exits, and the next launch resumes at `next`. */
 typedef struct fr_phase_state {
   unsigned long long next; /* next item index to claim (may overshoot n_items) */
-  unsigned long long done; /* items finished (relaxed atomics: the host learns the count
-                              from the launch's end record, see fr_launch_end) */
+  unsigned long long done; /* items finished (relaxed atomics, releases with device
+                              phases: the host learns the count from the launch's end
+                              record, see fr_launch_end) */
   unsigned int stop;       /* nonzero: stop claiming (cancel, preemption, shutdown) */
   unsigned int held;       /* blocks that stopped claiming because the gate was closed,
                               stop was set or their time slice ended; counts up, so the

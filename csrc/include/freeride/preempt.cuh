@@ -34,8 +34,9 @@
 // `done`, `held` and the launch's times to the host-visible end record and then the
 // launch's number, after a system-scope fence. Each block's leader fences the block's
 // writes (after a barrier) before it counts the block out, so once the host reads the
-// number, the items' results are visible to any later work on the device. Inside the loop there is no fence: the
-// progress mirror, what Executor::status reports while a launch runs, is written when
+// number, the items' results are visible to any later work on the device. Inside the loop
+// there is no fence (with device phases, below, a release per count and an acquire at a
+// phase boundary): the progress mirror, what Executor::status reports while a launch runs, is written when
 // `done` reaches a multiple of kProgressEvery and at the phase's last item; it may lag,
 // and items_done read from it orders nothing (count_finished says what would need one).
 //
@@ -43,7 +44,9 @@
 // from one launch (device phases, FREERIDE_DEVICE_PHASES: ctx.phase_items): its kernel
 // uses for_each_phase_item, whose body takes the phase with the item, and the launch goes
 // on from one phase to the next on the device, keeping them in order (item_loop), so a
-// launch queued at an open serves whatever phase is current when its bubble comes.
+// launch queued at an open serves whatever phase is current when its bubble comes. That
+// costs a release per count (a memory barrier before the leader's atomic) and an acquire
+// at each phase boundary a block crosses.
 //
 // A launch's time slice counts from its first block's start (enter_launch): a block that
 // becomes resident only when an earlier one leaves gets what is left of the slice, so a
@@ -217,7 +220,10 @@ __device__ __forceinline__ bool phase_ready(const fr_item_ctx& ctx) {
 
 // Leader only: claim the next item, or kNoItem when paused, out of time, the phase is
 // drained or (`ready` false) the phase before is not complete (phase_ready: for_each_item
-// reads it once per block; a kernel that claims by itself calls the overload below). A block held back by the gate, the stop flag or the end of the launch's time
+// reads it once per block). The item loop's own: it also claims in launches with device
+// phases, which only for_each_phase_item may run; a kernel that claims by itself calls
+// the overload below, which refuses those. A block held back by the gate, the stop flag
+// or the end of the launch's time
 // (freeride/slice.h: the slice, or past it no close pending, or the bound on running on)
 // says so in `held` (once, as it exits): a device-wide synchronisation the host issues
 // (torch.cuda.synchronize, cudaFree) while it has not enqueued the close of the bubble
@@ -316,9 +322,11 @@ __device__ __forceinline__ unsigned long long count_item(const fr_item_ctx& ctx,
 }
 
 // Leader only, device phases: waits until every item of the phases before `phase` has
-// been counted, reading the count with an acquire at device scope, so that after the
-// block barrier that follows (item_loop), every thread of the block sees those items'
-// results (the counts were releases: count_finished_release). The wait is bounded by two
+// been counted, then acquires at device scope (the count read strongly, then a
+// fence.acq_rel: an acquire pattern of the PTX memory model, with one L1 invalidation per
+// wait where an ld.acquire would take one per look), so that after the block barrier that
+// follows (item_loop), every thread of the block sees those items' results (the counts
+// were releases: count_finished_release). The wait is bounded by two
 // items: whatever of those phases is not yet counted is claimed, so it runs in a resident
 // block of this launch (launches of a task run one after another on its stream, and an
 // ended launch left no claim unfinished); no block waits here holding an item it has not
@@ -330,12 +338,13 @@ __device__ __forceinline__ void wait_for_phases_before(const fr_item_ctx& ctx,
   const size_t done = __cvta_generic_to_global(&ctx.state->done);
   while (true) {
     unsigned long long seen;
-    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(seen) : "l"(done) : "memory");
-    if (seen >= need) return;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(seen) : "l"(done) : "memory");
+    if (seen >= need) break;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
     __nanosleep(128);  // fewer loads beside the counts they wait for
 #endif
   }
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
 
 // for_each_item and for_each_phase_item: the one loop (kPhases: the body takes the phase
