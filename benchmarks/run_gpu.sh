@@ -116,10 +116,13 @@ run() {
 
 # budgeted DEADLINE NAME LIMIT CMD...: run, with the limit cut to what is left before
 # DEADLINE (SECONDS), or skipped (listed) when less than 15 s is left.
-budgeted() {
+budgeted() {  # [BUDGET_NEED=S] budgeted DEADLINE NAME LIMIT COMMAND...: not run with < S s left
   local deadline=$1 name=$2 limit=$3; shift 3
   local left=$((deadline - SECONDS))
-  if [ $left -lt 15 ]; then note "$(printf '%-44s %-14s' "$name" "NOT RUN (budget)")"; return 0; fi
+  if [ $left -lt "${BUDGET_NEED:-15}" ]; then
+    note "$(printf '%-44s %-14s' "$name" "NOT RUN (budget)")"
+    return 0
+  fi
   [ $left -lt "$limit" ] && limit=$left
   run "$name" "$limit" "$@"
 }
@@ -293,12 +296,12 @@ if step qualify; then
   # In order of importance; [~N s] is the estimate on an H100/H200 when things pass (the
   # 2026-11-27 H200 run's time where it ran them; a fresh Python with torch and CUDA takes
   # ~5 s), the number after the name the hard limit. Items 1-4 come to ~426 s when things
-  # pass and item 5 to ~105 s more, and the limits of 1-4 to 785 s: with
-  # QUALIFY_BUDGET=480, 1-4 run unless an earlier one hangs, and of the benchmarks (5)
-  # what time is left (the measure step runs both in full). The rest (all passed on
-  # 2026-11-27, ~220 s) run where time is left and are listed NOT RUN otherwise. A hung
-  # item costs its limit, plus the watchdog's stack dumps (py-spy: about a second a
-  # process) and 10 s.
+  # pass and item 5 to ~105 s more, and the limits of 1-4 to 875 s: with
+  # QUALIFY_BUDGET=480, 1-4 run unless an earlier one hangs, and each benchmark of 5 only
+  # where its estimate is left (BUDGET_NEED; the measure step runs both in full). The
+  # rest (all passed on 2026-11-27, ~220 s) run where time is left and are listed NOT RUN
+  # otherwise. A hung item costs its limit, plus the watchdog's stack dumps (py-spy: about
+  # a second a process) and 10 s.
   # 1. Why a close frees the GPU of Spin side work only ~7 ms later (bench preempt,
   #    2026-11-27): the run-on past the slice, the memory-op close (P1), launches at
   #    opens (P2) or shared hardware queues (P3); since dfb32e6 it measures the fix (one
@@ -367,10 +370,12 @@ if step qualify; then
   # 5. The two benchmarks that showed (a) and (c), small (--quick: 50 pause trials; 3
   #    pipeline iterations per variant, both hardware-queue settings), their JSON in the
   #    archive and their main rows in the summary. [~70 s, ~35 s]
-  budgeted $deadline bench_preempt_quick 150 $py -m freeride bench preempt --mode gpu \
+  BUDGET_NEED=75 budgeted $deadline bench_preempt_quick 150 \
+    $py -m freeride bench preempt --mode gpu \
     --quick --out "$work/preempt_quick.json"
   table_of bench_preempt_quick "^ *(no side work|freeride, gate|sliced grid)"
-  budgeted $deadline bench_pipeline_quick 90 $py -m freeride bench pipeline --mode gpu \
+  BUDGET_NEED=40 budgeted $deadline bench_pipeline_quick 90 \
+    $py -m freeride bench pipeline --mode gpu \
     --quick --out "$work/pipeline_quick.json"
   table_of bench_pipeline_quick "^ *(baseline|freeride: (spin|saxpy|blur)) "
   # G16, not yet run on a GPU: a report's clock origin from the clock anchor, within 2 ms

@@ -389,7 +389,7 @@ void Executor::finish_locked(Record& r, TaskState state, ErrorKind kind, std::st
     (named_by != nullptr ? *named_by : finished_).push_back(r.id);
     used_ -= charged;
   }
-  r.phase = r.task->reported_phase(r.phase, r.items_before_phase);  // what status() says then
+  if (r.task) r.phase = r.task->reported_phase(r.phase, r.items_before_phase);  // status()'s
   r.task.reset();
   r.after.reset();
   done_cv_.notify_all();

@@ -36,9 +36,10 @@
 // writes (after a barrier) before it counts the block out, so once the host reads the
 // number, the items' results are visible to any later work on the device. Inside the loop
 // there is no fence (with device phases, below, a release per count and an acquire at a
-// phase boundary): the progress mirror, what Executor::status reports while a launch runs, is written when
-// `done` reaches a multiple of kProgressEvery and at the phase's last item; it may lag,
-// and items_done read from it orders nothing (count_finished says what would need one).
+// phase boundary): the progress mirror, what Executor::status reports while a launch
+// runs, is written when `done` reaches a multiple of kProgressEvery and at the phase's
+// last item; it may lag, and items_done read from it orders nothing (count_finished says
+// what would need one).
 //
 // A task whose phases all run one kernel with as many items each may serve every phase
 // from one launch (device phases, FREERIDE_DEVICE_PHASES: ctx.phase_items): its kernel
@@ -301,7 +302,7 @@ __device__ __forceinline__ void finish_item(const fr_item_ctx& ctx) {
 }
 
 // Leader only, device phases (ctx.phase_items): count_finished as a release at device
-// scope (atom.release.gpu), so that a block that reads the count with an acquire
+// scope (atom.release.gpu), so that a block that reads the count and then acquires
 // (wait_for_phases_before) sees the item's results too. It comes after the block barrier
 // that ended the item, and a release covers what precedes it in causality order, every
 // thread's writes that barrier ordered included: the pattern of CUTLASS's GenericBarrier
@@ -323,15 +324,14 @@ __device__ __forceinline__ unsigned long long count_item(const fr_item_ctx& ctx,
 
 // Leader only, device phases: waits until every item of the phases before `phase` has
 // been counted, then acquires at device scope (the count read strongly, then a
-// fence.acq_rel: an acquire pattern of the PTX memory model, with one L1 invalidation per
-// wait where an ld.acquire would take one per look), so that after the block barrier that
+// fence.acq_rel: an acquire pattern of the PTX memory model, one memory barrier and L1
+// invalidation per wait where an ld.acquire would invalidate L1 at every look), so that after the block barrier that
 // follows (item_loop), every thread of the block sees those items' results (the counts
-// were releases: count_finished_release). The wait is bounded by two
-// items: whatever of those phases is not yet counted is claimed, so it runs in a resident
-// block of this launch (launches of a task run one after another on its stream, and an
-// ended launch left no claim unfinished); no block waits here holding an item it has not
-// counted; and a grid of at most one phase's items (grid_items) holds claims of at most
-// two phases.
+// were releases: count_finished_release). The wait is bounded by two items: whatever of
+// those phases is not yet counted is claimed, so it runs in a resident block of this
+// launch (launches of a task run one after another on its stream, and an ended launch
+// left no claim unfinished); no block waits here holding an item it has not counted; and
+// a grid of at most one phase's items (grid_items) holds claims of at most two phases.
 __device__ __forceinline__ void wait_for_phases_before(const fr_item_ctx& ctx,
                                                        unsigned long long phase) {
   const unsigned long long need = phase * ctx.phase_items;
