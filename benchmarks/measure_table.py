@@ -76,7 +76,14 @@ HARVEST_ROWS = (
 )
 PIPELINE_TASKS = ("saxpy", "blur", "pagerank", "spin")
 PIPELINE_CONNECTIONS = (("default", "8 queues (default)"), ("1", "1 queue"))
-ITEM_TASKS = ("Saxpy float32", "Saxpy float64", "PageRank", "GaussianBlur", "Resize")
+ITEM_TASKS = (
+    "Saxpy float32",
+    "Saxpy float64",
+    "PageRank",
+    "PageRank, device phases",
+    "GaussianBlur",
+    "Resize",
+)
 BANDWIDTH_TASKS = ("Saxpy float32", "Saxpy float64", "GaussianBlur")
 COPY_PREFIX = "copy"
 
@@ -320,8 +327,11 @@ def overhead_rows(pipeline: Source) -> list[Row]:
 
 
 def _item_row(items: Source, prefix: str) -> dict | None:
+    """The row whose task is `prefix` and then a space, a colon or nothing ("PageRank"
+    is not "PageRank, device phases")."""
     for r in (items.data or {}).get("rows", []):
-        if str(r.get("task", "")).startswith(prefix):
+        task = str(r.get("task", ""))
+        if task.startswith(prefix) and task[len(prefix) : len(prefix) + 1] in ("", " ", ":"):
             return r
     return None
 

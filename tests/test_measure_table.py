@@ -32,9 +32,9 @@ def _load(name: str, path: pathlib.Path):
 
 mt = _load("measure_table", ROOT / "benchmarks" / "measure_table.py")
 
-# 5 pause + 4 admission + 10 harvest + 4 held + 8 overhead + 5 items + 3 bw + 3 host
+# 5 pause + 4 admission + 10 harvest + 4 held + 8 overhead + 6 items + 3 bw + 3 host
 # + 2 executor sleep + 1 training admission
-ROWS = 45
+ROWS = 46
 
 
 # -- inputs as the step writes them -------------------------------------------------------
@@ -353,6 +353,13 @@ def test_overhead_and_item_overhead_boundaries(tmp_path, pct, verdict):
     for row in pipeline["rows"]:
         row["overhead_pct"] = pct
     items = items_with_copy()
+    # The H200 run predates the row of device phases: one made from PageRank's.
+    pagerank = next(r for r in items["rows"] if r["task"].startswith("PageRank "))
+    device = {
+        **pagerank,
+        "task": pagerank["task"].replace("PageRank ", "PageRank, device phases: "),
+    }
+    items["rows"].append(device)
     for row in items["rows"]:
         if row["item_overhead_pct"] is not None:
             row["item_overhead_pct"] = pct * 6  # 3.0 and 3.06 against <= 3%
@@ -557,3 +564,28 @@ def test_open_gate_rate_of_a_many_phase_task():
     # 10,000 items every 12 ms: 833k/s, not the 1M/s of a phase alone; the host's
     # sampling on a busy 2-core machine leaves it within a few percent.
     assert got == pytest.approx(10_000 / 0.012, rel=0.1)
+
+
+def test_the_device_phases_row_is_read_for_its_own_line():
+    """bench items' "PageRank, device phases" row (a GPU run with FREERIDE_DEVICE_PHASES=1)
+    is its own table row, and PageRank's row is not taken from it although its name starts
+    with "PageRank"; without it, its line says not run."""
+
+    def row(task, pct):
+        return {"task": task, "item_overhead_pct": pct, "plain_ms": 10.0, "preemptible_ms": 11.0}
+
+    both = mt.Source(
+        {
+            "rows": [
+                row("PageRank, device phases: 50 nodes x2, 5 iters", 9.0),
+                row("PageRank 50 nodes x2, 5 iters", 1.0),
+            ]
+        },
+        "",
+    )
+    items = {r.setting: r for r in mt.item_rows(both)}
+    assert items["PageRank 50 nodes x2, 5 iters"].verdict == mt.MET
+    assert items["PageRank, device phases: 50 nodes x2, 5 iters"].verdict == mt.MISSED
+    alone = mt.Source({"rows": [row("PageRank 50 nodes x2, 5 iters", 1.0)]}, "")
+    settings = {r.setting: r.verdict for r in mt.item_rows(alone)}
+    assert settings["PageRank, device phases"] == mt.NOT_RUN

@@ -7,6 +7,10 @@ preemptible run by the executor's own stream-ordered marks around each launch, s
 are kernel time and neither includes the host. The host backend runs the plain items on
 the calling thread and the preemptible ones on one worker.
 
+On a GPU the PageRank workload runs once more with device phases on
+(`FREERIDE_DEVICE_PHASES=1`: one launch serves every phase, each count a release), its row
+named "PageRank, device phases", against the same plain time.
+
 Side-kernel bandwidth against a plain copy: a `copy` row moves the same bytes as the
 Saxpy float32 workload (3 x its n floats: a buffer of 1.5 n floats read and one written;
 GPU: torch's `copy_`, a device-to-device cudaMemcpyAsync on the whole device, outside the
@@ -21,6 +25,7 @@ marks), which no user-facing call exposes.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -60,6 +65,8 @@ def measure(mode: str, quick: bool) -> dict:
             row["plain_GBps"] = nbytes / plain / 1e9 if nbytes else None
             row["preemptible_GBps"] = nbytes / items / 1e9 if nbytes else None
             rows.append(row)
+            if gpu and name.startswith("PageRank"):
+                rows.append(_device_phases_row(name, make, plain, repeats))
     copy = _copy_row(gpu, quick, repeats)
     for row in rows:
         side = row["preemptible_GBps"]
@@ -81,6 +88,11 @@ def measure(mode: str, quick: bool) -> dict:
                 "each task must read and write once"
             ),
             (
+                f"'PageRank, {DEVICE_PHASES}' (GPU): the PageRank workload with"
+                " FREERIDE_DEVICE_PHASES=1 (one launch serves every phase, each count a"
+                " release), against the same plain time"
+            ),
+            (
                 f"{COPY_TASK}: Saxpy float32's bytes moved by a plain copy (GPU: torch copy_,"
                 " device to device, on the whole device; host: numpy copyto); vs_copy_pct ="
                 " preemptible GBps / the copy's GBps"
@@ -90,6 +102,35 @@ def measure(mode: str, quick: bool) -> dict:
 
 
 COPY_TASK = "copy (Saxpy float32's bytes)"
+DEVICE_PHASES = "device phases"
+
+
+def _device_phases_row(name: str, make: Callable[[], Any], plain: float, repeats: int) -> dict:
+    """The same task's preemptible time with device phases on (FREERIDE_DEVICE_PHASES=1,
+    read as a harvester is made; one launch serves every phase, each count a release)
+    against the plain time measured above: what device phases cost per item."""
+    saved = os.environ.get("FREERIDE_DEVICE_PHASES")
+    os.environ["FREERIDE_DEVICE_PHASES"] = "1"
+    try:
+        h = Harvester("cuda:0", workers=1)
+    finally:
+        if saved is None:
+            del os.environ["FREERIDE_DEVICE_PHASES"]
+        else:
+            os.environ["FREERIDE_DEVICE_PHASES"] = saved
+    with h:
+        h.gate.open(stream="host")
+        built = make()._build(h.backend, int(h.device.partition(":")[2] or -1))
+        items, launches = _preemptible_seconds(h, built, repeats, True)
+    return {
+        "task": f"{name.split(' ', 1)[0]}, {DEVICE_PHASES}: {name.split(' ', 1)[1]}",
+        "plain_ms": plain * 1000,
+        "preemptible_ms": items * 1000,
+        "item_overhead_pct": (items / plain - 1) * 100,
+        "launches": launches,
+        "plain_GBps": None,
+        "preemptible_GBps": None,
+    }
 
 
 def _saxpy_n(gpu: bool, quick: bool) -> int:
