@@ -156,12 +156,13 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     if (!mirror_live_[slot].load(std::memory_order_acquire)) return 0;
     return std::atomic_ref<unsigned long long>(*progress_host_[slot]).load();
   }
-  // The mirror, or the exact count where it is left out (what the ended launches of the
-  // set's phase counted): for the looks that pace a wait or queue a successor.
+  // The set's progress as far as seen: the larger of the mirror and what the ended
+  // launches of its phase counted (raise_progress), kept so that it never goes back
+  // within a phase. done(), and the looks that pace a wait or queue a successor.
   uint64_t progress_seen(uint64_t slot) const {
-    const uint64_t mirror = progress_mirror(slot);
     std::lock_guard<std::mutex> lk(progress_mu_);
-    return std::max<uint64_t>(mirror, max_seen_[slot]);
+    max_seen_[slot] = std::max<uint64_t>(max_seen_[slot], progress_mirror(slot));
+    return max_seen_[slot];
   }
   void give_back_slots() noexcept;
 

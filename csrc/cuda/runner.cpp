@@ -205,9 +205,7 @@ uint64_t CudaRunner::done() const {
     k = slot_of(phase_);
     if (slot_phase_[k] != phase_) return 0;
   }
-  std::lock_guard<std::mutex> lk(progress_mu_);
-  max_seen_[k] = std::max<uint64_t>(max_seen_[k], progress_mirror(k));
-  return max_seen_[k];
+  return progress_seen(k);
 }
 
 // The oldest launch not seen to end has begun (its first block wrote its start).

@@ -62,8 +62,7 @@ void launch_item_counter(const CudaLaunch& launch, uint32_t* counts,
          "ItemCounter: counter buffers must not be null");
   // Item indices index counts[phase * items_per_phase + item]: more items would write past
   // the row of their phase. With device phases a launch's items are every phase's.
-  const uint64_t per_phase =
-      launch.ctx.phase_items != 0 ? launch.ctx.phase_items : launch.ctx.n_items;
+  const uint64_t per_phase = grid_items(launch.ctx);  // one phase's
   FR_ARG(per_phase <= items_per_phase,
          "ItemCounter: phase has " << per_phase << " items, more than items_per_phase "
                                    << items_per_phase);

@@ -25,7 +25,6 @@ marks), which no user-facing call exposes.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +32,8 @@ from typing import Any
 import numpy as np
 
 from freeride import Harvester, tasks
+
+from . import environ
 
 
 def measure(mode: str, quick: bool) -> dict:
@@ -51,13 +52,7 @@ def measure(mode: str, quick: bool) -> dict:
             built = make()._build(h.backend, int(h.device.partition(":")[2] or -1))
             plain = _plain_seconds(h, built, repeats, gpu)
             items, launches = _preemptible_seconds(h, built, repeats, gpu)
-            row = {
-                "task": name,
-                "plain_ms": plain * 1000,
-                "preemptible_ms": items * 1000,
-                "item_overhead_pct": (items / plain - 1) * 100,
-                "launches": launches,
-            }
+            row = _overhead_row(name, plain, items, launches)
             if free is not None:
                 whole = _plain_seconds(free, built, repeats, gpu)
                 row["plain_no_reserve_ms"] = whole * 1000
@@ -109,27 +104,25 @@ def _device_phases_row(name: str, make: Callable[[], Any], plain: float, repeats
     """The same task's preemptible time with device phases on (FREERIDE_DEVICE_PHASES=1,
     read as a harvester is made; one launch serves every phase, each count a release)
     against the plain time measured above: what device phases cost per item."""
-    saved = os.environ.get("FREERIDE_DEVICE_PHASES")
-    os.environ["FREERIDE_DEVICE_PHASES"] = "1"
-    try:
+    with environ(FREERIDE_DEVICE_PHASES="1"):
         h = Harvester("cuda:0", workers=1)
-    finally:
-        if saved is None:
-            del os.environ["FREERIDE_DEVICE_PHASES"]
-        else:
-            os.environ["FREERIDE_DEVICE_PHASES"] = saved
     with h:
         h.gate.open(stream="host")
         built = make()._build(h.backend, int(h.device.partition(":")[2] or -1))
-        items, launches = _preemptible_seconds(h, built, repeats, True)
+        seconds, launches = _preemptible_seconds(h, built, repeats, True)
+    task, rest = name.split(" ", 1)
+    row = _overhead_row(f"{task}, {DEVICE_PHASES}: {rest}", plain, seconds, launches)
+    return {**row, "plain_GBps": None, "preemptible_GBps": None}
+
+
+def _overhead_row(task: str, plain: float, preemptible: float, launches: int) -> dict:
+    """A row's times (seconds in, ms out) and the item overhead they make."""
     return {
-        "task": f"{name.split(' ', 1)[0]}, {DEVICE_PHASES}: {name.split(' ', 1)[1]}",
+        "task": task,
         "plain_ms": plain * 1000,
-        "preemptible_ms": items * 1000,
-        "item_overhead_pct": (items / plain - 1) * 100,
+        "preemptible_ms": preemptible * 1000,
+        "item_overhead_pct": (preemptible / plain - 1) * 100,
         "launches": launches,
-        "plain_GBps": None,
-        "preemptible_GBps": None,
     }
 
 
