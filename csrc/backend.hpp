@@ -90,8 +90,18 @@ class PhaseRunner {
   virtual void hand_back() {}
   // Thread-safe: a run() waiting for any launch's end returns at once without taking it
   // (LaunchMarks::handed_back), once: the executor takes a cancelled follower's ends
-  // meanwhile.
+  // meanwhile, or arms a more urgent task while a withheld launch runs on.
   virtual void interrupt() {}
+  // Thread-safe; preempted for a more urgent task (withhold_rule.hpp): as stop() for
+  // launches not yet enqueued (no further one is taken, at an open or by run(), until
+  // resume()), but those already enqueued claim items as before, each until its bubble's
+  // close or its time slice. stop() afterwards stops them too. Where launches are not
+  // queued ahead (the host backend), stop().
+  virtual void withhold() { stop(); }
+  // Bubbles the launches in flight run in, as far as the host can tell: one for each
+  // open a launch not yet ended waits for, and one more where the oldest is the
+  // executor's own (it runs in the bubble the executor saw open). withhold_rule.hpp.
+  virtual uint64_t bubbles_in_flight() const { return in_flight() ? 1 : 0; }
   // Followers (follow_rule.hpp): as arm(), but the runner armed now keeps taking opens
   // too, and this one's launch is queued behind its launch at each (on the same stream
   // only). False where it does not follow (another stream; none where opens carry no
@@ -216,7 +226,9 @@ class Backend {
   // than the one `seq` names has taken effect: a new bubble), after sleeping until it
   // does, `timeout_s` passed or interrupt_waits() was called, whichever comes first.
   // Woken by opens like wait_open(), never by closes, so it costs nothing while training
-  // computes. For waiters that already looked at the bubble `seq` and found nothing to
+  // computes; on CUDA any other ring of the gate's bell ends it too, returning false (the
+  // first launch a stream-ordered open enqueues, which a backing-off executor takes up;
+  // a runner's stop or hand-back, rare), and callers look again. For waiters that already looked at the bubble `seq` and found nothing to
   // do in it: the executor after a launch that ran no item, the iterative runner after a
   // bubble without room for a step. (CUDA with FREERIDE_ADMISSION=poll: nothing rings,
   // the wait lasts its timeout. CUDA also looks at the mirror every millisecond, and a
@@ -237,6 +249,9 @@ class Backend {
   virtual bool launches_at_opens() const { return false; }
   // Whether the executor queues the next task behind a finishing one (follow_rule.hpp).
   virtual bool followers() const { return false; }
+  // Whether a task preempted with launches queued at opens runs their items instead of
+  // stopping them (withhold_rule.hpp).
+  virtual bool withholds() const { return false; }
   // Whether a task that can serve every phase from one launch does
   // (Task::supports_device_phases; csrc/device_phases.hpp). Never on the host backend,
   // whose workers run a task's phases one after another themselves.

@@ -72,22 +72,38 @@ uint64_t Executor::submit_after(std::shared_ptr<Task> task, int priority,
     return r.id;
   }
   runnable_.insert(key(r));
-  // A more urgent task takes over at the running one's next item boundary; the
-  // preempted task keeps its counters and resumes later.
+  // A more urgent task takes over at the running one's next item boundary, or, where the
+  // running one's launches are queued at opens ahead of the GPU, at the first open written
+  // from now on (withhold_rule.hpp); the preempted task keeps its counters and resumes
+  // later.
   if (active_ != nullptr && active_->runner && priority > active_->priority) {
-    active_->runner->stop();
-    active_->runner->hand_back();  // the loop arms this one without waiting for an open
+    if (preempt_locked(*active_)) {
+      active_->runner->interrupt();  // its launch runs on: the loop arms this one meanwhile
+    } else {
+      active_->runner->hand_back();  // the loop arms this one without waiting for an open
+    }
   } else if (active_ != nullptr && active_->runner &&
              (active_->cancel_requested || active_->complete)) {
     active_->runner->hand_back();  // the loop drains launches that run nothing: as above
   } else if (!retiring_.empty()) {
     retiring_.front().runner->hand_back();  // the runner the loop drains first
   }
+  bool dependency_pending = false;
+  const bool can_run = pickable_locked(r, dependency_pending);
+  // The task run last, where that is not the one running (the loop drains a cancelled
+  // follower out of turn, or is between runs), with launches queued ahead: preempted too,
+  // where this one can run now, or its launches would go on running its items until the
+  // loop came to it.
+  if (Record* last = last_run_locked();
+      can_run && last != nullptr && last != active_ && priority > last->priority &&
+      last->runner && last->runner->in_flight() && !last->cancel_requested &&
+      !last->complete && last->failure.empty()) {
+    preempt_locked(*last);
+  }
   // ... and one armed to follow it (arm_next_locked) takes no further launch at an open,
   // where this one can run now (else the loop would arm that one again).
-  bool dependency_pending = false;
-  if (Record* armed = armed_next_locked(); armed != nullptr && priority > armed->priority &&
-                                           pickable_locked(r, dependency_pending)) {
+  if (Record* armed = armed_next_locked();
+      armed != nullptr && priority > armed->priority && can_run) {
     stop_armed_locked(*armed);
   }
   work_cv_.notify_all();

@@ -198,6 +198,10 @@ class Executor {
   // `follow`: `current` runs on, in the tail of its last phase, and the next task follows
   // it at opens (PhaseRunner::follow, follow_rule.hpp).
   void arm_next_locked(const Record* current, bool follow = false);
+  // `r`, the task run last, is preempted for a more urgent task that can run now: its
+  // launches already queued at opens run on (withheld) or stop (withhold_rule.hpp).
+  // Before the more urgent task is armed, where it is not yet. True where withheld.
+  bool preempt_locked(Record& r);
   // runner.follow() or runner.arm(); false where the runner refused to follow.
   static bool arm_runner(PhaseRunner& runner, bool follow);
   // Whether `r`, about to run, is in the tail where the next task follows it.
@@ -279,6 +283,9 @@ class Executor {
   // the stream behind those launches, and the task is not final until they have ended.
   Record* draining_ = nullptr;
   uint64_t armed_next_ = 0;  // id of the task arm_next_locked armed (0: none)
+  // A cancelled follower drained before the task it follows (loop()): not the task run
+  // last while it is drained (0: none).
+  uint64_t out_of_turn_ = 0;
   // It follows the task run last (PhaseRunner::follow), which still takes the opens: it
   // becomes the task run last only once that one is final, or once it stopped following.
   bool armed_follows_ = false;

@@ -1,10 +1,12 @@
 // Executor: the next task armed while the one before drains launches that will run
-// nothing, or following one in the tail of its last phase (follow_rule.hpp), so that the
-// next opens carry its launches (PhaseRunner::arm, PhaseRunner::follow).
+// nothing (or, withheld for a more urgent task, its own items: withhold_rule.hpp), or
+// following one in the tail of its last phase (follow_rule.hpp), so that the next opens
+// carry its launches (PhaseRunner::arm, PhaseRunner::follow).
 #include <algorithm>
 
 #include "executor.hpp"
 #include "follow_rule.hpp"
+#include "withhold_rule.hpp"
 
 namespace freeride {
 
@@ -60,6 +62,26 @@ void Executor::arm_next_locked(const Record* current, bool follow) {
   armed_follows_ = follow;
   next->state = TaskState::Running;
   publish_item_ns_locked(*next->runner);
+}
+
+bool Executor::preempt_locked(Record& r) {
+  WithholdState st;
+  st.enabled = backend_->withholds();
+  st.bubbles = r.runner->bubbles_in_flight();
+  const Record* armed = armed_next_locked();
+  st.urgent_queued = armed != nullptr && armed != &r && !armed_follows_ &&
+                     armed->runner->in_flight();
+  const bool withhold = withhold_preempted(st);
+  try {
+    if (withhold) {
+      r.runner->withhold();
+    } else {
+      r.runner->stop();
+    }
+  } catch (...) {
+    // A sticky CUDA error: its next run() reports it.
+  }
+  return withhold;
 }
 
 bool Executor::arm_runner(PhaseRunner& runner, bool follow) {

@@ -52,6 +52,12 @@ void Executor::loop() {
     if (draining_ != nullptr && (!draining_->runner || is_final(draining_->state))) {
       draining_ = nullptr;
     }
+    // An armed task made final (a cancelled follower drained out of turn, below) arms
+    // nothing any more, and follows nothing.
+    if (armed_next_ != 0 && armed_next_locked() == nullptr) {
+      armed_next_ = 0;
+      armed_follows_ = false;
+    }
     // Runners of tasks already final (cancelled, retire_inert_locked) come first: their
     // launches are on the stream ahead of anything else. The next task is armed first.
     if (!retiring_.empty()) {
@@ -70,11 +76,15 @@ void Executor::loop() {
     // that has not taken them): those are drained first, below.
     // A follower cancelled with launches in flight: its ends first, while the task it
     // follows runs on (cancel() interrupted that one's run(), whose end may need a close
-    // the canceller has yet to write).
+    // the canceller has yet to write). At close too: stopped and drained within the
+    // deadline like the rest, not left to be abandoned unstopped.
     if (Record* armed = armed_follows_ ? armed_next_locked() : nullptr;
-        armed != nullptr && armed->cancel_requested && armed->runner->in_flight()) {
+        armed != nullptr && (armed->cancel_requested || closing_) &&
+        armed->runner->in_flight()) {
       draining_ = armed;  // the task it follows is the task run last: picked up after
+      out_of_turn_ = armed->id;
     }
+    if (draining_ == nullptr || draining_->id != out_of_turn_) out_of_turn_ = 0;
     // A follower only once the task it follows is final (its launches come behind that
     // one's at every open until then).
     if (draining_ == nullptr && armed_next_ != 0) {
@@ -120,7 +130,10 @@ void Executor::loop() {
       }
     }
     if (r != draining_ && !ready_to_run_locked(*r)) continue;
-    last_run_ = r->id;
+    // Not a follower drained out of turn: the task it follows, whose launches come first
+    // on the stream, stays the task run last (a more urgent task stops it, a cancel
+    // retires it, and it is drained next), even once another task is armed meanwhile.
+    if (r->id != out_of_turn_) last_run_ = r->id;
     PhaseRunner* runner = r->runner.get();
     publish_item_ns_locked(*runner);
     // Picked from the queue: it may run. Draining: its launches in flight end and no
@@ -129,9 +142,16 @@ void Executor::loop() {
     const bool must_stop = draining_ != nullptr &&
                            (closing_ || r->cancel_requested || !r->failure.empty() ||
                             more_urgent_pickable_locked(*r));
-    // Its launches left will run nothing: the next task takes the opens meanwhile. (Not
-    // after a failure: a launch that failed may have broken the context, and the next
-    // task is admitted once the failure is settled.)
+    // For a more urgent task alone: withheld or stopped, asked again at each end taken
+    // (withhold_rule.hpp), and first before that task is armed, so that nothing of this
+    // one is enqueued behind its launches.
+    const bool preempted = must_stop && !closing_ && !r->cancel_requested &&
+                           r->failure.empty() && !r->complete;
+    if (preempted) preempt_locked(*r);
+    // Its launches left will run nothing (withheld: its own items, in bubbles before the
+    // next task's first): the next task takes the opens meanwhile. (Not after a failure:
+    // a launch that failed may have broken the context, and the next task is admitted
+    // once the failure is settled.)
     if (draining_ != nullptr && (must_stop || r->complete) && r->failure.empty()) {
       arm_next_locked(r);
     } else if (!must_stop && !r->complete && armed_next_ == 0 && r->failure.empty() &&
@@ -151,7 +171,7 @@ void Executor::loop() {
     try {
       if (draining_ == nullptr) {
         runner->resume();
-      } else if (must_stop) {
+      } else if (must_stop && !preempted) {
         runner->stop();
       }
       lock.unlock();

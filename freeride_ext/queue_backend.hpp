@@ -45,6 +45,10 @@ class QueuedRunner final : public PhaseRunner {
     std::lock_guard<std::mutex> lk(q_->mu);
     return q_->pending.size();
   }
+  uint64_t bubbles_in_flight() const override {
+    std::lock_guard<std::mutex> lk(q_->mu);
+    return q_->bubbles_locked();
+  }
 
   void begin_phase(uint64_t phase, uint64_t n_items) override {
     std::lock_guard<std::mutex> lk(q_->mu);
@@ -71,8 +75,15 @@ class QueuedRunner final : public PhaseRunner {
     QueuedLaunches& q = *q_;
     std::unique_lock<std::mutex> lk(q.mu);
     ++q.runs;
-    q.cv.wait(lk, [&] { return !q.pending.empty() || q.stopped || q.abandoned; });
-    if (q.pending.empty()) return LaunchMarks{};
+    q.cv.wait(lk, [&] {
+      return !q.pending.empty() || q.stopped || q.withheld || q.abandoned || q.interrupt;
+    });
+    if (q.pending.empty()) {
+      LaunchMarks none;
+      none.handed_back = q.interrupt && !q.abandoned;  // as CudaRunner::run's wait
+      q.interrupt = false;
+      return none;
+    }
     while (true) {
       q.cv.wait(lk, [&] {
         return q.pending.front().items >= 0 || q.abandoned || !q.failure.empty() ||
@@ -128,9 +139,18 @@ class QueuedRunner final : public PhaseRunner {
     ++q_->stops;
     q_->cv.notify_all();
   }
+  // The model's withheld launches begin as any other (begin_locked: saw_stop is the stop
+  // alone), so they run what the test ends them with.
+  void withhold() override {
+    std::lock_guard<std::mutex> lk(q_->mu);
+    q_->withheld = true;
+    ++q_->withholds;
+    q_->cv.notify_all();
+  }
   void resume() override {
     std::lock_guard<std::mutex> lk(q_->mu);
     q_->stopped = false;
+    q_->withheld = false;
   }
   void hand_back() override {
     std::lock_guard<std::mutex> lk(q_->mu);
@@ -194,10 +214,12 @@ class QueuedRunner final : public PhaseRunner {
 class QueueBackend final : public Backend {
  public:
   explicit QueueBackend(bool phases_ahead = false, uint64_t lookahead_bound = 0,
-                        bool followers = false, bool device_phases = false)
+                        bool followers = false, bool device_phases = false,
+                        bool withhold = false)
       : phases_ahead_(phases_ahead), lookahead_bound_(lookahead_bound), followers_(followers),
-        device_phases_(device_phases) {}
+        device_phases_(device_phases), withhold_(withhold) {}
   bool device_phases() const override { return device_phases_; }
+  bool withholds() const override { return withhold_; }
   uint64_t opens_beyond_lookahead() const override { return beyond_lookahead_->load(); }
   uint64_t skipped_open_launches() const override { return cross_stream_skips_->load(); }
   std::string kind() const override { return "queue"; }
@@ -360,6 +382,7 @@ class QueueBackend final : public Backend {
   bool hold_backoffs_ = false;
   bool phases_ahead_ = false;
   bool device_phases_ = false;
+  bool withhold_ = false;
   uint64_t lookahead_bound_ = 0;
   bool followers_ = false;
   std::shared_ptr<std::atomic<uint64_t>> beyond_lookahead_ =

@@ -83,6 +83,7 @@ struct QueuedLaunches {
   std::map<uint64_t, uint64_t> phase_done_items;
   uint64_t ran = 0;  // items every ended launch ran, in all
   bool stopped = false;
+  bool withheld = false;  // PhaseRunner::withhold: takes no launch, those pending claim on
   bool abandoned = false;
   std::string failure;  // the next run() throws it (see fail())
   bool failure_drops = true;
@@ -96,11 +97,12 @@ struct QueuedLaunches {
   uint64_t runs = 0;    // run() calls
   uint64_t taken = 0;   // ends run() took (or dropped with a failure)
   uint64_t stops = 0;   // stop() calls
+  uint64_t withholds = 0;  // withhold() calls
   bool hand_back = false;  // PhaseRunner::hand_back, until a run() returns for it
   bool interrupt = false;  // PhaseRunner::interrupt, likewise
 
   // Launches enqueued at opens, as the CUDA runner takes them: none before its first
-  // phase begins, once stopped, once the phase is done, when kCapacity are pending or
+  // phase begins, once stopped or withheld, once the phase is done, when kCapacity are pending or
   // once the backend refuses them. How many were taken. `at_open` false: launches of the
   // executor's own instead (taken whatever the backend refuses: the executor makes them).
   // With phases ahead, an open takes what launches_at_open says (one launch or two), and
@@ -116,7 +118,9 @@ struct QueuedLaunches {
     {
       std::lock_guard<std::mutex> lk(mu);
       for (size_t open = 0; open < count; ++open) {
-        if (phases == 0 || stopped || abandoned || (at_open && refusing->load())) break;
+        if (phases == 0 || stopped || withheld || abandoned || (at_open && refusing->load())) {
+          break;
+        }
         const OpenLaunches go = launches_at_open(*task, phases_ahead && at_open, phase,
                                                  phase_done, kCapacity - pending.size());
         if (!go.current && !go.next) break;
@@ -157,6 +161,17 @@ struct QueuedLaunches {
     return {};
   }
 
+  // As CudaRunner::bubbles_in_flight: the oldest launch not ended, and each later one that
+  // waits for an open of its own (caller holds mu).
+  uint64_t bubbles_locked() const {
+    uint64_t n = 0;
+    for (const Launch& l : pending) {
+      if (l.items >= 0) continue;
+      if (n == 0 || l.waits_open) ++n;
+    }
+    return n;
+  }
+
   // Launches waiting for their opens (the model's "not begun": not ended; caller holds mu).
   uint64_t waiting_locked() const {
     uint64_t n = 0;
@@ -166,7 +181,7 @@ struct QueuedLaunches {
 
   // As CudaRunner::takes_opens_locked (caller holds mu).
   bool takes_opens_locked() const {
-    return phases > 0 && pending.empty() && !stopped &&
+    return phases > 0 && pending.empty() && !stopped && !withheld &&
            (!phase_done || (phases_ahead && phase + 1 < task->num_phases()));
   }
 

@@ -15,6 +15,7 @@
 #include "phase_ahead_rule.hpp"
 #include "queue_backend.hpp"
 #include "test_hooks.hpp"
+#include "withhold_rule.hpp"
 
 namespace py = pybind11;
 
@@ -73,6 +74,15 @@ void register_queue_hooks(py::module_& t) {
                              }),
                              "Launches pending that the test has not ended yet.")
       .def_property_readonly("stopped", locked([](const QueuedLaunches& q) { return q.stopped; }))
+      .def_property_readonly("withheld",
+                             locked([](const QueuedLaunches& q) { return q.withheld; }),
+                             "Withheld (PhaseRunner::withhold) since it last resumed.")
+      .def_property_readonly("withholds",
+                             locked([](const QueuedLaunches& q) { return q.withholds; }),
+                             "withhold() calls so far.")
+      .def_property_readonly("bubbles",
+                             locked([](const QueuedLaunches& q) { return q.bubbles_locked(); }),
+                             "PhaseRunner::bubbles_in_flight, as the model counts them.")
       .def_property_readonly("abandoned",
                              locked([](const QueuedLaunches& q) { return q.abandoned; }))
       .def(
@@ -103,20 +113,22 @@ void register_queue_hooks(py::module_& t) {
   t.def(
       "queue_executor",
       [](uint64_t memory_budget, bool phases_ahead, uint64_t max_lookahead, bool followers,
-         bool device_phases) {
+         bool device_phases, bool withhold) {
         return std::make_unique<Executor>(
-            std::make_unique<QueueBackend>(phases_ahead, max_lookahead, followers, device_phases),
+            std::make_unique<QueueBackend>(phases_ahead, max_lookahead, followers, device_phases,
+                                           withhold),
             memory_budget);
       },
       py::arg("memory_budget") = 0, py::arg("phases_ahead") = false,
       py::arg("max_lookahead") = 0, py::arg("followers") = false,
-      py::arg("device_phases") = false,
+      py::arg("device_phases") = false, py::arg("withhold") = false,
       "An Executor on the test queue backend: its launches are enqueued and ended by the "
       "test (queue_launches). phases_ahead: its runners begin phases with launches in "
       "flight and chain the next phase's at opens (csrc/phase_ahead_rule.hpp). "
       "max_lookahead: the lookahead bound (csrc/open_launch_rule.hpp; 0: none). followers: "
       "the next task follows one in its tail (csrc/follow_rule.hpp). device_phases: a task "
-      "that can serve every phase from one launch does (csrc/device_phases.hpp).");
+      "that can serve every phase from one launch does (csrc/device_phases.hpp). withhold: "
+      "a task preempted with launches queued ahead runs their items (csrc/withhold_rule.hpp).");
   t.def("within_lookahead", &freeride::within_lookahead, py::arg("opens_ahead"),
         py::arg("bound"), "csrc/open_launch_rule.hpp's within_lookahead.");
   t.def(
@@ -177,6 +189,14 @@ void register_queue_hooks(py::module_& t) {
       },
       py::arg("enabled"), py::arg("last_phase"), py::arg("items_left"),
       py::arg("items_per_open"), py::arg("in_flight"), "csrc/follow_rule.hpp's follow_next.");
+  t.def(
+      "withhold_preempted",
+      [](bool enabled, uint64_t bubbles, bool urgent_queued) {
+        return freeride::withhold_preempted(
+            freeride::WithholdState{enabled, bubbles, urgent_queued});
+      },
+      py::arg("enabled"), py::arg("bubbles"), py::arg("urgent_queued"),
+      "csrc/withhold_rule.hpp's withhold_preempted.");
   t.def(
       "queue_hold_backoffs",
       [](Executor& ex, bool on) {

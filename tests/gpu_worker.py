@@ -839,17 +839,28 @@ def mode_handover_ahead(args: dict) -> dict:
     carry its launches: the launches at opens taken in all exceed the first `opens` (which
     run nothing: the first task was stopped before any began). Before, it was armed only
     once the GPU had passed the first `opens`, long after the host wrote the later ones,
-    which then carried nothing. Also reports whether every task ended right: the urgent
-    one done with every item, the first one's items unchanged by its stale launches."""
+    which then carried nothing. Also reports whether every task ended right (the urgent
+    one done with every item) and the first task's items when the GPU has passed its
+    `opens` launches (`low_items_queued`, read in `gap_ms` of training work before the
+    next open): none where they were stopped, its own items where FREERIDE_WITHHOLD=1
+    withheld them (csrc/withhold_rule.hpp)."""
     import torch
 
     import freeride as fr
 
     opens = int(args.get("opens", 4))
     hold_ms = float(args.get("hold_ms", 300.0))
+    gap_ms = float(args.get("gap_ms", 50.0))
     torch.cuda.init()
+    torch.cuda._sleep(1000)  # loaded before side work runs (a lazy load synchronises)
+    torch.cuda.synchronize()
     train = torch.cuda.Stream()
-    out: dict = {"opens": opens, "hold_ms": hold_ms, "follow": os.environ.get("FREERIDE_FOLLOW")}
+    out: dict = {
+        "opens": opens,
+        "hold_ms": hold_ms,
+        "follow": os.environ.get("FREERIDE_FOLLOW"),
+        "withhold": os.environ.get("FREERIDE_WITHHOLD"),
+    }
 
     def bubbles():
         for _ in range(opens):
@@ -868,12 +879,18 @@ def mode_handover_ahead(args: dict) -> dict:
             first = torch.cuda.Event()
             first.record()
             bubbles()
+            passed = torch.cuda.Event()
+            passed.record()
+            torch.cuda._sleep(int(gap_ms * CYCLES_PER_MS))
         items = 256
         high = h.submit(fr.tasks.Spin(items=items, ns_per_item=10_000), priority=1)
         time.sleep(0.05)  # armed now, the GPU still held by the training work
         out["reached_at_arm"] = first.query()
         with torch.cuda.stream(train):
             bubbles()
+        wait_for(passed.query, 30, "the GPU passed the first opens")
+        time.sleep(gap_ms / 1000 / 2)  # their ends taken; the next open not yet reached
+        out["low_items_queued"] = int(low.items_done)
         train.synchronize()
         out["high_done"] = bool(high.wait(timeout=30))
         out["high_items"] = int(high.items_done)

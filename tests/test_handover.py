@@ -11,7 +11,6 @@ launches in the order the opens queued them, as the one side stream does.
 """
 
 import random
-import threading
 import time
 
 import pytest
@@ -122,12 +121,16 @@ def test_random_switches_run_every_item_exactly_once(seed):
     """Opens (on one of two training streams: one behind the other's launch waiting for
     its open gets none, review G11), begins and ends (in the order the opens queued
     them, as on the one side stream), submits of random urgency and cancels,
-    interleaved at random, with and without phases ahead and followers: every task ends
-    done with every item or cancelled, each with exactly the items the model's device
-    ran, and the memory comes back."""
+    interleaved at random, with and without phases ahead, followers and withholding (a
+    preempted task's launches queued ahead run its items): every task ends done with
+    every item or cancelled, each with exactly the items the model's device ran, and the
+    memory comes back."""
     rng = random.Random(seed)
     ex = _C._testing.queue_executor(
-        memory_budget=10**9, phases_ahead=seed % 2 == 1, followers=seed % 4 >= 2
+        memory_budget=10**9,
+        phases_ahead=seed % 2 == 1,
+        followers=seed % 4 >= 2,
+        withhold=seed % 8 >= 4,
     )
     stream = []  # runner index of every launch queued at an open, oldest first
     begun = [0]  # how many of them (the oldest) have begun
@@ -192,104 +195,6 @@ def test_random_switches_run_every_item_exactly_once(seed):
             if state == "done":
                 assert items == ex.status(task)[2]
         wait_until(lambda: ex.memory_used == 0)
-    finally:
-        ex.close(0.5)
-
-
-@pytest.mark.parametrize(
-    "args, follows",
-    [
-        ((True, True, 6, 4, 0), False),  # two launches' worth left, one more to come
-        ((True, True, 4, 4, 0), True),
-        ((True, True, 12, 4, 2), True),  # two queued ahead and this open's cover it
-        ((True, True, 13, 4, 2), False),
-        ((True, False, 1, 4, 0), False),  # not the last phase
-        ((True, True, 1, 0, 0), False),  # nothing measured yet
-        ((False, True, 1, 4, 0), False),  # off
-    ],
-)
-def test_the_follow_rule(args, follows):
-    """csrc/follow_rule.hpp: the next task follows at opens once what the launches queued
-    ahead and the open's own can run covers what the last phase has left."""
-    assert _C._testing.follow_next(*args) is follows
-
-
-def _follow_ex():
-    return _C._testing.queue_executor(followers=True)
-
-
-def _tail(ex, priority_a=0):
-    """A (12 items) in its tail after two launches of 4 at opens (not after the first: 8
-    left), B following it."""
-    a = ex.submit(_C.spin_task(12, 1, 1000), priority_a)
-    b = ex.submit(_C.spin_task(6, 1, 1000), 0)
-    q_a = _launches(ex, 0)
-    for _ in range(2):
-        assert _C._testing.queue_follower(ex) == -1
-        wait_until(lambda: _C._testing.queue_open_one(ex) == [0])
-        q_a.end(4)
-    wait_until(lambda: _C._testing.queue_follower(ex) == 1)
-    return a, b, q_a, _launches(ex, 1)
-
-
-def test_the_next_task_follows_one_in_its_tail():
-    """A's launches at opens ran 4 items each; with 4 of 12 left the next task B follows
-    it: each open queues A's launch and then B's, so B takes the rest of the bubble where
-    A runs out of items. B's items run once, and count when the executor takes its ends."""
-    ex = _follow_ex()
-    try:
-        a, b, q_a, q_b = _tail(ex)
-        assert _C._testing.queue_open_one(ex) == [0, 1]
-        q_a.end(4)  # its last 4
-        q_b.end(6)  # the rest of the bubble
-        assert ex.wait(a, 10) and _status(ex, a) == ("done", 12)
-        assert ex.wait(b, 10) and _status(ex, b) == ("done", 6)
-        assert (q_a.ran, q_b.ran) == (12, 6)
-    finally:
-        ex.close(0.5)
-
-
-def test_without_followers_the_next_task_waits_for_the_end():
-    """The same without FREERIDE_FOLLOW: no follower, B is armed only once A is complete."""
-    ex = _C._testing.queue_executor()
-    try:
-        a = ex.submit(_C.spin_task(10, 1, 1000), 0)
-        ex.submit(_C.spin_task(6, 1, 1000), 0)
-        q_a = _launches(ex, 0)
-        for _ in range(2):
-            wait_until(lambda: _C._testing.queue_open_one(ex) == [0])
-            q_a.end(4)
-        wait_until(lambda: _status(ex, a)[1] == 8)
-        time.sleep(0.05)
-        assert _C._testing.queue_follower(ex) == -1
-        assert _C._testing.queue_open_one(ex) == [0]
-    finally:
-        ex.close(0.5)
-
-
-def test_a_more_urgent_task_stops_the_follower():
-    """B follows A; U, more urgent, stops both: B takes no further open and U is armed
-    once A's and B's launches in flight have drained. Every task's items run once."""
-    ex = _follow_ex()
-    try:
-        a, b, q_a, q_b = _tail(ex)
-        assert _C._testing.queue_open_one(ex) == [0, 1]
-        u = ex.submit(_C.spin_task(3, 1, 1000), 5)
-        wait_until(lambda: q_a.stopped and q_b.stopped)
-        assert _C._testing.queue_open_one(ex) == []
-        q_a.end(5)  # began stopped: nothing
-        q_b.end(5)
-        q_u = _launches(ex, 2)
-        wait_until(lambda: _C._testing.queue_open_one(ex) == [2])
-        q_u.end(3)
-        assert ex.wait(u, 10) and _status(ex, u) == ("done", 3)
-        deadline = time.monotonic() + 10
-        while not all(_status(ex, t)[0] == "done" for t in (a, b)):
-            assert time.monotonic() < deadline, [ex.status(t) for t in (a, b)]
-            for index in _C._testing.queue_open_one(ex):
-                (q_a, q_b)[index].end(5)
-            time.sleep(0.001)
-        assert (q_a.ran, q_b.ran, q_u.ran) == (12, 6, 3)
     finally:
         ex.close(0.5)
 
@@ -397,98 +302,5 @@ def test_the_lookahead_bound_counts_the_stopped_tasks_launches():
         q_a.end(0)
         assert _open(ex) == (1, 1)
         assert q_b.pending == 2
-    finally:
-        ex.close(0.5)
-
-
-def test_a_followers_launch_adds_nothing_to_the_lookahead():
-    """A follower's launch is chained behind the armed runner's at the same open: no wait
-    of its own, so with bound 2 both runners keep taking two opens ahead."""
-    ex = _C._testing.queue_executor(max_lookahead=2, followers=True)
-    try:
-        ex.submit(_C.spin_task(10, 1, 1000), 0)
-        ex.submit(_C.spin_task(6, 1, 1000), 0)
-        q_a = _launches(ex, 0)
-        wait_until(lambda: _C._testing.queue_open_one(ex) == [0])
-        q_a.end(8)
-        wait_until(lambda: _C._testing.queue_follower(ex) == 1)
-        assert _C._testing.queue_open_one(ex) == [0, 1]
-        assert _C._testing.queue_open_one(ex) == [0, 1]
-        assert _C._testing.queue_open_one(ex) == []
-    finally:
-        ex.close(0.5)
-
-
-def test_cancelling_a_follower_does_not_wait_for_the_task_it_follows():
-    """B's launch chained at an open has begun behind A's; A's launch at the next open
-    runs on (A is not stopped). cancel(B, wait=True) returns once B's own launch has left
-    (it reads the stop at its next claim), not once A's bubble closes, which a training
-    thread cancelling before it writes that close would wait for for ever (a review's
-    finding)."""
-    ex = _follow_ex()
-    try:
-        a, b, q_a, q_b = _tail(ex)
-        assert _C._testing.queue_open_one(ex) == [0, 1]
-        assert _C._testing.queue_open_one(ex) == [0, 1]
-        q_a.end(1)  # a short bubble: A has items left
-        q_b.begin()  # B's chained launch takes the rest of it
-        done = threading.Event()
-        thread = threading.Thread(target=lambda: done.set() if ex.cancel(b, True) else None)
-        thread.start()
-        time.sleep(0.1)
-        q_b.end(3)  # it leaves at its next claim, having seen the stop
-        assert done.wait(5), "the cancel waited for the launch of the task B follows"
-        thread.join()
-        assert _status(ex, b) == ("cancelled", 3)
-        assert _status(ex, a)[0] not in FINAL and not q_a.stopped
-        q_a.end(1)
-        q_b.end(5)  # began stopped: nothing
-        wait_until(lambda: _C._testing.queue_open_one(ex) == [0])
-        q_a.end(5)
-        assert ex.wait(a, 10) and _status(ex, a) == ("done", 12)
-        assert (q_a.ran, q_b.ran) == (12, 3)
-    finally:
-        ex.close(0.5)
-
-
-def test_a_more_urgent_task_in_its_tail_keeps_its_follower():
-    """A (more urgent than B) ran 1 item in a short bubble and has no launch in flight:
-    B, following it, is not stopped and demoted for it (a review's finding: B's chained
-    launch then ran nothing, open after open)."""
-    ex = _follow_ex()
-    try:
-        a, b, q_a, q_b = _tail(ex, priority_a=1)
-        assert _C._testing.queue_open_one(ex) == [0, 1]
-        q_a.end(1)
-        q_b.end(2)
-        time.sleep(0.1)
-        assert not q_b.stopped and _C._testing.queue_follower(ex) == 1
-        assert _C._testing.queue_open_one(ex) == [0, 1]
-        q_a.end(3)
-        q_b.end(4)
-        assert ex.wait(a, 10) and _status(ex, a) == ("done", 12)
-        assert ex.wait(b, 10) and _status(ex, b) == ("done", 6)
-    finally:
-        ex.close(0.5)
-
-
-def test_a_failure_stops_the_follower():
-    """A launch of the followed task fails: its follower takes no further open, and runs
-    only once the failure has settled (the next task is not admitted past a failure)."""
-    ex = _follow_ex()
-    try:
-        a, b, q_a, q_b = _tail(ex)
-        assert _C._testing.queue_open_one(ex) == [0, 1]
-        assert _C._testing.queue_open_one(ex) == [0, 1]
-        q_a.fail("broken launch", False)
-        wait_until(lambda: q_b.stopped)
-        assert _C._testing.queue_open_one(ex) == []
-        q_b.end(2)  # began stopped: nothing
-        q_a.end(0)
-        q_b.end(2)
-        assert ex.wait(a, 10) and _status(ex, a)[0] == "failed"
-        wait_until(lambda: _C._testing.queue_open_one(ex) == [1])
-        q_b.end(6)
-        assert ex.wait(b, 10) and _status(ex, b) == ("done", 6)
     finally:
         ex.close(0.5)

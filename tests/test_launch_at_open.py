@@ -104,25 +104,32 @@ def test_a_task_done_in_its_first_bubble_does_not_wait_for_the_opens_queued_ahea
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("follow", ["0", "1"])
+@pytest.mark.parametrize("follow, withhold", [("0", "0"), ("1", "0"), ("0", "1")])
 def test_a_more_urgent_task_takes_the_opens_the_host_writes_while_launches_queued_ahead_drain(
-    follow,
+    follow, withhold
 ):
     """Issue 36's handover (tests/gpu_worker.py's handover_ahead): a more urgent task
     submitted while four launches of the running one are queued ahead of the GPU is armed
     at once, so the next four opens the host writes carry its launches; with followers on
-    (FREERIDE_FOLLOW=1) too."""
-    r = run_worker("handover_ahead", {}, env={"FREERIDE_FOLLOW": follow}, timeout=120)
+    (FREERIDE_FOLLOW=1) too. Where withheld (FREERIDE_WITHHOLD=1) the four queued ahead
+    run the preempted task's items; stopped, they run none unless the stop word's write
+    on the control stream shares a hardware queue with them and lands behind them
+    (printed, not asserted)."""
+    env = {"FREERIDE_FOLLOW": follow, "FREERIDE_WITHHOLD": withhold}
+    r = run_worker("handover_ahead", {}, env=env, timeout=120)
     print(
-        f"FREERIDE_FOLLOW={follow}: launches at opens {r['at_opens']} ({r['idle_at_opens']} "
-        f"idle) for {r['opens']} + {r['opens']} opens; GPU at the first open when armed: "
-        f"{r['reached_at_arm']}; urgent task {r['high_state']} ({r['high_items']} of "
-        f"{r['items']})"
+        f"FREERIDE_FOLLOW={follow} FREERIDE_WITHHOLD={withhold}: launches at opens "
+        f"{r['at_opens']} ({r['idle_at_opens']} idle) for {r['opens']} + {r['opens']} opens; "
+        f"GPU at the first open when armed: {r['reached_at_arm']}; the preempted task's "
+        f"items in its {r['opens']} queued ahead: {r['low_items_queued']}; urgent task "
+        f"{r['high_state']} ({r['high_items']} of {r['items']})"
     )
     assert r["launches_at_opens"], r
     assert not r["reached_at_arm"], "the GPU reached the opens before the test could arm"
     assert r["high_done"] and r["high_items"] == r["items"], r
     assert r["at_opens"] > r["opens"], "the opens written after the submit carried nothing"
+    if withhold == "1":
+        assert r["low_items_queued"] > 0, "the withheld launches ran none of their task's items"
 
 
 @pytest.mark.gpu

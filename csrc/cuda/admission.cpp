@@ -52,6 +52,8 @@ bool device_phases_enabled() { return !env_switch("FREERIDE_DEVICE_PHASES", "0",
 
 bool watcher_launch_enabled() { return !env_switch("FREERIDE_WATCHER_LAUNCH", "0", "1"); }
 
+bool withhold_enabled() { return !env_switch("FREERIDE_WITHHOLD", "0", "1"); }
+
 uint64_t lookahead_bound() {
   const char* value = std::getenv("FREERIDE_MAX_LOOKAHEAD");
   const std::string text = value == nullptr ? "" : value;

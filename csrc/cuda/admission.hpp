@@ -85,6 +85,12 @@ bool followers_enabled();
 // another value.
 bool watcher_launch_enabled();
 
+// Whether a task preempted for a more urgent one runs the items of its launches already
+// queued at opens instead of stopping them (withhold_rule.hpp; FREERIDE_WITHHOLD "0", the
+// default, or "1", until a GPU run has qualified it). Throws InvalidArgument for another
+// value.
+bool withhold_enabled();
+
 // The lookahead bound (open_launch_rule.hpp's within_lookahead): FREERIDE_MAX_LOOKAHEAD, a
 // whole number of opens, 0 (the default) for none. Throws InvalidArgument for anything
 // else.

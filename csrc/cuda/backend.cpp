@@ -117,6 +117,7 @@ class CudaBackend final : public Backend {
     const bool successors = successors_enabled();
     const bool phases_ahead = phases_ahead_enabled();
     device_phases_ = device_phases_enabled();
+    const bool withhold = withhold_enabled();
     const bool followers = followers_enabled();
     const bool watcher_launch = watcher_launch_enabled();
     const uint64_t lookahead = lookahead_bound();
@@ -169,6 +170,7 @@ class CudaBackend final : public Backend {
     s.successors = successors && !options.stream_wait;
     s.phases_ahead = phases_ahead && s.launch_at_opens;
     s.followers = followers && s.launch_at_opens;
+    withhold_ = withhold && s.launch_at_opens;
     // The watcher's launch is run()'s, which stream_wait holds on the GPU already.
     s.watcher_launch = watcher_launch && s.watcher != nullptr && !options.stream_wait;
     if (s.watcher_launch) {
@@ -328,7 +330,8 @@ class CudaBackend final : public Backend {
   // written (CudaShared::unrung), and a mirror seen closed and then open again is a new
   // bubble too (one shorter than that is missed, and the wait lasts its timeout, as
   // before). A ring that finds neither ends the wait (a submit, cancel or close:
-  // interrupt_waits).
+  // interrupt_waits; the first launch an open enqueues, which the executor takes up; a
+  // runner's stop or hand-back).
   bool wait_next_open(uint32_t seq, double timeout_s) const override {
     const CudaShared& s = *s_;
     Doorbell& bell = *s.gate.bell;
@@ -370,6 +373,7 @@ class CudaBackend final : public Backend {
   bool launches_at_opens() const override { return s_->launch_at_opens; }
   bool followers() const override { return s_->followers; }
   bool device_phases() const override { return device_phases_; }
+  bool withholds() const override { return withhold_; }
   uint64_t skipped_open_launches() const override { return s_->cross_stream_skips.load(); }
   uint64_t max_lookahead() const override { return s_->max_lookahead.load(); }
   uint64_t opens_beyond_lookahead() const override { return s_->beyond_lookahead.load(); }
@@ -521,6 +525,7 @@ class CudaBackend final : public Backend {
  private:
   std::shared_ptr<CudaShared> s_;
   bool device_phases_ = false;  // FREERIDE_DEVICE_PHASES, as read at construction
+  bool withhold_ = false;       // FREERIDE_WITHHOLD (with launches at opens), likewise
 };
 
 }  // namespace

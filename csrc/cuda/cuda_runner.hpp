@@ -67,12 +67,14 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   bool pending_on(cudaStream_t stream) const noexcept override;
   bool begun_after(uint64_t stamp) const noexcept override;
   void stop() override;
+  void withhold() override;
   void resume() override;
   void arm() override;
   void hand_back() override;
   bool follow() override;
   void interrupt() override;
   uint64_t launches_in_flight() const override;
+  uint64_t bubbles_in_flight() const override;
   cudaStream_t launch_stream() const noexcept override { return stream_; }
   uint64_t done() const override;
   bool executing() const override;
@@ -213,14 +215,18 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   std::atomic<bool> abandoned_{false};
   std::atomic<bool> hand_back_{false};  // hand_back(): wait_for_end returns once, untaken
   std::atomic<bool> interrupt_{false};  // interrupt(): the same, whether or not begun
-  // Recorded by stop() on the stream behind every launch of this runner (it takes no
-  // further one until resumed): settle() waits for it, not for the stream to go idle,
-  // since launches of the next task at opens yet to come may be queued behind.
+  // Recorded by stop() or withhold() on the stream behind every launch of this runner
+  // (it takes no further one until resumed): settle() waits for it, not for the stream to
+  // go idle, since launches of the next task at opens yet to come may be queued behind.
   // stop_fenced_ (under launch_mu_): recorded since the latest resume (where the record
   // failed, settle() asks the stream, which reports a broken context).
   cudaEvent_t stop_fence_ = nullptr;
   bool stop_fenced_ = false;
   std::atomic<bool> stop_requested_{false};  // host copy of the stop flag, for admission
+  std::atomic<bool> withheld_{false};        // withhold(): no further launch, no stop word
+  // No further launch is taken (at an open, by the watcher, by run(), as a successor):
+  // stopped or withheld. The stop word itself only for stop_requested_.
+  bool stopping() const { return stop_requested_.load() || withheld_.load(); }
   // Guards the three below: stop()/resume() on any thread, launches on theirs.
   mutable std::mutex stop_mu_;
   uint32_t device_stop_ = 0;         // the stop word's value as last enqueued

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "capture_mode.hpp"
 #include "check.hpp"
 #include "thread_name.hpp"
 
@@ -143,7 +144,11 @@ void watch(const std::shared_ptr<OpenWatcher::State>& s) {
     if (s->reached) call_reached(*s, r.seq);
     r.bell->ring();  // also after an error: the waiter looks at the gate itself
     lk.lock();
-    s->spare.push_back(r.event);
+    try {
+      s->spare.push_back(r.event);  // room reserved for every event there can be
+    } catch (...) {
+      s->events.destroy(r.event);  // out of memory past that: one event fewer
+    }
   }
   if (!s->exiting) {  // at exit: no CUDA call (see end_watchers_at_exit)
     for (void* event : s->spare) s->events.destroy(event);
@@ -163,6 +168,9 @@ void cuda_start_thread(int device) {
 
 bool cuda_make(void** event, std::string* why) {
   cudaEvent_t made = nullptr;
+  // On a training thread (an open with every spare event pending): beside a capture in
+  // global mode on another thread, as every call freeride makes there.
+  const RelaxedCaptureScope relaxed;
   // Blocking sync: the waiting thread sleeps in the driver instead of spinning.
   const cudaError_t err =
       cudaEventCreateWithFlags(&made, cudaEventBlockingSync | cudaEventDisableTiming);
@@ -216,6 +224,9 @@ OpenWatcher::OpenWatcher(int device, const WatcherEvents& events)
   State& s = *state_;
   s.device = device;
   s.events = events;
+  // Room for every event there can be (the spares and kMaxPending pending), so that
+  // giving one back never allocates on the watcher's thread.
+  s.spare.reserve(kSpareEvents + kMaxPending + 1);
   for (int i = 0; i < kSpareEvents; ++i) {
     void* event = nullptr;
     std::string why;
@@ -286,13 +297,15 @@ bool OpenWatcher::ring_after(void* stream, Doorbell* bell, uint32_t seq,
     }
   }
   if (event == nullptr) return false;
-  {
+  try {
     std::lock_guard<std::mutex> lk(s.mu);
     if (recorded) {
       s.pending.push_back(State::Recorded{event, bell, seq});
     } else {
       s.spare.push_back(event);
     }
+  } catch (...) {
+    return false;  // out of memory: the event is lost, the open counts as unrung
   }
   if (recorded) s.cv.notify_one();
   return recorded;

@@ -170,21 +170,34 @@ LaunchMarks CudaRunner::run(bool record) {
     // a stop. Not under an open the training thread skipped (predicted too short for a
     // launch: SkippedOpens): a launch this late would land in the compute after it.
     if (!s.ring) tighten_timer_slack();  // this thread only ever waits for the gate
+    // A launch at an open that failed meanwhile (launch_at_open rang) ends the wait too:
+    // its error is this run()'s, not one for the next open to bring, or a close to drop.
+    auto arrived = [&] {
+      std::lock_guard<std::mutex> lk(launch_mu_);
+      return !pending_.empty() || !arrival_error_.empty();
+    };
+    // interrupt() ends it too (a cancelled follower's ends are taken meanwhile).
     const bool go = wait_for_gate(
         s, std::chrono::steady_clock::time_point::max(),
-        [&] { return abandoned_.load() || (stop_requested_.load() && !in_flight()); },
-        [&] {
-          return in_flight() ||
-                 (s.mirror() == FREERIDE_GATE_OPEN && !s.skipped.contains(s.mirror_seq()));
-        });
+        [&] { return abandoned_.load() || interrupt_.load() || (stopping() && !in_flight()); },
+        [&] { return arrived() || s.open_unskipped(); });
     throw_if_abandoned();
+    {
+      std::lock_guard<std::mutex> lk(launch_mu_);
+      throw_arrival_error_locked();
+    }
+    if (!go && interrupt_.exchange(false)) {
+      LaunchMarks untaken;
+      untaken.handed_back = true;
+      return untaken;
+    }
     if (!go) return LaunchMarks{};  // stopped (or abandoned) while the gate was closed
   }
   {
     std::lock_guard<std::mutex> lk(launch_mu_);
     throw_arrival_error_locked();
     if (pending_.empty()) {
-      if (stop_requested_.load() || abandoned_.load()) return LaunchMarks{};
+      if (stopping() || abandoned_.load()) return LaunchMarks{};
       const uint32_t seq = s.mirror_seq();  // after the open mirror: the open's, or newer
       enqueue_locked(nullptr, seq, false, record, phase_);
     }

@@ -287,7 +287,7 @@ void CudaRunner::settle() {
       if (!pending_.empty()) return;
       newest = newest_stamp_;
       const auto turn = s_->green_turn(green_);
-      if (stop_requested_.load() && stop_fenced_) {
+      if (stopping() && stop_fenced_) {
         if (event_passed(stop_fence_)) return;
       } else if (stream_idle(stream_)) {
         return;  // (stopped without a fence yet, as an unstopped one: a stop() under way)

@@ -110,7 +110,7 @@ bool CudaRunner::launch_at_reached_open(uint32_t seq, bool others_pending) noexc
     o.enabled = s.watcher_launch && !s.stream_wait;
     o.pending = !pending_.empty();
     o.accepting = accepting_locked();
-    o.stopping = stop_requested_.load() || abandoned_.load();
+    o.stopping = stopping() || abandoned_.load();
     // The mirror, then the number, as run() reads them: an open writes its number first.
     o.gate_open = s.mirror() == FREERIDE_GATE_OPEN;
     o.same_open = s.mirror_seq() == seq;
@@ -200,7 +200,21 @@ void CudaRunner::stop() {
   fence_stopped_locked();
 }
 
+// The stop word stays as it is: launches already enqueued claim on. The fence is
+// recorded now, behind them and before the more urgent task is armed (the executor
+// withholds first), so that settle() does not wait for that task's launches behind it.
+void CudaRunner::withhold() {
+  withheld_.store(true);
+  std::shared_lock<std::shared_mutex> life(s_->life);  // before launch_mu_, as elsewhere
+  {
+    const std::lock_guard<std::mutex> lk(launch_mu_);
+    fence_stopped_locked();
+  }
+  s_->gate.bell->ring();  // a run() waiting for the gate with nothing in flight returns
+}
+
 void CudaRunner::resume() {
+  withheld_.store(false);
   set_stop(0u);
   hand_back_.store(false);  // one meant for the stopped runner's wait
   const std::lock_guard<std::mutex> lk(launch_mu_);
@@ -260,11 +274,24 @@ uint64_t CudaRunner::launches_in_flight() const {
   return pending_.size();
 }
 
+uint64_t CudaRunner::bubbles_in_flight() const {
+  std::lock_guard<std::mutex> lk(launch_mu_);
+  uint64_t bubbles = 0;
+  for (const Launch& l : pending_) {
+    if (ring_.published(l.number)) continue;  // ended: its bubble is over
+    // The oldest not ended is in a bubble, whatever it waits for; each later one that
+    // waits for an open of its own is in a later one (a chained launch, or a successor,
+    // runs in its predecessor's).
+    if (bubbles == 0 || l.waits_open) ++bubbles;
+  }
+  return bubbles;
+}
+
 // Armed for the watcher's launches too (launch_at_reached_open), with launches at opens
 // off: CudaShared::launch_at_open enqueues nothing then (no `opened` event).
 bool CudaRunner::takes_opens_locked() const {
   return (s_->launch_at_opens || s_->watcher_launch) && pending_.empty() &&
-         !stop_requested_.load() &&
+         !stopping() &&
          (!phase_done_ || (ahead_ && phase_ + 1 < task_->num_phases()));
 }
 
@@ -283,8 +310,8 @@ void CudaRunner::maybe_queue_successor(bool progressed) noexcept {
                         ring_.started(pending_.back().number, launch_no_.load()) &&
                         !ring_.published(pending_.back().number);
     st.progressed = progressed;
-    st.gate_open = s.mirror() == FREERIDE_GATE_OPEN && !s.skipped.contains(s.mirror_seq());
-    st.stopping = stop_requested_.load() || abandoned_.load();
+    st.gate_open = s.open_unskipped();
+    st.stopping = stopping() || abandoned_.load();
     // (A successor runs the current phase: not behind a launch of the next.)
     st.phase_done = phase_done_ || progress_seen(slot_of(phase_)) >= n_items_ ||
                     (!pending_.empty() && pending_.back().phase != phase_);
@@ -313,7 +340,7 @@ uint64_t CudaRunner::opens_ahead_locked() const {
 }
 
 bool CudaRunner::open_for_launches_locked() const {
-  return begun_ && !stop_requested_.load() && task_->follows_item_protocol() &&
+  return begun_ && !stopping() && task_->follows_item_protocol() &&
          !abandoned_.load() && arrival_error_.empty() && !s_->shut_down;
 }
 

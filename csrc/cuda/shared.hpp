@@ -357,7 +357,11 @@ struct CudaShared {
 
   // Whether work enqueued on `stream` now would join a graph capture (the stream is
   // capturing, or it is the legacy default stream while a blocking stream captures), or
-  // the runtime cannot say (then: yes, so nothing is enqueued). Never throws.
+  // the runtime cannot say (then: yes). Callers then add no event, mark or launch; the
+  // gate write itself is still enqueued, and where the stream cannot take work (the
+  // legacy default stream during such a capture, which the runtime documents as unusable
+  // until it ends: training's own work there fails alike) it raises that error. Never
+  // throws.
   static bool captures(cudaStream_t stream) noexcept;
 
   // Launches at opens. The runner the executor runs now takes a launch at each
@@ -455,6 +459,16 @@ struct CudaShared {
   uint32_t mirror() const { return std::atomic_ref<unsigned int>(*gate.mirror).load(); }
   uint32_t mirror_seq() const {
     return std::atomic_ref<unsigned int>(gate.mirror[kMirrorSeq]).load();
+  }
+  // The mirror reads open under an open that was not skipped (SkippedOpens): the mirror,
+  // its number, then the mirror again. A close writes its value, then its number: one
+  // landing between the first two reads would pair the open value read before it with
+  // the close's number, which no skip names (an executor's launch into the closed gate:
+  // an idle launch and a backoff).
+  bool open_unskipped() const {
+    if (mirror() != FREERIDE_GATE_OPEN) return false;
+    const uint32_t seq = mirror_seq();
+    return !skipped.contains(seq) && mirror() == FREERIDE_GATE_OPEN;
   }
 
   // Marks: pooled timing events. Their ids are the executor's and Python's handles. A

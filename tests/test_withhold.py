@@ -1,0 +1,158 @@
+"""A task preempted for a more urgent one while its launches are queued at opens ahead of
+the GPU (issue 36 item 1; csrc/withhold_rule.hpp, FREERIDE_WITHHOLD=1 on CUDA): those
+launches run its items in their bubbles instead of nothing, since they all come before
+the more urgent task's first launch at an open, and it is stopped where stopping would
+let the more urgent task start sooner (no launch of it queued, the preempted task in its
+last queued bubble).
+
+Driven through the test queue backend (freeride_ext/queue_backend.hpp) with withholding
+on; the launches end in the order the opens queued them, as on the one side stream.
+"""
+
+import pytest
+
+from conftest import runner_launches as _launches
+from conftest import wait_until
+from freeride import _C
+
+QUEUE_SETTINGS = {"withhold": True}
+
+
+def _open(ex):
+    return _C._testing.queue_open(ex)
+
+
+def _status(ex, task):
+    return ex.status(task)[:2]
+
+
+@pytest.mark.parametrize(
+    "enabled, bubbles, urgent_queued, withholds",
+    [
+        (True, 2, False, True),  # a later bubble of its own: the urgent task waits anyway
+        (True, 5, False, True),
+        (True, 1, True, True),  # the urgent task's launch waits for a later open
+        (True, 1, False, False),  # its last bubble: stopped, the urgent task may start in it
+        (True, 0, False, False),
+        (False, 5, True, False),  # off
+    ],
+)
+def test_the_withhold_rule(enabled, bubbles, urgent_queued, withholds):
+    assert _C._testing.withhold_preempted(enabled, bubbles, urgent_queued) is withholds
+
+
+def test_a_preempted_tasks_launches_queued_ahead_run_its_items(ex):
+    """Three launches of the running task are queued ahead when a more urgent task comes:
+    it is armed for the next open at once, and the three run the first task's items (with
+    the stop they ran none). Every item of both runs exactly once."""
+    low = ex.submit(_C.spin_task(50, 1, 1000), 0)
+    q_low = _launches(ex, 0)
+    assert q_low.arrive(3) == 3
+    high = ex.submit(_C.spin_task(4, 1, 1000), 1)
+    q_high = _launches(ex, 1)
+    wait_until(lambda: _open(ex) == (1, 1))
+    assert q_low.withheld and not q_low.stopped
+    assert q_low.arrive(1) == 0, "a withheld task took a further launch"
+    for _ in range(3):
+        q_low.end(5)
+    assert q_low.ran == 15
+    q_high.end(4)
+    assert ex.wait(high, 10) and _status(ex, high) == ("done", 4)
+    wait_until(lambda: _status(ex, low)[1] == 15)
+    wait_until(lambda: _open(ex) == (0, 1))  # resumed, armed again: no longer withheld
+    assert not q_low.withheld
+    q_low.end(35)
+    assert ex.wait(low, 10) and _status(ex, low) == ("done", 50)
+    assert q_low.ran == 50
+
+
+def test_without_an_urgent_launch_queued_the_last_bubble_is_stopped(ex):
+    """No open has been written since the more urgent task came: the preempted task runs
+    its launches queued ahead but the last, which is stopped (the more urgent task may
+    start inside that bubble once it has drained), and the more urgent task then runs
+    from the executor's own launch."""
+    low = ex.submit(_C.spin_task(50, 1, 1000), 0)
+    q_low = _launches(ex, 0)
+    assert q_low.arrive(3) == 3
+    high = ex.submit(_C.spin_task(4, 1, 1000), 1)
+    q_high = _launches(ex, 1)
+    wait_until(lambda: q_low.withheld)
+    q_low.end(5)
+    wait_until(lambda: q_low.pending == 2)
+    assert not q_low.stopped, "stopped with two bubbles of its own left"
+    q_low.end(5)
+    wait_until(lambda: q_low.stopped)  # its last bubble, the urgent task has none queued
+    q_low.end(5)  # began stopped: nothing
+    assert q_low.ran == 10
+    assert q_high.arrive(1, at_open=False) == 1
+    q_high.end(4)
+    assert ex.wait(high, 10) and _status(ex, high) == ("done", 4)
+    wait_until(lambda: _status(ex, low)[1] == 10)
+
+
+def test_an_urgent_launch_queued_keeps_the_last_bubble_withheld(ex):
+    """The more urgent task took an open after the preempted task's launches: its launch
+    waits for that open, so the preempted task's last queued bubble runs its items too."""
+    ex.submit(_C.spin_task(50, 1, 1000), 0)
+    q_low = _launches(ex, 0)
+    assert q_low.arrive(2) == 2
+    high = ex.submit(_C.spin_task(4, 1, 1000), 1)
+    q_high = _launches(ex, 1)
+    wait_until(lambda: _open(ex) == (1, 1))
+    q_low.end(5)
+    wait_until(lambda: q_low.pending == 1)
+    q_low.end(5)
+    wait_until(lambda: q_low.pending == 0)
+    assert not q_low.stopped and q_low.ran == 10
+    q_high.end(4)
+    assert ex.wait(high, 10) and _status(ex, high) == ("done", 4)
+
+
+def test_a_single_bubble_is_stopped_as_before(ex):
+    """One launch in flight, no urgent launch queued: stopped, as without withholding."""
+    ex.submit(_C.spin_task(50, 1, 1000), 0)
+    q_low = _launches(ex, 0)
+    assert q_low.arrive(1) == 1
+    ex.submit(_C.spin_task(4, 1, 1000), 1)
+    wait_until(lambda: q_low.stopped)
+    assert q_low.withholds == 0
+
+
+def test_a_cancel_stops_a_withheld_task(ex):
+    """Cancelled while withheld: its launches left run nothing, and the task is cancelled
+    with exactly the items that ran."""
+    low = ex.submit(_C.spin_task(50, 1, 1000), 0)
+    q_low = _launches(ex, 0)
+    assert q_low.arrive(3) == 3
+    high = ex.submit(_C.spin_task(4, 1, 1000), 1)
+    q_high = _launches(ex, 1)
+    wait_until(lambda: _open(ex) == (1, 1))
+    q_low.end(5)
+    wait_until(lambda: q_low.pending == 2)
+    assert ex.cancel(low, False)
+    assert q_low.stopped
+    q_low.end(5)
+    q_low.end(5)
+    assert ex.wait(low, 10) and _status(ex, low) == ("cancelled", 5)
+    assert q_low.ran == 5
+    q_high.end(4)
+    assert ex.wait(high, 10) and _status(ex, high) == ("done", 4)
+
+
+def test_a_withheld_task_that_finishes_its_items_is_done(ex):
+    """The withheld launches run the preempted task's last items: it is done, and the
+    launch left after them is stale."""
+    low = ex.submit(_C.spin_task(8, 1, 1000), 0)
+    q_low = _launches(ex, 0)
+    assert q_low.arrive(3) == 3
+    high = ex.submit(_C.spin_task(4, 1, 1000), 1)
+    q_high = _launches(ex, 1)
+    wait_until(lambda: _open(ex) == (1, 1))
+    q_low.end(5)
+    q_low.end(5)  # three of them: the last
+    wait_until(lambda: q_low.stopped)  # complete: the stale launch is stopped
+    q_low.end(5)
+    assert ex.wait(low, 10) and _status(ex, low) == ("done", 8)
+    assert q_low.ran == 8
+    q_high.end(4)
+    assert ex.wait(high, 10) and _status(ex, high) == ("done", 4)
