@@ -15,9 +15,12 @@ void Executor::arm_next_locked(const Record* current, bool follow) {
   Record* next = nullptr;
   for (const QueueKey& k : runnable_) {
     Record& c = *records_.at(k.second);
-    if (&c == current || c.cancel_requested || c.complete || !c.failure.empty()) continue;
-    // Its own launches in flight go first (it is the task run last, or was armed before).
+    if (&c == current || ((c.cancel_requested || c.complete) && c.failure.empty())) continue;
+    // Its own launches in flight go first (it is the task run last, or was armed before;
+    // a failed one's too: a launch that failed may have broken the context, and the next
+    // task is armed once the failure is settled).
     if (c.runner && c.runner->in_flight()) return;
+    if (!c.failure.empty()) continue;
     bool dependency_pending = false;
     if (pickable_locked(c, dependency_pending)) {
       next = &c;

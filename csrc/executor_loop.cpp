@@ -59,7 +59,9 @@ void Executor::loop() {
       armed_follows_ = false;
     }
     // Runners of tasks already final (cancelled, retire_inert_locked) come first: their
-    // launches are on the stream ahead of anything else. The next task is armed first.
+    // launches are on the stream ahead of anything else (but for a cancelled armed task's,
+    // queued behind the task before it: taken after those, which only waits longer). The
+    // next task is armed first.
     if (!retiring_.empty()) {
       // (A task being drained is passed over only where it stops for good or for a more
       // urgent task; otherwise its launches in flight keep the next one unarmed.)
@@ -150,8 +152,9 @@ void Executor::loop() {
     if (preempted) preempt_locked(*r);
     // Its launches left will run nothing (withheld: its own items, in bubbles before the
     // next task's first): the next task takes the opens meanwhile. (Not after a failure:
-    // a launch that failed may have broken the context, and the next task is admitted
-    // once the failure is settled.)
+    // a launch that failed may have broken the context, and the next task is armed once
+    // the failure is settled; one armed before it, because this one was stopping, keeps
+    // its opens, and a broken context fails it too.)
     if (draining_ != nullptr && (must_stop || r->complete) && r->failure.empty()) {
       arm_next_locked(r);
     } else if (!must_stop && !r->complete && armed_next_ == 0 && r->failure.empty() &&
