@@ -41,23 +41,36 @@ def test_the_withhold_rule(enabled, bubbles, urgent_queued, withholds):
     assert _C._testing.withhold_preempted(enabled, bubbles, urgent_queued) is withholds
 
 
+def _preempted(ex, items=50, queued=3, urgent_open=True):
+    """A task of `items` items (runner 0) with `queued` launches at opens, and a more
+    urgent task of 4 (runner 1) submitted then; with `urgent_open`, an open written after
+    it, which carries the more urgent task's launch. (low, its launches, high, its.)"""
+    low = ex.submit(_C.spin_task(items, 1, 1000), 0)
+    q_low = _launches(ex, 0)
+    assert q_low.arrive(queued) == queued
+    high = ex.submit(_C.spin_task(4, 1, 1000), 1)
+    q_high = _launches(ex, 1)
+    if urgent_open:
+        wait_until(lambda: _open(ex) == (1, 1))
+    return low, q_low, high, q_high
+
+
+def _urgent_done(ex, high, q_high):
+    q_high.end(4)
+    assert ex.wait(high, 10) and _status(ex, high) == ("done", 4)
+
+
 def test_a_preempted_tasks_launches_queued_ahead_run_its_items(ex):
     """Three launches of the running task are queued ahead when a more urgent task comes:
     it is armed for the next open at once, and the three run the first task's items (with
     the stop they ran none). Every item of both runs exactly once."""
-    low = ex.submit(_C.spin_task(50, 1, 1000), 0)
-    q_low = _launches(ex, 0)
-    assert q_low.arrive(3) == 3
-    high = ex.submit(_C.spin_task(4, 1, 1000), 1)
-    q_high = _launches(ex, 1)
-    wait_until(lambda: _open(ex) == (1, 1))
+    low, q_low, high, q_high = _preempted(ex)
     assert q_low.withheld and not q_low.stopped
     assert q_low.arrive(1) == 0, "a withheld task took a further launch"
     for _ in range(3):
         q_low.end(5)
     assert q_low.ran == 15
-    q_high.end(4)
-    assert ex.wait(high, 10) and _status(ex, high) == ("done", 4)
+    _urgent_done(ex, high, q_high)
     wait_until(lambda: _status(ex, low)[1] == 15)
     wait_until(lambda: _open(ex) == (0, 1))  # resumed, armed again: no longer withheld
     assert not q_low.withheld
@@ -71,11 +84,7 @@ def test_without_an_urgent_launch_queued_the_last_bubble_is_stopped(ex):
     its launches queued ahead but the last, which is stopped (the more urgent task may
     start inside that bubble once it has drained), and the more urgent task then runs
     from the executor's own launch."""
-    low = ex.submit(_C.spin_task(50, 1, 1000), 0)
-    q_low = _launches(ex, 0)
-    assert q_low.arrive(3) == 3
-    high = ex.submit(_C.spin_task(4, 1, 1000), 1)
-    q_high = _launches(ex, 1)
+    low, q_low, high, q_high = _preempted(ex, urgent_open=False)
     wait_until(lambda: q_low.withheld)
     q_low.end(5)
     wait_until(lambda: q_low.pending == 2)
@@ -85,27 +94,20 @@ def test_without_an_urgent_launch_queued_the_last_bubble_is_stopped(ex):
     q_low.end(5)  # began stopped: nothing
     assert q_low.ran == 10
     assert q_high.arrive(1, at_open=False) == 1
-    q_high.end(4)
-    assert ex.wait(high, 10) and _status(ex, high) == ("done", 4)
+    _urgent_done(ex, high, q_high)
     wait_until(lambda: _status(ex, low)[1] == 10)
 
 
 def test_an_urgent_launch_queued_keeps_the_last_bubble_withheld(ex):
     """The more urgent task took an open after the preempted task's launches: its launch
     waits for that open, so the preempted task's last queued bubble runs its items too."""
-    ex.submit(_C.spin_task(50, 1, 1000), 0)
-    q_low = _launches(ex, 0)
-    assert q_low.arrive(2) == 2
-    high = ex.submit(_C.spin_task(4, 1, 1000), 1)
-    q_high = _launches(ex, 1)
-    wait_until(lambda: _open(ex) == (1, 1))
+    _low, q_low, high, q_high = _preempted(ex, queued=2)
     q_low.end(5)
     wait_until(lambda: q_low.pending == 1)
     q_low.end(5)
     wait_until(lambda: q_low.pending == 0)
     assert not q_low.stopped and q_low.ran == 10
-    q_high.end(4)
-    assert ex.wait(high, 10) and _status(ex, high) == ("done", 4)
+    _urgent_done(ex, high, q_high)
 
 
 def test_a_single_bubble_is_stopped_as_before(ex):
@@ -121,12 +123,7 @@ def test_a_single_bubble_is_stopped_as_before(ex):
 def test_a_cancel_stops_a_withheld_task(ex):
     """Cancelled while withheld: its launches left run nothing, and the task is cancelled
     with exactly the items that ran."""
-    low = ex.submit(_C.spin_task(50, 1, 1000), 0)
-    q_low = _launches(ex, 0)
-    assert q_low.arrive(3) == 3
-    high = ex.submit(_C.spin_task(4, 1, 1000), 1)
-    q_high = _launches(ex, 1)
-    wait_until(lambda: _open(ex) == (1, 1))
+    low, q_low, high, q_high = _preempted(ex)
     q_low.end(5)
     wait_until(lambda: q_low.pending == 2)
     assert ex.cancel(low, False)
@@ -135,24 +132,17 @@ def test_a_cancel_stops_a_withheld_task(ex):
     q_low.end(5)
     assert ex.wait(low, 10) and _status(ex, low) == ("cancelled", 5)
     assert q_low.ran == 5
-    q_high.end(4)
-    assert ex.wait(high, 10) and _status(ex, high) == ("done", 4)
+    _urgent_done(ex, high, q_high)
 
 
 def test_a_withheld_task_that_finishes_its_items_is_done(ex):
     """The withheld launches run the preempted task's last items: it is done, and the
     launch left after them is stale."""
-    low = ex.submit(_C.spin_task(8, 1, 1000), 0)
-    q_low = _launches(ex, 0)
-    assert q_low.arrive(3) == 3
-    high = ex.submit(_C.spin_task(4, 1, 1000), 1)
-    q_high = _launches(ex, 1)
-    wait_until(lambda: _open(ex) == (1, 1))
+    low, q_low, high, q_high = _preempted(ex, items=8)
     q_low.end(5)
     q_low.end(5)  # three of them: the last
     wait_until(lambda: q_low.stopped)  # complete: the stale launch is stopped
     q_low.end(5)
     assert ex.wait(low, 10) and _status(ex, low) == ("done", 8)
     assert q_low.ran == 8
-    q_high.end(4)
-    assert ex.wait(high, 10) and _status(ex, high) == ("done", 4)
+    _urgent_done(ex, high, q_high)
