@@ -116,13 +116,14 @@ def test_a_yet_more_urgent_task_waits_for_the_armed_tasks_launches(ex):
     assert (q_a.ran, q_b.ran, q_c.ran) == (20, 20, 5)
 
 
-@pytest.mark.parametrize("seed", range(24))
+@pytest.mark.parametrize("seed", range(32))
 def test_random_switches_run_every_item_exactly_once(seed):
     """Opens (on one of two training streams: one behind the other's launch waiting for
     its open gets none, review G11), begins and ends (in the order the opens queued
     them, as on the one side stream), submits of random urgency and cancels,
-    interleaved at random, with and without phases ahead, followers and withholding (a
-    preempted task's launches queued ahead run its items): every task ends done with
+    interleaved at random, with and without phases ahead, followers, withholding (a
+    preempted task's launches queued ahead run its items) and device phases (each of the
+    16 combinations twice): every task ends done with
     every item or cancelled, each with exactly the items the model's device ran, and the
     memory comes back."""
     rng = random.Random(seed)
@@ -131,6 +132,7 @@ def test_random_switches_run_every_item_exactly_once(seed):
         phases_ahead=seed % 2 == 1,
         followers=seed % 4 >= 2,
         withhold=seed % 8 >= 4,
+        device_phases=seed % 16 >= 8,
     )
     stream = []  # runner index of every launch queued at an open, oldest first
     begun = [0]  # how many of them (the oldest) have begun
