@@ -202,6 +202,11 @@ class Executor {
   // launches already queued at opens run on (withheld) or stop (withhold_rule.hpp).
   // Before the more urgent task is armed, where it is not yet. True where withheld.
   bool preempt_locked(Record& r);
+  // Before `next` is armed: the task run last, less urgent, with launches in flight and
+  // not otherwise stopping, is preempted (whichever path arms `next`: the loop's, the
+  // retiring branch, a follower drained out of turn), so that its stop fence lands before
+  // any launch of `next` on the stream.
+  void preempt_last_for_locked(const Record& next);
   // runner.follow() or runner.arm(); false where the runner refused to follow.
   static bool arm_runner(PhaseRunner& runner, bool follow);
   // Whether `r`, about to run, is in the tail where the next task follows it.

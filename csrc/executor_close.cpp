@@ -50,10 +50,15 @@ void Executor::close(double deadline_s) {
   // error is raised: a joinable std::thread destroyed later would std::terminate the
   // process. So a stop that fails (a sticky CUDA error) is kept for later, as is a nudge.
   std::exception_ptr error;
-  try {
-    if (active_ != nullptr && active_->runner) active_->runner->stop();
-  } catch (...) {
-    error = std::current_exception();
+  // Every runner that may have launches queued at opens, not only the one running: the
+  // task run last (withheld for a more urgent one, its launches run its items until
+  // stopped), one drained and the one armed.
+  for (Record* r : {active_, draining_, last_run_locked(), armed_next_locked()}) {
+    try {
+      if (r != nullptr && r->runner) r->runner->stop();
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
   }
   work_cv_.notify_all();
   // Every side thread is told at once and may run at normal priority: on a busy machine

@@ -33,6 +33,7 @@ void Executor::arm_next_locked(const Record* current, bool follow) {
   }
   if (next == nullptr) return;
   Record* armed = armed_next_locked();
+  preempt_last_for_locked(*next);
   if (armed == next) {
     // Armed already; taking opens again where something stopped it meanwhile (a more
     // urgent task that then could not run) and none of its launches is in flight. A
@@ -85,6 +86,16 @@ bool Executor::preempt_locked(Record& r) {
     // A sticky CUDA error: its next run() reports it.
   }
   return withhold;
+}
+
+void Executor::preempt_last_for_locked(const Record& next) {
+  Record* last = last_run_locked();
+  if (last == nullptr || last == &next || next.priority <= last->priority || !last->runner ||
+      !last->runner->in_flight() || last->cancel_requested || last->complete ||
+      !last->failure.empty()) {
+    return;
+  }
+  preempt_locked(*last);
 }
 
 bool Executor::arm_runner(PhaseRunner& runner, bool follow) {

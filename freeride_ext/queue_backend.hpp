@@ -151,6 +151,8 @@ class QueuedRunner final : public PhaseRunner {
     std::lock_guard<std::mutex> lk(q_->mu);
     q_->stopped = false;
     q_->withheld = false;
+    q_->hand_back = false;  // as CudaRunner::resume: one meant for an earlier wait
+    q_->interrupt = false;
   }
   void hand_back() override {
     std::lock_guard<std::mutex> lk(q_->mu);

@@ -9,6 +9,9 @@ Driven through the test queue backend (freeride_ext/queue_backend.hpp) with with
 on; the launches end in the order the opens queued them, as on the one side stream.
 """
 
+import threading
+import time
+
 import pytest
 
 from conftest import runner_launches as _launches
@@ -146,3 +149,84 @@ def test_a_withheld_task_that_finishes_its_items_is_done(ex):
     assert ex.wait(low, 10) and _status(ex, low) == ("done", 8)
     assert q_low.ran == 8
     _urgent_done(ex, high, q_high)
+
+
+def test_close_stops_a_withheld_task_the_loop_is_not_running(ex):
+    """A is withheld for U; U is cancelled and retired, and the loop drains U's runner
+    when close() begins: A, the task run last but not the one running, is stopped too, so
+    its launches left run nothing after close() began (a review's finding: they ran A's
+    items until the loop came to A)."""
+    low, q_low, high, _q_high = _preempted(ex)
+    assert q_low.withheld
+    assert ex.cancel(high, False)
+    ex.wait(high, 0.05)  # a waiter retires it once inert
+    q_low.end(5)
+    time.sleep(0.1)
+    thread = threading.Thread(target=lambda: ex.close(10.0))
+    thread.start()
+    wait_until(lambda: q_low.stopped)
+    q_low.end(5)
+    q_low.end(5)
+    _launches(ex, 1).end(4)
+    thread.join(15)
+    assert not thread.is_alive()
+    assert q_low.ran == 5 and _status(ex, low) == ("cancelled", 5)
+
+
+def test_a_task_runnable_after_its_submit_preempts_the_task_run_last_before_it_is_armed():
+    """U is submitted waiting for a dependency, so its submit preempts nothing; it becomes
+    runnable while the loop drains a cancelled follower B before A, the task B followed,
+    which still has launches queued: A is stopped or withheld before U is armed, never
+    left to take U's opens as it was (a review's finding: on CUDA A's stop fence then
+    landed behind U's launch, and A's settle waited for U's open)."""
+    ex = _C._testing.queue_executor(followers=True, withhold=True)
+    try:
+        a = ex.submit(_C.spin_task(12, 1, 1000), 0)
+        b = ex.submit(_C.spin_task(6, 1, 1000), 0)
+        q_a = _launches(ex, 0)
+        for _ in range(2):
+            wait_until(lambda: _C._testing.queue_open_one(ex) == [0])
+            q_a.end(4)
+        wait_until(lambda: _C._testing.queue_follower(ex) == 1)
+        q_b = _launches(ex, 1)
+        for _ in range(2):
+            assert _C._testing.queue_open_one(ex) == [0, 1]
+        assert ex.cancel(b, False)
+        latch = _C._testing.Latch()
+        u = _C._testing.submit_after_latch(ex, _C.spin_task(3, 1, 1000), 5, latch)
+        time.sleep(0.05)
+        assert not (q_a.stopped or q_a.withheld), "preempted for a task that could not run"
+        latch.release()
+        q_a.end(1)
+        q_b.end(1)
+        q_u = _launches(ex, 2)
+        wait_until(lambda: _C._testing.queue_open_one(ex) == [2])
+        assert q_a.stopped or q_a.withheld
+        q_a.end(1)
+        q_b.end(1)
+        q_u.end(3)
+        assert ex.wait(u, 10) and _status(ex, u) == ("done", 3)
+        assert ex.wait(b, 10) and _status(ex, b)[0] == "cancelled"
+        wait_until(lambda: _status(ex, a)[1] == q_a.ran)
+    finally:
+        ex.close(0.5)
+
+
+def test_the_more_urgent_task_is_armed_while_the_withheld_launch_runs(ex):
+    """The preempted task's oldest launch has begun (its bubble is on) when the more urgent
+    task comes: withheld, it runs on to its close, and the more urgent task takes the next
+    open meanwhile (the running launch's wait is interrupted, not only one that has not
+    begun, as a stop's hand-back is)."""
+    low = ex.submit(_C.spin_task(50, 1, 1000), 0)
+    q_low = _launches(ex, 0)
+    assert q_low.arrive(2) == 2
+    q_low.begin()
+    high = ex.submit(_C.spin_task(4, 1, 1000), 1)
+    q_high = _launches(ex, 1)
+    wait_until(lambda: _open(ex) == (1, 1))
+    assert q_low.withheld and not q_low.stopped and q_low.not_ended == 2
+    q_low.end(5)
+    q_low.end(5)
+    _urgent_done(ex, high, q_high)
+    wait_until(lambda: _status(ex, low)[1] == 10)
+    assert q_low.ran == 10

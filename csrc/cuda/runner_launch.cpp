@@ -217,6 +217,7 @@ void CudaRunner::resume() {
   withheld_.store(false);
   set_stop(0u);
   hand_back_.store(false);  // one meant for the stopped runner's wait
+  interrupt_.store(false);  // likewise (the executor resumes only before a fresh run())
   const std::lock_guard<std::mutex> lk(launch_mu_);
   stop_fenced_ = false;
 }
