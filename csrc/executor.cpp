@@ -72,11 +72,15 @@ uint64_t Executor::submit_after(std::shared_ptr<Task> task, int priority,
     return r.id;
   }
   runnable_.insert(key(r));
-  // A more urgent task takes over at the running one's next item boundary, or, where the
-  // running one's launches are queued at opens ahead of the GPU, at the first open written
-  // from now on (withhold_rule.hpp); the preempted task keeps its counters and resumes
-  // later.
-  if (active_ != nullptr && active_->runner && priority > active_->priority) {
+  bool dependency_pending = false;
+  const bool can_run = pickable_locked(r, dependency_pending);
+  // A more urgent task that can run now takes over at the running one's next item
+  // boundary, or, where the running one's launches are queued at opens ahead of the GPU,
+  // at the first open written from now on (withhold_rule.hpp); the preempted task keeps
+  // its counters and resumes later. One that cannot run yet (its dependency pending, its
+  // memory over budget) stops nothing: it takes over at the end of the running launch
+  // once it can, as the loop finds it then.
+  if (active_ != nullptr && active_->runner && priority > active_->priority && can_run) {
     if (preempt_locked(*active_)) {
       active_->runner->interrupt();  // its launch runs on: the loop arms this one meanwhile
     } else {
@@ -88,8 +92,6 @@ uint64_t Executor::submit_after(std::shared_ptr<Task> task, int priority,
   } else if (!retiring_.empty()) {
     retiring_.front().runner->hand_back();  // the runner the loop drains first
   }
-  bool dependency_pending = false;
-  const bool can_run = pickable_locked(r, dependency_pending);
   // The task run last, where that is not the one running (the loop drains a cancelled
   // follower out of turn, or is between runs), with launches queued ahead: preempted too,
   // where this one can run now, or its launches would go on running its items until the

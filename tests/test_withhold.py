@@ -192,6 +192,7 @@ def test_a_task_runnable_after_its_submit_preempts_the_task_run_last_before_it_i
         for _ in range(2):
             assert _C._testing.queue_open_one(ex) == [0, 1]
         assert ex.cancel(b, False)
+        time.sleep(0.05)  # the loop drains B now, out of turn
         latch = _C._testing.Latch()
         u = _C._testing.submit_after_latch(ex, _C.spin_task(3, 1, 1000), 5, latch)
         time.sleep(0.05)
