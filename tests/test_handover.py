@@ -306,3 +306,25 @@ def test_the_lookahead_bound_counts_the_stopped_tasks_launches():
         assert q_b.pending == 2
     finally:
         ex.close(0.5)
+
+
+def test_a_more_urgent_task_that_cannot_run_yet_stops_nothing(ex):
+    """A more urgent task submitted waiting for its dependency leaves the running task's
+    launches queued ahead running its items; once the dependency is ready, the next end
+    the executor takes stops it, and the more urgent task takes the next open."""
+    low = ex.submit(_C.spin_task(50, 1, 1000), 0)
+    q_low = _launches(ex, 0)
+    assert q_low.arrive(2) == 2
+    latch = _C._testing.Latch()
+    high = _C._testing.submit_after_latch(ex, _C.spin_task(4, 1, 1000), 1, latch)
+    time.sleep(0.05)
+    assert not q_low.stopped, "stopped for a task that could not run"
+    q_low.end(5)
+    wait_until(lambda: _status(ex, low)[1] == 5)
+    latch.release()
+    q_low.end(0)  # as the loop looks again: whether stopped or not, nothing more to run
+    q_high = _launches(ex, 1)
+    wait_until(lambda: _open(ex) == (1, 1))
+    q_high.end(4)
+    assert ex.wait(high, 10) and _status(ex, high) == ("done", 4)
+    assert q_low.ran == 5
