@@ -96,12 +96,7 @@ uint64_t Executor::submit_after(std::shared_ptr<Task> task, int priority,
   // follower out of turn, or is between runs), with launches queued ahead: preempted too,
   // where this one can run now, or its launches would go on running its items until the
   // loop came to it.
-  if (Record* last = last_run_locked();
-      can_run && last != nullptr && last != active_ && priority > last->priority &&
-      last->runner && last->runner->in_flight() && !last->cancel_requested &&
-      !last->complete && last->failure.empty()) {
-    preempt_locked(*last);
-  }
+  if (can_run && last_run_locked() != active_) preempt_last_for_locked(r);
   // ... and one armed to follow it (arm_next_locked) takes no further launch at an open,
   // where this one can run now (else the loop would arm that one again).
   if (Record* armed = armed_next_locked();

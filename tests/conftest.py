@@ -60,6 +60,11 @@ def queue_status(ex, task_id):
     return state, items, phase
 
 
+def queue_progress(ex, task_id):
+    """(state, items done) of a task of an executor."""
+    return tuple(ex.status(task_id)[:2])
+
+
 def wait_until(predicate, timeout=10.0, interval=0.002):
     """Polls predicate until true; fails the test after `timeout` seconds."""
     deadline = time.monotonic() + timeout

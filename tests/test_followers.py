@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from conftest import queue_progress as _status
 from conftest import runner_launches as _launches
 from conftest import wait_until
 from freeride import _C
@@ -20,9 +21,13 @@ from freeride import _C
 FINAL = ("done", "failed", "cancelled")
 
 
-def _status(ex, task):
-    state, items = ex.status(task)[:2]
-    return state, items
+def _cancel_waiting(ex, task):
+    """cancel(task, wait=True) on a thread of its own, as a training thread's: (an event
+    set once it returned True, the thread)."""
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: done.set() if ex.cancel(task, True) else None)
+    thread.start()
+    return done, thread
 
 
 @pytest.mark.parametrize(
@@ -154,9 +159,7 @@ def test_cancelling_a_follower_does_not_wait_for_the_task_it_follows():
         assert _C._testing.queue_open_one(ex) == [0, 1]
         q_a.end(1)  # a short bubble: A has items left
         q_b.begin()  # B's chained launch takes the rest of it
-        done = threading.Event()
-        thread = threading.Thread(target=lambda: done.set() if ex.cancel(b, True) else None)
-        thread.start()
+        done, thread = _cancel_waiting(ex, b)
         time.sleep(0.1)
         q_b.end(3)  # it leaves at its next claim, having seen the stop
         assert done.wait(5), "the cancel waited for the launch of the task B follows"
@@ -229,9 +232,7 @@ def test_cancelling_a_follower_while_the_task_it_follows_waits_for_a_launch():
         q_a.end(1)  # A has items left; its run() waits for a launch again
         q_b.begin()
         time.sleep(0.1)
-        done = threading.Event()
-        thread = threading.Thread(target=lambda: done.set() if ex.cancel(b, True) else None)
-        thread.start()
+        done, thread = _cancel_waiting(ex, b)
         time.sleep(0.1)
         q_b.end(2)
         assert done.wait(5), "the cancel waited for the next open"

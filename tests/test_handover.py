@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from conftest import queue_progress as _status
 from conftest import runner_launches as _launches
 from conftest import wait_until
 from freeride import _C
@@ -24,11 +25,6 @@ FINAL = ("done", "failed", "cancelled")
 
 def _open(ex):
     return _C._testing.queue_open(ex)
-
-
-def _status(ex, task):
-    state, items = ex.status(task)[:2]
-    return state, items
 
 
 def test_a_more_urgent_task_takes_the_next_open_before_any_launch_queued_ahead_began(ex):

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from conftest import queue_progress as _status
 from conftest import runner_launches as _launches
 from conftest import wait_until
 from freeride import _C
@@ -23,10 +24,6 @@ QUEUE_SETTINGS = {"withhold": True}
 
 def _open(ex):
     return _C._testing.queue_open(ex)
-
-
-def _status(ex, task):
-    return ex.status(task)[:2]
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <tuple>
 
@@ -54,6 +55,14 @@ constexpr std::chrono::microseconds kEndPoll{50};
 constexpr std::chrono::microseconds kEndPollFar{250};
 constexpr std::chrono::microseconds kStreamQueryEvery{1000};
 constexpr std::chrono::microseconds kNotBegunWait{20000};
+
+// What a kernel whose launch broke the item protocol must do (both errors of it below),
+// with what the task adds (device phases: for_each_phase_item).
+std::string protocol_advice(const Task& task) {
+  return "the kernel must call freeride::for_each_item(ctx, ...) in every block and not "
+         "return before it ends, or it would be relaunched forever" +
+         task.protocol_hint();
+}
 
 }  // namespace
 
@@ -120,12 +129,10 @@ LaunchMarks CudaRunner::finish_oldest() {
   if (end.broken) {
     // This launch has ended; those enqueued after it still run (the executor takes
     // them before the task fails, its memory still in use until then).
-    FR_THROW(RuntimeFailure,
-             task_->name() << ": a launch of phase " << l.phase << " ended without every "
-                           << "block leaving through freeride::for_each_item: the kernel "
-                              "must call freeride::for_each_item(ctx, ...) in every block and "
-                              "not return before it ends, or it would be relaunched for ever"
-                           << task_->protocol_hint());
+    FR_THROW(RuntimeFailure, task_->name() << ": a launch of phase " << l.phase
+                                           << " ended without every block leaving through "
+                                              "freeride::for_each_item: "
+                                           << protocol_advice(*task_));
   }
   check_protocol(l, end.done, end.held);
   return marks;
@@ -329,10 +336,8 @@ void CudaRunner::check_protocol(const Launch& l, uint64_t done, uint32_t held) {
   FR_THROW(RuntimeFailure,
            "a launch of phase " << l.phase << " ended with " << done << " of " << n_items
                                 << " items done although no block was held back by the gate "
-                                   "or a stop: the kernel must call freeride::for_each_item"
-                                   "(ctx, ...) in every block and not return before it ends, "
-                                   "or it would be relaunched forever"
-                                << task_->protocol_hint());
+                                   "or a stop: "
+                                << protocol_advice(*task_));
 }
 
 void CudaRunner::raise_progress(uint64_t slot, uint64_t value) {
