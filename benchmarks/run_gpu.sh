@@ -15,26 +15,26 @@
 #             `bench pipeline --quick` and `bench items` (item overhead, bandwidth against
 #             a copy); then benchmarks/measure_table.py's table of them against the
 #             targets, into summary.txt, the archive and $OUT/measure_table.md
-#   qualify   the default, run first: what the 2026-11-27 H200 run (at 51c0fe7) left
-#             open, in QUALIFY_BUDGET s (480: with the build, one 9-minute command), most
-#             important first: why a close frees the GPU of Spin side work only ~7 ms
-#             later (benchmarks/probes/probe_pause.py: the run-on past the time slice,
-#             the memory-op close, launches at opens, shared hardware queues), whether
-#             side work starves only in queued bubbles that outlast the slice
-#             (probe_queued_harvest.py), then that run's failures again
-#             (tests/test_hardware_queues.py, tests/test_launch_at_open.py,
-#             compute-sanitizer's memcheck over benchmarks/probes/memcheck_small.py, API
-#             errors not reported), `bench preempt` and `bench pipeline` with --quick;
-#             then, where time is left, G16's clock origin behind a backlog
-#             (tests/test_profiling.py) and the rest of the 2026-11-26 review's list, all
-#             passed on 2026-11-27: the G1 deadlock tests, the abandon-in-a-green-context
-#             probe, the cudaFree removal's reruns (exit, close), the hardware-queue
-#             probe, stream creation beside side work, the admission probe, the G4 test,
-#             the lifetime tests, G18's partition and JIT tests, the F12 launch and the
-#             admission negative control, mem_get_info beside a capture, the capture
-#             tests and the rest of tests/test_gpu.py. Probes are benchmarks/probes/*.py
-#             (README there); their RESULT/ANSWER lines, and the benchmarks' main rows,
-#             are copied into summary.txt.
+#   qualify   the default, run first: what the second 2026-11-27 H200 run (at cf361a5)
+#             left open, in QUALIFY_BUDGET s (480: with the build, one 9-minute command),
+#             most important first: tests/test_hardware_queues.py (it hung: a launch ran on
+#             through a close it never saw; fixed since, a launch never runs in two
+#             bubbles), tests/test_launch_at_open.py and probe_queued_harvest.py (harvest
+#             in queued bubbles, after the fix for blocks that left a launch whose close
+#             was pending), the G1 and G4 tests beside the new claim rule (successors on
+#             and off), the executor's sleep test, compute-sanitizer's memcheck over
+#             benchmarks/probes/memcheck_small.py (API errors not reported), `bench
+#             preempt` and `bench pipeline` with --quick; then what first ran on a GPU
+#             in that run and passed (phases ahead, the watcher's launch, device phases,
+#             G16's clock origin, the carveout probe, probe_pause.py), then, where time is
+#             left, the rest of the 2026-11-26 review's list, all passed on 2026-11-27:
+#             the abandon-in-a-green-context probe, the cudaFree removal's reruns (exit,
+#             close), the hardware-queue probe, stream creation beside side work, the
+#             admission probe, the lifetime tests, G18's partition and JIT tests, the F12
+#             launch, mem_get_info beside a capture, the capture tests and the rest of
+#             tests/test_gpu.py. Probes are benchmarks/probes/*.py (README there); their
+#             RESULT/ANSWER lines, and the benchmarks' main rows, are copied into
+#             summary.txt.
 #   quick     the checks of the 2026-11-25 run, at most QUICK_BUDGET s (300). First the
 #             open questions of issue 27: side work in bubbles the host queued ahead of the
 #             GPU under one hardware queue and the default (launches at opens, and the
@@ -294,66 +294,43 @@ fi
 if step qualify; then
   deadline=$((SECONDS + ${QUALIFY_BUDGET:-480}))
   # In order of importance; [~N s] is the estimate on an H100/H200 when things pass (the
-  # 2026-11-27 H200 run's time where it ran them; a fresh Python with torch and CUDA takes
-  # ~5 s), the number after the name the hard limit. Items 1-4 come to ~436 s when things
-  # pass and item 5 to ~105 s more, and the limits of 1-4 to 875 s: with
-  # QUALIFY_BUDGET=480, 1-4 run unless an earlier one hangs, and each benchmark of 5 only
-  # where its estimate is left (BUDGET_NEED; the measure step runs both in full). The
-  # rest (all passed on 2026-11-27, ~220 s) run where time is left and are listed NOT RUN
-  # otherwise. A hung item costs its limit, plus the watchdog's stack dumps (py-spy: about
-  # a second a process) and 10 s.
-  # 1. Why a close frees the GPU of Spin side work only ~7 ms later (bench preempt,
-  #    2026-11-27): the run-on past the slice, the memory-op close (P1), launches at
-  #    opens (P2) or shared hardware queues (P3); since dfb32e6 it measures the fix (one
-  #    shared answer per launch), and FREERIDE_SUCCESSORS=1's cost. 9 variants in fresh
-  #    processes, each at most 25 s, the probe at most 105 s. [~85 s]
-  probe $deadline probe_pause 130 probe_pause.py
-  # 2. Is side work starved only in queued bubbles that outlast the slice
-  #    (test_launch_at_open's 0.20-0.26 harvest)? 5 workers, at most 75 s. [~45 s]
+  # 2026-11-27 H200 runs' times where they ran them; a fresh Python with torch and CUDA
+  # takes ~5 s), the number after the name the hard limit. First what the second
+  # 2026-11-27 H200 run (at cf361a5) left open, items 1-4, ~250 s when things pass:
+  # with QUALIFY_BUDGET=480 they run, and each benchmark of 5 only where its estimate is
+  # left (BUDGET_NEED; the measure step runs both in full). Then what first ran and
+  # passed in that run, then the rest of the list, all passed on 2026-11-27, where time
+  # is left; listed NOT RUN otherwise. A hung item costs its limit, plus the watchdog's
+  # stack dumps (py-spy: about a second a process) and 10 s.
+  # 1. tests/test_hardware_queues.py hung at cf361a5 (one hardware queue, time_slice=None:
+  #    a launch ran on through a close it never saw, and the next open's launch waited
+  #    behind it with training's kernels behind that); fixed since: a launch never runs in
+  #    two bubbles (freeride/slice.h, closed_since). Now a stuck training kernel fails the
+  #    case after 5 s instead of hanging. 4 workers of ~10-12 s [~55 s].
+  pytest_file $deadline 80 tests/test_hardware_queues.py -m gpu
+  # 2. Harvest in queued bubbles, after the fix for blocks that left a launch while its
+  #    close was pending whenever a read across the bus was slow (waits_for_refresh; at
+  #    cf361a5 20 ms bubbles harvested 0.39-0.64): the queued-ahead harvest tests, the
+  #    cancel and done tests, the handover with followers and withholding [~60 s]; then
+  #    the probe's slice settings [~35 s].
+  pytest_file $deadline 90 tests/test_launch_at_open.py -m gpu
+  #    5 workers, at most 75 s: the default slice against 0.05 s and None (1.01 at
+  #    cf361a5), and 1.5 ms bubbles.
   probe $deadline probe_queued_harvest 100 probe_queued_harvest.py
-  # 2b. Successors (off by default, FREERIDE_SUCCESSORS=1): G1's deadlock tests must still
-  #    pass with them on (a device synchronisation in a bubble whose close is not enqueued
-  #    returns within 50 ms). [~25 s]
+  # 3. G1's deadlock tests (a device synchronisation in a bubble whose close is not
+  #    enqueued returns within 50 ms) and G4's bound, beside the new claim rule, with
+  #    successors (FREERIDE_SUCCESSORS=1) and without [~25 s each, ~12 s].
   budgeted $deadline "test_slice_gpu_g1_successors" 60 env FREERIDE_SUCCESSORS=1 \
     $py -X faulthandler -m pytest -q -p no:cacheprovider tests/test_slice_gpu.py -m gpu -k g1
-  # 2c. Phases ahead (off by default, FREERIDE_PHASES_AHEAD=1; issue 36, review G3): a
-  #    30-phase ItemCounter in bubbles queued ahead, both ways (no item may start before
-  #    the phase before completed, every item once; phases done in the bubbles printed:
-  #    about twice as many expected with it on), and with device phases on
-  #    (FREERIDE_DEVICE_PHASES=1, not yet run on a GPU) [~60 s]; then the multi-phase GPU tests
-  #    with it on, stream-ordered bubbles included [~40 s].
-  pytest_file $deadline 110 tests/test_phases_ahead.py -m gpu -s
-  budgeted $deadline "test_gpu_phases_ahead" 90 env FREERIDE_PHASES_AHEAD=1 \
-    $py -X faulthandler -m pytest -q -p no:cacheprovider tests/test_gpu.py -m gpu \
-    -k "exactly_once or fallback_without_stream_memops or image_tasks"
-  # 2d. The watcher's launch (off by default, FREERIDE_WATCHER_LAUNCH=1; issue 36 item 1,
-  #    G8; not yet run on a GPU): with launches at opens off, host-started bubbles run side
-  #    items, most launched by the watcher's thread, every item once; and the control with
-  #    it off. 2 workers. [~20 s est.]
-  pytest_file $deadline 60 tests/test_watcher_launch.py -m gpu -s
-  # 2e. The executor sleeps through compute (review G14's rest; not yet run on a GPU):
+  pytest_file $deadline 60 tests/test_slice_gpu.py -m gpu -k g1
+  pytest_file $deadline 40 tests/test_slice_gpu.py -m gpu -k g4
+  # 4. The executor sleeps through compute (review G14's rest; its ring now compared with
+  #    its control, not a fixed 300 us):
   #    while every open rings it looks at the mirror every 20 ms, not 1 ms (wake-ups
   #    counted, with the 1 ms look after opens on two streams and polling as controls),
   #    and a ring still admits within the bubble (90th percentile under 2 ms). [~12 s]
   pytest_file $deadline 40 tests/test_gpu.py -m gpu -k admission_sleeps
-  # 2f. Device phases (off by default, FREERIDE_DEVICE_PHASES=1; issue 36 item 1, not yet
-  #    run on a GPU; the 30-phase ItemCounter in queued bubbles with them on is 2c's third
-  #    case): a RawKernel's stencil across 61 phases against numpy in fewer launches than
-  #    phases, every item once and in order under gate flips, and a kernel that uses
-  #    for_each_item refused [~15 s est.]; PageRank against the host backend in fewer
-  #    launches than phases [~10 s est.].
-  pytest_file $deadline 40 tests/test_raw_kernel_gpu.py -m gpu -s -k device_phases
-  pytest_file $deadline 30 tests/test_pagerank.py -m gpu -s -k device_phases
-  # 3. The morning's failures again. tests/test_hardware_queues.py hung on a lazy kernel
-  #    load in its worker (4 workers of ~10-12 s) [~55 s]; the queued-ahead harvest
-  #    tests [~27 s].
-  pytest_file $deadline 80 tests/test_hardware_queues.py -m gpu
-  #    With them the handover (issue 36, not yet run on a GPU): a more urgent task takes
-  #    the opens the host writes while launches queued ahead drain, followers off and on
-  #    (FREERIDE_FOLLOW=1), and the launches queued ahead withheld (FREERIDE_WITHHOLD=1:
-  #    they run the preempted task's items), 3 workers [~30 s].
-  pytest_file $deadline 90 tests/test_launch_at_open.py -m gpu
-  # 4. memcheck over a small run of side kernels (RawKernel and built-ins, host and
+  #    memcheck over a small run of side kernels (RawKernel and built-ins, host and
   #    stream-ordered bubbles) [~12 s]. Its purpose here is memory errors, so API errors
   #    are not reported: a RawKernel's parameter count is asked of cuFuncGetParamInfo
   #    until it answers CUDA_ERROR_INVALID_VALUE (the documented way to find the last
@@ -368,30 +345,55 @@ if step qualify; then
   else
     note "memcheck_small                               NOT RUN (no compute-sanitizer)"
   fi
-  # 5. The two benchmarks that showed (a) and (c), small (--quick: 50 pause trials; 3
-  #    pipeline iterations per variant, both hardware-queue settings), their JSON in the
-  #    archive and their main rows in the summary. [~70 s, ~35 s]
-  BUDGET_NEED=75 budgeted $deadline bench_preempt_quick 150 \
+  # 5. The pause and the training overhead, small (--quick: 50 pause trials; 3 pipeline
+  #    iterations per variant, both hardware-queue settings), their JSON in the archive
+  #    and their main rows in the summary. [~22 s, ~17 s measured at cf361a5]
+  BUDGET_NEED=30 budgeted $deadline bench_preempt_quick 150 \
     $py -m freeride bench preempt --mode gpu \
     --quick --out "$work/preempt_quick.json"
   table_of bench_preempt_quick "^ *(no side work|freeride, gate|sliced grid)"
-  BUDGET_NEED=40 budgeted $deadline bench_pipeline_quick 90 \
+  BUDGET_NEED=25 budgeted $deadline bench_pipeline_quick 90 \
     $py -m freeride bench pipeline --mode gpu \
     --quick --out "$work/pipeline_quick.json"
   table_of bench_pipeline_quick "^ *(baseline|freeride: (spin|saxpy|blur)) "
-  # G16, not yet run on a GPU: a report's clock origin from the clock anchor, within 2 ms
+  # What first ran on a GPU at cf361a5, and passed.
+  # Phases ahead (off by default, FREERIDE_PHASES_AHEAD=1; issue 36, review G3): a
+  #    30-phase ItemCounter in bubbles queued ahead, both ways (no item may start before
+  #    the phase before completed, every item once; phases done in the bubbles printed:
+  #    about twice as many expected with it on), and with device phases on
+  #    (FREERIDE_DEVICE_PHASES=1) [~18 s measured]; then the multi-phase GPU tests with it
+  #    on, stream-ordered bubbles included [~10 s measured].
+  pytest_file $deadline 110 tests/test_phases_ahead.py -m gpu -s
+  budgeted $deadline "test_gpu_phases_ahead" 90 env FREERIDE_PHASES_AHEAD=1 \
+    $py -X faulthandler -m pytest -q -p no:cacheprovider tests/test_gpu.py -m gpu \
+    -k "exactly_once or fallback_without_stream_memops or image_tasks"
+  # The watcher's launch (off by default, FREERIDE_WATCHER_LAUNCH=1; issue 36 item 1,
+  #    G8): with launches at opens off, host-started bubbles run side
+  #    items, most launched by the watcher's thread, every item once; and the control with
+  #    it off. 2 workers. [~20 s est.]
+  pytest_file $deadline 60 tests/test_watcher_launch.py -m gpu -s
+  # Device phases (off by default, FREERIDE_DEVICE_PHASES=1; issue 36 item 1; the
+  #    30-phase ItemCounter in queued bubbles with them on is test_phases_ahead's third
+  #    case): a RawKernel's stencil across 61 phases against numpy in fewer launches than
+  #    phases, every item once and in order under gate flips, and a kernel that uses
+  #    for_each_item refused [~15 s est.]; PageRank against the host backend in fewer
+  #    launches than phases [~10 s est.].
+  pytest_file $deadline 40 tests/test_raw_kernel_gpu.py -m gpu -s -k device_phases
+  pytest_file $deadline 30 tests/test_pagerank.py -m gpu -s -k device_phases
+  # G16: a report's clock origin from the clock anchor, within 2 ms
   # of the first open with 300 ms of training work queued behind it, under one hardware
   # queue (with the probe's fallback as the negative control) and the default. 2 workers.
   # [~15 s]
   pytest_file $deadline 40 tests/test_profiling.py -m gpu -k clock_origin
-  # The launch shapes' cache (review G9, not yet run on a GPU): does the driver's
+  # The launch shapes' cache (review G9; ANSWER yes at cf361a5): does the driver's
   # occupancy answer read a function's preferred carveout (the cache asks again after a
   # set either way)? CuPy and the driver only. [~5 s est.]
   probe $deadline probe_occupancy_carveout 20 probe_occupancy_carveout.py
+  # The pause against its controls (answered at cf361a5: dfb32e6 fixed the ~7 ms; what is
+  #    left is the host's round trip where the close is not queued ahead): 9 variants in
+  #    fresh processes, each at most 25 s, the probe at most 105 s. [~25 s measured]
+  probe $deadline probe_pause 130 probe_pause.py
   # The rest of the qualify list, all passed on 2026-11-27 (its times in brackets).
-  # G1, the deadlock: a close/open pair no block saw, then torch.cuda.synchronize(), both
-  # reserves, and the same after an empty compute action; 4 workers. [~23 s]
-  pytest_file $deadline 60 tests/test_slice_gpu.py -m gpu -k g1
   # G7: close abandoning a launch queued in the green context; the normal close beside
   # unrelated GPU work. [~14 s]
   probe $deadline probe_abandon_green 30 probe_abandon_green.py
@@ -420,9 +422,6 @@ if step qualify; then
   probe $deadline probe_admission_poll 20 FREERIDE_LAUNCH_AT_OPEN=0 FREERIDE_ADMISSION=poll \
     probe_admission.py
   probe $deadline probe_admission_at_open 20 probe_admission.py
-  # G4: a training grid larger than the reserve in a bubble whose close is enqueued waits
-  # at most the slice bound. [~12 s]
-  pytest_file $deadline 40 tests/test_slice_gpu.py -m gpu -k g4
   # The lifetime fixes: held slabs, an abandoned launch queued in the green context and
   # reclaimed once passed (G5, G7). 4 workers. [~25 s]
   pytest_file $deadline 45 tests/test_abandon_gpu.py -m gpu

@@ -177,15 +177,32 @@ class CloseModel {
   }
 
   bool pending() const { return freeride::close_pending(ledger_.latest(), slots_); }
-  bool may_claim(bool gate_open, uint64_t ran_ns, uint64_t slice_ns) const {
-    return freeride::may_claim(gate_open, ran_ns, slice_ns, ledger_.latest(), slots_);
+  // A block of the launch begins now: it looks at the slots, and the launch keeps the
+  // earliest look (enter_launch's atomic max). A launch none of whose blocks began has
+  // looked at nothing (0): the rule that a close since its start ends it is off.
+  void begin_block() { seen_ = std::max(seen_, freeride::closes_word(slots_)); }
+  // The launch ended; the next one looks afresh (leave_launch's reset).
+  void end_launch() {
+    seen_ = 0u;
+    next_close_ = 0u;
   }
+  // The launch is made at an open written now (fr_item_ctx.next_close, as
+  // CudaRunner::enqueue_locked sets it); it may begin much later (begin_block).
+  void launch_at_open() { next_close_ = ledger_.next(); }
+  bool may_claim(bool gate_open, uint64_t ran_ns, uint64_t slice_ns) const {
+    return freeride::may_claim(gate_open, ran_ns, slice_ns, ledger_.latest(), slots_, seen_,
+                               next_close_);
+  }
+  bool closed_since_start() const { return freeride::closed_since(seen_, slots_); }
+  bool bubble_over() const { return freeride::bubble_over(next_close_, slots_); }
   uint32_t latest() const { return ledger_.latest(); }
 
  private:
   freeride::cuda::CloseLedger ledger_;
   unsigned int latest_ = 0;
   unsigned int slots_[FREERIDE_CLOSE_SLOTS] = {};
+  unsigned int seen_ = 0;        // fr_launch_run.closes_seen
+  unsigned int next_close_ = 0;  // fr_item_ctx.next_close
   std::map<int, std::deque<uint32_t>> streams_;
 };
 
@@ -388,8 +405,22 @@ void register_test_hooks(py::module_& m) {
       .def("execute", &CloseModel::execute, py::arg("stream") = 0)
       .def_property_readonly("pending", &CloseModel::pending)
       .def_property_readonly("latest", &CloseModel::latest)
+      .def("begin_block", &CloseModel::begin_block)
+      .def("end_launch", &CloseModel::end_launch)
+      .def_property_readonly("closed_since_start", &CloseModel::closed_since_start)
+      .def("launch_at_open", &CloseModel::launch_at_open)
+      .def_property_readonly("bubble_over", &CloseModel::bubble_over)
       .def("may_claim", &CloseModel::may_claim, py::arg("gate_open"), py::arg("ran_ns"),
            py::arg("slice_ns"));
+  t.def(
+      "closes_word",
+      [](unsigned int a, unsigned int b, unsigned int c, unsigned int d) {
+        const unsigned int slots[FREERIDE_CLOSE_SLOTS] = {a, b, c, d};
+        return freeride::closes_word(slots);
+      },
+      "freeride/slice.h's closes_word over the four close slots.");
+  t.def("waits_for_refresh", &freeride::waits_for_refresh, py::arg("word"), py::arg("now_ns"),
+        "freeride/slice.h's waits_for_refresh.");
   t.def(
       "slice_time",
       [](uint64_t ran_ns, uint64_t slice_ns) {
@@ -417,6 +448,7 @@ void register_test_hooks(py::module_& m) {
       [](uint64_t word, uint64_t now_ns) { return freeride::pending_answer(word, now_ns); },
       py::arg("word"), py::arg("now_ns"), "freeride/slice.h's pending_answer.");
   t.attr("PENDING_FRESH_NS") = py::int_(FREERIDE_PENDING_FRESH_NS);
+  t.attr("PENDING_WAIT_NS") = py::int_(FREERIDE_PENDING_WAIT_NS);
   py::class_<freeride::cuda::SkippedOpens>(
       t, "SkippedOpens",
       "The CUDA backend's record of stream-ordered opens written without a launch "

@@ -175,6 +175,16 @@ def _queued_behind_a_long_kernel(torch, hold_ms: float) -> dict:
     }
 
 
+def _wait_for_stream(stream, timeout_s: float) -> bool:
+    """Whether `stream` completed its work within `timeout_s` (asked, never waited on)."""
+    deadline = time.perf_counter() + timeout_s
+    while not stream.query():
+        if time.perf_counter() > deadline:
+            return False
+        time.sleep(0.0005)
+    return True
+
+
 def mode_hardware_queues(args: dict) -> dict:
     """Issue 20 item 1: with a long Spin running (items of `item_ns`), a small `.cpu()` copy
     on the training stream, then a gate close on it followed by a synchronisation of that
@@ -236,11 +246,31 @@ def mode_hardware_queues(args: dict) -> dict:
             launches = t.launches
             # A long kernel on a second training stream (an NCCL-like one) while side work
             # relaunches every slice: a kernel on the first stream still starts at once.
+            # (With time_slice=None and 100 us items each close and reopen of the loop
+            # took effect inside an item: a launch that ran on through them held this
+            # kernel for good behind the next open's launch under one hardware queue,
+            # on an H200 at cf361a5. So the wait is bounded: a failure, not a hang.)
             with torch.cuda.stream(other):
                 torch.cuda._sleep(int(50 * CYCLES_PER_MS))
             begin = time.perf_counter()
             x.add_(1.0)
-            train.synchronize()
+            if not _wait_for_stream(train, 5.0):
+                # Nothing this process enqueues gets past the launch ahead any more (a
+                # close from the host goes through the control stream, behind it under
+                # one hardware queue): report and leave without closing.
+                out[label] = {
+                    "training_kernel_stuck": True,
+                    "copy_ms": [round(s * 1e3, 4) for s in copies],
+                    "close_ms": [round(s * 1e3, 4) for s in closes],
+                    "running": running,
+                    "resume_stalls": stalls,
+                    "launches": launches,
+                    "reserve_mechanism": h.reserve_mechanism,
+                    "admission": h.admission,
+                    "time_slice": h.time_slice,
+                }
+                print(RESULT + json.dumps(out), flush=True)
+                os._exit(0)
             beside_other = time.perf_counter() - begin
             other_still_running = not other.query()
             other.synchronize()
@@ -267,6 +297,7 @@ def mode_hardware_queues(args: dict) -> dict:
             urgent.wait(30)
             out[label] = {
                 "kernel_beside_other_stream_ms": round(beside_other * 1e3, 4),
+                "training_kernel_stuck": False,
                 "other_stream_was_running": other_still_running,
                 "copy_after_preempt_ms": round(copy_after_preempt * 1e3, 4),
                 "copy_after_cancel_ms": round(copy_after_cancel * 1e3, 4),

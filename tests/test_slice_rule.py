@@ -12,6 +12,8 @@ deadlocking (G1) and the valid one. The GPU tests in test_slice_gpu.py run the s
 cases on a device.
 """
 
+import itertools
+
 import pytest
 
 import freeride as fr
@@ -165,3 +167,140 @@ def test_harvester_reports_the_bound():
         assert h.slice_bound == pytest.approx(0.002 * _C.MAX_SLICES)
     with fr.Harvester("cpu", workers=1, time_slice=None) as h:
         assert h.slice_bound is None
+
+
+# A launch never runs in two bubbles (freeride/slice.h: closed_since). On an H200
+# (2026-11-27, commit cf361a5) tests/test_hardware_queues.py hung: with time_slice=None
+# and 100 us items, a close and the next open both took effect while blocks were inside
+# an item, so the launch ran on into the next bubble; that bubble's own launch, enqueued
+# at its open, waited behind it on the stream, and under one hardware queue every
+# training kernel after it waited too, for a close that training could enqueue only
+# after them.
+NO_SLICE = 0  # time_slice=None
+LONG = 10**15  # ns: any time at all
+
+
+def test_a_close_executed_since_the_launch_began_ends_it_though_the_gate_reopened():
+    """The launch at bubble j's open began; bubble j's close executes unseen (mid-item) and
+    bubble j+1's open reopens the gate. Every later claim of that launch is refused:
+    within its slice, past it with bubble j+1's close pending, and with no slice at all.
+    The launch at bubble j+1's open, which begins once it has left, claims."""
+    m = T.CloseModel()
+    m.enqueue_close()
+    m.execute()  # the close before bubble j
+    m.begin_block()
+    assert m.may_claim(True, 0, SLICE) and m.may_claim(True, LONG, NO_SLICE)
+    m.enqueue_close()
+    m.execute()  # bubble j's close: unseen, the gate is open again
+    assert m.closed_since_start
+    m.enqueue_close()  # bubble j+1's close, enqueued: pending
+    assert m.pending
+    assert not m.may_claim(True, 0, SLICE)
+    assert not m.may_claim(True, PAST, SLICE)
+    assert not m.may_claim(True, LONG, NO_SLICE)
+    m.end_launch()
+    m.begin_block()  # bubble j+1's launch
+    assert not m.closed_since_start
+    assert m.may_claim(True, 0, SLICE) and m.may_claim(True, PAST, SLICE)
+    assert m.may_claim(True, LONG, NO_SLICE)
+
+
+def test_the_launch_keeps_its_earliest_look():
+    """A block that becomes resident only after the close executed (another block left,
+    or training's kernels held the SMs) looks at slots that already show it: the launch
+    keeps the earliest look, so that block claims nothing either."""
+    m = T.CloseModel()
+    m.begin_block()  # the first block, before any close (the slots all 0)
+    m.enqueue_close()
+    m.execute()
+    m.begin_block()  # a late block
+    assert m.closed_since_start and not m.may_claim(True, 0, SLICE)
+
+
+def test_the_word_falls_with_every_close_in_any_slot():
+    """closes_word changes with every close that writes a slot, from the zeros the slots
+    start with and as each slot's ordinal is replaced by the one four closes later; and
+    it is never 0 (the launch's 'not looked yet') over these."""
+    slots = [0, 0, 0, 0]
+    words = [T.closes_word(*slots)]
+    for ordinal in range(1, 14):
+        slots[ordinal % 4] = ordinal
+        words.append(T.closes_word(*slots))
+    assert all(b < a for a, b in itertools.pairwise(words)), words
+    assert 0 not in words
+
+
+def test_a_close_without_an_ordinal_ends_no_launch():
+    """A close captured into a graph writes no slot (its replay could not be told from a
+    stale one), and an immediate close gives the ledger nothing: neither ends a launch
+    this way (the gate itself still stops it while it reads closed)."""
+    m = T.CloseModel()
+    m.begin_block()
+    m.enqueue_close(captured=True)
+    m.execute()
+    assert not m.closed_since_start and m.may_claim(True, 0, SLICE)
+
+
+def test_a_close_on_another_stream_ends_the_launch_early_not_late():
+    """With gate writes on two streams a close of the other stream executing ends the
+    launch too: its bubble's rest goes to the launch after it, never one bubble more."""
+    m = T.CloseModel()
+    m.begin_block()
+    m.enqueue_close(stream=1)
+    m.execute(stream=1)
+    assert m.closed_since_start and not m.may_claim(True, 0, SLICE)
+
+
+def test_a_launch_that_has_not_looked_goes_without_the_rule():
+    """0 is 'no look yet' (a context without close slots never looks): the claim is
+    decided as before, by the gate, the slice and whether a close is pending."""
+    m = T.CloseModel()
+    m.enqueue_close()
+    m.execute()
+    assert not m.closed_since_start and m.may_claim(True, 0, SLICE)
+
+
+def test_a_launch_made_at_an_open_ends_with_its_bubble_however_late_it_begins():
+    """Bubble j's launch is queued behind the one before it on its stream and begins only
+    when that has left: after bubble j's close and bubble j+1's open have both taken
+    effect (a bubble and the compute after it shorter than an item). Its first look
+    already shows that close, but the host told it its bubble's close's ordinal at the
+    open: it claims nothing, with or without a slice, and bubble j+1's launch, made at its
+    own open, claims."""
+    m = T.CloseModel()
+    m.enqueue_close()
+    m.execute()  # the close before bubble j
+    m.launch_at_open()  # bubble j's open: its launch enqueued, not begun
+    m.enqueue_close()
+    m.execute()  # bubble j's close
+    # bubble j+1's open takes effect; bubble j's launch begins only now
+    m.begin_block()
+    assert not m.closed_since_start  # its own look cannot tell
+    assert m.bubble_over
+    assert not m.may_claim(True, 0, SLICE) and not m.may_claim(True, LONG, NO_SLICE)
+    m.end_launch()
+    m.launch_at_open()  # bubble j+1's launch, made at its open
+    m.begin_block()
+    assert not m.bubble_over and m.may_claim(True, LONG, NO_SLICE)
+    m.enqueue_close()  # bubble j+1's close, pending: the launch runs on past its slice
+    assert m.may_claim(True, PAST, SLICE)
+    m.execute()
+    assert m.bubble_over and not m.may_claim(True, 0, SLICE)
+
+
+def test_a_close_of_another_stream_enqueued_after_the_open_ends_the_bubble_early():
+    """The ordinal after the open may go to a close on another stream: once that executes
+    the launch ends, early, never a bubble late; one enqueued before the open does not."""
+    m = T.CloseModel()
+    m.enqueue_close(stream=1)  # before the open
+    m.launch_at_open()
+    m.begin_block()
+    m.execute(stream=1)
+    assert not m.bubble_over  # (its first look, taken before, ends it by itself)
+    m.end_launch()
+    m.launch_at_open()
+    m.begin_block()
+    m.enqueue_close(stream=1)
+    m.enqueue_close(stream=0)  # the bubble's own close
+    m.execute(stream=1)
+    assert m.bubble_over

@@ -45,6 +45,13 @@ class CloseLedger {
     return latest_ == nullptr ? 0u : std::atomic_ref<unsigned int>(*latest_).load();
   }
 
+  // The ordinal the next counted close will get (fr_item_ctx.next_close of a launch made
+  // at an open, read on the thread that wrote the open, before it can enqueue the close).
+  uint32_t next() const {
+    const uint32_t next = latest() + 1u;
+    return next == 0u ? 1u : next;
+  }
+
   // Where the close with `ordinal` writes it, as an index into the slots.
   static unsigned int slot(uint32_t ordinal) { return ordinal & (FREERIDE_CLOSE_SLOTS - 1u); }
 

@@ -415,6 +415,8 @@ void CudaRunner::enqueue_locked(cudaEvent_t opened, uint32_t seq, bool at_open, 
     ctx.run = ring_.run_dev(number);
     ctx.latest_close = s.latest_close_dev();
     ctx.closes_executed = s.close_slots();
+    // On the thread that wrote the open, before it can enqueue the bubble's close.
+    ctx.next_close = at_open ? s.closes.next() : 0u;
     // An error a previous task's failure left as this thread's last error (a handled
     // one: a sticky error fails every call anyway) must not be taken for this launch's.
     (void)cudaGetLastError();

@@ -26,7 +26,10 @@ typedef struct fr_phase_state {
  * launches queued ahead of the GPU need nothing cleared between them. */
 typedef struct fr_launch_run {
   unsigned int exited;     /* blocks of the launch that have left it (leave_launch) */
-  unsigned int pad_;
+  unsigned int closes_seen; /* the close slots as the launch's blocks found them when they
+                               began, the earliest such look (freeride/slice.h:
+                               closes_word); 0: none yet. A launch claims nothing once a
+                               close has executed since (closed_since) */
   unsigned long long start; /* %globaltimer when the launch's first block started: every
                                block's time slice counts from there, so a block that
                                became resident late gets what is left of the slice */
@@ -87,6 +90,12 @@ typedef struct fr_item_ctx {
                                      g / phase_items, n_items counts every phase's, and
                                      `phase` is 0. Only freeride::for_each_phase_item
                                      runs such a launch (it keeps the phases in order) */
+  unsigned int next_close; /* a launch made at a stream-ordered open: the ordinal the
+                              first close after that open gets (its bubble's close, or
+                              an earlier one on another stream); once a close of that
+                              ordinal or later has executed, the launch claims nothing
+                              (freeride/slice.h: bubble_over). 0: a launch the executor
+                              made, which goes by its own first look only */
 } fr_item_ctx;
 
 #endif /* FREERIDE_ITEM_CTX_H_ */

@@ -10,12 +10,14 @@
 //   }
 //
 // Before claiming each item, the block's leader reads the gate (and the phase's stop
-// flag); if side work must not run, the whole block exits. A claimed item always runs
+// flag, and whether a close has executed since the launch began: a launch never runs in
+// two bubbles, freeride/slice.h); if side work must not run, the whole block exits. A claimed item always runs
 // to completion, so an exited kernel has lost nothing and the next launch of the same
 // phase resumes at the next unclaimed item: every item runs exactly once.
 //
 // What an item costs (for_each_item), per block: one __syncthreads, and for the leader
-// thread two volatile loads issued together (the gate and the stop flag), a relaxed
+// thread four volatile loads issued together (the gate, the stop flag, the launch's
+// first look at the close slots and the slots, those two from the gate's line), a relaxed
 // atomicAdd on `next` (the claim), one on `done` (the count) and, every kProgressEvery
 // items, a store to the host-visible progress mirror. The leader claims the next item
 // as soon as its own part of the current one is done, into the one of two shared slots
@@ -110,6 +112,44 @@ __device__ __forceinline__ bool may_run(const fr_item_ctx& ctx) {
   return (gate == FREERIDE_GATE_OPEN) & (stop == 0u);
 }
 
+// The close slots (freeride/slice.h), one 16-byte volatile load: device memory, on the
+// gate's own line (mapped host memory with the gate there).
+__device__ __forceinline__ void load_close_slots(const fr_item_ctx& ctx,
+                                                 unsigned int (&executed)[FREERIDE_CLOSE_SLOTS]) {
+  static_assert(FREERIDE_CLOSE_SLOTS == 4u, "one 16-byte load reads every slot");
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(executed[0]), "=r"(executed[1]), "=r"(executed[2]), "=r"(executed[3])
+               : "l"(__cvta_generic_to_global(const_cast<const unsigned int*>(ctx.closes_executed)))
+               : "memory");
+}
+
+// may_run, and the launch's bubble not over (freeride/slice.h: no close executed since
+// its first look, closed_since, nor its bubble's own close, bubble_over):
+// the gate, the stop flag, the launch's earliest look at the close slots and the slots
+// now, all four loads issued together (one round trip, as may_run's two; with the gate
+// in mapped host memory the slots are there too, and the round trip crosses the bus).
+__device__ __forceinline__ bool may_run_in_bubble(const fr_item_ctx& ctx) {
+  if (ctx.closes_executed == 0) return may_run(ctx);
+  unsigned int gate;
+  unsigned int stop;
+  unsigned int seen;
+  unsigned int executed[FREERIDE_CLOSE_SLOTS];
+  asm volatile(
+      "ld.volatile.global.u32 %0, [%7];\n\t"
+      "ld.volatile.global.u32 %1, [%8];\n\t"
+      "ld.volatile.global.u32 %2, [%9];\n\t"
+      "ld.volatile.global.v4.u32 {%3, %4, %5, %6}, [%10];"
+      : "=r"(gate), "=r"(stop), "=r"(seen), "=r"(executed[0]), "=r"(executed[1]),
+        "=r"(executed[2]), "=r"(executed[3])
+      : "l"(__cvta_generic_to_global(const_cast<const unsigned int*>(ctx.gate))),
+        "l"(__cvta_generic_to_global(&ctx.state->stop)),
+        "l"(__cvta_generic_to_global(&ctx.run->closes_seen)),
+        "l"(__cvta_generic_to_global(const_cast<const unsigned int*>(ctx.closes_executed)))
+      : "memory");
+  return (gate == FREERIDE_GATE_OPEN) & (stop == 0u) & !closed_since(seen, executed) &
+         !bubble_over(ctx.next_close, executed);
+}
+
 // %globaltimer: nanoseconds, the same clock on every SM.
 __device__ __forceinline__ unsigned long long globaltimer_ns() {
   unsigned long long t;
@@ -123,7 +163,16 @@ __device__ __forceinline__ unsigned long long globaltimer_ns() {
 // (a launch queued ahead of the GPU waits for its bubble first; a cancel counts on it to
 // tell whether any launch can still run an item). A kernel that claims without
 // for_each_item must call it before its first claim.
+//
+// Every block also looks at the close slots as it begins, and the launch keeps the
+// earliest look (closes_word falls as closes execute: an atomic max), so that no block
+// claims once a close has executed since the launch began (may_run_in_bubble).
 __device__ __forceinline__ unsigned long long enter_launch(const fr_item_ctx& ctx) {
+  if (ctx.closes_executed != 0) {
+    unsigned int executed[FREERIDE_CLOSE_SLOTS];
+    load_close_slots(ctx, executed);
+    atomicMax(&ctx.run->closes_seen, closes_word(executed));
+  }
   const unsigned long long now = globaltimer_ns();
   const unsigned long long first = atomicCAS(&ctx.run->start, 0ull, now);
   if (first != 0ull) return first;
@@ -152,6 +201,7 @@ __device__ __forceinline__ void leave_launch(const fr_item_ctx& ctx) {
   const unsigned long long held = state->held;
   const unsigned long long start = run->start;
   run->exited = 0u;
+  run->closes_seen = 0u;
   run->start = 0ull;
   run->pending = 0ull;
   if (ctx.end == 0) return;
@@ -171,7 +221,6 @@ __device__ __forceinline__ void leave_launch(const fr_item_ctx& ctx) {
 __device__ __forceinline__ bool read_close_pending(const fr_item_ctx& ctx) {
   unsigned int latest;
   unsigned int executed[FREERIDE_CLOSE_SLOTS];
-  static_assert(FREERIDE_CLOSE_SLOTS == 4u, "one 16-byte load reads every slot");
   asm volatile(
       "ld.volatile.global.u32 %0, [%5];\n\t"
       "ld.volatile.global.v4.u32 {%1, %2, %3, %4}, [%6];"
@@ -194,15 +243,31 @@ __device__ __forceinline__ bool close_pending(const fr_item_ctx& ctx, bool& read
   unsigned long long* word = &ctx.run->pending;
   const unsigned long long now = globaltimer_ns();
   const unsigned long long seen = *const_cast<volatile unsigned long long*>(word);
+  if (waits_for_refresh(seen, now)) {
+    // Until the block reading lands its answer (the word changes: published, or taken
+    // for the next refresh with that answer's bit kept). A read always returns, so this
+    // ends; the bound is a guard, after which the block stops as it did before.
+    read = true;  // time has passed: the caller reads the gate again
+    unsigned long long w = seen;
+    while (w == seen && globaltimer_ns() - now < FREERIDE_PENDING_WAIT_NS) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+      __nanosleep(256);
+#endif
+      w = *const_cast<volatile unsigned long long*>(word);
+    }
+    return w != seen && (w & FREERIDE_PENDING_BIT) != 0ull;
+  }
   const PendingLook look = look_at_pending(seen, now);
   if (!look.refresh) return look.answer;
   const unsigned long long was = atomicCAS(word, seen, look.kept);
   if (was != seen) return pending_answer(was, now);  // another block took the refresh
   const bool pending = read_close_pending(ctx);
-  // Stamped with the time before the read: its age counts from when it was asked. Over
-  // the word this block put in only (nothing else replaces an in-flight word; the launch's
-  // last block clears it after every block has left).
-  atomicCAS(word, look.kept, pending_word(pending, now));
+  // Stamped as it lands, so that a slow read does not land already too old to use and
+  // send every block to wait for the next one (a claim then rests on an answer at most two
+  // windows plus this read old, the bound freeride/slice.h states). Over the word this
+  // block put in only (nothing else replaces an in-flight word; the launch's last block
+  // clears it after every block has left).
+  atomicCAS(word, look.kept, pending_word(pending, globaltimer_ns()));
   read = true;
   return pending;
 }
@@ -235,13 +300,17 @@ __device__ __forceinline__ bool phase_ready(const fr_item_ctx& ctx) {
 __device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx,
                                                          unsigned long long started_ns,
                                                          bool ready) {
-  bool in_time = ready && may_run(ctx);
+  bool in_time = ready && may_run_in_bubble(ctx);
   if (in_time) {
     const SliceTime t = slice_time(globaltimer_ns() - started_ns, ctx.slice_ns);
     if (t != kWithinSlice) {
       bool read = false;
       in_time = t == kExtendable && close_pending(ctx, read);
-      if (in_time && read) in_time = may_run(ctx);
+      // After a read (or a wait for one) time has passed: the gate and the bound again.
+      if (in_time && read) {
+        in_time = may_run_in_bubble(ctx) &&
+                  slice_time(globaltimer_ns() - started_ns, ctx.slice_ns) == kExtendable;
+      }
     }
   }
   if (!in_time) {

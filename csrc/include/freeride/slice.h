@@ -40,12 +40,13 @@
  * FREERIDE_PENDING_FRESH_NS is used as it is; an older one is refreshed by the one block
  * whose compare-and-swap takes it, which marks the refresh in flight (no second read
  * starts meanwhile) and reads the gate again after its read; the others go on with the
- * old answer only while it is younger than two windows, and read "not pending" after
- * that. No claim is therefore decided on an answer read more than two windows earlier,
- * whatever the items' length: a launch claims its last item at most that long after
- * nothing is pending, which bounds a device-wide synchronisation's wait as the slice
- * does (plus the item, as with the slice). A launch's first look has no answer yet: it
- * counts as pending, stamped then, until the first read lands, within the same bound. */
+ * old answer only while it is younger than two windows, and after that wait for the
+ * refresh to land (waits_for_refresh) and read the gate again. No claim is therefore
+ * decided on an answer read more than two windows plus one read earlier, whatever the
+ * items' length: a launch claims its last item at most that long after nothing is
+ * pending, which bounds a device-wide synchronisation's wait as the slice does (plus the
+ * item, as with the slice). A launch's first look has no answer yet: it counts as
+ * pending, stamped then, until the first read lands, within the same bound. */
 #ifndef FREERIDE_SLICE_H_
 #define FREERIDE_SLICE_H_
 
@@ -65,8 +66,12 @@ namespace freeride {
 
 /* How old a launch's shared answer to "is a close pending" may be and still be used. */
 #define FREERIDE_PENDING_FRESH_NS 10000ull
+/* The longest a block waits for another block's refresh to land (waits_for_refresh): a
+ * guard, a read across the bus takes microseconds; after it the block stops, as it would
+ * on no answer. */
+#define FREERIDE_PENDING_WAIT_NS (4ull * FREERIDE_PENDING_FRESH_NS)
 /* fr_launch_run.pending: the top bit is the answer, the next says a block is refreshing
- * it, the others are the %globaltimer at which the read it came from was issued; 0 is no
+ * it, the others are the %globaltimer at which the read it came from landed; 0 is no
  * answer yet. */
 #define FREERIDE_PENDING_BIT (1ull << 63)
 #define FREERIDE_PENDING_IN_FLIGHT (1ull << 62)
@@ -103,6 +108,51 @@ FREERIDE_HOST_DEVICE bool close_pending(unsigned int latest, const unsigned int*
   return seen != latest;
 }
 
+/* A launch never runs in two bubbles: once a stream-ordered close has executed since it
+ * began, it claims no more, whether or not a block saw the gate closed. A close and the
+ * next open can both take effect while a block is inside an item (a compute action
+ * shorter than the item); a launch that ran on through them would serve the next bubble
+ * with that bubble's own launch, enqueued at its open, waiting behind it on the stream.
+ * A waiting launch holds every kernel behind it on its hardware queue (one, under
+ * CUDA_DEVICE_MAX_CONNECTIONS=1), training's included, until the launch ahead of it ends:
+ * its slice, or with time_slice=None the next close, which training may enqueue only
+ * after those very kernels (the hang tests/test_hardware_queues.py met on an H200).
+ *
+ * Each block reads the slots as it begins (enter_launch) and keeps the launch's earliest
+ * look in fr_launch_run.closes_seen (an atomic max of closes_word, which falls as closes
+ * execute); every claim reads the slots again with the gate. The word is the slots'
+ * sum, inverted: each executed close raises its slot (from the ordinal four closes back,
+ * or zero), so the sum grows by at least one with every close and the word falls, until
+ * it wraps after about a billion closes (where one launch may miss one close). 0 stands
+ * for "not yet looked", so a launch whose word is 0 goes without the rule. Only closes
+ * that carry an ordinal write a slot: an immediate close (the host's) or one captured
+ * into a graph ends no launch this way (the executor's own launches wait for their end
+ * before the next, and a graph replay's close cannot be told from a stale one). A close on
+ * another stream does end it: a bubble's launch then ends early, never late. */
+FREERIDE_HOST_DEVICE unsigned int closes_word(const unsigned int* executed) {
+  return ~(executed[0] + executed[1] + executed[2] + executed[3]);
+}
+
+/* Whether a close has executed since a launch whose earliest look was `seen` began. */
+FREERIDE_HOST_DEVICE bool closed_since(unsigned int seen, const unsigned int* executed) {
+  return seen != 0u && closes_word(executed) != seen;
+}
+
+/* A launch made at an open knows its bubble better than its first look can: a launch
+ * queued behind another on its stream begins only once that one has left, possibly after
+ * its own bubble's close (a bubble and the compute after it both shorter than an item),
+ * and would take that close for history. So the host gives it the ordinal the first close
+ * after its open gets (`next_close`, 0: none), and the launch's bubble is over once a
+ * slot holds that ordinal or a later one (signed differences: ordinals wrap, skipping 0).
+ * An older close executing late on another stream can overwrite a slot with a smaller
+ * ordinal; the first look still ends such a launch. */
+FREERIDE_HOST_DEVICE bool bubble_over(unsigned int next_close, const unsigned int* executed) {
+  return next_close != 0u && (static_cast<int>(executed[0] - next_close) >= 0 ||
+                              static_cast<int>(executed[1] - next_close) >= 0 ||
+                              static_cast<int>(executed[2] - next_close) >= 0 ||
+                              static_cast<int>(executed[3] - next_close) >= 0);
+}
+
 /* The shared answer's word: `pending` as read at `at_ns`, with `in_flight` while a block
  * refreshes it (never 0: that is no answer). */
 FREERIDE_HOST_DEVICE unsigned long long pending_word(bool pending, unsigned long long at_ns,
@@ -129,6 +179,19 @@ FREERIDE_HOST_DEVICE bool pending_answer(unsigned long long word, unsigned long 
          pending_age(word, now_ns) < 2ull * FREERIDE_PENDING_FRESH_NS;
 }
 
+/* Whether a block that finds `word` at `now_ns` waits for the refresh in flight rather
+ * than go on: its answer is too old to use (two windows) and another block is reading
+ * afresh. Going on would read "not pending" and the block would leave the launch for
+ * good, while the close may well be pending: on an H200 launches in bubbles whose close
+ * was enqueued lost a third of their blocks this way whenever a read across the bus took
+ * longer than a window (harvest 0.39-0.64 of the open gate's rate in 20 ms bubbles). The
+ * wait lasts at most the read in flight (FREERIDE_PENDING_WAIT_NS at most), so a claim
+ * rests on an answer at most two windows plus one read old. */
+FREERIDE_HOST_DEVICE bool waits_for_refresh(unsigned long long word, unsigned long long now_ns) {
+  return (word & FREERIDE_PENDING_IN_FLIGHT) != 0ull &&
+         pending_age(word, now_ns) >= 2ull * FREERIDE_PENDING_FRESH_NS;
+}
+
 /* One block's look at the shared answer at `now_ns`: go on with `answer`, or take the
  * refresh by swapping `word` for `kept` and then read across the bus. Refreshed: no answer
  * yet, or one at least a window old that nobody is refreshing. `kept` marks the refresh in
@@ -153,14 +216,19 @@ FREERIDE_HOST_DEVICE PendingLook look_at_pending(unsigned long long word,
   return look;
 }
 
-/* The whole decision at one claim, for the host's tests: the gate reads open and the
- * launch is within its slice, or past it with a close pending and within the bound. The
- * kernels make the same decision but look at the close's words only when past the slice,
- * and then through their launch's shared answer (look_at_pending). */
+/* The whole decision at one claim, for the host's tests: the gate reads open, the
+ * launch's bubble is not over (no close executed since its first look `seen`, nor one of
+ * ordinal `next_close` or later; 0: neither known), and the launch is within its slice,
+ * or past it with a close pending and within the bound. The kernels make the same
+ * decision but look at whether a close is pending only when past the slice, and then
+ * through their launch's shared answer (look_at_pending). */
 FREERIDE_HOST_DEVICE bool may_claim(bool gate_open, unsigned long long ran_ns,
                                     unsigned long long slice_ns, unsigned int latest,
-                                    const unsigned int* executed) {
-  if (!gate_open) return false;
+                                    const unsigned int* executed, unsigned int seen = 0u,
+                                    unsigned int next_close = 0u) {
+  if (!gate_open || closed_since(seen, executed) || bubble_over(next_close, executed)) {
+    return false;
+  }
   const SliceTime t = slice_time(ran_ns, slice_ns);
   return t == kWithinSlice || (t == kExtendable && close_pending(latest, executed));
 }
