@@ -22,6 +22,7 @@
 #include "cuda/green_context_plan.hpp"
 #include "cuda/kernel_image.hpp"
 #include "cuda/launch_shapes.hpp"
+#include "cuda/open_ordinals.hpp"
 #include "cuda/open_watcher.hpp"
 #include "cuda/skipped_opens.hpp"
 #include "cuda/unrung_opens.hpp"
@@ -189,6 +190,9 @@ class CloseModel {
   // The launch is made at an open written now (fr_item_ctx.next_close, as
   // CudaRunner::enqueue_locked sets it); it may begin much later (begin_block).
   void launch_at_open() { next_close_ = ledger_.next(); }
+  // The executor's launch for an open whose ordinal was noted (OpenOrdinals), or 0.
+  void launch_for(uint32_t next_close) { next_close_ = next_close; }
+  uint32_t next_ordinal() const { return ledger_.next(); }
   bool may_claim(bool gate_open, uint64_t ran_ns, uint64_t slice_ns) const {
     return freeride::may_claim(gate_open, ran_ns, slice_ns, ledger_.latest(), slots_, seen_,
                                next_close_);
@@ -409,9 +413,19 @@ void register_test_hooks(py::module_& m) {
       .def("end_launch", &CloseModel::end_launch)
       .def_property_readonly("closed_since_start", &CloseModel::closed_since_start)
       .def("launch_at_open", &CloseModel::launch_at_open)
+      .def("launch_for", &CloseModel::launch_for, py::arg("next_close"))
+      .def_property_readonly("next_ordinal", &CloseModel::next_ordinal)
       .def_property_readonly("bubble_over", &CloseModel::bubble_over)
       .def("may_claim", &CloseModel::may_claim, py::arg("gate_open"), py::arg("ran_ns"),
            py::arg("slice_ns"));
+  py::class_<freeride::cuda::OpenOrdinals>(
+      t, "OpenOrdinals",
+      "csrc/cuda/open_ordinals.hpp: the ordinal of the first close after each recent open.")
+      .def(py::init<>())
+      .def("note", &freeride::cuda::OpenOrdinals::note, py::arg("seq"), py::arg("next_close"))
+      .def("next_close", &freeride::cuda::OpenOrdinals::next_close, py::arg("seq"))
+      .def_property_readonly_static(
+          "KEPT", [](py::object) { return freeride::cuda::OpenOrdinals::kKept; });
   t.def(
       "closes_word",
       [](unsigned int a, unsigned int b, unsigned int c, unsigned int d) {

@@ -242,8 +242,16 @@ def mode_hardware_queues(args: dict) -> dict:
                     time.sleep(0.01)  # a launch well under way
             finally:
                 gc.enable()
-            running = not t.done()
-            launches = t.launches
+            loop = {  # what the loop measured, and the settings
+                "copy_ms": [round(s * 1e3, 4) for s in copies],
+                "close_ms": [round(s * 1e3, 4) for s in closes],
+                "running": not t.done(),
+                "resume_stalls": stalls,
+                "launches": t.launches,
+                "reserve_mechanism": h.reserve_mechanism,
+                "admission": h.admission,
+                "time_slice": h.time_slice,
+            }
             # A long kernel on a second training stream (an NCCL-like one) while side work
             # relaunches every slice: a kernel on the first stream still starts at once.
             # (With time_slice=None and 100 us items each close and reopen of the loop
@@ -258,17 +266,7 @@ def mode_hardware_queues(args: dict) -> dict:
                 # Nothing this process enqueues gets past the launch ahead any more (a
                 # close from the host goes through the control stream, behind it under
                 # one hardware queue): report and leave without closing.
-                out[label] = {
-                    "training_kernel_stuck": True,
-                    "copy_ms": [round(s * 1e3, 4) for s in copies],
-                    "close_ms": [round(s * 1e3, 4) for s in closes],
-                    "running": running,
-                    "resume_stalls": stalls,
-                    "launches": launches,
-                    "reserve_mechanism": h.reserve_mechanism,
-                    "admission": h.admission,
-                    "time_slice": h.time_slice,
-                }
+                out[label] = {**loop, "training_kernel_stuck": True}
                 print(RESULT + json.dumps(out), flush=True)
                 os._exit(0)
             beside_other = time.perf_counter() - begin
@@ -303,14 +301,7 @@ def mode_hardware_queues(args: dict) -> dict:
                 "copy_after_cancel_ms": round(copy_after_cancel * 1e3, 4),
                 "cancel_ms": round(cancel_s * 1e3, 4),
                 "urgent_ran": urgent_ran,
-                "copy_ms": [round(s * 1e3, 4) for s in copies],
-                "close_ms": [round(s * 1e3, 4) for s in closes],
-                "running": running,
-                "resume_stalls": stalls,
-                "launches": launches,
-                "reserve_mechanism": h.reserve_mechanism,
-                "admission": h.admission,
-                "time_slice": h.time_slice,
+                **loop,
             }
     out["item_ms"] = item_ns / 1e6
     out["control"] = _queued_behind_a_long_kernel(torch, hold_ms=300.0)

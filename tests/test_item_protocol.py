@@ -258,14 +258,16 @@ def test_only_the_block_that_takes_the_refresh_reads_across_the_bus(arch):
     assert len(vector) == 1, vector
     # The look at the shared answer; a block that finds it stale while another refreshes
     # waits for that refresh to land (freeride/slice.h, waits_for_refresh), looking at
-    # the word again between naps. leave_launch's reads of the end record's counts come
-    # after the claim path.
-    looks = [
-        n for n, i in enumerate(code) if i.startswith("ld.volatile.global.u64") and n < vector[0]
-    ]
+    # the word again after each nap: at its look, and as the loser of the race to take
+    # the refresh (after the compare-and-swap). leave_launch's reads of the end record's
+    # counts come after the claim path.
+    looks = [n for n, i in enumerate(code) if i.startswith("ld.volatile.global.u64")]
     naps = [n for n, i in enumerate(code) if i.startswith("nanosleep")]
-    assert len(looks) == 2 and len(naps) == 1 and looks[0] < naps[0] < looks[1], (looks, naps)
-    look = looks[:1]
+    assert len(naps) == 2, naps
+    for nap in naps:
+        assert nap + 1 in looks, (nap, looks)  # a nap, then the word again
+    look = [min(looks)]
+    assert look[0] < naps[0] < vector[0] < naps[1], (looks, naps, vector)
     # enter_launch's compare-and-swap of the launch's start comes first; then the
     # refresh's two: taking it, and publishing the answer.
     take = [n for n in cas if look[0] < n < vector[0]]

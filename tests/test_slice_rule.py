@@ -304,3 +304,36 @@ def test_a_close_of_another_stream_enqueued_after_the_open_ends_the_bubble_early
     m.enqueue_close(stream=0)  # the bubble's own close
     m.execute(stream=1)
     assert m.bubble_over
+
+
+def test_the_executors_launch_ends_with_its_bubble_though_made_after_its_close_was_enqueued():
+    """The executor launches for an open once the gate's mirror reads it open: by then a
+    host running ahead has enqueued that bubble's close, and under one hardware queue the
+    launch may begin only after the close has executed (behind training's queued work),
+    with the gate open again for the next bubble. Its own look cannot tell; the ordinal
+    noted as the open was written (OpenOrdinals) ends it with its bubble."""
+    m, opens = T.CloseModel(), T.OpenOrdinals()
+    m.enqueue_close()
+    m.execute()  # the close before bubble j
+    opens.note(7, m.next_ordinal)  # bubble j's open, number 7, written
+    m.enqueue_close()  # bubble j's close: the host runs ahead
+    m.execute()  # ... and it takes effect before the executor's launch begins
+    m.launch_for(opens.next_close(7))
+    m.begin_block()
+    assert not m.closed_since_start and m.bubble_over
+    assert not m.may_claim(True, 0, SLICE) and not m.may_claim(True, LONG, NO_SLICE)
+    m.end_launch()
+    m.launch_for(0)  # an open none was noted for: its own look alone, as before
+    m.begin_block()
+    assert m.may_claim(True, LONG, NO_SLICE)
+
+
+def test_open_ordinals_keep_the_recent_opens():
+    """An open's ordinal is found by its number until KEPT later opens were noted; one
+    never noted (an open captured into a graph) has none: 0, the launch's own look."""
+    opens = T.OpenOrdinals()
+    opens.note(5, 3)
+    assert opens.next_close(5) == 3 and opens.next_close(6) == 0
+    for seq in range(100, 100 + T.OpenOrdinals.KEPT):
+        opens.note(seq, 9)
+    assert opens.next_close(5) == 0 and opens.next_close(100) == 9

@@ -46,14 +46,25 @@ class Launch:
         return self.pending_from <= t < self.pending_until
 
 
-def run(launch: Launch, blocks: int, item_ns: int, read_ns: int, until_ns: int) -> Launch:
-    """Every block's leader claims every `item_ns` (offset per block) from 0 to
-    `until_ns`, all past the slice with the gate open; a read across the bus takes
-    `read_ns` and samples the truth when it is issued; a block that finds the answer too
-    old while another block reads waits for that read to land (waits_for_refresh), for
-    at most WAIT (the kernel's guard); a block whose claim is refused leaves.
-    Returns the launch with every claim's time and outcome."""
-    events = [(b * item_ns // blocks, b, "claim", None) for b in range(blocks)]
+def run(
+    launch: Launch,
+    blocks: int,
+    item_ns: int,
+    read_ns: int,
+    until_ns: int,
+    swap_ns: int = 0,
+    spread_ns: int | None = None,
+) -> Launch:
+    """Every block's leader claims every `item_ns` (the blocks' first claims spread over
+    `spread_ns`, one item by default) from 0 to `until_ns`, all past the slice with the
+    gate open; a read across the bus takes `read_ns` and samples the truth when it is
+    issued; a block's compare-and-swap lands `swap_ns` after its look, so that blocks
+    looking together race for the refresh; a block that finds the answer too old while
+    another block reads (at its look, or as the block that lost the race) waits for that
+    read to land (waits_for_refresh), for at most WAIT (the kernel's guard); a block whose
+    claim is refused leaves. Returns the launch with every claim's time and outcome."""
+    spread = item_ns if spread_ns is None else spread_ns
+    events = [(b * spread // blocks, b, "claim", None) for b in range(blocks)]
     heapq.heapify(events)
     while events:
         now, b, kind, sample = heapq.heappop(events)
@@ -72,11 +83,31 @@ def run(launch: Launch, blocks: int, item_ns: int, read_ns: int, until_ns: int) 
                     heapq.heappush(events, (now + item_ns, w, "claim", None))
             launch.waiting.clear()
             continue
+        if kind == "swap":  # the compare-and-swap of a block that looked at `looked`
+            seen, kept, looked = sample
+            if launch.word == seen:  # it takes the refresh
+                launch.word = kept
+                launch.reads += 1
+                read = (launch.truth(now), now, kept)
+                heapq.heappush(events, (now + read_ns, b, "read done", read))
+                continue
+            was = launch.word  # another block took it first
+            if T.waits_for_refresh(was, looked):
+                launch.waiting.append((looked, b))
+                continue
+            answer = T.pending_answer(was, looked)
+            launch.claims.append((now, answer))
+            if answer:
+                heapq.heappush(events, (looked + item_ns, b, "claim", None))
+            continue
         seen = launch.word
         if T.waits_for_refresh(seen, now):
             launch.waiting.append((now, b))
             continue
         refresh, answer, kept = T.look_at_pending(seen, now)
+        if refresh and swap_ns:
+            heapq.heappush(events, (now + swap_ns, b, "swap", (seen, kept, now)))
+            continue
         if refresh:
             if launch.word == seen:  # the compare-and-swap takes the refresh
                 launch.word = kept
@@ -176,6 +207,29 @@ def test_while_the_close_stays_pending_no_block_stops_however_slow_the_reads(
     assert not refused, f"{len(refused)} claims refused, the first at {refused[0]} ns"
     # They claimed throughout (waiting, with reads slower than a window, for part of it).
     assert len(launch.claims) > blocks * 300_000 // item_ns // 4
+
+
+@pytest.mark.parametrize("item_ns", [5_000, 25_000, 100_000])
+@pytest.mark.parametrize("spread_ns", [None, 5_000])
+def test_blocks_that_lose_the_race_for_a_refresh_wait_for_it(item_ns, spread_ns):
+    """Blocks that look at the answer together (their first claims within 5 us, items
+    longer than two windows: the answer has aged past use between claims) all try to take
+    the refresh; the winner's word keeps the old answer's stamp. The others then wait for
+    its read, as a block that finds the refresh in flight does: with the close pending
+    throughout none stops. (Before, each one that lost took the old answer as it was, too
+    old, read "not pending" and left the launch, with 25 and 100 us items.)"""
+    launch = run(
+        Launch(pending_until=10**18),
+        256,
+        item_ns,
+        2_000,
+        1_000_000,
+        swap_ns=600,
+        spread_ns=spread_ns,
+    )
+    refused = [t for t, claimed in launch.claims if not claimed]
+    assert not refused, f"{len(refused)} claims refused, the first at {refused[0]} ns"
+    assert len(launch.claims) > 256 * 1_000_000 // item_ns // 2
 
 
 def test_waits_for_a_refresh_only_when_the_answer_is_too_old_to_use():

@@ -304,6 +304,7 @@ class CudaBackend final : public Backend {
     // Before the write: the executor must never see this open take effect unnoted. Not
     // one captured into a graph: every replay repeats its number, and would find it noted.
     if (!launch && !captured) s.skipped.note(seq);
+    if (!captured) s.open_ordinals.note(seq, s.closes.next());
     if (s.unrung.note_open(reinterpret_cast<uintptr_t>(stream), captured,
                            stream == cudaStreamPerThread)) {
       s.gate.bell->ring();

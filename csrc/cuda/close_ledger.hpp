@@ -35,8 +35,7 @@ class CloseLedger {
       return;
     }
     std::lock_guard<std::mutex> lk(mu_);
-    uint32_t next = std::atomic_ref<unsigned int>(*latest_).load(std::memory_order_relaxed) + 1u;
-    if (next == 0u) next = 1u;  // 0 is "no close yet" (the slots' first value)
+    const uint32_t next = after(std::atomic_ref<unsigned int>(*latest_).load(std::memory_order_relaxed));
     enqueue(next);
     std::atomic_ref<unsigned int>(*latest_).store(next, std::memory_order_release);
   }
@@ -47,10 +46,10 @@ class CloseLedger {
 
   // The ordinal the next counted close will get (fr_item_ctx.next_close of a launch made
   // at an open, read on the thread that wrote the open, before it can enqueue the close).
-  uint32_t next() const {
-    const uint32_t next = latest() + 1u;
-    return next == 0u ? 1u : next;
-  }
+  uint32_t next() const { return after(latest()); }
+
+  // The ordinal after `ordinal`: 0 is "no close yet" (the slots' first value), skipped.
+  static uint32_t after(uint32_t ordinal) { return ordinal + 1u == 0u ? 1u : ordinal + 1u; }
 
   // Where the close with `ordinal` writes it, as an index into the slots.
   static unsigned int slot(uint32_t ordinal) { return ordinal & (FREERIDE_CLOSE_SLOTS - 1u); }

@@ -415,8 +415,13 @@ void CudaRunner::enqueue_locked(cudaEvent_t opened, uint32_t seq, bool at_open, 
     ctx.run = ring_.run_dev(number);
     ctx.latest_close = s.latest_close_dev();
     ctx.closes_executed = s.close_slots();
-    // On the thread that wrote the open, before it can enqueue the bubble's close.
-    ctx.next_close = at_open ? s.closes.next() : 0u;
+    // At an open: on the thread that wrote it, before it can enqueue the bubble's close.
+    // The executor's and the watcher's launches for the bubble of open `seq`: what was
+    // noted as that open was written (none under stream_wait, whose launches wait on the
+    // GPU for whichever open comes next).
+    ctx.next_close = at_open         ? s.closes.next()
+                     : s.stream_wait ? 0u
+                                     : s.open_ordinals.next_close(seq);
     // An error a previous task's failure left as this thread's last error (a handled
     // one: a sticky error fails every call anyway) must not be taken for this launch's.
     (void)cudaGetLastError();

@@ -212,6 +212,7 @@ bool CudaShared::try_batch() {
 
 void CudaShared::write_gate_now(uint32_t value, uint32_t seq) {
   const bool open = value == FREERIDE_GATE_OPEN;
+  if (open) open_ordinals.note(seq, closes.next());
   try {
     if (!host_gate && !stream_wait && gate_write == cuda_driver::GateWrite::kBatch) {
       const CUresult res = enqueue_gate_batch(value, control, seq);

@@ -25,6 +25,7 @@
 #include "cuda/launch_shapes.hpp"
 #include "cuda/occupancy.hpp"
 #include "cuda/open_watcher.hpp"
+#include "cuda/open_ordinals.hpp"
 #include "cuda/skipped_opens.hpp"
 #include "cuda/unrung_opens.hpp"
 #include "doorbell.hpp"
@@ -307,6 +308,8 @@ struct CudaShared {
   CloseLedger closes;
   // Stream-ordered opens written without a launch: the executor's own stays out too.
   SkippedOpens skipped;
+  // The ordinal of the first close after each recent open, for the executor's launches.
+  OpenOrdinals open_ordinals;
   unsigned int* close_slots() const { return gate.dev + kCloseSlots; }
   const unsigned int* latest_close_dev() const { return gate.mirror_dev + kMirrorCloses; }
   // The constructor's: the latest ordinal and the slots read zero (no close yet). Caller

@@ -237,6 +237,24 @@ __device__ __forceinline__ bool read_close_pending(const fr_item_ctx& ctx) {
 // block reads across the bus per freshness window, however many blocks claim). `read`
 // says this block read it itself just now, which may have taken long: the caller reads
 // the gate again before it claims on that answer.
+// Leader only: waits until the shared answer's word is no longer `seen` (a refresh in
+// flight whose old answer is too old to use: freeride/slice.h, waits_for_refresh), then
+// the answer it then holds (published, or taken for the next refresh with that answer's
+// bit kept). A read always returns, so this ends; FREERIDE_PENDING_WAIT_NS is a guard,
+// after which the block stops as it did before.
+__device__ __forceinline__ bool wait_for_refresh(unsigned long long* word,
+                                                 unsigned long long seen,
+                                                 unsigned long long now) {
+  unsigned long long w = seen;
+  while (w == seen && globaltimer_ns() - now < FREERIDE_PENDING_WAIT_NS) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    __nanosleep(256);
+#endif
+    w = *const_cast<volatile unsigned long long*>(word);
+  }
+  return w != seen && (w & FREERIDE_PENDING_BIT) != 0ull;
+}
+
 __device__ __forceinline__ bool close_pending(const fr_item_ctx& ctx, bool& read) {
   read = false;
   if (ctx.latest_close == 0) return false;
@@ -244,23 +262,20 @@ __device__ __forceinline__ bool close_pending(const fr_item_ctx& ctx, bool& read
   const unsigned long long now = globaltimer_ns();
   const unsigned long long seen = *const_cast<volatile unsigned long long*>(word);
   if (waits_for_refresh(seen, now)) {
-    // Until the block reading lands its answer (the word changes: published, or taken
-    // for the next refresh with that answer's bit kept). A read always returns, so this
-    // ends; the bound is a guard, after which the block stops as it did before.
-    read = true;  // time has passed: the caller reads the gate again
-    unsigned long long w = seen;
-    while (w == seen && globaltimer_ns() - now < FREERIDE_PENDING_WAIT_NS) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-      __nanosleep(256);
-#endif
-      w = *const_cast<volatile unsigned long long*>(word);
-    }
-    return w != seen && (w & FREERIDE_PENDING_BIT) != 0ull;
+    read = true;  // time passes: the caller reads the gate again
+    return wait_for_refresh(word, seen, now);
   }
   const PendingLook look = look_at_pending(seen, now);
   if (!look.refresh) return look.answer;
   const unsigned long long was = atomicCAS(word, seen, look.kept);
-  if (was != seen) return pending_answer(was, now);  // another block took the refresh
+  if (was != seen) {
+    // Another block took the refresh a moment before: its word keeps the old answer's
+    // stamp, which may be too old to use (blocks that look together, items longer than
+    // two windows), and then this block waits for that refresh too.
+    if (!waits_for_refresh(was, now)) return pending_answer(was, now);
+    read = true;
+    return wait_for_refresh(word, was, now);
+  }
   const bool pending = read_close_pending(ctx);
   // Stamped as it lands, so that a slow read does not land already too old to use and
   // send every block to wait for the next one (a claim then rests on an answer at most two

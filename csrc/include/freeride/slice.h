@@ -126,9 +126,11 @@ FREERIDE_HOST_DEVICE bool close_pending(unsigned int latest, const unsigned int*
  * it wraps after about a billion closes (where one launch may miss one close). 0 stands
  * for "not yet looked", so a launch whose word is 0 goes without the rule. Only closes
  * that carry an ordinal write a slot: an immediate close (the host's) or one captured
- * into a graph ends no launch this way (the executor's own launches wait for their end
- * before the next, and a graph replay's close cannot be told from a stale one). A close on
- * another stream does end it: a bubble's launch then ends early, never late. */
+ * into a graph ends no launch this way (a graph replay's close cannot be told from a
+ * stale one), so a launch whose bubble such a close ends relies on seeing the gate closed
+ * and, where the close and the next open both pass inside an item, on its time slice:
+ * with time_slice=None it may run into the next bubble. A close on another stream does
+ * end it: a bubble's launch then ends early, never late. */
 FREERIDE_HOST_DEVICE unsigned int closes_word(const unsigned int* executed) {
   return ~(executed[0] + executed[1] + executed[2] + executed[3]);
 }
@@ -144,8 +146,11 @@ FREERIDE_HOST_DEVICE bool closed_since(unsigned int seen, const unsigned int* ex
  * and would take that close for history. So the host gives it the ordinal the first close
  * after its open gets (`next_close`, 0: none), and the launch's bubble is over once a
  * slot holds that ordinal or a later one (signed differences: ordinals wrap, skipping 0).
- * An older close executing late on another stream can overwrite a slot with a smaller
- * ordinal; the first look still ends such a launch. */
+ * The executor's own launches for an open carry the ordinal noted as that open was
+ * written (csrc/cuda/open_ordinals.hpp). An older close executing late on a stream four
+ * closes behind another can overwrite a slot with a smaller ordinal: a launch that began
+ * before both still ends by its first look, one that began after both may miss its
+ * bubble's close (gate writes are meant to come from one stream: open_launch_rule.hpp). */
 FREERIDE_HOST_DEVICE bool bubble_over(unsigned int next_close, const unsigned int* executed) {
   return next_close != 0u && (static_cast<int>(executed[0] - next_close) >= 0 ||
                               static_cast<int>(executed[1] - next_close) >= 0 ||
