@@ -2,8 +2,8 @@
 the iterative runner's thread does not invalidate another thread's capture, and
 iterations recorded inside a capture leave report() working.
 
-The GPU tests have not yet been run on a GPU; they skip where none is present. The
-first tests check the bindings without one."""
+The GPU tests ran on H200s (2026-11-27); they skip where no GPU is present. The first
+tests check the bindings without one."""
 
 import contextlib
 import threading

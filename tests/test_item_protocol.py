@@ -347,7 +347,7 @@ def test_device_phases_wait_reads_then_acquires_once_then_meets_at_a_barrier(arc
     assert any(_BARRIER.match(i) for i in after), after
 
 
-# fr_item_ctx.phase_items: its last 8 bytes.
+# An 8-byte field of fr_item_ctx read from the kernel's parameters.
 _PHASE_ITEMS = re.compile(r"ld\.param\.u64\s+%rd\d+, \[\w+_param_0\+(\d+)\]")
 # fr_item_ctx.phase_items: 13 pointers and counts of 8 bytes before it.
 PHASE_ITEMS_OFFSET = 13 * 8

@@ -144,7 +144,8 @@ def test_a_fresh_answer_is_used_a_stale_one_refreshed_once():
     refresh, _, kept = T.look_at_pending(word, 1_000 + FRESH)
     assert refresh and kept == word | IN_FLIGHT  # its own stamp kept, marked in flight
     # While that refresh is in flight nobody else refreshes, and its answer lasts until
-    # it is two windows old, then reads as not pending.
+    # it is two windows old, then reads as not pending; a block finding it so waits for
+    # the refresh (waits_for_refresh).
     assert T.look_at_pending(kept, 1_000 + 2 * FRESH - 1) == (False, True, kept)
     assert T.look_at_pending(kept, 1_000 + 2 * FRESH) == (False, False, kept)
     # A stamp ahead of the looking block's clock counts as just read.

@@ -35,7 +35,8 @@ class CloseLedger {
       return;
     }
     std::lock_guard<std::mutex> lk(mu_);
-    const uint32_t next = after(std::atomic_ref<unsigned int>(*latest_).load(std::memory_order_relaxed));
+    const uint32_t next =
+        after(std::atomic_ref<unsigned int>(*latest_).load(std::memory_order_relaxed));
     enqueue(next);
     std::atomic_ref<unsigned int>(*latest_).store(next, std::memory_order_release);
   }

@@ -31,7 +31,8 @@ class OpenOrdinals {
   uint32_t next_close(uint32_t seq) const {
     for (const std::atomic<uint64_t>& word : words_) {
       const uint64_t w = word.load(std::memory_order_acquire);
-      if (static_cast<uint32_t>(w) == seq && (w >> 32) != 0u) return static_cast<uint32_t>(w >> 32);
+      const uint32_t next_close = static_cast<uint32_t>(w >> 32);
+      if (static_cast<uint32_t>(w) == seq && next_close != 0u) return next_close;
     }
     return 0u;
   }

@@ -47,9 +47,9 @@ class LaunchCounts(NamedTuple):
     """Harvester.launch_counts(): the side launches so far."""
 
     launches: int  # launches whose end the executor took
-    idle: int  # of those, launches that ran no item
+    idle: int  # of those, launches that ran no item (a cancelled task's are not counted)
     at_opens: int  # of those, launches enqueued at stream-ordered opens (CUDA)
-    idle_at_opens: int  # of those, launches at opens that ran no item
+    idle_at_opens: int  # of those, launches at opens that ran no item (the same)
     # Stream-ordered opens that got no launch because it would have waited behind another
     # training stream's open (CUDA; gate writes are meant to come from one stream).
     skipped_at_opens: int = 0
@@ -237,7 +237,8 @@ class Harvester:
             for at most ``slice_bound`` in all (the longest a training kernel larger than
             the reserve, launched in a bubble on another stream, is confined to the
             reserve). None: a launch runs until the gate
-            closes; then a call that synchronises the device made by the thread that
+            closes (or a stream-ordered close executes: a launch serves one bubble);
+            then a call that synchronises the device made by the thread that
             would enqueue the close never returns (creating a stream, cudaFree,
             torch.cuda.synchronize while the gate is open, and the first launch of a
             kernel not yet loaded under CUDA's lazy module loading, the default since

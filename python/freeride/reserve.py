@@ -35,7 +35,7 @@ class Reserve:
     driver has no green contexts, the split fails or the green context's stream refuses
     one of the runtime calls side launches make (tried once when the harvester starts),
     the harvester falls back to the occupancy cap and ``Harvester.reserve_fallback`` says
-    why. Not yet run on a GPU by freeride.
+    why.
 
     ``"occupancy-cap"``: every side grid is capped per SM so that ``blocks`` blocks of the
     given shape still fit beside it on every SM, counted as the CUDA occupancy calculator

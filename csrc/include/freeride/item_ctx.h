@@ -90,12 +90,14 @@ typedef struct fr_item_ctx {
                                      g / phase_items, n_items counts every phase's, and
                                      `phase` is 0. Only freeride::for_each_phase_item
                                      runs such a launch (it keeps the phases in order) */
-  unsigned int next_close; /* a launch made at a stream-ordered open: the ordinal the
+  unsigned int next_close; /* a launch made at or for a stream-ordered open: the ordinal the
                               first close after that open gets (its bubble's close, or
                               an earlier one on another stream); once a close of that
                               ordinal or later has executed, the launch claims nothing
-                              (freeride/slice.h: bubble_over). 0: a launch the executor
-                              made, which goes by its own first look only */
+                              (freeride/slice.h: bubble_over). The executor's launches
+                              for an open carry what was noted as it was written. 0:
+                              none known (stream_wait, an open captured into a graph or
+                              long forgotten): the launch goes by its first look */
 } fr_item_ctx;
 
 #endif /* FREERIDE_ITEM_CTX_H_ */

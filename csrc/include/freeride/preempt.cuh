@@ -11,15 +11,16 @@
 //
 // Before claiming each item, the block's leader reads the gate (and the phase's stop
 // flag, and whether a close has executed since the launch began: a launch never runs in
-// two bubbles, freeride/slice.h); if side work must not run, the whole block exits. A claimed item always runs
-// to completion, so an exited kernel has lost nothing and the next launch of the same
-// phase resumes at the next unclaimed item: every item runs exactly once.
+// two bubbles, freeride/slice.h); if side work must not run, the whole block exits. A
+// claimed item always runs to completion, so an exited kernel has lost nothing and the
+// next launch of the same phase resumes at the next unclaimed item: every item runs
+// exactly once.
 //
 // What an item costs (for_each_item), per block: one __syncthreads, and for the leader
 // thread four volatile loads issued together (the gate, the stop flag, the launch's
-// first look at the close slots and the slots, those two from the gate's line), a relaxed
-// atomicAdd on `next` (the claim), one on `done` (the count) and, every kProgressEvery
-// items, a store to the host-visible progress mirror. The leader claims the next item
+// first look at the close slots, in its own counters, and the slots, on the gate's line),
+// a relaxed atomicAdd on `next` (the claim), one on `done` (the count) and, every
+// kProgressEvery items, a store to the host-visible progress mirror. The leader claims the next item
 // as soon as its own part of the current one is done, into the one of two shared slots
 // that the current item was not read from; after the barrier every thread has finished
 // the current item, so the leader counts it then and the block goes on to the next. No
@@ -232,11 +233,6 @@ __device__ __forceinline__ bool read_close_pending(const fr_item_ctx& ctx) {
   return close_pending(latest, executed);
 }
 
-// Leader only, past the launch's time slice: whether the close that ends the current
-// bubble is pending, through the launch's shared answer (freeride/slice.h: at most one
-// block reads across the bus per freshness window, however many blocks claim). `read`
-// says this block read it itself just now, which may have taken long: the caller reads
-// the gate again before it claims on that answer.
 // Leader only: waits until the shared answer's word is no longer `seen` (a refresh in
 // flight whose old answer is too old to use: freeride/slice.h, waits_for_refresh), then
 // the answer it then holds (published, or taken for the next refresh with that answer's
@@ -255,6 +251,11 @@ __device__ __forceinline__ bool wait_for_refresh(unsigned long long* word,
   return w != seen && (w & FREERIDE_PENDING_BIT) != 0ull;
 }
 
+// Leader only, past the launch's time slice: whether the close that ends the current
+// bubble is pending, through the launch's shared answer (freeride/slice.h: at most one
+// block reads across the bus per freshness window, however many blocks claim). `read`
+// says this block read it itself just now, which may have taken long: the caller reads
+// the gate again before it claims on that answer.
 __device__ __forceinline__ bool close_pending(const fr_item_ctx& ctx, bool& read) {
   read = false;
   if (ctx.latest_close == 0) return false;
@@ -409,9 +410,10 @@ __device__ __forceinline__ unsigned long long count_item(const fr_item_ctx& ctx,
 // Leader only, device phases: waits until every item of the phases before `phase` has
 // been counted, then acquires at device scope (the count read strongly, then a
 // fence.acq_rel: an acquire pattern of the PTX memory model, one memory barrier and L1
-// invalidation per wait where an ld.acquire would invalidate L1 at every look), so that after the block barrier that
-// follows (item_loop), every thread of the block sees those items' results (the counts
-// were releases: count_finished_release). The wait is bounded by two items: whatever of
+// invalidation per wait where an ld.acquire would invalidate L1 at every look), so that
+// after the block barrier that follows (item_loop), every thread of the block sees those
+// items' results (the counts were releases: count_finished_release). The wait is bounded
+// by two items (and a claim's wait for a refresh, close_pending): whatever of
 // those phases is not yet counted is claimed, so it runs in a resident block of this
 // launch (launches of a task run one after another on its stream, and an ended launch
 // left no claim unfinished); no block waits here holding an item it has not counted; and

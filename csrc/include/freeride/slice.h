@@ -188,8 +188,8 @@ FREERIDE_HOST_DEVICE bool pending_answer(unsigned long long word, unsigned long 
  * than go on: its answer is too old to use (two windows) and another block is reading
  * afresh. Going on would read "not pending" and the block would leave the launch for
  * good, while the close may well be pending: on an H200 launches in bubbles whose close
- * was enqueued lost a third of their blocks this way whenever a read across the bus took
- * longer than a window (harvest 0.39-0.64 of the open gate's rate in 20 ms bubbles). The
+ * was enqueued lost blocks this way whenever a read across the bus took longer than a
+ * window (harvest 0.39-0.64 of the open gate's rate in 20 ms bubbles). The
  * wait lasts at most the read in flight (FREERIDE_PENDING_WAIT_NS at most), so a claim
  * rests on an answer at most two windows plus one read old. */
 FREERIDE_HOST_DEVICE bool waits_for_refresh(unsigned long long word, unsigned long long now_ns) {
