@@ -257,6 +257,13 @@ def harvest_rows(harvest: Source) -> list[Row]:
         if _num(r.get("open_gate_items_per_s")):
             measured += f"; open gate {r['open_gate_items_per_s']:,.0f} items/s"
         measured += ")"
+        if _num(r.get("harvest_of_bubble_rate")):
+            # The open gate's rate (the gate opened from the host) pays a relaunch at every
+            # slice end; one launch in a bubble shorter than the bound does not.
+            measured += (
+                f"; {r['harvest_of_bubble_rate']:.1%} of one 10 ms bubble's rate "
+                f"({r.get('bubble_items_per_s', 0):,.0f} items/s)"
+            )
         if r.get("queued_ahead") is False:
             measured += "; NOT queued ahead: the GPU caught up with the host"
         if "phases_in_bubbles" in r:

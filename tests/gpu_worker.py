@@ -553,6 +553,30 @@ def _queue_iterations(torch, h, train, comm, iterations: int, compute_ms: float,
     return start, end
 
 
+def _bubble_rate(torch, h, t, train, bubble_ms: float = 10.0, repeats: int = 3) -> float:
+    """Items a second `t` runs in one bubble queued ahead of the GPU and shorter than the
+    slice bound (`bubble_ms` of training's work between a stream-ordered open and close):
+    the device's rate while one launch covers the bubble, the median of `repeats`. The
+    open-gate rate (the gate opened from the host) is lower by the executor's relaunch at
+    every slice end, since no close is pending there."""
+    rates = []
+    for _ in range(repeats):
+        before = t.items_done  # exact: the gate is closed and the last launch's end taken
+        with torch.cuda.stream(train):
+            torch.cuda._sleep(int(5 * CYCLES_PER_MS))  # the host runs ahead of the GPU
+            h.gate.open()
+            begin = torch.cuda.Event(enable_timing=True)
+            begin.record()
+            torch.cuda._sleep(int(bubble_ms * CYCLES_PER_MS))
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            h.gate.close()
+        train.synchronize()
+        time.sleep(0.05)  # the executor takes the launch's end: items_done exact
+        rates.append((t.items_done - before) / (begin.elapsed_time(end) / 1e3))
+    return statistics.median(rates)
+
+
 def mode_queued_bubbles(args: dict) -> dict:
     """Issue 27 item 1: side work in bubbles the host queued ahead of the GPU. With a Spin
     task submitted (its items `item_us` long), the host holds the GPU with `hold_ms` of
@@ -561,7 +585,8 @@ def mode_queued_bubbles(args: dict) -> dict:
     GPU starts them. Items done while that runs are items done in those bubbles (the gate
     is closed everywhere else); their share of what the open gate runs in the same time
     (the open-gate rate, measured first with the gate opened from the host) is the
-    harvest. The same queue without a side task gives the baseline of its GPU time, for
+    harvest, and their share of what one launch runs in a 10 ms bubble queued ahead
+    (_bubble_rate: no relaunch at the slice's end) is `harvest_of_bubble_rate`. The same queue without a side task gives the baseline of its GPU time, for
     the overhead. Reserve and launch at opens follow `reserve` and the environment
     (FREERIDE_LAUNCH_AT_OPEN), CUDA_DEVICE_MAX_CONNECTIONS the parent's setting; the time
     slice is `time_slice` where given (null: none), else the harvester's default, so that a
@@ -613,6 +638,7 @@ def mode_queued_bubbles(args: dict) -> dict:
         rate = (t.items_done - first) / (time.perf_counter() - began)
         h.gate.close(stream="host")
         time.sleep(0.05)  # the launch in flight ends at its next item
+        bubble_rate = _bubble_rate(torch, h, t, train)
         counts_before = h.launch_counts()
         with torch.cuda.stream(train):
             torch.cuda._sleep(int(hold_ms * CYCLES_PER_MS))
@@ -636,6 +662,10 @@ def mode_queued_bubbles(args: dict) -> dict:
             "open_gate_items_per_s": rate,
             "items_in_bubbles": items,
             "harvest_share": items / (rate * bubble_s) if rate > 0 else 0.0,
+            "bubble_items_per_s": bubble_rate,
+            "harvest_of_bubble_rate": (
+                items / (bubble_rate * bubble_s) if bubble_rate > 0 else 0.0
+            ),
             "queue_ms": elapsed,
             "baseline_ms": min(baseline),
             "overhead_pct": (elapsed / min(baseline) - 1) * 100,

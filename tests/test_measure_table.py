@@ -589,3 +589,14 @@ def test_the_device_phases_row_is_read_for_its_own_line():
     alone = mt.Source({"rows": [row("PageRank 50 nodes x2, 5 iters", 1.0)]}, "")
     settings = {r.setting: r.verdict for r in mt.item_rows(alone)}
     assert settings["PageRank, device phases"] == mt.NOT_RUN
+
+
+def test_harvest_rows_give_the_share_of_one_bubbles_rate_beside(tmp_path):
+    """Spin's runs also say what share of one launch's rate in a 10 ms bubble they ran (the
+    open gate's rate pays a relaunch at every slice end); the verdict stays on the open
+    gate's share, the issue's metric."""
+    result = {**bubbles_result(0.80), "harvest_of_bubble_rate": 0.75, "bubble_items_per_s": 6.4e7}
+    write(tmp_path, "harvest.json", harvest({"spin-20ms-8q": {"result": result}}))
+    row = mt.harvest_rows(mt.load(str(tmp_path), "harvest.json"))[0]
+    assert "75.0% of one 10 ms bubble's rate (64,000,000 items/s)" in row.measured
+    assert row.verdict == mt.MISSED and "80.0%" in row.measured

@@ -128,6 +128,13 @@ def line(label: str, r: dict) -> str:
         f"{label}: harvest {r.get('harvest_share', 0.0):.3f} of the open-gate rate "
         f"({r.get('items_in_bubbles')} items in {r.get('iterations')} bubbles of "
         f"{r.get('recv_ms')} ms; {r.get('open_gate_items_per_s', 0.0):,.0f} items/s open), "
+    )
+    if "harvest_of_bubble_rate" in r:  # Spin's: against one launch's rate in a bubble
+        text += (
+            f"{r['harvest_of_bubble_rate']:.3f} of one 10 ms bubble's rate "
+            f"({r.get('bubble_items_per_s', 0.0):,.0f} items/s), "
+        )
+    text += (
         f"launches {r.get('launches')} (at opens {r.get('at_opens')}, idle at opens "
         f"{r.get('idle_at_opens')}), queued ahead {r.get('queued_ahead')}"
     )

@@ -78,7 +78,9 @@ def line(label: str, r: dict) -> str:
     return (
         f"{label}: harvest {r['harvest_share']:.3f} of the open-gate rate "
         f"({r['items_in_bubbles']} items in {r['iterations']} bubbles of {r['recv_ms']:g} ms; "
-        f"{r['open_gate_items_per_s']:,.0f} items/s open), launches {r['launches']} (at "
+        f"{r['open_gate_items_per_s']:,.0f} items/s open), "
+        f"{r.get('harvest_of_bubble_rate', 0.0):.3f} of one 10 ms bubble's rate "
+        f"({r.get('bubble_items_per_s', 0.0):,.0f} items/s), launches {r['launches']} (at "
         f"opens {r['at_opens']}, idle at opens {r['idle_at_opens']}), overhead "
         f"{r['overhead_pct']:.2f}% ({r['queue_ms']:.1f} vs {r['baseline_ms']:.1f} ms), "
         f"time_slice {r['time_slice']} (bound {r['slice_bound']}), connections "
