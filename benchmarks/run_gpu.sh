@@ -199,9 +199,10 @@ if step measure; then
   # settings it varies (in a subshell), and each item sets its own. [~N s] is the estimate
   # on an H200 and where it comes from (results/h200-2026-11-27/: "measured" from its
   # logs, JSON dates and summary, "est." where nothing like it has run on a GPU yet); the
-  # number after the name is the hard limit. Estimates add up to ~360 s, the limits to
-  # ~720 s: with MEASURE_BUDGET=480 everything runs unless something hangs, and then the
-  # last items are listed NOT RUN and their rows say "not run".
+  # number after the name is the hard limit. Estimates add up to ~390 s (the step took
+  # 185 s with MEASURE_QUICK=1 at cf361a5, its build aside), the limits to ~750 s: with
+  # MEASURE_BUDGET=480 everything runs unless something hangs, and then the last items
+  # are listed NOT RUN and their rows say "not run".
   (
     unset FREERIDE_LAUNCH_AT_OPEN FREERIDE_ADMISSION FREERIDE_GATE_WRITE FREERIDE_MAX_LOOKAHEAD \
       FREERIDE_PHASES_AHEAD FREERIDE_SUCCESSORS FREERIDE_FOLLOW FREERIDE_WATCHER_LAUNCH \
@@ -263,11 +264,16 @@ if step measure; then
         stand_in "$m/channels_${r}_lookahead_${la}.json" $? "measure_channels_${r}_lookahead_$la"
       done
     done
-    # 5. Training overhead (and the pipeline's harvest), --quick: 3 iterations a variant,
-    #    under the default hardware queues and one, each in a fresh process. [~35 s est.;
-    #    the full run took ~95 s measured, between its JSON's and preempt's start dates]
-    budgeted $deadline measure_bench_pipeline 100 $py -m freeride bench pipeline --mode gpu \
-      --quick --out "$m/pipeline.json"
+    # 5. Training overhead (and the pipeline's harvest), under the default hardware
+    #    queues and one, each in a fresh process: the full emulation (20 iterations a
+    #    variant of 4 and 8 ms actions) [~95 s measured at 51c0fe7]; MEASURE_QUICK=1 runs
+    #    --quick (3 iterations of 1 and 2 ms actions) [~21 s measured at cf361a5], where
+    #    the same 16 closes an iteration weigh four times as much against its time (Spin
+    #    1.5% there at cf361a5).
+    pipeline_args=()
+    [ "${MEASURE_QUICK:-0}" = 1 ] && pipeline_args=(--quick)
+    budgeted $deadline measure_bench_pipeline 130 $py -m freeride bench pipeline --mode gpu \
+      ${pipeline_args[@]+"${pipeline_args[@]}"} --out "$m/pipeline.json"
     stand_in "$m/pipeline.json" $? measure_bench_pipeline
     table_of measure_bench_pipeline "^ *(baseline|freeride: (spin|saxpy|pagerank|blur)) "
     # 6. Item overhead of each built-in task against its plain kernel, and side-kernel
