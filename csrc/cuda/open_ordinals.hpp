@@ -9,10 +9,10 @@
 // waiting behind it on the stream.
 #pragma once
 
-#include <array>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
+
+#include "cuda/recent_opens.hpp"
 
 namespace freeride::cuda {
 
@@ -21,27 +21,16 @@ class OpenOrdinals {
   // The thread writing an open, before the open can take effect: `next_close` is the
   // ledger's next ordinal then (CloseLedger::next, never 0). The oldest of kKept is
   // forgotten (its launches then go by their first look alone).
-  void note(uint32_t seq, uint32_t next_close) {
-    words_[next_.fetch_add(1, std::memory_order_relaxed) % kKept].store(
-        (static_cast<uint64_t>(next_close) << 32) | seq, std::memory_order_release);
-  }
+  void note(uint32_t seq, uint32_t next_close) { opens_.note(seq, next_close); }
 
   // The ordinal noted for the open numbered `seq`, or 0 (none noted: an open captured
   // into a graph, or one forgotten).
-  uint32_t next_close(uint32_t seq) const {
-    for (const std::atomic<uint64_t>& word : words_) {
-      const uint64_t w = word.load(std::memory_order_acquire);
-      const uint32_t next_close = static_cast<uint32_t>(w >> 32);
-      if (static_cast<uint32_t>(w) == seq && next_close != 0u) return next_close;
-    }
-    return 0u;
-  }
+  uint32_t next_close(uint32_t seq) const { return opens_.find(seq); }
 
-  static constexpr size_t kKept = 64;
+  static constexpr size_t kKept = RecentOpens::kKept;
 
  private:
-  std::array<std::atomic<uint64_t>, kKept> words_{};
-  std::atomic<uint64_t> next_{0};
+  RecentOpens opens_;
 };
 
 }  // namespace freeride::cuda

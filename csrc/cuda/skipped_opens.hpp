@@ -5,10 +5,10 @@
 // backoff (review G10).
 #pragma once
 
-#include <array>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
+
+#include "cuda/recent_opens.hpp"
 
 namespace freeride::cuda {
 
@@ -18,26 +18,15 @@ class SkippedOpens {
   // can take effect. The oldest of kKept is forgotten: enough for every open the host
   // queues ahead of the GPU in an iteration of a pipeline schedule (a forgotten one would
   // get the executor's launch, as before).
-  void note(uint32_t seq) {
-    words_[next_.fetch_add(1, std::memory_order_relaxed) % kKept].store(
-        kNoted | seq, std::memory_order_release);
-  }
+  void note(uint32_t seq) { opens_.note(seq, 1u); }
 
-  // The executor, when the gate's mirror reads open under `seq`. Sequence numbers are
-  // 32 bits, so a noted one comes again only after four billion gate writes.
-  bool contains(uint32_t seq) const {
-    for (const std::atomic<uint64_t>& word : words_) {
-      if (word.load(std::memory_order_acquire) == (kNoted | seq)) return true;
-    }
-    return false;
-  }
+  // The executor, when the gate's mirror reads open under `seq`.
+  bool contains(uint32_t seq) const { return opens_.find(seq) != 0u; }
 
-  static constexpr size_t kKept = 64;
+  static constexpr size_t kKept = RecentOpens::kKept;
 
  private:
-  static constexpr uint64_t kNoted = 1ull << 32;  // a word's seq is valid
-  std::array<std::atomic<uint64_t>, kKept> words_{};
-  std::atomic<uint64_t> next_{0};
+  RecentOpens opens_;
 };
 
 }  // namespace freeride::cuda
