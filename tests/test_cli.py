@@ -377,6 +377,39 @@ def test_ranks_start_in_their_own_sessions_as_under_torchrun(sessions, tmp_path)
         assert [s["sid"] for s in seen] == [os.getsid(0)] * 2
 
 
+def _leave_work_for_the_exit(rank, folder):
+    """A rank that returns with work a normal exit would still do: a non-daemon thread
+    that finishes later, an atexit handler, output not yet flushed."""
+    import atexit
+    import threading
+    import time
+
+    def late():
+        time.sleep(0.2)
+        with open(os.path.join(folder, f"thread{rank}"), "w") as f:
+            f.write("joined")
+
+    threading.Thread(target=late).start()
+    atexit.register(lambda: open(os.path.join(folder, f"atexit{rank}"), "w").close())
+    print(f"rank {rank} unflushed", end="")
+
+
+def test_a_rank_that_returns_exits_as_a_normal_exit_would(tmp_path, capfd):
+    """run_ranks ends a rank that returned with os._exit (no interpreter teardown, where a
+    gloo worker thread taking the GIL aborted the process), after what a normal exit does
+    first: the other non-daemon threads joined, the atexit handlers run, the output
+    flushed; and the exit is a success."""
+    pytest.importorskip("torch")
+    from freeride.cli.spawn import run_ranks
+
+    run_ranks(_leave_work_for_the_exit, 2, str(tmp_path), timeout=120)
+    for rank in range(2):
+        assert (tmp_path / f"thread{rank}").read_text() == "joined"
+        assert (tmp_path / f"atexit{rank}").exists()
+    out = capfd.readouterr().out
+    assert "rank 0 unflushed" in out and "rank 1 unflushed" in out
+
+
 def _write(path, text, mode):
     path.write_text(text)
     os.chmod(path, mode)

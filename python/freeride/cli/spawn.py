@@ -11,7 +11,10 @@ through a file store in it (no port to pick, nothing left listening).
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -42,6 +45,30 @@ def _in_own_session(rank: int, target: Callable[..., None], *args: Any) -> None:
     target(rank, *args)
 
 
+def _rank_main(rank: int, target: Callable[..., None], *args: Any) -> None:
+    """Runs target(rank, *args); once it returns, ends the process as a normal exit would
+    (the other non-daemon threads joined, the atexit handlers run, the output flushed) but
+    without tearing the interpreter down. A gloo process group's worker thread can still
+    be letting go of a finished collective's tensors when the rank returns: where that
+    drops a tensor's last Python reference it takes the GIL, and during the interpreter's
+    teardown taking the GIL ends the thread (pthread_exit), whose unwinding through
+    torch's noexcept frames aborts the process ("terminate called without an active
+    exception", seen about once in 30 runs of the DeepSpeed test on two cores). An
+    exception from target propagates as before (torch's spawn reports it)."""
+    target(rank, *args)
+    me = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not me and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or gone: nothing left to write
+            pass
+    os._exit(0)
+
+
 def run_ranks(
     target: Callable[..., None],
     world: int,
@@ -60,11 +87,14 @@ def run_ranks(
     `timeout` (seconds), the ranks still running then are killed (SIGKILL) and TimeoutError
     names them; None waits for good. `sessions`: each rank calls setsid() before target,
     as torchrun's workers run (each its own session, and so its own scheduling group
-    where autogroup is on); False: they stay in this process's session."""
+    where autogroup is on); False: they stay in this process's session. A rank whose
+    target returns exits 0 without the interpreter's teardown, after its atexit handlers
+    (_rank_main says why)."""
     import torch.multiprocessing as mp
 
     if sessions:
         target, args = _in_own_session, (target, *args)
+    target, args = _rank_main, (target, *args)
     context = mp.start_processes(target, args=args, nprocs=world, join=False, start_method="spawn")
     deadline = None if timeout is None else time.monotonic() + timeout
     while not context.join(None if deadline is None else max(0.0, deadline - time.monotonic())):
