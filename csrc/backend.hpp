@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "admission_stamps.hpp"
 #include "task.hpp"
 
 namespace freeride {
@@ -269,6 +270,9 @@ class Backend {
   // Launches the open watcher's thread enqueued for the executor when the GPU reached an
   // open (FREERIDE_WATCHER_LAUNCH, watcher_launch_rule.hpp); any thread.
   virtual uint64_t watcher_launches() const { return 0; }
+  // When the host-started path of the latest admissions passed its steps (benchmarks);
+  // a step this backend does not have stays unstamped.
+  virtual AdmissionStamps admission_stamps() const { return {}; }
 
   // Timestamps in stream order. mark() records "now" when `stream` reaches it (host: the
   // steady clock now) and returns an id; elapsed_ns(a, b) is the time from a to b once

@@ -26,11 +26,7 @@ namespace {
 
 class HostBackend;
 
-int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+int64_t steady_ns() { return steady_now_ns(); }
 
 // How often a worker gives its core back between items (see HostRunner::work): often
 // enough that a yielding training thread waits at most about one item, rarely enough
@@ -300,6 +296,7 @@ class HostBackend final : public Backend {
   // every gate open and again when the workers leave after a close, preempted training
   // threads often enough to triple the time spent in the hooks.
   void on_executor_thread() override { idle_.enter(); }
+  AdmissionStamps admission_stamps() const override { return stamps_.read(); }
   uintptr_t side_stream() const override { return 0; }
 
   // The workers leave as soon as they are idle: one still in a launch finishes its item,
@@ -336,19 +333,22 @@ class HostBackend final : public Backend {
     // Read after the open was seen: a newer write's number at worst, whose launch then
     // ends at once (HostRunner::work checks the gate and the number before each item).
     seq = seq_.load();
+    stamps_.woke(seq);
     return true;
   }
 
-  // One launch: every worker runs runner.work() once; returns when all have exited.
-  // After begin_shutdown() it runs nothing (the workers may be gone): the launch ends
-  // with no item run, as one stopped before the gate opened.
-  void launch(HostRunner& runner) {
+  // One launch, admitted under the gate write `seq`: every worker runs runner.work()
+  // once; returns when all have exited. After begin_shutdown() it runs nothing (the
+  // workers may be gone): the launch ends with no item run, as one stopped before the
+  // gate opened.
+  void launch(HostRunner& runner, uint32_t seq) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (closed_) return;
     job_ = &runner;
     running_ = static_cast<int>(threads_.size());
     ++generation_;
     work_cv_.notify_all();
+    stamps_.launched(seq);
     done_cv_.wait(lock, [&] { return running_ == 0; });
     job_ = nullptr;
   }
@@ -387,6 +387,7 @@ class HostBackend final : public Backend {
   std::atomic<uint32_t> seq_{0};
   std::atomic<uint64_t> wake_epoch_{0};  // bumped by gate opens, stops and shutdown
   mutable Doorbell bell_;                 // rung with it, for wait_open()'s timeout
+  AdmissionStamper stamps_;  // no watcher here: `reached` stays unstamped
   std::mutex marks_mutex_;
   std::unordered_map<uint64_t, int64_t> marks_;
   uint64_t next_mark_ = 1;
@@ -422,7 +423,7 @@ LaunchMarks HostRunner::run(bool record) {
   marks.gate_seq = seq;
   begin_launch(seq);
   executing_.store(true);
-  backend_.launch(*this);
+  backend_.launch(*this, seq);
   test_switches::delay_launch_end();
   executing_.store(false);
   take_end();

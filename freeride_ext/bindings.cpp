@@ -543,6 +543,28 @@ PYBIND11_MODULE(_C, m) {
                              [](Executor& ex) { return ex.backend().launches_at_opens(); })
       .def_property_readonly("watcher_launches",
                              [](Executor& ex) { return ex.backend().watcher_launches(); })
+      .def_property_readonly(
+          "admission_stamps",
+          [](Executor& ex) {
+            const freeride::AdmissionStamps a = ex.backend().admission_stamps();
+            py::dict out;
+            auto put = [&](const char* step, const freeride::AdmissionStamp& st) {
+              if (st.steady_ns == 0) {
+                out[step] = py::none();
+              } else {
+                out[step] = py::make_tuple(st.seq, st.steady_ns);
+              }
+            };
+            put("reached", a.reached);
+            put("woke", a.woke);
+            put("launched", a.launched);
+            return out;
+          },
+          "When the host-started path of the latest admission passed each step: "
+          "{'reached': the open watcher saw the GPU reach the open, 'woke': the executor "
+          "saw the gate open, 'launched': a launch the host made was enqueued}, each "
+          "(the open's sequence number, time.monotonic_ns()) or None where not yet "
+          "(no watcher: 'reached' stays None). For benchmarks.")
       .def_property_readonly("reserve_mechanism",
                              [](Executor& ex) { return ex.backend().reserve_mechanism(); })
       .def_property_readonly("reserve_fallback",

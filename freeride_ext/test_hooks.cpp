@@ -94,7 +94,8 @@ class FakeWatcher {
   explicit FakeWatcher(bool hook, int64_t throw_at)
       : bell_(new freeride::Doorbell()),  // leaked: the thread may ring it after this ends
         reached_(std::make_shared<Reached>()),
-        watcher_(std::make_unique<freeride::OpenWatcher>(0, fake_watcher_events())) {
+        stamps_(std::make_shared<freeride::AdmissionStamper>()),
+        watcher_(std::make_unique<freeride::OpenWatcher>(0, fake_watcher_events(), stamps_)) {
     if (!hook) return;
     watcher_->on_reached([bell = bell_, seen = reached_, throw_at](uint32_t seq) {
       {
@@ -114,6 +115,12 @@ class FakeWatcher {
     });
   }
   uint64_t rings() const { return bell_->rings(); }
+  // The watcher's latest `reached` stamp: (seq, steady-clock ns), or None before any.
+  py::object reached_stamp() const {
+    const freeride::AdmissionStamp st = stamps_->read().reached;
+    if (st.steady_ns == 0) return py::none();
+    return py::make_tuple(st.seq, st.steady_ns);
+  }
   // (seq, rings before the call) of each hook call so far, in order.
   py::list reached() const {
     std::lock_guard<std::mutex> lk(reached_->mu);
@@ -148,6 +155,7 @@ class FakeWatcher {
   };
   freeride::Doorbell* bell_;
   std::shared_ptr<Reached> reached_;
+  std::shared_ptr<freeride::AdmissionStamper> stamps_;  // the watcher stamps `reached`
   std::unique_ptr<freeride::OpenWatcher> watcher_;
 };
 
@@ -586,6 +594,9 @@ void register_test_hooks(py::module_& m) {
            "Queues one fake event for open `seq`; rings once it ends. `then(event)` is "
            "called with the event's number before the watcher's thread can wait for it.")
       .def("rings", &FakeWatcher::rings)
+      .def("reached_stamp", &FakeWatcher::reached_stamp,
+           "The watcher's latest `reached` stamp (csrc/admission_stamps.hpp): (seq, "
+           "time.monotonic_ns() as its wait returned), or None before the first.")
       .def("reached", &FakeWatcher::reached,
            "(seq, rings before the call) of each of the hook's calls, in order.")
       .def("retire", &FakeWatcher::retire, py::call_guard<py::gil_scoped_release>())

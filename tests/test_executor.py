@@ -369,3 +369,25 @@ def test_wait_next_open_sleeps_until_a_newer_open(host):
     waiter.join(timeout=5.0)
     assert not waiter.is_alive() and done == [False]
     assert time.monotonic() - t0 < 5.0
+
+
+def test_admission_stamps_place_the_executors_wake_and_launch_after_the_open(host):
+    """What probes/probe_admission.py splits a host-started admission by: once an open
+    admits a launch, the executor's wake-up and its launch are stamped with that open's
+    number, in that order, on Python's monotonic clock, after the open and before the
+    first item is seen. The host backend has no watcher: `reached` stays unstamped."""
+    assert host._ex.admission_stamps == {"reached": None, "woke": None, "launched": None}
+    host.gate.close()
+    t = host.submit(fr.tasks.ItemCounter(10**6, ns_per_item=1_000))
+    time.sleep(0.05)
+    opened = time.monotonic_ns()
+    host.gate.open()
+    seq = host.gate.seq  # the host's writes take effect as they are made
+    wait_until(lambda: t.items_done > 0)
+    seen = time.monotonic_ns()
+    stamps = host._ex.admission_stamps
+    assert stamps["reached"] is None
+    (woke_seq, woke), (launched_seq, launched) = stamps["woke"], stamps["launched"]
+    assert woke_seq == launched_seq == seq
+    assert opened <= woke <= launched <= seen
+    t.cancel()

@@ -121,6 +121,31 @@ def test_the_hook_gets_each_events_open_before_its_ring_in_order():
     w.retire()
 
 
+def test_each_reached_open_is_stamped_with_its_number_before_its_ring():
+    """The split of a host-started admission (csrc/admission_stamps.hpp, read by
+    probes/probe_admission.py): as each wait returns the watcher stamps the open's number
+    and the time on Python's monotonic clock, before it rings; the stamp is the latest
+    open reached, never one still ahead."""
+    w = FakeWatcher()
+    begun = _waits_so_far()
+    assert w.reached_stamp() is None
+    assert w.ring_after(40) and w.ring_after(41)
+    assert FakeWatcher.waits_begun(begun + 1, 10.0)
+    time.sleep(0.02)
+    assert w.reached_stamp() is None  # the GPU has reached neither open
+    released = time.monotonic_ns()
+    FakeWatcher.release(begun + 1)
+    wait_until(lambda: w.rings() == 1)
+    rung_seen = time.monotonic_ns()
+    seq, at = w.reached_stamp()
+    assert seq == 40 and released <= at <= rung_seen
+    FakeWatcher.release(begun + 2)
+    wait_until(lambda: w.rings() == 2)
+    seq, later = w.reached_stamp()
+    assert seq == 41 and later >= at
+    w.retire()
+
+
 def test_a_hook_that_throws_costs_neither_the_ring_nor_the_next_events():
     w = FakeWatcher(hook=True, throw_at=21)
     begun = _waits_so_far()

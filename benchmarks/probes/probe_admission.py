@@ -32,6 +32,15 @@ time over one second: issue 36's "the executor sleeps through compute". Opens al
 from one stream here, so every one rings: the executor's own looks at the mirror are the
 20 ms backstop (about 50 a second; 1 ms looks, about 1,000, before 995a586).
 
+Each trial is also split by the executor's stamps (`admission_stamps`, on the clock of
+time.monotonic_ns): the watcher's wait for the open's event returned (`reached`), the
+executor saw the gate open (`woke`), the launch it made was enqueued (`launched`); with
+the host's own readings (`seen`, `items`) they give the parts of the delay, each a median
+over the trials whose stamps are of their own open (`parts` in the JSON; the result line
+lists them). Ring: seen->reached is the blocking-sync event's wake-up, reached->woke the
+bell's; poll has no watcher (seen->woke is its look); at-open launches are the GPU's, so
+no part after `seen` is stamped for them.
+
 `--trials N` (default 40) sets the number of trials (the measure step of
 benchmarks/run_gpu.sh runs 200, enough for a p99); `--json PATH` also writes the
 figures there (every delay, p50/p90/p99, the settings; an `error` where the probe
@@ -54,6 +63,44 @@ TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "te
 TRIALS = 40
 SPIN_LIMIT_S = 2.0
 IDLE_S = 1.0  # how long the closed gate's cost is measured
+
+
+# The steps of a host-started admission, from the host seeing the open to its first items:
+# each part is the median of the gaps between two readings of one trial, taken only where
+# both readings are of the trial's open (a stamp of an older open: the step did not
+# happen for this one, as where the open carried a launch). "reached" may come before
+# the host's own look at the mirror: both wait for the same write, so that part is signed.
+PARTS = {
+    "seen->reached": ("seen", "reached"),  # the watcher's wake-up from its event
+    "reached->woke": ("reached", "woke"),  # the bell's wake-up of the executor
+    "seen->woke": ("seen", "woke"),  # with polling (no watcher): the executor's look
+    "woke->launched": ("woke", "launched"),  # the executor's path to the enqueued launch
+    "reached->launched": ("reached", "launched"),  # FREERIDE_WATCHER_LAUNCH=1: the watcher's
+    "launched->items": ("launched", "items"),  # the GPU starts it; the count is published
+}
+
+
+def split_admission(parts: dict[str, list[float]], stamps, seq: int, seen: int, items: int) -> None:
+    """Adds one trial's gaps to `parts` (µs): `stamps` is the executor's admission_stamps
+    (None: a build without them), `seen` and `items` the host's own readings."""
+    if stamps is None:
+        return
+    at = {"seen": seen, "items": items}
+    for step in ("reached", "woke", "launched"):
+        stamp = stamps.get(step)
+        if stamp is not None and stamp[0] == seq:
+            at[step] = stamp[1]
+    for name, (a, b) in PARTS.items():
+        if a in at and b in at:
+            parts[name].append((at[b] - at[a]) / 1e3)
+
+
+def parts_text(parts: dict) -> str:
+    """The parts' medians as the result line shows them (those no trial had left out)."""
+    shown = [
+        f"{name} {p['p50_us']:.0f} ({p['trials']})" for name, p in parts.items() if p["trials"]
+    ]
+    return ", ".join(shown) if shown else "no stamps of the trials' opens"
 
 
 def main() -> None:
@@ -116,6 +163,7 @@ def measure(
         closed_wakeups_per_s=(exec_wakeups() - wake0) / wall,
         closed_cpu_per_s=(time.process_time() - cpu0) / wall,
     )
+    parts: dict[str, list[float]] = {name: [] for name in PARTS}
     for _ in range(trials):
         h.gate.close(stream="host")
         time.sleep(0.02)  # the launch in flight ends; the executor waits for an open
@@ -123,19 +171,22 @@ def measure(
         with torch.cuda.stream(train):
             torch.cuda._sleep(int(cyc))
             h.gate.open()
-        deadline = time.perf_counter() + SPIN_LIMIT_S
-        while not h.gate.is_open and time.perf_counter() < deadline:
+        # time.monotonic_ns: the clock of the executor's stamps (admission_stamps).
+        deadline = time.monotonic_ns() + int(SPIN_LIMIT_S * 1e9)
+        while not h.gate.is_open and time.monotonic_ns() < deadline:
             pass
-        t0 = time.perf_counter()
-        while t.items_done == before and time.perf_counter() < deadline:
+        t0 = time.monotonic_ns()
+        seq = h.gate.seq  # the open's: nothing else writes the gate meanwhile
+        while t.items_done == before and time.monotonic_ns() < deadline:
             pass
-        t1 = time.perf_counter()
+        t1 = time.monotonic_ns()
         if t1 >= deadline:
             stuck += 1
             if not bounded(train.synchronize, 10.0).done:
                 fail("the training stream never reached its open", 2)
             continue
-        d.append((t1 - t0) * 1e6)
+        d.append((t1 - t0) / 1e3)
+        split_admission(parts, getattr(h._ex, "admission_stamps", None), seq, t0, t1)
     h.gate.close(stream="host")
     t.cancel()
     watcher_launches = getattr(h._ex, "watcher_launches", None)  # None: a build without it
@@ -151,6 +202,10 @@ def measure(
     if d:
         figures = {f"p{q}_us": percentile(d, q) for q in (50, 90, 99)}
         out.update(figures, min_us=d[0], max_us=d[-1])
+    out["parts"] = {
+        name: {"trials": len(v), "p50_us": percentile(sorted(v), 50) if v else None}
+        for name, v in parts.items()
+    }
     write_json(args.json, out)  # the figures, before the teardown can hang
     if not bounded(lambda: t.wait(30), 35.0).done:
         fail("the cancelled task did not end within 35 s", 3)
@@ -166,7 +221,8 @@ def measure(
         f"{out['p50_us']:.0f} us, p90 {out['p90_us']:.0f} us, p99 {out['p99_us']:.0f} us, "
         f"min {d[0]:.0f} us, max {d[-1]:.0f} us; stuck {stuck}; gate closed: the executor "
         f"woke {out['closed_wakeups_per_s']:.0f} times a second, the process used "
-        f"{out['closed_cpu_per_s']:.3f} CPU-s a second",
+        f"{out['closed_cpu_per_s']:.3f} CPU-s a second; split (median us, trials): "
+        + parts_text(out["parts"]),
     )
 
 

@@ -164,7 +164,7 @@ class CudaBackend final : public Backend {
     FR_CUDA_CHECK(cudaStreamCreateWithPriority(&s.control, cudaStreamNonBlocking, greatest));
     // Rings serve stream_wait too: iterative tasks wait for the gate on the host.
     s.ring = ring;
-    if (s.ring) s.watcher = std::make_unique<OpenWatcher>(device);
+    if (s.ring) s.watcher = std::make_unique<OpenWatcher>(device, s.stamps);
     // stream_wait holds every launch on the GPU already: launches at opens are its own.
     s.launch_at_opens = at_opens && !options.stream_wait;
     s.successors = successors && !options.stream_wait;
@@ -379,6 +379,7 @@ class CudaBackend final : public Backend {
   uint64_t max_lookahead() const override { return s_->max_lookahead.load(); }
   uint64_t opens_beyond_lookahead() const override { return s_->beyond_lookahead.load(); }
   uint64_t watcher_launches() const override { return s_->watcher_launches.load(); }
+  AdmissionStamps admission_stamps() const override { return s_->stamps->read(); }
 
   uint64_t mark(uintptr_t stream) override {
     CudaShared& s = *s_;

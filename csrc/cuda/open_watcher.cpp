@@ -41,6 +41,7 @@ struct OpenWatcher::State {
   std::deque<Recorded> pending;  // in recording order
   std::vector<void*> spare;      // waited for, to record again
   Reached reached;               // on_reached's: set before the first event, then read only
+  std::shared_ptr<AdmissionStamper> stamps;  // set at construction, then read only
   bool started = false;          // the thread is past start_thread
   bool retired = false;          // the backend let go of it
   bool exiting = false;  // the process is exiting: no further wait, no CUDA call
@@ -141,6 +142,7 @@ void watch(const std::shared_ptr<OpenWatcher::State>& s) {
     s->pending.pop_front();
     lk.unlock();
     s->events.wait(r.event);
+    if (s->stamps) s->stamps->reached(r.seq);
     if (s->reached) call_reached(*s, r.seq);
     r.bell->ring();  // also after an error: the waiter looks at the gate itself
     lk.lock();
@@ -216,14 +218,17 @@ const WatcherEvents& cuda_events() {
 }  // namespace
 
 #ifdef FREERIDE_WITH_CUDA
-OpenWatcher::OpenWatcher(int device) : OpenWatcher(device, cuda_events()) {}
+OpenWatcher::OpenWatcher(int device, std::shared_ptr<AdmissionStamper> stamps)
+    : OpenWatcher(device, cuda_events(), std::move(stamps)) {}
 #endif
 
-OpenWatcher::OpenWatcher(int device, const WatcherEvents& events)
+OpenWatcher::OpenWatcher(int device, const WatcherEvents& events,
+                         std::shared_ptr<AdmissionStamper> stamps)
     : state_(std::make_shared<State>()) {
   State& s = *state_;
   s.device = device;
   s.events = events;
+  s.stamps = std::move(stamps);
   // Room for every event there can be (the spares and kMaxPending pending), so that
   // giving one back never allocates on the watcher's thread.
   s.spare.reserve(kSpareEvents + kMaxPending + 1);

@@ -19,6 +19,7 @@
 #include <string>
 #include <type_traits>
 
+#include "admission_stamps.hpp"
 #include "doorbell.hpp"
 
 namespace freeride {
@@ -38,7 +39,7 @@ class OpenWatcher {
 #ifdef FREERIDE_WITH_CUDA
   // With CUDA events; `device` must be current on the calling thread (events are made
   // there). Throws where the driver lacks cuEventSynchronize.
-  explicit OpenWatcher(int device);
+  explicit OpenWatcher(int device, std::shared_ptr<AdmissionStamper> stamps = nullptr);
 #endif
   // Starts the thread (returns once it runs). One watcher per backend: its events come
   // from that harvester's training streams, which reach them in order, so the first in
@@ -47,7 +48,10 @@ class OpenWatcher {
   // takes long: the later ring waits for the earlier open in the queue. Stream-ordered
   // gate writes come from one stream, docs/design.md; once opens came from two, the
   // executor also looks at the mirror by itself every kAdmissionPoll: UnrungOpens.)
-  OpenWatcher(int device, const WatcherEvents& events);
+  // `stamps`, where given, gets reached(seq) as each wait returns, before the hook and the
+  // ring (shared: the thread may outlive the watcher).
+  OpenWatcher(int device, const WatcherEvents& events,
+              std::shared_ptr<AdmissionStamper> stamps = nullptr);
   // Never blocks: the thread ends by itself once it has waited for every event queued
   // (it may wait forever for a stream that never gets there, a rank whose peer died; its
   // state lives as long as it does).

@@ -192,6 +192,7 @@ LaunchMarks CudaRunner::run(bool record) {
       return untaken;
     }
     if (!go) return LaunchMarks{};  // stopped (or abandoned) while the gate was closed
+    s.stamps->woke(s.mirror_seq());
   }
   {
     std::lock_guard<std::mutex> lk(launch_mu_);
@@ -200,6 +201,7 @@ LaunchMarks CudaRunner::run(bool record) {
       if (stopping() || abandoned_.load()) return LaunchMarks{};
       const uint32_t seq = s.mirror_seq();  // after the open mirror: the open's, or newer
       enqueue_locked(nullptr, seq, false, record, phase_);
+      s.stamps->launched(seq);
     }
   }
   return finish_oldest();

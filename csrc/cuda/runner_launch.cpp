@@ -125,6 +125,7 @@ bool CudaRunner::launch_at_reached_open(uint32_t seq, bool others_pending) noexc
     const KeepCurrentContext keep(green_);
     // Marked, as the executor's own launches are (run(true)).
     enqueue_locked(nullptr, seq, false, true, phase_);
+    s.stamps->launched(seq);
     launched = true;
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lk(launch_mu_);

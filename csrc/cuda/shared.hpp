@@ -24,6 +24,7 @@
 #include "cuda/gate_memory.hpp"
 #include "cuda/launch_shapes.hpp"
 #include "cuda/occupancy.hpp"
+#include "admission_stamps.hpp"
 #include "cuda/open_watcher.hpp"
 #include "cuda/open_ordinals.hpp"
 #include "cuda/skipped_opens.hpp"
@@ -118,6 +119,10 @@ struct CudaShared {
   // (FREERIDE_ADMISSION=poll). Null where polling, and after shutdown.
   std::unique_ptr<OpenWatcher> watcher;
   bool ring = true;
+  // When the host-started path passed its steps (Backend::admission_stamps): the
+  // watcher's thread stamps `reached`, run() `woke`, a host-made launch `launched`.
+  // Shared with the watcher, whose thread may outlive this.
+  std::shared_ptr<AdmissionStamper> stamps = std::make_shared<AdmissionStamper>();
   // Whether an open may take effect without a ring: waits for the gate then look at the
   // mirror every kAdmissionPoll, and only as a backstop until then.
   UnrungOpens unrung;
