@@ -28,7 +28,7 @@ struct AdmissionStamp {
 
 struct AdmissionStamps {
   AdmissionStamp reached;   // the open watcher's wait for the open's event returned
-  AdmissionStamp woke;      // the executor's thread saw the gate open
+  AdmissionStamp woke;      // the executor's thread saw the gate open, and launches
   AdmissionStamp launched;  // a launch the host made for that open was enqueued
 };
 

@@ -562,7 +562,8 @@ PYBIND11_MODULE(_C, m) {
           },
           "When the host-started path of the latest admission passed each step: "
           "{'reached': the open watcher saw the GPU reach the open, 'woke': the executor "
-          "saw the gate open, 'launched': a launch the host made was enqueued}, each "
+          "saw the gate open and launches for it, 'launched': a launch the host made "
+          "(the executor's, or the watcher's) was enqueued}, each "
           "(the open's sequence number, time.monotonic_ns()) or None where not yet "
           "(no watcher: 'reached' stays None). For benchmarks.")
       .def_property_readonly("reserve_mechanism",

@@ -38,8 +38,10 @@ executor saw the gate open (`woke`), the launch it made was enqueued (`launched`
 the host's own readings (`seen`, `items`) they give the parts of the delay, each a median
 over the trials whose stamps are of their own open (`parts` in the JSON; the result line
 lists them). Ring: seen->reached is the blocking-sync event's wake-up, reached->woke the
-bell's; poll has no watcher (seen->woke is its look); at-open launches are the GPU's, so
-no part after `seen` is stamped for them.
+bell's; poll has no watcher (seen->woke is its look); the watcher's launch
+(FREERIDE_WATCHER_LAUNCH=1) gives reached->launched, the executor then making none (no
+`woke`); at-open launches are the GPU's: only the watcher, which still rings, is
+stamped (seen->reached).
 
 `--trials N` (default 40) sets the number of trials (the measure step of
 benchmarks/run_gpu.sh runs 200, enough for a p99); `--json PATH` also writes the

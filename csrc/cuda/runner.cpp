@@ -192,7 +192,6 @@ LaunchMarks CudaRunner::run(bool record) {
       return untaken;
     }
     if (!go) return LaunchMarks{};  // stopped (or abandoned) while the gate was closed
-    s.stamps->woke(s.mirror_seq());
   }
   {
     std::lock_guard<std::mutex> lk(launch_mu_);
@@ -200,6 +199,9 @@ LaunchMarks CudaRunner::run(bool record) {
     if (pending_.empty()) {
       if (stopping() || abandoned_.load()) return LaunchMarks{};
       const uint32_t seq = s.mirror_seq();  // after the open mirror: the open's, or newer
+      // Only here: a wait that ended on a launch already made (at the open, or by the
+      // watcher) was no sight of the gate that this thread acted on.
+      s.stamps->woke(seq);
       enqueue_locked(nullptr, seq, false, record, phase_);
       s.stamps->launched(seq);
     }
