@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections import Counter
@@ -61,6 +62,12 @@ TRAINING_ADMISSION_US = 10.0
 EXECUTOR_WAKEUPS_PER_S = 100.0
 
 PAUSE_VARIANT = "freeride, gate in device memory"
+# bench preempt's (freeride/cli/bench/preempt.py): the suffix of the variant measured with
+# the host enqueuing the close as the GPU waits, and settings["pause_from"], present where
+# the pause is measured from the close taking effect (a marker holds the stream until the
+# close is queued). A result without it is of the older bench, whose only pause rows had
+# the clock start before the host's close call: those are the host-enqueued rows here.
+HOST_ENQUEUED = ", close enqueued as the GPU waits"
 # The harvest matrix's runs, one row each (probes/probe_harvest_matrix.py's RUNS keys).
 HARVEST_ROWS = (
     ("spin-20ms-8q", "single-phase Spin, 5 bubbles of 20 ms, 8 queues (default)"),
@@ -134,7 +141,8 @@ def us(value: float) -> str:
 
 
 def _num(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A figure: a finite number (NaN or infinity, as a JSON may carry, is none)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _not_run(metric: str, setting: str, target: str, source: Source) -> Row:
@@ -147,27 +155,43 @@ def _not_run(metric: str, setting: str, target: str, source: Source) -> Row:
 
 
 def pause_rows(preempt: Source) -> list[Row]:
+    """The pause as defined (from the close taking effect: the target applies), then as
+    the training thread sees it where the GPU waits for the host to enqueue the close
+    (that call in the figure: no target; the host cost rows hold its target)."""
     metric = "pause latency p50 / p99 / max"
-    rows = []
-    found = {}
-    for r in (preempt.data or {}).get("rows", []):
-        if r.get("variant") == PAUSE_VARIANT and _num(r.get("p99_us")):
-            found[r.get("item_us")] = r
-    for item in PAUSE_ITEM_US:
-        setting = f"{item} µs items, gate in device memory"
-        target, limit = ("—", None)
-        if item == PAUSE_TARGET[0]:
-            target, limit = f"p99 ≤ {PAUSE_TARGET[1]:g} µs", PAUSE_TARGET[1]
-        r = found.get(item)
-        if r is None:
-            rows.append(_not_run(metric, setting, target, preempt))
+    data = preempt.data or {}
+    ahead = bool((data.get("settings") or {}).get("pause_from"))
+    found: dict[str, dict] = {"ahead": {}, "host": {}}
+    for r in data.get("rows", []):
+        if not _num(r.get("p99_us")):
             continue
-        measured = (
-            f"{us(r['p50_us'])} / {us(r['p99_us'])} / {us(r['max_us'])} µs "
-            f"({r.get('trials')} trials)"
-        )
-        verdict = NO_TARGET if limit is None else judge(r["p99_us"] <= limit)
-        rows.append(Row(metric, setting, measured, target, verdict))
+        if r.get("variant") == PAUSE_VARIANT:
+            found["ahead" if ahead else "host"][r.get("item_us")] = r
+        elif r.get("variant") == PAUSE_VARIANT + HOST_ENQUEUED:
+            found["host"][r.get("item_us")] = r
+    rows = []
+    for kind, suffix in (("ahead", "close queued ahead"), ("host", HOST_ENQUEUED[2:])):
+        for item in PAUSE_ITEM_US:
+            setting = f"{item} µs items, gate in device memory, {suffix}"
+            target, limit = ("—", None)
+            if kind == "ahead" and item == PAUSE_TARGET[0]:
+                target, limit = f"p99 ≤ {PAUSE_TARGET[1]:g} µs", PAUSE_TARGET[1]
+            r = found[kind].get(item)
+            if r is None and kind == "ahead" and preempt.data is not None and not ahead:
+                why = (
+                    "not measured: an older bench preempt, its clock started before the close call"
+                )
+                rows.append(Row(metric, setting, why, target, NOT_RUN))
+                continue
+            if r is None:
+                rows.append(_not_run(metric, setting, target, preempt))
+                continue
+            measured = (
+                f"{us(r['p50_us'])} / {us(r['p99_us'])} / {us(r['max_us'])} µs "
+                f"({r.get('trials')} trials)"
+            )
+            verdict = NO_TARGET if limit is None else judge(r["p99_us"] <= limit)
+            rows.append(Row(metric, setting, measured, target, verdict))
     return rows
 
 
@@ -186,6 +210,19 @@ def _not_this_setting(d: dict, at_opens: bool, watcher: bool) -> str:
         if _num(kept) and launched * 2 < kept:
             return f"the watcher enqueued {launched} of {kept} trials' launches: not this setting"
     return ""
+
+
+def _split_text(parts) -> str:
+    """probe_admission's split of its delays (its `parts`: each step's p50 and how many
+    trials had it), as "seen→reached 180, reached→woke 30 µs"; "" where none was had."""
+    if not isinstance(parts, dict):
+        return ""
+    shown = [
+        f"{name.replace('->', '→')} {us(p['p50_us'])}"
+        for name, p in parts.items()
+        if isinstance(p, dict) and p.get("trials") and _num(p.get("p50_us"))
+    ]
+    return ", ".join(shown) + " µs" if shown else ""
 
 
 WATCHER_SETTING = (
@@ -224,6 +261,9 @@ def side_admission_rows(at_open: Source, ring: Source, poll: Source, watcher: So
         )
         if watcher_on and _num(d.get("watcher_launches")):
             measured += f"; {d['watcher_launches']} launches the watcher's"
+        split = _split_text(d.get("parts"))
+        if split:
+            measured += f"; split, p50: {split}"
         if d.get("error"):
             measured += f"; then: {d['error']}"
         rows.append(Row(metric, setting, measured, target, judge(d["p99_us"] <= limit)))

@@ -211,11 +211,14 @@ if step measure; then
     deadline=$((SECONDS + ${MEASURE_BUDGET:-480}))
     m="$work/measure"
     mkdir -p "$m"
-    # 1. Pause latency p50/p99/max per item duration (1-100 us; the target at 10 us), the
-    #    host cost per close+open pair (gate write rows: ring, poll, launch at open), and
-    #    the training-kernel admission rows. Full sizes: 300 pause trials a row, enough for
-    #    a p99 [~155 s measured: ~153 s at 51c0fe7, between the start dates of its JSON and
-    #    the next benchmark's]; MEASURE_QUICK=1 runs --quick (50 trials) [~70 s est.].
+    # 1. Pause latency p50/p99/max per item duration (1-100 us; the target at 10 us),
+    #    from the close taking effect (queued ahead behind a marker), and for the default
+    #    once more with the host enqueuing the close as the GPU waits; the host cost per
+    #    close+open pair (gate write rows: ring, poll, launch at open), and the
+    #    training-kernel admission rows. Full sizes: 300 pause trials a row, enough for a
+    #    p99 [~165 s est.: ~153 s at 51c0fe7, between the start dates of its JSON and the
+    #    next benchmark's, before the six host-enqueued rows]; MEASURE_QUICK=1 runs
+    #    --quick (50 trials) [~75 s est.].
     preempt_args=()
     [ "${MEASURE_QUICK:-0}" = 1 ] && preempt_args=(--quick)
     budgeted $deadline measure_bench_preempt 200 $py -m freeride bench preempt --mode gpu \

@@ -32,9 +32,11 @@ def _load(name: str, path: pathlib.Path):
 
 mt = _load("measure_table", ROOT / "benchmarks" / "measure_table.py")
 
-# 5 pause + 4 admission + 10 harvest + 4 held + 8 overhead + 6 items + 3 bw + 3 host
-# + 2 executor sleep + 1 training admission
-ROWS = 46
+# 10 pause (close queued ahead; host-enqueued) + 4 admission + 10 harvest + 4 held
+# + 8 overhead + 6 items + 3 bw + 3 host + 2 executor sleep + 1 training admission
+ROWS = 51
+AHEAD = "gate in device memory, close queued ahead"
+HOST_ENQUEUED = "gate in device memory, close enqueued as the GPU waits"
 
 
 # -- inputs as the step writes them -------------------------------------------------------
@@ -164,6 +166,20 @@ def bench(name: str) -> dict:
     return json.loads((H200 / f"bench-{name}.json").read_text())
 
 
+def preempt_now(p99_ahead: float = 15.0) -> dict:
+    """The H200's preempt JSON as bench preempt now writes it: the pause measured from the
+    close taking effect (p99 `p99_ahead`, in every row of the default variant), and the
+    H200's figures, whose clock started before the host's close call, as the rows of the
+    host-enqueued variant."""
+    data = bench("preempt")
+    data["settings"]["pause_from"] = "close queued ahead (marker)"
+    for row in list(data["rows"]):
+        if row["variant"] == mt.PAUSE_VARIANT:
+            data["rows"].append({**row, "variant": mt.PAUSE_VARIANT + mt.HOST_ENQUEUED})
+            row.update(p50_us=p99_ahead / 2, p99_us=p99_ahead, max_us=p99_ahead + 1)
+    return data
+
+
 def items_with_copy(copy_gbps: float = 4000.0) -> dict:
     """The H200's items JSON with the copy row and column `bench items` now adds."""
     data = bench("items")
@@ -192,7 +208,7 @@ def write(folder: pathlib.Path, name: str, data) -> None:
 def full_folder(folder: pathlib.Path) -> pathlib.Path:
     """Every input of a complete run: the H200's bench JSONs and probes that meet targets."""
     folder.mkdir(parents=True, exist_ok=True)
-    write(folder, "preempt.json", bench("preempt"))
+    write(folder, "preempt.json", preempt_now())
     write(folder, "pipeline.json", bench("pipeline"))
     write(folder, "items.json", items_with_copy())
     write(folder, "admission_at_open.json", admission(8.0, True))
@@ -247,13 +263,19 @@ def test_every_row_is_there_and_not_run_without_inputs(tmp_path):
 def test_the_h200_run_of_2026_11_27_read_as_it_was(tmp_path):
     # The table reads the real bench JSONs to the figures benchmarks/README.md took from
     # them by hand.
-    rows = mt.rows_of(str(full_folder(tmp_path)))
+    folder = full_folder(tmp_path)
+    write(folder, "preempt.json", bench("preempt"))
+    rows = mt.rows_of(str(folder))
     assert len(rows) == ROWS
     pause = by_setting(rows, "pause latency")
-    ten = pause["10 µs items, gate in device memory"]
-    assert (ten.verdict, ten.target) == (mt.MISSED, "p99 ≤ 20 µs")
+    # Its clock started before the host's close call: the host-enqueued rows, no target.
+    ten = pause[f"10 µs items, {HOST_ENQUEUED}"]
+    assert (ten.verdict, ten.target) == (mt.NO_TARGET, "—")
     assert "9,343" in ten.measured and "300 trials" in ten.measured
-    assert {r.verdict for s, r in pause.items() if not s.startswith("10 ")} == {mt.NO_TARGET}
+    ahead = [r for s, r in pause.items() if AHEAD in s]
+    assert len(ahead) == 5 and {r.verdict for r in ahead} == {mt.NOT_RUN}
+    assert all("older bench preempt" in r.measured for r in ahead)
+    assert pause[f"10 µs items, {AHEAD}"].target == "p99 ≤ 20 µs"
     items = by_setting(rows, "item overhead")
     assert items["Saxpy float32"].verdict == mt.MET
     assert "-19.74%" in items["Saxpy float32"].measured
@@ -338,13 +360,39 @@ def test_harvest_against_85_percent(tmp_path, share, verdict):
 @pytest.mark.parametrize("value, verdict", [(20.0, mt.MET), (20.5, mt.MISSED)])
 def test_pause_target_boundary(tmp_path, value, verdict):
     # p99 <= 20 us at 10 us items
-    data = bench("preempt")
+    data = preempt_now()
     for row in data["rows"]:
         if row["variant"] == mt.PAUSE_VARIANT and row["item_us"] == 10:
             row["p99_us"] = value
     write(tmp_path, "preempt.json", data)
     pause = by_setting(mt.rows_of(str(tmp_path)), "pause latency")
-    assert pause["10 µs items, gate in device memory"].verdict == verdict
+    assert pause[f"10 µs items, {AHEAD}"].verdict == verdict
+    # The host-enqueued rows have no target, whatever their figures (9,343 µs here).
+    assert {r.verdict for s, r in pause.items() if HOST_ENQUEUED in s} == {mt.NO_TARGET}
+    assert pause[f"5 µs items, {AHEAD}"].verdict == mt.NO_TARGET
+
+
+def test_the_table_and_bench_preempt_name_the_pause_rows_alike():
+    """measure_table keeps its own copy of bench preempt's names (it reads JSON files and
+    imports nothing of freeride): they must agree, or the pause rows read "not run"."""
+    preempt = pytest.importorskip("freeride.cli.bench.preempt")
+    assert preempt.PAUSE_VARIANT == mt.PAUSE_VARIANT
+    assert preempt.HOST_ENQUEUED == mt.HOST_ENQUEUED
+    assert preempt.PAUSE_FROM
+
+
+@pytest.mark.parametrize("late", [None, math.nan])
+def test_a_pause_row_without_a_figure_is_not_judged(tmp_path, late):
+    """A row whose every trial was late has no figure (None; NaN from an older bench):
+    not a miss, and not a pass."""
+    data = preempt_now()
+    for row in data["rows"]:
+        if row["variant"] == mt.PAUSE_VARIANT and row["item_us"] == 10:
+            row.update(p50_us=late, p99_us=late, max_us=late, trials=0, late=300)
+    write(tmp_path, "preempt.json", data)
+    pause = by_setting(mt.rows_of(str(tmp_path)), "pause latency")
+    assert pause[f"10 µs items, {AHEAD}"].verdict == mt.NOT_RUN
+    assert pause[f"20 µs items, {AHEAD}"].verdict == mt.NO_TARGET
 
 
 @pytest.mark.parametrize("pct, verdict", [(0.5, mt.MET), (0.51, mt.MISSED)])
@@ -424,7 +472,7 @@ def test_a_run_cut_short(tmp_path):
 def test_partial_results_inside_a_json(tmp_path):
     # A preempt JSON that lacks some rows (a run of another version) and harvest results
     # without a share: those rows alone say so.
-    data = bench("preempt")
+    data = preempt_now(p99_ahead=25.0)
     data["rows"] = [
         r for r in data["rows"] if r.get("item_us") != 20 and r["variant"] != "admission"
     ]
@@ -432,8 +480,9 @@ def test_partial_results_inside_a_json(tmp_path):
     write(tmp_path, "harvest.json", harvest({"spin-20ms-8q": {"result": {"queued_ahead": True}}}))
     rows = mt.rows_of(str(tmp_path))
     pause = by_setting(rows, "pause latency")
-    assert pause["20 µs items, gate in device memory"].verdict == mt.NOT_RUN
-    assert pause["10 µs items, gate in device memory"].verdict == mt.MISSED
+    assert pause[f"20 µs items, {AHEAD}"].verdict == mt.NOT_RUN
+    assert pause[f"20 µs items, {HOST_ENQUEUED}"].verdict == mt.NOT_RUN
+    assert pause[f"10 µs items, {AHEAD}"].verdict == mt.MISSED
     (training,) = [r for r in rows if r.metric.startswith("training-kernel admission")]
     assert training.verdict == mt.FAILED
     assert by_setting(rows, "harvest")[mt.HARVEST_ROWS[0][1]].verdict == mt.FAILED
@@ -487,12 +536,44 @@ def test_the_watcher_row_reads_its_launch_count(tmp_path):
     assert row.verdict == mt.MET and "190 launches the watcher's" in row.measured
 
 
-def test_harvest_rows_are_the_matrix_runs():
+def _probe_module(name: str):
     sys.path.insert(0, str(ROOT / "benchmarks" / "probes"))
     try:
-        matrix = _load("probe_harvest_matrix", ROOT / "benchmarks/probes/probe_harvest_matrix.py")
+        return _load(name, ROOT / "benchmarks" / "probes" / f"{name}.py")
     finally:
         sys.path.remove(str(ROOT / "benchmarks" / "probes"))
+
+
+def test_the_admission_split_takes_only_stamps_of_the_trials_open(tmp_path):
+    """probe_admission's split of a host-started admission: a gap counts only where both
+    of its readings are of the trial's own open (an older open's stamp: the step did not
+    happen for this one); its parts reach the row, with the steps no trial had left out."""
+    probe = _probe_module("probe_admission")
+    parts = {name: [] for name in probe.PARTS}
+    ms = 1_000_000
+    stamps = {"reached": (7, 2 * ms), "woke": (7, 3 * ms), "launched": (6, 9 * ms)}
+    probe.split_admission(parts, stamps, 7, 1 * ms, 5 * ms)
+    assert parts["seen->reached"] == [1000.0] and parts["reached->woke"] == [1000.0]
+    assert parts["seen->woke"] == [2000.0]
+    assert parts["woke->launched"] == [] and parts["launched->items"] == []  # launch: open 6
+    probe.split_admission(parts, None, 7, 1 * ms, 5 * ms)  # a build without stamps
+    assert sum(map(len, parts.values())) == 3
+    summary = {name: {"trials": len(v), "p50_us": v[0] if v else None} for name, v in parts.items()}
+    assert probe.parts_text(summary) == (
+        "seen->reached 1000 (1), reached->woke 1000 (1), seen->woke 2000 (1)"
+    )
+    folder = full_folder(tmp_path)
+    data = json.loads((folder / "admission_ring.json").read_text())
+    write(folder, "admission_ring.json", {**data, "parts": summary})
+    row = by_setting(mt.rows_of(str(folder)), "side admission")[
+        RING + " (FREERIDE_LAUNCH_AT_OPEN=0)"
+    ]
+    assert "split, p50: seen→reached 1,000, reached→woke 1,000, seen→woke 2,000 µs" in row.measured
+    assert "woke→launched" not in row.measured
+
+
+def test_harvest_rows_are_the_matrix_runs():
+    matrix = _probe_module("probe_harvest_matrix")
     assert [r[0] for r in matrix.RUNS] == [key for key, _ in mt.HARVEST_ROWS]
     for key, _label, mode, env, args in matrix.RUNS:
         assert mode == ("queued_phases" if key.startswith("phases") else "queued_bubbles")

@@ -38,6 +38,22 @@ extern "C" __global__ void probe(unsigned long long* starts) {
   if (threadIdx.x == 0) starts[blockIdx.x] = now();
 }
 """
+# marker: holds its stream until the host, having enqueued what follows it, sets *go
+# (pinned memory), spins after_ns more and stamps out[0] as it ends (0: no flag within
+# timeout_ns). What follows it then reaches the GPU already queued: a delay measured from
+# the stamp leaves out the host's enqueue calls (launch one thread).
+MARKER_SRC = r"""
+extern "C" __global__ void marker(const volatile unsigned int* go, unsigned long long* out,
+                                  unsigned long long timeout_ns, unsigned long long after_ns) {
+  const unsigned long long t0 = now();
+  while (*go == 0u) {
+    if (now() - t0 > timeout_ns) { out[0] = 0ull; return; }
+  }
+  const unsigned long long t1 = now();
+  while (now() - t1 < after_ns) {}
+  out[0] = now();
+}
+"""
 
 BENCHMARKS = ("preempt", "items", "pipeline", "ranks", "soak", "hooks")
 

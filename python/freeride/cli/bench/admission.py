@@ -48,7 +48,7 @@ import numpy as np
 
 from freeride import Harvester, Reserve, backend_info, tasks
 
-from . import DEVICE_CLOCK_SRC, PROBE_SRC, percentiles
+from . import DEVICE_CLOCK_SRC, MARKER_SRC, PROBE_SRC, percentiles
 from .items import _workloads
 
 TARGET_US = 10.0  # issue 10: such a kernel starts within 10 us p99
@@ -64,19 +64,7 @@ RAW_REPS = 1024  # multiply-adds per element per item of the RawKernel: compute-
 
 _SRC = (
     DEVICE_CLOCK_SRC
-    + r"""
-// out[0]: the stamp the delay counts from; 0 when the host's flag did not come in time.
-extern "C" __global__ void marker(const volatile unsigned int* go, unsigned long long* out,
-                                  unsigned long long timeout_ns, unsigned long long after_ns) {
-  const unsigned long long t0 = now();
-  while (*go == 0u) {
-    if (now() - t0 > timeout_ns) { out[0] = 0ull; return; }
-  }
-  const unsigned long long t1 = now();
-  while (now() - t1 < after_ns) {}
-  out[0] = now();
-}
-"""
+    + MARKER_SRC
     + PROBE_SRC  # launched with dynamic shared memory, which it leaves unused
 )
 
