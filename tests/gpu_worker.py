@@ -338,7 +338,7 @@ def _admission_delays(torch, h, t, trials: int, blocker=None) -> dict:
     ring is first in the watcher's queue), makes the ring of every training open come only
     after it: admission then rests on the executor's look at the mirror every 1 ms."""
     train = torch.cuda.Stream(priority=-1)
-    delays, stuck = [], 0
+    delays, stuck, in_order = [], 0, 0
     for _ in range(trials):
         h.gate.close(stream="host")
         time.sleep(0.02)
@@ -355,16 +355,24 @@ def _admission_delays(torch, h, t, trials: int, blocker=None) -> dict:
             stuck += 1
             train.synchronize()
             continue
+        seq = h.gate.seq  # the open's: nothing else writes the gate meanwhile
         while t.items_done == before:
             if time.perf_counter() > deadline:
                 break
         delays.append(time.perf_counter() - opened)
+        # The admission stamps (probe_admission's split): the watcher saw this open
+        # reached, then the executor woke and launched for it, in that order.
+        stamps = h._ex.admission_stamps
+        steps = [stamps[k] for k in ("reached", "woke", "launched")]
+        if all(st is not None and st[0] == seq for st in steps):
+            in_order += steps[0][1] <= steps[1][1] <= steps[2][1]
     train.synchronize()
     h.gate.close(stream="host")
     out = {
         "delays_us": [round(d * 1e6, 1) for d in delays],
         "median_us": round(statistics.median(delays) * 1e6, 1) if delays else None,
         "stuck": stuck,
+        "stamps_in_order": in_order,
     }
     if blocker is not None:
         out["blocker_still_ahead"] = not blocker.query()

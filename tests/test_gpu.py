@@ -250,7 +250,8 @@ def test_admission_sleeps_while_the_gate_is_closed():
       (uniform over 0..1 ms, median about 0.5 ms). Negative control: with the watcher
       held up by an open still ahead of the GPU on another stream (it waits for its
       events in order), the training opens get no timely ring and the median delay is
-      that of the 1 ms look."""
+      that of the 1 ms look. And the rung trials' admission stamps (the split
+      probe_admission.py reports) are of their own opens, in order."""
     result = run_worker("admission", {"trials": 30}, ADMISSION_ENV, timeout=120)
     ring, unrung, poll = result["ring_cost"], result["unrung_cost"], result["poll_cost"]
     assert (ring["admission"], poll["admission"]) == ("ring", "poll")
@@ -287,6 +288,13 @@ def test_admission_sleeps_while_the_gate_is_closed():
         f"median admission delay {rung['median_us']} us after a stream-ordered open, "
         f"{held['median_us']} us without a timely ring: no better than the 1 ms look "
         f"(delays {rung['delays_us']})"
+    )
+    # Each trial's steps stamped for its own open, in order (csrc/admission_stamps.hpp):
+    # a trial admitted by the executor's own look instead of the ring may lack one.
+    kept = len(rung["delays_us"])
+    assert rung["stamps_in_order"] >= 0.9 * kept, (
+        f"{rung['stamps_in_order']} of {kept} trials had reached <= woke <= launched "
+        "stamped for their own open"
     )
     # Every open rang here: one whose ring was missed would wait for the 20 ms backstop.
     slowest = sorted(rung["delays_us"])[int(0.9 * len(rung["delays_us"]))]
