@@ -163,8 +163,6 @@ def pause_rows(preempt: Source) -> list[Row]:
     ahead = bool((data.get("settings") or {}).get("pause_from"))
     found: dict[str, dict] = {"ahead": {}, "host": {}}
     for r in data.get("rows", []):
-        if not _num(r.get("p99_us")):
-            continue
         if r.get("variant") == PAUSE_VARIANT:
             found["ahead" if ahead else "host"][r.get("item_us")] = r
         elif r.get("variant") == PAUSE_VARIANT + HOST_ENQUEUED:
@@ -185,6 +183,10 @@ def pause_rows(preempt: Source) -> list[Row]:
                 continue
             if r is None:
                 rows.append(_not_run(metric, setting, target, preempt))
+                continue
+            if not _num(r.get("p99_us")):  # it ran: every trial late (the host stalled)
+                why = f"no figure: every trial late ({r.get('late', 'count not given')})"
+                rows.append(Row(metric, setting, why, target, FAILED))
                 continue
             measured = (
                 f"{us(r['p50_us'])} / {us(r['p99_us'])} / {us(r['max_us'])} µs "

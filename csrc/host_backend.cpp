@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "admission_stamps.hpp"
 #include "atomic_bounds.hpp"
 #include "backend.hpp"
 #include "check.hpp"
@@ -25,8 +26,6 @@ namespace freeride {
 namespace {
 
 class HostBackend;
-
-int64_t steady_ns() { return steady_now_ns(); }
 
 // How often a worker gives its core back between items (see HostRunner::work): often
 // enough that a yielding training thread waits at most about one item, rarely enough
@@ -88,14 +87,14 @@ class HostRunner final : public PhaseRunner {
   void work(const std::atomic<uint32_t>& gate, const std::atomic<uint32_t>& seq) {
     int64_t first = INT64_MAX;
     int64_t last = INT64_MIN;
-    int64_t yielded = steady_ns();
+    int64_t yielded = steady_now_ns();
     // Before the first item too: a worker woken by an open may find the cores wanted.
     int64_t looked = yielded - kYieldEveryNs;
     while (true) {
       // Read before the gate: an item that passes the check started before any later
       // close was stored, so a launch's first mark lies inside the bubble it ran in (its
       // last may lie after the close, by the rest of an item).
-      const int64_t start = steady_ns();
+      const int64_t start = steady_now_ns();
       if (gate.load() != FREERIDE_GATE_OPEN || seq.load() != launch_seq_ || stop_.load() ||
           backend_items_see_closed()) {
         break;
@@ -107,7 +106,7 @@ class HostRunner final : public PhaseRunner {
         looked = start;
         if (backend_crowded()) {
           std::this_thread::sleep_for(std::chrono::nanoseconds(HostIdle::kStepAsideNs));
-          looked = steady_ns() - kYieldEveryNs;  // and look again at once
+          looked = steady_now_ns() - kYieldEveryNs;  // and look again at once
           continue;
         }
       }
@@ -121,7 +120,7 @@ class HostRunner final : public PhaseRunner {
         stop_.store(true);
         break;
       }
-      last = steady_ns();
+      last = steady_now_ns();
       first = std::min(first, start);
       item_ns_total_.fetch_add(static_cast<uint64_t>(last - start), std::memory_order_relaxed);
       done_.fetch_add(1);
@@ -132,7 +131,7 @@ class HostRunner final : public PhaseRunner {
       // back between items bounds that to one item.
       if (last - yielded >= kYieldEveryNs) {
         std::this_thread::yield();
-        yielded = steady_ns();
+        yielded = steady_now_ns();
       }
     }
     if (first != INT64_MAX) {
@@ -227,7 +226,7 @@ class HostBackend final : public Backend {
     });
   }
 
-  uint64_t mark(uintptr_t /*stream*/) override { return mark_at(steady_ns()); }
+  uint64_t mark(uintptr_t /*stream*/) override { return mark_at(steady_now_ns()); }
   // A mark for a steady-clock time already taken (a launch's first and last item).
   uint64_t mark_at(int64_t ns) {
     std::lock_guard<std::mutex> lock(marks_mutex_);
@@ -261,11 +260,11 @@ class HostBackend final : public Backend {
       FR_ARG(it != marks_.end(), "unknown mark " << mark);
       at = it->second;
     }
-    const int64_t before = steady_ns();
+    const int64_t before = steady_now_ns();
     const int64_t wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
-    const int64_t after = steady_ns();
+    const int64_t after = steady_now_ns();
     return at + wall - (before + (after - before) / 2);
   }
   uintptr_t gate_address() const override { return reinterpret_cast<uintptr_t>(&gate_); }

@@ -360,8 +360,8 @@ def _admission_delays(torch, h, t, trials: int, blocker=None) -> dict:
             if time.perf_counter() > deadline:
                 break
         delays.append(time.perf_counter() - opened)
-        # The admission stamps (probe_admission's split): the watcher saw this open
-        # reached, then the executor woke and launched for it, in that order.
+        # probe_admission splits its delays by these stamps, which only holds if each
+        # is of the trial's own open and they come in the path's order.
         stamps = h._ex.admission_stamps
         steps = [stamps[k] for k in ("reached", "woke", "launched")]
         if all(st is not None and st[0] == seq for st in steps):

@@ -391,14 +391,20 @@ def _leave_work_for_the_exit(rank, folder):
 
     threading.Thread(target=late).start()
     atexit.register(lambda: open(os.path.join(folder, f"atexit{rank}"), "w").close())
+    # A pool never shut down: its idle worker waits for work until threading's exit
+    # callback stops it (a plain join of the non-daemon threads would wait for good).
+    from concurrent.futures import ThreadPoolExecutor
+
+    ThreadPoolExecutor(1).submit(int).result()
     print(f"rank {rank} unflushed", end="")
 
 
 def test_a_rank_that_returns_exits_as_a_normal_exit_would(tmp_path, capfd):
     """run_ranks ends a rank that returned with os._exit (no interpreter teardown, where a
     gloo worker thread taking the GIL aborted the process), after what a normal exit does
-    first: the other non-daemon threads joined, the atexit handlers run, the output
-    flushed; and the exit is a success."""
+    first: threading's exit callbacks (an idle pool's workers stopped) and the other
+    non-daemon threads joined, the atexit handlers run, the output flushed; and the exit
+    is a success."""
     pytest.importorskip("torch")
     from freeride.cli.spawn import run_ranks
 

@@ -290,7 +290,8 @@ def test_admission_sleeps_while_the_gate_is_closed():
         f"(delays {rung['delays_us']})"
     )
     # Each trial's steps stamped for its own open, in order (csrc/admission_stamps.hpp):
-    # a trial admitted by the executor's own look instead of the ring may lack one.
+    # a trial the executor's own look (its backstop) admitted before the ring came has
+    # woke before reached.
     kept = len(rung["delays_us"])
     assert rung["stamps_in_order"] >= 0.9 * kept, (
         f"{rung['stamps_in_order']} of {kept} trials had reached <= woke <= launched "

@@ -37,11 +37,8 @@ time.monotonic_ns): the watcher's wait for the open's event returned (`reached`)
 executor saw the gate open (`woke`), the launch it made was enqueued (`launched`); with
 the host's own readings (`seen`, `items`) they give the parts of the delay, each a median
 over the trials whose stamps are of their own open (`parts` in the JSON; the result line
-lists them). Ring: seen->reached is the blocking-sync event's wake-up, reached->woke the
-bell's; poll has no watcher (seen->woke is its look); the watcher's launch
-(FREERIDE_WATCHER_LAUNCH=1) gives reached->launched, the executor then making none (no
-`woke`); at-open launches are the GPU's: only the watcher, which still rings, is
-stamped (seen->reached).
+lists them): each the gap between two readings next to each other among those a trial
+has (CHAIN below says which each mode has).
 
 `--trials N` (default 40) sets the number of trials (the measure step of
 benchmarks/run_gpu.sh runs 200, enough for a p99); `--json PATH` also writes the
@@ -52,6 +49,7 @@ stopped early), for benchmarks/measure_table.py.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -67,24 +65,24 @@ SPIN_LIMIT_S = 2.0
 IDLE_S = 1.0  # how long the closed gate's cost is measured
 
 
-# The steps of a host-started admission, from the host seeing the open to its first items:
-# each part is the median of the gaps between two readings of one trial, taken only where
-# both readings are of the trial's open (a stamp of an older open: the step did not
-# happen for this one, as where the open carried a launch). "reached" may come before
-# the host's own look at the mirror: both wait for the same write, so that part is signed.
-PARTS = {
-    "seen->reached": ("seen", "reached"),  # the watcher's wake-up from its event
-    "reached->woke": ("reached", "woke"),  # the bell's wake-up of the executor
-    "seen->woke": ("seen", "woke"),  # with polling (no watcher): the executor's look
-    "woke->launched": ("woke", "launched"),  # the executor's path to the enqueued launch
-    "reached->launched": ("reached", "launched"),  # FREERIDE_WATCHER_LAUNCH=1: the watcher's
-    "launched->items": ("launched", "items"),  # the GPU starts it; the count is published
-}
+# The readings of one trial, in the order the admission passes them: the host sees the
+# mirror open, the watcher's wait for the open's event returns, the executor sees the gate
+# open and launches, the host's launch is enqueued, the host sees the first items. A part
+# is the gap between two readings next to each other among those the trial has, named by
+# its ends, and only stamps of the trial's own open count (an older open's: the step did
+# not happen for this one). So each mode gets its own chain: ring seen->reached (the
+# blocking-sync event's wake-up), reached->woke (the bell's), woke->launched (the
+# executor's path), launched->items (the GPU's start, the count's publication); poll
+# seen->woke (its look) on; the watcher's launch reached->launched; launches at opens
+# seen->reached->items (the GPU's own launch). "reached" may come before "seen": both wait
+# for the same write, so parts are signed.
+CHAIN = ("seen", "reached", "woke", "launched", "items")
 
 
 def split_admission(parts: dict[str, list[float]], stamps, seq: int, seen: int, items: int) -> None:
-    """Adds one trial's gaps to `parts` (µs): `stamps` is the executor's admission_stamps
-    (None: a build without them), `seen` and `items` the host's own readings."""
+    """Adds one trial's parts to `parts` (µs, by name): `stamps` is the executor's
+    admission_stamps (None: a build without them), `seen` and `items` the host's own
+    readings of the trial's open `seq`, on the same clock."""
     if stamps is None:
         return
     at = {"seen": seen, "items": items}
@@ -92,9 +90,9 @@ def split_admission(parts: dict[str, list[float]], stamps, seq: int, seen: int, 
         stamp = stamps.get(step)
         if stamp is not None and stamp[0] == seq:
             at[step] = stamp[1]
-    for name, (a, b) in PARTS.items():
-        if a in at and b in at:
-            parts[name].append((at[b] - at[a]) / 1e3)
+    present = [name for name in CHAIN if name in at]
+    for a, b in itertools.pairwise(present):
+        parts.setdefault(f"{a}->{b}", []).append((at[b] - at[a]) / 1e3)
 
 
 def parts_text(parts: dict) -> str:
@@ -165,7 +163,7 @@ def measure(
         closed_wakeups_per_s=(exec_wakeups() - wake0) / wall,
         closed_cpu_per_s=(time.process_time() - cpu0) / wall,
     )
-    parts: dict[str, list[float]] = {name: [] for name in PARTS}
+    parts: dict[str, list[float]] = {}
     for _ in range(trials):
         h.gate.close(stream="host")
         time.sleep(0.02)  # the launch in flight ends; the executor waits for an open

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "admission_stamps.hpp"
 #include "backend.hpp"
 #include "check.hpp"
 #include "cuda/close_ledger.hpp"
@@ -24,7 +25,6 @@
 #include "cuda/gate_memory.hpp"
 #include "cuda/launch_shapes.hpp"
 #include "cuda/occupancy.hpp"
-#include "admission_stamps.hpp"
 #include "cuda/open_watcher.hpp"
 #include "cuda/open_ordinals.hpp"
 #include "cuda/skipped_opens.hpp"

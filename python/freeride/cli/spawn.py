@@ -45,25 +45,27 @@ def _in_own_session(rank: int, target: Callable[..., None], *args: Any) -> None:
     target(rank, *args)
 
 
-def _rank_main(rank: int, target: Callable[..., None], *args: Any) -> None:
+def _exit_after(rank: int, target: Callable[..., None], *args: Any) -> None:
     """Runs target(rank, *args); once it returns, ends the process as a normal exit would
-    (the other non-daemon threads joined, the atexit handlers run, the output flushed) but
-    without tearing the interpreter down. A gloo process group's worker thread can still
-    be letting go of a finished collective's tensors when the rank returns: where that
-    drops a tensor's last Python reference it takes the GIL, and during the interpreter's
-    teardown taking the GIL ends the thread (pthread_exit), whose unwinding through
-    torch's noexcept frames aborts the process ("terminate called without an active
-    exception", seen about once in 30 runs of the DeepSpeed test on two cores). An
-    exception from target propagates as before (torch's spawn reports it)."""
+    (threading's shutdown: its exit callbacks, such as concurrent.futures' that stop idle
+    pool workers, and the join of the other non-daemon threads; then the atexit handlers
+    and a flush of the output) but without tearing the interpreter down. A gloo process
+    group's worker thread can still be letting go of a finished collective's tensors when
+    the rank returns: where that drops a tensor's last Python reference it takes the GIL,
+    and during the interpreter's teardown taking the GIL ends the thread (pthread_exit),
+    whose unwinding through torch's noexcept frames aborts the process ("terminate called
+    without an active exception": 4 of about 90 runs of the DeepSpeed test on two cores).
+    An exception from target propagates as before (torch's spawn reports it); SystemExit
+    too, and so takes the teardown."""
     target(rank, *args)
-    me = threading.current_thread()
-    for thread in threading.enumerate():
-        if thread is not me and not thread.daemon:
-            thread.join()
+    # CPython's own first step of an exit (Py_FinalizeEx calls it), private but there
+    # since Python 3.0; it must run on the main thread, as a spawned rank's target does.
+    threading._shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:
+                stream.flush()
         except (OSError, ValueError):  # closed or gone: nothing left to write
             pass
     os._exit(0)
@@ -89,12 +91,12 @@ def run_ranks(
     as torchrun's workers run (each its own session, and so its own scheduling group
     where autogroup is on); False: they stay in this process's session. A rank whose
     target returns exits 0 without the interpreter's teardown, after its atexit handlers
-    (_rank_main says why)."""
+    (_exit_after says why)."""
     import torch.multiprocessing as mp
 
     if sessions:
         target, args = _in_own_session, (target, *args)
-    target, args = _rank_main, (target, *args)
+    target, args = _exit_after, (target, *args)
     context = mp.start_processes(target, args=args, nprocs=world, join=False, start_method="spawn")
     deadline = None if timeout is None else time.monotonic() + timeout
     while not context.join(None if deadline is None else max(0.0, deadline - time.monotonic())):

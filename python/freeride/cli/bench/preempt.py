@@ -4,10 +4,9 @@ stream (the close queued ahead, behind a marker that holds the stream until the 
 enqueued it), and once more for the default harvester with the host enqueuing the close
 as the GPU waits for it, its call then in the figure. The GPU mode also measures the
 baselines (stream priority only, naive co-location), the delay a training kernel queued
-right after the close sees, the
-admission delay of kernels launched while the gate is open (bench/admission.py), and
-each gate write mechanism's cost on the training stream and visibility latency
-(bench/gate_write.py)."""
+right after the close sees, the admission delay of kernels launched while the gate is
+open (bench/admission.py), and each gate write mechanism's cost on the training stream
+and visibility latency (bench/gate_write.py)."""
 
 from __future__ import annotations
 
