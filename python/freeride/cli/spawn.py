@@ -58,8 +58,8 @@ def _exit_after(rank: int, target: Callable[..., None], *args: Any) -> None:
     An exception from target propagates as before (torch's spawn reports it); SystemExit
     too, and so takes the teardown."""
     target(rank, *args)
-    # CPython's own first step of an exit (Py_FinalizeEx calls it), private but there
-    # since Python 3.0; it must run on the main thread, as a spawned rank's target does.
+    # CPython's own first step of an exit (Py_FinalizeEx calls it): private, but
+    # long-standing. It must run on the main thread, as a spawned rank's target does.
     threading._shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
