@@ -2,22 +2,15 @@
 // benchmarks that split its delay (benchmarks/probes/probe_admission.py): the GPU
 // reached an open and the thread waiting for it woke (the CUDA backend's open watcher),
 // the executor's thread saw the gate open, and the launch was enqueued. Times are
-// std::chrono::steady_clock's, in nanoseconds since its epoch: CLOCK_MONOTONIC on Linux,
-// the clock Python's time.monotonic_ns() reads, so a probe can place its own readings
-// among them.
+// steady_now_ns()'s (steady_clock.hpp), so a probe can place its own readings among them.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <mutex>
 
-namespace freeride {
+#include "steady_clock.hpp"
 
-inline int64_t steady_now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+namespace freeride {
 
 // One step's latest pass: the sequence number of the open it was for, and when.
 // steady_ns 0: the step has not been passed yet.

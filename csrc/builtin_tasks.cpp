@@ -7,6 +7,7 @@
 
 #include "check.hpp"
 #include "image_ops.hpp"
+#include "steady_clock.hpp"
 #ifdef FREERIDE_WITH_CUDA
 #include "launchers.hpp"
 #endif
@@ -19,12 +20,6 @@ namespace {
   FR_THROW(RuntimeFailure, task << ": this build of freeride has no CUDA support");
 }
 #endif
-
-uint64_t steady_now_ns() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
 
 void spin_for(uint64_t ns) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(ns);
@@ -141,13 +136,13 @@ class ItemCounterTask final : public UniformTask {
       FR_THROW(RuntimeFailure, "injected failure at phase " << phase << ", item " << item);
     }
     const uint64_t slot = phase * items_ + item;
-    if (times_ != nullptr) times_[2 * slot] = steady_now_ns();
+    if (times_ != nullptr) times_[2 * slot] = static_cast<uint64_t>(steady_now_ns());
     if (phase > 0 && std::atomic_ref<uint64_t>(phase_done_[phase - 1]).load() != items_) {
       std::atomic_ref<uint64_t>(*violations_).fetch_add(1);
     }
     std::atomic_ref<uint32_t>(counts_[slot]).fetch_add(1);
     if (ns_ > 0) spin_for(ns_);
-    if (times_ != nullptr) times_[2 * slot + 1] = steady_now_ns();
+    if (times_ != nullptr) times_[2 * slot + 1] = static_cast<uint64_t>(steady_now_ns());
     std::atomic_ref<uint64_t>(phase_done_[phase]).fetch_add(1);
   }
   void launch_cuda(const CudaLaunch& launch) override {

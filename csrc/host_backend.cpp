@@ -19,6 +19,7 @@
 #include "check.hpp"
 #include "doorbell.hpp"
 #include "host_idle.hpp"
+#include "steady_clock.hpp"
 #include "test_switches.hpp"
 #include "thread_name.hpp"
 

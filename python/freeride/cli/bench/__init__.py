@@ -41,7 +41,8 @@ extern "C" __global__ void probe(unsigned long long* starts) {
 # marker: holds its stream until the host, having enqueued what follows it, sets *go
 # (pinned memory), spins after_ns more and stamps out[0] as it ends (0: no flag within
 # timeout_ns). What follows it then reaches the GPU already queued: a delay measured from
-# the stamp leaves out the host's enqueue calls (launch one thread).
+# the stamp leaves out the host's enqueue calls (launch one thread; the benchmarks pass
+# MARKER_AFTER_GO_NS and MARKER_TIMEOUT_NS).
 MARKER_SRC = r"""
 extern "C" __global__ void marker(const volatile unsigned int* go, unsigned long long* out,
                                   unsigned long long timeout_ns, unsigned long long after_ns) {
@@ -54,6 +55,9 @@ extern "C" __global__ void marker(const volatile unsigned int* go, unsigned long
   out[0] = now();
 }
 """
+
+MARKER_AFTER_GO_NS = 5_000  # after the flag: what the host enqueued is in the GPU's queue
+MARKER_TIMEOUT_NS = 1_000_000_000
 
 BENCHMARKS = ("preempt", "items", "pipeline", "ranks", "soak", "hooks")
 

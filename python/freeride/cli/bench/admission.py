@@ -48,13 +48,18 @@ import numpy as np
 
 from freeride import Harvester, Reserve, backend_info, tasks
 
-from . import DEVICE_CLOCK_SRC, MARKER_SRC, PROBE_SRC, percentiles
+from . import (
+    DEVICE_CLOCK_SRC,
+    MARKER_AFTER_GO_NS,
+    MARKER_SRC,
+    MARKER_TIMEOUT_NS,
+    PROBE_SRC,
+    percentiles,
+)
 from .items import _workloads
 
 TARGET_US = 10.0  # issue 10: such a kernel starts within 10 us p99
 TIME_SLICE_S = 0.002  # the harvester's default
-AFTER_GO_NS = 5_000  # marker's spin after the flag: the probe reaches the GPU first
-GO_TIMEOUT_NS = 1_000_000_000
 AFTER_PROBE_NS = 20_000  # the residency check's window after the probe started
 PROBE_START_TIMEOUT_S = 10.0
 LONG_S = 0.5  # a task still running after this is long-running: nothing queued ahead
@@ -221,7 +226,7 @@ def measure(quick: bool) -> dict:
             "time_slice_s": TIME_SLICE_S,
             # as the driver clamped them (None: a CuPy without Stream.priority)
             "stream_priorities": {name: getattr(s, "priority", None) for name, s in streams},
-            "marker_after_flag_us": AFTER_GO_NS / 1000,
+            "marker_after_flag_us": MARKER_AFTER_GO_NS / 1000,
             "residency_window_after_probe_us": AFTER_PROBE_NS / 1000,
             # task_ms None: ran longer than LONG_S, nothing queued behind it but one
             "side_tasks": side_settings,
@@ -264,8 +269,8 @@ class _Probe:
         self._args = (
             np.uint64(self._go_mem.ptr),
             np.uint64(self._out_mem.ptr),
-            np.uint64(GO_TIMEOUT_NS),
-            np.uint64(AFTER_GO_NS),
+            np.uint64(MARKER_TIMEOUT_NS),
+            np.uint64(MARKER_AFTER_GO_NS),
         )
         self._starts = np.uint64(self._out_mem.ptr + 8)
 

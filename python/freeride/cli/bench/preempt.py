@@ -15,7 +15,15 @@ import time
 
 from freeride import Harvester, tasks
 
-from . import DEVICE_CLOCK_SRC, MARKER_SRC, PROBE_SRC, STAMP_SRC, percentiles
+from . import (
+    DEVICE_CLOCK_SRC,
+    MARKER_AFTER_GO_NS,
+    MARKER_SRC,
+    MARKER_TIMEOUT_NS,
+    PROBE_SRC,
+    STAMP_SRC,
+    percentiles,
+)
 from .admission import measure as measure_admission
 from .gate_write import measure as measure_gate_write
 
@@ -27,8 +35,6 @@ HOST_ENQUEUED = ", close enqueued as the GPU waits"
 # settings["pause_from"]: where the pause's clock starts (benchmarks/measure_table.py
 # reads it; a result without it is of the older stamp, before the host's close call).
 PAUSE_FROM = "close queued ahead (marker)"
-AFTER_GO_NS = 5_000  # the marker's spin after the flag: what follows is in the GPU's queue
-GO_TIMEOUT_NS = 1_000_000_000
 
 
 def plot(result: dict, path: str) -> None:
@@ -138,7 +144,12 @@ def _gpu(quick: bool) -> dict:
     # Pinned host memory is mapped at the same address on the device (UVA).
     go_mem = cp.cuda.alloc_pinned_memory(4)
     go = np.frombuffer(go_mem, dtype=np.uint32, count=1)
-    marker_args = (np.uint64(go_mem.ptr), close_t, np.uint64(GO_TIMEOUT_NS), np.uint64(AFTER_GO_NS))
+    marker_args = (
+        np.uint64(go_mem.ptr),
+        close_t,
+        np.uint64(MARKER_TIMEOUT_NS),
+        np.uint64(MARKER_AFTER_GO_NS),
+    )
     # CUDA clamps a priority outside the device's range to the nearest end, so this is
     # the highest priority there is (CuPy 14 has no deviceGetStreamPriorityRange).
     least, greatest = 0, -(2**16)  # CUDA's least priority is 0
@@ -242,7 +253,7 @@ def _gpu(quick: bool) -> dict:
             "gate_write": gate_write["settings"],
             "trials": trials,
             "pause_from": PAUSE_FROM,
-            "marker_after_flag_us": AFTER_GO_NS / 1000,
+            "marker_after_flag_us": MARKER_AFTER_GO_NS / 1000,
             "probe_blocks": blocks,
             "probe_threads": 1024,
             "spin_threads": 128,
