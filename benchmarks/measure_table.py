@@ -72,25 +72,42 @@ HOST_ENQUEUED = ", close enqueued as the GPU waits"
 HARVEST_ROWS = (
     ("spin-20ms-8q", "single-phase Spin, 5 bubbles of 20 ms, 8 queues (default)"),
     ("spin-20ms-1q", "single-phase Spin, 5 bubbles of 20 ms, 1 queue"),
-    ("phases-20ms-8q-ahead0", "30-phase ItemCounter, 20 ms bubbles, 8 queues, phases ahead off"),
-    ("phases-20ms-1q-ahead0", "30-phase ItemCounter, 20 ms bubbles, 1 queue, phases ahead off"),
-    ("phases-20ms-8q-ahead1", "30-phase ItemCounter, 20 ms bubbles, 8 queues, phases ahead on"),
-    ("phases-20ms-1q-ahead1", "30-phase ItemCounter, 20 ms bubbles, 1 queue, phases ahead on"),
+    (
+        "phases-20ms-8q-device1",
+        "30-phase ItemCounter, 20 ms bubbles, 8 queues, device phases (default)",
+    ),
+    (
+        "phases-20ms-1q-device1",
+        "30-phase ItemCounter, 20 ms bubbles, 1 queue, device phases (default)",
+    ),
     ("spin-0.5ms-8q", "single-phase Spin, 20 bubbles of 0.5 ms, 8 queues (default)"),
     ("spin-0.5ms-1q", "single-phase Spin, 20 bubbles of 0.5 ms, 1 queue"),
-    ("phases-20ms-8q-device1", "30-phase ItemCounter, 20 ms bubbles, 8 queues, device phases"),
-    ("phases-20ms-1q-device1", "30-phase ItemCounter, 20 ms bubbles, 1 queue, device phases"),
+    (
+        "phases-20ms-8q-ahead0",
+        "30-phase ItemCounter, 20 ms bubbles, 8 queues, device phases off, phases ahead off",
+    ),
+    (
+        "phases-20ms-1q-ahead0",
+        "30-phase ItemCounter, 20 ms bubbles, 1 queue, device phases off, phases ahead off",
+    ),
+    (
+        "phases-20ms-8q-ahead1",
+        "30-phase ItemCounter, 20 ms bubbles, 8 queues, device phases off, phases ahead on",
+    ),
+    (
+        "phases-20ms-1q-ahead1",
+        "30-phase ItemCounter, 20 ms bubbles, 1 queue, device phases off, phases ahead on",
+    ),
 )
 PIPELINE_TASKS = ("saxpy", "blur", "pagerank", "spin")
 PIPELINE_CONNECTIONS = (("default", "8 queues (default)"), ("1", "1 queue"))
-ITEM_TASKS = (
-    "Saxpy float32",
-    "Saxpy float64",
-    "PageRank",
-    "PageRank, device phases",
-    "GaussianBlur",
-    "Resize",
-)
+ITEM_TASKS = ("Saxpy float32", "Saxpy float64", "PageRank", "GaussianBlur", "Resize")
+# bench items' PageRank rows (freeride/cli/bench/items.py): where settings.device_phases
+# says so (since 2026-11-28) the default row ran with device phases and PHASE_LAUNCHES one
+# launch a phase; before, the default row ran one launch a phase and OLD_DEVICE_PHASES
+# (where there is one) with device phases.
+PHASE_LAUNCHES = "PageRank, one launch a phase"
+OLD_DEVICE_PHASES = "PageRank, device phases"
 BANDWIDTH_TASKS = ("Saxpy float32", "Saxpy float64", "GaussianBlur")
 COPY_PREFIX = "copy"
 
@@ -377,7 +394,7 @@ def overhead_rows(pipeline: Source) -> list[Row]:
 
 def _item_row(items: Source, prefix: str) -> dict | None:
     """The row whose task is `prefix` and then a space, a colon or nothing ("PageRank"
-    is not "PageRank, device phases")."""
+    is not "PageRank, one launch a phase")."""
     for r in (items.data or {}).get("rows", []):
         task = str(r.get("task", ""))
         if task.startswith(prefix) and task[len(prefix) : len(prefix) + 1] in ("", " ", ":"):
@@ -385,21 +402,43 @@ def _item_row(items: Source, prefix: str) -> dict | None:
     return None
 
 
+def _pagerank_rows(items: Source) -> list[tuple[str, dict | None]]:
+    """(setting, bench items' row) for PageRank with device phases, the default, and with
+    one launch a phase; an older result names its rows the other way round."""
+    newer = ((items.data or {}).get("settings") or {}).get("device_phases") is True
+    device = _item_row(items, "PageRank" if newer else OLD_DEVICE_PHASES)
+    apart = _item_row(items, PHASE_LAUNCHES if newer else "PageRank")
+    return [("PageRank, device phases (default)", device), (PHASE_LAUNCHES, apart)]
+
+
+def _workload(task: str) -> str:
+    """The workload of a bench items row's task: "50 nodes x2, 5 iters" from "PageRank 50
+    nodes x2, 5 iters" and from "PageRank, one launch a phase: 50 nodes x2, 5 iters"."""
+    _, colon, rest = task.partition(": ")
+    return rest if colon else task.partition(" ")[2]
+
+
 def item_rows(items: Source) -> list[Row]:
     metric = "item overhead vs a plain kernel (bench items)"
     target = f"≤ {ITEM_OVERHEAD_PCT:g}%"
-    rows = []
+    wanted: list[tuple[str, dict | None]] = []
     for prefix in ITEM_TASKS:
-        r = _item_row(items, prefix)
+        if prefix == "PageRank":
+            wanted += _pagerank_rows(items)
+        else:
+            wanted.append((prefix, _item_row(items, prefix)))
+    rows = []
+    for name, r in wanted:
         if r is None or not _num(r.get("item_overhead_pct")):
-            rows.append(_not_run(metric, prefix, target, items))
+            rows.append(_not_run(metric, name, target, items))
             continue
+        setting = r["task"] if name in ITEM_TASKS else f"{name}: {_workload(str(r['task']))}"
         measured = (
             f"{r['item_overhead_pct']:+.2f}% (plain {r['plain_ms']:.3f} ms, preemptible "
             f"{r['preemptible_ms']:.3f} ms)"
         )
         verdict = judge(r["item_overhead_pct"] <= ITEM_OVERHEAD_PCT)
-        rows.append(Row(metric, r["task"], measured, target, verdict))
+        rows.append(Row(metric, setting, measured, target, verdict))
     return rows
 
 
@@ -437,11 +476,11 @@ def host_cost_rows(preempt: Source) -> list[Row]:
     metric = "host cost per close+open pair (bench preempt)"
     target = f"≤ {PAIR_HOST_US:g} µs (p50)"
     rows = []
+    base = {"variant": "gate write", "mechanism": "batch", "gate": "device"}
     for admission, setting in (
         ("ring", "batch write, gate in device memory, ring (default)"),
         ("poll", "batch write, gate in device memory, FREERIDE_ADMISSION=poll"),
     ):
-        base = {"variant": "gate write", "mechanism": "batch", "gate": "device"}
         r = _gate_row(preempt, "close+open host cost", admission=admission, **base)
         if r is None:
             unavailable = _gate_row_unavailable(preempt, admission)
@@ -453,9 +492,9 @@ def host_cost_rows(preempt: Source) -> list[Row]:
         measured = f"p50 {us(r['p50_us'])} / p99 {us(r['p99_us'])} µs"
         rows.append(Row(metric, setting, measured, target, judge(r["p50_us"] <= PAIR_HOST_US)))
     setting = "with the side launch an open enqueues (launch at open)"
-    idle = _gate_row(preempt, "close+open host cost, no task", variant="launch at open")
+    pair = _gate_row(preempt, "close+open host cost", admission="ring", **base)
     extra = _gate_row(preempt, "launch at open host cost", variant="launch at open")
-    if idle is None or extra is None:
+    if pair is None or extra is None:
         gone = [
             r
             for r in (preempt.data or {}).get("rows", [])
@@ -466,10 +505,13 @@ def host_cost_rows(preempt: Source) -> list[Row]:
         else:
             rows.append(_not_run(metric, setting, target, preempt))
         return rows
-    total = idle["p50_us"] + extra["p50_us"]
+    # The pair is the ring row's (the loop's training kernels taken off). The launch
+    # variant's own "no task" row left them in before 2026-11-28 (bench preempt's
+    # less_the_kernel): the launch is the difference of two such loops either way.
+    total = pair["p50_us"] + extra["p50_us"]
     measured = (
-        f"pair {us(idle['p50_us'])} + launch {us(extra['p50_us'])} = {us(total)} µs "
-        f"(sum of p50s; p99s {us(idle['p99_us'])} and {us(extra['p99_us'])}; "
+        f"pair {us(pair['p50_us'])} + launch {us(extra['p50_us'])} = {us(total)} µs "
+        f"(sum of p50s; p99s {us(pair['p99_us'])} and {us(extra['p99_us'])}; "
         f"{extra.get('opens_with_launch')} of {extra.get('opens')} opens carried one)"
     )
     rows.append(Row(metric, setting, measured, target, judge(total <= PAIR_HOST_US)))

@@ -26,7 +26,8 @@
 #             benchmarks/probes/memcheck_small.py (API errors not reported), `bench
 #             preempt` and `bench pipeline` with --quick; then what first ran on a GPU
 #             in that run and passed (phases ahead, the watcher's launch, device phases,
-#             G16's clock origin, the carveout probe, probe_pause.py), then, where time is
+#             on by default since, G16's clock origin, the carveout probe,
+#             probe_pause.py), then, where time is
 #             left, the rest of the 2026-11-26 review's list, all passed on 2026-11-27:
 #             the abandon-in-a-green-context probe, the cudaFree removal's reruns (exit,
 #             close), the hardware-queue probe, stream creation beside side work, the
@@ -369,11 +370,12 @@ if step qualify; then
   # Phases ahead (off by default, FREERIDE_PHASES_AHEAD=1; issue 36, review G3): a
   #    30-phase ItemCounter in bubbles queued ahead, both ways (no item may start before
   #    the phase before completed, every item once; phases done in the bubbles printed:
-  #    about twice as many expected with it on), and with device phases on
-  #    (FREERIDE_DEVICE_PHASES=1) [~18 s measured]; then the multi-phase GPU tests with it
-  #    on, stream-ordered bubbles included [~10 s measured].
+  #    about twice as many expected with it on), each with device phases off
+  #    (FREERIDE_DEVICE_PHASES=0), and with the default, device phases on [~18 s
+  #    measured]; then the multi-phase GPU tests with phases ahead on and device phases
+  #    off, stream-ordered bubbles included [~10 s measured].
   pytest_file $deadline 110 tests/test_phases_ahead.py -m gpu -s
-  budgeted $deadline "test_gpu_phases_ahead" 90 env FREERIDE_PHASES_AHEAD=1 \
+  budgeted $deadline "test_gpu_phases_ahead" 90 env FREERIDE_PHASES_AHEAD=1 FREERIDE_DEVICE_PHASES=0 \
     $py -X faulthandler -m pytest -q -p no:cacheprovider tests/test_gpu.py -m gpu \
     -k "exactly_once or fallback_without_stream_memops or image_tasks"
   # The watcher's launch (off by default, FREERIDE_WATCHER_LAUNCH=1; issue 36 item 1,
@@ -381,12 +383,13 @@ if step qualify; then
   #    items, most launched by the watcher's thread, every item once; and the control with
   #    it off. 2 workers. [~20 s est.]
   pytest_file $deadline 60 tests/test_watcher_launch.py -m gpu -s
-  # Device phases (off by default, FREERIDE_DEVICE_PHASES=1; issue 36 item 1; the
-  #    30-phase ItemCounter in queued bubbles with them on is test_phases_ahead's third
-  #    case): a RawKernel's stencil across 61 phases against numpy in fewer launches than
-  #    phases, every item once and in order under gate flips, and a kernel that uses
-  #    for_each_item refused [~15 s est.]; PageRank against the host backend in fewer
-  #    launches than phases [~10 s est.].
+  # Device phases (on by default since these tests passed at cf361a5;
+  #    FREERIDE_DEVICE_PHASES=0 turns them off; issue 36 item 1; the 30-phase ItemCounter
+  #    in queued bubbles with them on is test_phases_ahead's third case): a RawKernel's
+  #    stencil across 61 phases against numpy in fewer launches than phases, every item
+  #    once and in order under gate flips, and a kernel that uses for_each_item refused
+  #    [~15 s est.]; PageRank against the host backend in fewer launches than phases
+  #    [~10 s est.].
   pytest_file $deadline 40 tests/test_raw_kernel_gpu.py -m gpu -s -k device_phases
   pytest_file $deadline 30 tests/test_pagerank.py -m gpu -s -k device_phases
   # G16: a report's clock origin from the clock anchor, within 2 ms

@@ -38,9 +38,9 @@ class DevicePhasesView final : public Task {
   }
 
   std::string protocol_hint() const override {
-    return " (the task runs with device phases, FREERIDE_DEVICE_PHASES=1: its kernel must "
-           "run its items through freeride::for_each_phase_item, which gives each item's "
-           "phase, and for_each_item claims nothing there)";
+    return " (the task runs with device phases, on unless FREERIDE_DEVICE_PHASES=0: its "
+           "kernel must run its items through freeride::for_each_phase_item, which gives "
+           "each item's phase, and for_each_item claims nothing there)";
   }
 
   // No backend that runs items on the host takes device phases: its workers keep the

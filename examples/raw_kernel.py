@@ -15,8 +15,8 @@ The kernels are in examples/kernels.cu. Writing one takes three steps:
    give ``phases``: phases run one after another, and the kernel reads its phase from
    ``freeride::for_each_phase_item`` (or ``ctx.phase``). With ``device_phases=True``
    (one kernel for every phase, its phase from ``for_each_phase_item``) one launch may
-   go on from phase to phase on the GPU, where ``FREERIDE_DEVICE_PHASES=1`` turns that
-   on (off by default until qualified on a GPU): many short phases then fill a bubble.
+   go on from phase to phase on the GPU (unless ``FREERIDE_DEVICE_PHASES=0``): many
+   short phases then fill a bubble.
    In ``args``, tensors go to pointers, a Python float to a ``float`` (or ``double``)
    and a Python int to an integer of the parameter's size; a numpy scalar
    (``np.float32(3)``) says its type exactly. The driver tells RawKernel each

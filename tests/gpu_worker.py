@@ -704,7 +704,8 @@ def _open_gate_rate(t, total: int, limit_s: float = 60.0) -> float:
 def mode_queued_phases(args: dict) -> dict:
     """Issue 36 (review G3): a task of many phases in bubbles queued ahead of the GPU, as
     mode_queued_bubbles queues them, with phases ahead on or off (FREERIDE_PHASES_AHEAD in
-    the environment), or device phases (FREERIDE_DEVICE_PHASES). An ItemCounter of `phases` phases of `items` items (`item_us` each)
+    the environment; both need FREERIDE_DEVICE_PHASES=0), or device phases (the
+    default). An ItemCounter of `phases` phases of `items` items (`item_us` each)
     checks that no item started before the phase before had completed (a launch chained at
     an open claims only once it has) and, once the gate is opened from the host and the
     task finishes, that every item ran exactly once across stale, chained and ordinary

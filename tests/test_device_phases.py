@@ -3,7 +3,7 @@ phase is current when its bubble comes.
 
 A task whose phases all run one kernel over as many items (Spin, ItemCounter, a RawKernel
 with ``device_phases=True``) is one phase of every phase's items to the executor
-(csrc/device_phases.hpp; FREERIDE_DEVICE_PHASES=1 on CUDA): the kernel maps each claim
+(csrc/device_phases.hpp; on CUDA unless FREERIDE_DEVICE_PHASES=0): the kernel maps each claim
 back to its phase and item and keeps the phases in order on the device
 (freeride::for_each_phase_item in preempt.cuh). Without it, each launch serves the phase
 current when it was enqueued, so launches queued ahead at opens go stale at every phase

@@ -408,23 +408,24 @@ def test_the_executor_queues_a_successor_only_behind_one_running_launch():
 
 
 @pytest.mark.parametrize(
-    "variable, hook",
+    "variable, hook, default",
     [
-        ("FREERIDE_SUCCESSORS", "successors_enabled"),
-        ("FREERIDE_PHASES_AHEAD", "phases_ahead_enabled"),
-        ("FREERIDE_DEVICE_PHASES", "device_phases_enabled"),
+        ("FREERIDE_SUCCESSORS", "successors_enabled", False),
+        ("FREERIDE_PHASES_AHEAD", "phases_ahead_enabled", False),
+        ("FREERIDE_DEVICE_PHASES", "device_phases_enabled", True),
     ],
 )
-def test_switches_off_until_a_gpu_run_qualifies_them(monkeypatch, variable, hook):
+def test_switches_read_as_a_harvester_is_made(monkeypatch, variable, hook, default):
     """FREERIDE_SUCCESSORS, FREERIDE_PHASES_AHEAD (csrc/phase_ahead_rule.hpp) and
-    FREERIDE_DEVICE_PHASES (csrc/device_phases.hpp) are read
-    when a CUDA harvester is made, as FREERIDE_LAUNCH_AT_OPEN is: off unless "1" until a
-    GPU run has qualified them; anything but "0" or "1" is refused there, naming it."""
+    FREERIDE_DEVICE_PHASES (csrc/device_phases.hpp) are read when a CUDA harvester is
+    made, as FREERIDE_LAUNCH_AT_OPEN is: the first two off unless "1" until a GPU run has
+    qualified them, device phases on unless "0" (qualified on an H200 at cf361a5); anything
+    but "0" or "1" is refused there, naming it."""
     if not hasattr(_C._testing, hook):
         pytest.skip("this build of freeride has no CUDA backend")
     read = getattr(_C._testing, hook)
     monkeypatch.delenv(variable, raising=False)
-    assert read() is False
+    assert read() is default
     monkeypatch.setenv(variable, "1")
     assert read() is True
     monkeypatch.setenv(variable, "0")

@@ -279,7 +279,10 @@ def test_the_h200_run_of_2026_11_27_read_as_it_was(tmp_path):
     items = by_setting(rows, "item overhead")
     assert items["Saxpy float32"].verdict == mt.MET
     assert "-19.74%" in items["Saxpy float32"].measured
-    assert items["PageRank 2000000 nodes x16, 5 iters"].verdict == mt.MISSED
+    # Before device phases: its PageRank ran one launch a phase.
+    apart = items["PageRank, one launch a phase: 2000000 nodes x16, 5 iters"]
+    assert apart.verdict == mt.MISSED and "+31.50%" in apart.measured
+    assert items["PageRank, device phases (default)"].verdict == mt.NOT_RUN
     overhead = by_setting(rows, "training overhead")
     assert overhead["saxpy, 8 queues (default)"].verdict == mt.MET
     assert "0.45%" in overhead["saxpy, 8 queues (default)"].measured
@@ -580,8 +583,11 @@ def test_harvest_rows_are_the_matrix_runs():
         assert mode == ("queued_phases" if key.startswith("phases") else "queued_bubbles")
         assert (env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1") == ("-1q" in key)
         if mode == "queued_phases":
-            switch = "FREERIDE_DEVICE_PHASES" if "-device" in key else "FREERIDE_PHASES_AHEAD"
-            assert env[switch] == key[-1]
+            # Device phases are the default (no switch set); the phases-ahead runs turn
+            # them off, or they would serve every phase and measure nothing of their own.
+            device = env.get("FREERIDE_DEVICE_PHASES", "1")
+            assert device == ("1" if "-device" in key else "0")
+            assert env.get("FREERIDE_PHASES_AHEAD", "0") == ("0" if "-device" in key else key[-1])
         assert args.get("recv_ms", 20.0) >= 0.2  # the target's bubbles: >= 200 us
 
 
@@ -648,29 +654,84 @@ def test_open_gate_rate_of_a_many_phase_task():
     assert got == pytest.approx(10_000 / 0.012, rel=0.1)
 
 
-def test_the_device_phases_row_is_read_for_its_own_line():
-    """bench items' "PageRank, device phases" row (a GPU run with FREERIDE_DEVICE_PHASES=1)
-    is its own table row, and PageRank's row is not taken from it although its name starts
-    with "PageRank"; without it, its line says not run."""
+def _item(task: str, pct: float) -> dict:
+    return {"task": task, "item_overhead_pct": pct, "plain_ms": 10.0, "preemptible_ms": 11.0}
 
-    def row(task, pct):
-        return {"task": task, "item_overhead_pct": pct, "plain_ms": 10.0, "preemptible_ms": 11.0}
 
+def test_pagerank_rows_with_device_phases_the_default():
+    """bench items since device phases became the default: its "PageRank" row runs with
+    them, and "PageRank, one launch a phase" (FREERIDE_DEVICE_PHASES=0) without; each is
+    its own table row, named for what it ran, although both names start with "PageRank";
+    a missing one says not run."""
+    newer = {"device_phases": True}
     both = mt.Source(
         {
             "rows": [
-                row("PageRank, device phases: 50 nodes x2, 5 iters", 9.0),
-                row("PageRank 50 nodes x2, 5 iters", 1.0),
-            ]
+                _item("PageRank, one launch a phase: 50 nodes x2, 5 iters", 9.0),
+                _item("PageRank 50 nodes x2, 5 iters", 1.0),
+            ],
+            "settings": newer,
         },
         "",
     )
     items = {r.setting: r for r in mt.item_rows(both)}
-    assert items["PageRank 50 nodes x2, 5 iters"].verdict == mt.MET
-    assert items["PageRank, device phases: 50 nodes x2, 5 iters"].verdict == mt.MISSED
-    alone = mt.Source({"rows": [row("PageRank 50 nodes x2, 5 iters", 1.0)]}, "")
+    assert items["PageRank, device phases (default): 50 nodes x2, 5 iters"].verdict == mt.MET
+    assert items["PageRank, one launch a phase: 50 nodes x2, 5 iters"].verdict == mt.MISSED
+    alone = mt.Source(
+        {"rows": [_item("PageRank 50 nodes x2, 5 iters", 1.0)], "settings": newer}, ""
+    )
     settings = {r.setting: r.verdict for r in mt.item_rows(alone)}
-    assert settings["PageRank, device phases"] == mt.NOT_RUN
+    assert settings["PageRank, one launch a phase"] == mt.NOT_RUN
+    assert settings["PageRank, device phases (default): 50 nodes x2, 5 iters"] == mt.MET
+
+
+def test_pagerank_rows_of_a_result_from_before_device_phases_were_the_default():
+    """Before 2026-11-28 (no settings.device_phases) bench items' "PageRank" row ran one
+    launch a phase and its "PageRank, device phases" row, where there is one, ran with
+    them (FREERIDE_DEVICE_PHASES=1): the table names each for what it ran, as it names a
+    newer result's."""
+    older = mt.Source(
+        {
+            "rows": [
+                _item("PageRank, device phases: 50 nodes x2, 5 iters", 1.0),
+                _item("PageRank 50 nodes x2, 5 iters", 9.0),
+            ]
+        },
+        "",
+    )
+    items = {r.setting: r for r in mt.item_rows(older)}
+    assert items["PageRank, device phases (default): 50 nodes x2, 5 iters"].verdict == mt.MET
+    assert items["PageRank, one launch a phase: 50 nodes x2, 5 iters"].verdict == mt.MISSED
+
+
+def test_the_launch_at_open_host_cost_adds_the_launch_to_the_rings_pair(tmp_path):
+    """The pair with the launch an open enqueues: the ring row's pair (its loop's training
+    kernels taken off) plus the launch, not the launch variant's "no task" row, which
+    before 2026-11-28 still held a training kernel's launch per pair (the H200's 28.5 µs
+    against the ring row's 16.7)."""
+    data = preempt_now()
+    for row in data["rows"]:
+        if row.get("metric") == "close+open host cost" and row.get("admission") == "ring":
+            row.update(p50_us=6.0, p99_us=7.0)
+    base = {"variant": "launch at open", "mechanism": "batch", "gate": "device", "item_us": 0}
+    data["rows"] = [r for r in data["rows"] if r.get("variant") != "launch at open"] + [
+        {
+            **base,
+            "metric": "launch at open host cost",
+            "p50_us": 3.5,
+            "p99_us": 5.0,
+            "opens_with_launch": 78,
+            "opens": 80,
+        },
+        {**base, "metric": "close+open host cost, no task", "p50_us": 28.5, "p99_us": 29.6},
+    ]
+    write(tmp_path, "preempt.json", data)
+    row = by_setting(mt.rows_of(str(tmp_path)), "host cost")[
+        "with the side launch an open enqueues (launch at open)"
+    ]
+    assert row.measured.startswith("pair 6.00 + launch 3.50 = 9.50 µs")
+    assert "78 of 80 opens carried one" in row.measured
+    assert row.verdict == mt.MET
 
 
 def test_harvest_rows_give_the_share_of_one_bubbles_rate_beside(tmp_path):

@@ -182,9 +182,10 @@ def test_off_by_default_the_next_phase_waits_for_the_drain():
 @pytest.mark.parametrize(
     "env",
     [
-        {"FREERIDE_PHASES_AHEAD": "1"},
-        {"FREERIDE_PHASES_AHEAD": "0"},
-        {"FREERIDE_DEVICE_PHASES": "1"},
+        # Device phases are on by default and would serve this task's every phase.
+        {"FREERIDE_PHASES_AHEAD": "1", "FREERIDE_DEVICE_PHASES": "0"},
+        {"FREERIDE_PHASES_AHEAD": "0", "FREERIDE_DEVICE_PHASES": "0"},
+        {},
     ],
     ids=["ahead", "drain", "device"],
 )

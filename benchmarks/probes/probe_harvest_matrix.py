@@ -9,8 +9,9 @@ CUDA_DEVICE_MAX_CONNECTIONS takes effect; unset means the driver's default, 8):
 - queued_bubbles: a single-phase Spin (20 us items) in 5 bubbles of 20 ms, and in 20
   bubbles of 0.5 ms (short, still >= 200 us), each under 8 and 1 hardware queues;
 - queued_phases: a 30-phase ItemCounter (20 us items) in 5 bubbles of 20 ms, under 8 and 1
-  hardware queues, with phases ahead off (FREERIDE_PHASES_AHEAD=0, the default) and on (1),
-  and (last, after the short Spin bubbles) with device phases on (FREERIDE_DEVICE_PHASES=1).
+  hardware queues, with device phases (the default), then (last, after the short Spin
+  bubbles) with device phases off (FREERIDE_DEVICE_PHASES=0) and phases ahead off
+  (FREERIDE_PHASES_AHEAD=0, the default) and on (1).
 Each run's harvest share = items done in the bubbles / (the task's open-gate rate x the
 bubbles' time); the open-gate rate is the same task's with the gate opened from the host.
 One RESULT line per run, in the order above (most important first: runs the budget leaves
@@ -52,31 +53,17 @@ RUNS: tuple[tuple[str, str, str, dict[str, str], dict[str, Any]], ...] = (
         {},
     ),
     (
-        "phases-20ms-8q-ahead0",
-        "ItemCounter 30 phases, 5 bubbles of 20 ms, 8 queues, phases ahead off",
+        "phases-20ms-8q-device1",
+        "ItemCounter 30 phases, 5 bubbles of 20 ms, 8 queues, device phases (default)",
         "queued_phases",
-        {"FREERIDE_PHASES_AHEAD": "0"},
+        {},
         {},
     ),
     (
-        "phases-20ms-1q-ahead0",
-        "ItemCounter 30 phases, 5 bubbles of 20 ms, 1 queue, phases ahead off",
+        "phases-20ms-1q-device1",
+        "ItemCounter 30 phases, 5 bubbles of 20 ms, 1 queue, device phases (default)",
         "queued_phases",
-        {"FREERIDE_PHASES_AHEAD": "0", "CUDA_DEVICE_MAX_CONNECTIONS": "1"},
-        {},
-    ),
-    (
-        "phases-20ms-8q-ahead1",
-        "ItemCounter 30 phases, 5 bubbles of 20 ms, 8 queues, phases ahead on",
-        "queued_phases",
-        {"FREERIDE_PHASES_AHEAD": "1"},
-        {},
-    ),
-    (
-        "phases-20ms-1q-ahead1",
-        "ItemCounter 30 phases, 5 bubbles of 20 ms, 1 queue, phases ahead on",
-        "queued_phases",
-        {"FREERIDE_PHASES_AHEAD": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+        {"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
         {},
     ),
     (
@@ -94,17 +81,39 @@ RUNS: tuple[tuple[str, str, str, dict[str, str], dict[str, Any]], ...] = (
         {"recv_ms": 0.5, "iterations": 20},
     ),
     (
-        "phases-20ms-8q-device1",
-        "ItemCounter 30 phases, 5 bubbles of 20 ms, 8 queues, device phases on",
+        "phases-20ms-8q-ahead0",
+        "ItemCounter 30 phases, 5 bubbles of 20 ms, 8 queues, device phases off, phases ahead off",
         "queued_phases",
-        {"FREERIDE_DEVICE_PHASES": "1"},
+        {"FREERIDE_DEVICE_PHASES": "0", "FREERIDE_PHASES_AHEAD": "0"},
         {},
     ),
     (
-        "phases-20ms-1q-device1",
-        "ItemCounter 30 phases, 5 bubbles of 20 ms, 1 queue, device phases on",
+        "phases-20ms-1q-ahead0",
+        "ItemCounter 30 phases, 5 bubbles of 20 ms, 1 queue, device phases off, phases ahead off",
         "queued_phases",
-        {"FREERIDE_DEVICE_PHASES": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+        {
+            "FREERIDE_DEVICE_PHASES": "0",
+            "FREERIDE_PHASES_AHEAD": "0",
+            "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+        },
+        {},
+    ),
+    (
+        "phases-20ms-8q-ahead1",
+        "ItemCounter 30 phases, 5 bubbles of 20 ms, 8 queues, device phases off, phases ahead on",
+        "queued_phases",
+        {"FREERIDE_DEVICE_PHASES": "0", "FREERIDE_PHASES_AHEAD": "1"},
+        {},
+    ),
+    (
+        "phases-20ms-1q-ahead1",
+        "ItemCounter 30 phases, 5 bubbles of 20 ms, 1 queue, device phases off, phases ahead on",
+        "queued_phases",
+        {
+            "FREERIDE_DEVICE_PHASES": "0",
+            "FREERIDE_PHASES_AHEAD": "1",
+            "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+        },
         {},
     ),
 )

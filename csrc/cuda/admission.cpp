@@ -48,7 +48,7 @@ bool followers_enabled() { return !env_switch("FREERIDE_FOLLOW", "0", "1"); }
 
 bool phases_ahead_enabled() { return !env_switch("FREERIDE_PHASES_AHEAD", "0", "1"); }
 
-bool device_phases_enabled() { return !env_switch("FREERIDE_DEVICE_PHASES", "0", "1"); }
+bool device_phases_enabled() { return env_switch("FREERIDE_DEVICE_PHASES", "1", "0"); }
 
 bool watcher_launch_enabled() { return !env_switch("FREERIDE_WATCHER_LAUNCH", "0", "1"); }
 

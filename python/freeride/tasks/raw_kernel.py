@@ -58,10 +58,9 @@ class RawKernel(Task):
     A kernel reads its phase index from ``ctx.phase`` (to pick ping-pong buffers, say).
     Every kernel named takes the same `args`, so their parameter sizes must agree.
 
-    `device_phases=True` lets one launch serve every phase, where the CUDA backend runs
-    with ``FREERIDE_DEVICE_PHASES=1`` (off by default until it has been qualified on a
-    GPU): a launch queued at a bubble's open then goes on from phase to phase on the
-    device, so a task of many short phases is not held to one phase per launch. It needs
+    `device_phases=True` lets one launch serve every phase on the CUDA backend (unless
+    ``FREERIDE_DEVICE_PHASES=0``): a launch queued at a bubble's open then goes on from
+    phase to phase on the device, so a task of many short phases is not held to one phase per launch. It needs
     one kernel for every phase, which takes the phase from
     ``freeride::for_each_phase_item(ctx, [&](unsigned long long phase, unsigned long long
     item) {...})`` instead of ``ctx.phase``, and keeps the order above (every item of a

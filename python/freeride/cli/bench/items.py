@@ -7,9 +7,12 @@ preemptible run by the executor's own stream-ordered marks around each launch, s
 are kernel time and neither includes the host. The host backend runs the plain items on
 the calling thread and the preemptible ones on one worker.
 
-On a GPU the PageRank workload runs once more with device phases on
-(`FREERIDE_DEVICE_PHASES=1`: one launch serves every phase, each count a release), its row
-named "PageRank, device phases", against the same plain time.
+On a GPU PageRank's default row runs with device phases (one launch serves every phase,
+each count a release), and the workload runs once more with them off
+(`FREERIDE_DEVICE_PHASES=0`: one launch a phase at least, a host round trip between
+phases), its row named "PageRank, one launch a phase", against the same plain time.
+Results before device phases became the default (2026-11-28) have the opposite pair: the
+default row one launch a phase, and a "PageRank, device phases" row.
 
 Side-kernel bandwidth against a plain copy: a `copy` row moves the same bytes as the
 Saxpy float32 workload (3 x its n floats: a buffer of 1.5 n floats read and one written;
@@ -25,6 +28,7 @@ marks), which no user-facing call exposes.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -61,7 +65,7 @@ def measure(mode: str, quick: bool) -> dict:
             row["preemptible_GBps"] = nbytes / items / 1e9 if nbytes else None
             rows.append(row)
             if gpu and name.startswith("PageRank"):
-                rows.append(_device_phases_row(name, make, plain, repeats))
+                rows.append(_phase_launches_row(name, make, plain, repeats))
     copy = _copy_row(gpu, quick, repeats)
     for row in rows:
         side = row["preemptible_GBps"]
@@ -69,7 +73,14 @@ def measure(mode: str, quick: bool) -> dict:
     rows.append(copy)
     return {
         "rows": rows,
-        "settings": {"repeats": repeats, "quick": quick, "reserve_mechanism": mechanism},
+        "settings": {
+            "repeats": repeats,
+            "quick": quick,
+            "reserve_mechanism": mechanism,
+            # Whether the default rows ran with device phases (the CUDA backend's default
+            # since 2026-11-28; benchmarks/measure_table.py reads older results by it).
+            "device_phases": gpu and _device_phases_on(),
+        },
         "notes": [
             "plain: the same kernels without the item protocol (grid-stride over items)",
             (
@@ -83,9 +94,9 @@ def measure(mode: str, quick: bool) -> dict:
                 "each task must read and write once"
             ),
             (
-                f"'PageRank, {DEVICE_PHASES}' (GPU): the PageRank workload with"
-                " FREERIDE_DEVICE_PHASES=1 (one launch serves every phase, each count a"
-                " release), against the same plain time"
+                "GPU: PageRank's default row runs with device phases (one launch serves"
+                f" every phase); '{PHASE_LAUNCHES}': the same workload with"
+                " FREERIDE_DEVICE_PHASES=0 (one launch a phase), against the same plain time"
             ),
             (
                 f"{COPY_TASK}: Saxpy float32's bytes moved by a plain copy (GPU: torch copy_,"
@@ -97,21 +108,26 @@ def measure(mode: str, quick: bool) -> dict:
 
 
 COPY_TASK = "copy (Saxpy float32's bytes)"
-DEVICE_PHASES = "device phases"
+PHASE_LAUNCHES = "PageRank, one launch a phase"
 
 
-def _device_phases_row(name: str, make: Callable[[], Any], plain: float, repeats: int) -> dict:
-    """The same task's preemptible time with device phases on (FREERIDE_DEVICE_PHASES=1,
-    read as a harvester is made; one launch serves every phase, each count a release)
-    against the plain time measured above: what device phases cost per item."""
-    with environ(FREERIDE_DEVICE_PHASES="1"):
+def _device_phases_on() -> bool:
+    """FREERIDE_DEVICE_PHASES as a CUDA harvester reads it: on unless "0"."""
+    return os.environ.get("FREERIDE_DEVICE_PHASES", "1") != "0"
+
+
+def _phase_launches_row(name: str, make: Callable[[], Any], plain: float, repeats: int) -> dict:
+    """The same task's preemptible time with device phases off (FREERIDE_DEVICE_PHASES=0,
+    read as a harvester is made: one launch a phase at least, the executor's round trip
+    between phases) against the plain time measured above: what device phases save."""
+    with environ(FREERIDE_DEVICE_PHASES="0"):
         h = Harvester("cuda:0", workers=1)
     with h:
         h.gate.open(stream="host")
         built = make()._build(h.backend, int(h.device.partition(":")[2] or -1))
         seconds, launches = _preemptible_seconds(h, built, repeats, True)
-    task, rest = name.split(" ", 1)
-    row = _overhead_row(f"{task}, {DEVICE_PHASES}: {rest}", plain, seconds, launches)
+    rest = name.split(" ", 1)[1]
+    row = _overhead_row(f"{PHASE_LAUNCHES}: {rest}", plain, seconds, launches)
     return {**row, "plain_GBps": None, "preemptible_GBps": None}
 
 
