@@ -23,12 +23,11 @@
 #             in queued bubbles, after the fix for blocks that left a launch whose close
 #             was pending), the G1 and G4 tests beside the new claim rule (successors on
 #             and off), the executor's sleep test, compute-sanitizer's memcheck over
-#             benchmarks/probes/memcheck_small.py (API errors not reported), `bench
-#             preempt` and `bench pipeline` with --quick; then what first ran on a GPU
-#             in that run and passed (phases ahead, the watcher's launch, device phases,
-#             on by default since, G16's clock origin, the carveout probe,
-#             probe_pause.py), then, where time is
-#             left, the rest of the 2026-11-26 review's list, all passed on 2026-11-27:
+#             benchmarks/probes/memcheck_small.py (API errors not reported), the device
+#             phases tests (on by default since they passed there), `bench preempt` and
+#             `bench pipeline` with --quick; then what else first ran on a GPU in that
+#             run and passed (phases ahead, the watcher's launch, G16's clock origin, the
+#             carveout probe, probe_pause.py), then, where time is left, the rest of the 2026-11-26 review's list, all passed on 2026-11-27:
 #             the abandon-in-a-green-context probe, the cudaFree removal's reruns (exit,
 #             close), the hardware-queue probe, stream creation beside side work, the
 #             admission probe, the lifetime tests, G18's partition and JIT tests, the F12
@@ -306,8 +305,8 @@ if step qualify; then
   # In order of importance; [~N s] is the estimate on an H100/H200 when things pass (the
   # 2026-11-27 H200 runs' times where they ran them; a fresh Python with torch and CUDA
   # takes ~5 s), the number after the name the hard limit. First what the second
-  # 2026-11-27 H200 run (at cf361a5) left open, items 1-4, ~250 s when things pass:
-  # with QUALIFY_BUDGET=480 they run, and each benchmark of 5 only where its estimate is
+  # 2026-11-27 H200 run (at cf361a5) left open, items 1-5, ~295 s when things pass:
+  # with QUALIFY_BUDGET=480 they run, and each benchmark of 6 only where its estimate is
   # left (BUDGET_NEED; the measure step runs both in full). Then what first ran and
   # passed in that run, then the rest of the list, all passed on 2026-11-27, where time
   # is left; listed NOT RUN otherwise. A hung item costs its limit, plus the watchdog's
@@ -355,7 +354,20 @@ if step qualify; then
   else
     note "memcheck_small                               NOT RUN (no compute-sanitizer)"
   fi
-  # 5. The pause and the training overhead, small (--quick: 50 pause trials; 3 pipeline
+  # 5. Device phases, on by default since their tests passed at cf361a5 (issue 36 item
+  #    1; FREERIDE_DEVICE_PHASES=0 turns them off), beside the claim rules that came
+  #    after (a launch never runs in two bubbles, the shared answer's refresh wait): a
+  #    30-phase ItemCounter in bubbles queued ahead with device phases, and with them off
+  #    and phases ahead off and on (no item may start before the phase before completed,
+  #    every item once; phases done in the bubbles printed) [~18 s measured]; a
+  #    RawKernel's stencil across 61 phases against numpy in fewer launches than phases,
+  #    every item once and in order under gate flips, and a kernel that uses
+  #    for_each_item refused [~15 s]; PageRank against the host backend in fewer launches
+  #    than phases [~10 s].
+  pytest_file $deadline 110 tests/test_phases_ahead.py -m gpu -s
+  pytest_file $deadline 40 tests/test_raw_kernel_gpu.py -m gpu -s -k device_phases
+  pytest_file $deadline 30 tests/test_pagerank.py -m gpu -s -k device_phases
+  # 6. The pause and the training overhead, small (--quick: 50 pause trials; 3 pipeline
   #    iterations per variant, both hardware-queue settings), their JSON in the archive
   #    and their main rows in the summary. [~22 s, ~17 s measured at cf361a5]
   BUDGET_NEED=30 budgeted $deadline bench_preempt_quick 150 \
@@ -367,14 +379,9 @@ if step qualify; then
     --quick --out "$work/pipeline_quick.json"
   table_of bench_pipeline_quick "^ *(baseline|freeride: (spin|saxpy|blur)) "
   # What first ran on a GPU at cf361a5, and passed.
-  # Phases ahead (off by default, FREERIDE_PHASES_AHEAD=1; issue 36, review G3): a
-  #    30-phase ItemCounter in bubbles queued ahead, both ways (no item may start before
-  #    the phase before completed, every item once; phases done in the bubbles printed:
-  #    about twice as many expected with it on), each with device phases off
-  #    (FREERIDE_DEVICE_PHASES=0), and with the default, device phases on [~18 s
-  #    measured]; then the multi-phase GPU tests with phases ahead on and device phases
-  #    off, stream-ordered bubbles included [~10 s measured].
-  pytest_file $deadline 110 tests/test_phases_ahead.py -m gpu -s
+  # Phases ahead (off by default, FREERIDE_PHASES_AHEAD=1; issue 36, review G3; its
+  #    queued-bubble cases ran in item 5): the multi-phase GPU tests with it on and device
+  #    phases off, stream-ordered bubbles included [~10 s measured].
   budgeted $deadline "test_gpu_phases_ahead" 90 env FREERIDE_PHASES_AHEAD=1 FREERIDE_DEVICE_PHASES=0 \
     $py -X faulthandler -m pytest -q -p no:cacheprovider tests/test_gpu.py -m gpu \
     -k "exactly_once or fallback_without_stream_memops or image_tasks"
@@ -383,15 +390,6 @@ if step qualify; then
   #    items, most launched by the watcher's thread, every item once; and the control with
   #    it off. 2 workers. [~20 s est.]
   pytest_file $deadline 60 tests/test_watcher_launch.py -m gpu -s
-  # Device phases (on by default since these tests passed at cf361a5;
-  #    FREERIDE_DEVICE_PHASES=0 turns them off; issue 36 item 1; the 30-phase ItemCounter
-  #    in queued bubbles with them on is test_phases_ahead's third case): a RawKernel's
-  #    stencil across 61 phases against numpy in fewer launches than phases, every item
-  #    once and in order under gate flips, and a kernel that uses for_each_item refused
-  #    [~15 s est.]; PageRank against the host backend in fewer launches than phases
-  #    [~10 s est.].
-  pytest_file $deadline 40 tests/test_raw_kernel_gpu.py -m gpu -s -k device_phases
-  pytest_file $deadline 30 tests/test_pagerank.py -m gpu -s -k device_phases
   # G16: a report's clock origin from the clock anchor, within 2 ms
   # of the first open with 300 ms of training work queued behind it, under one hardware
   # queue (with the probe's fallback as the negative control) and the default. 2 workers.
