@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "admission_stamps.hpp"
+#include "launch_slice_rule.hpp"
 #include "task.hpp"
 
 namespace freeride {
@@ -364,8 +365,9 @@ struct CudaOptions {
   // driver offers no green context, occupancy-cap, with the reason recorded.
   std::string reserve_mechanism = "occupancy-cap";
   int reserve_sms = 0;
-  // Longest a block of a launch keeps claiming items (0: until the gate closes).
-  uint64_t slice_ns = 2'000'000;
+  // Longest a block of a launch keeps claiming items (0: until the gate closes; but see
+  // launch_slice_rule.hpp).
+  uint64_t slice_ns = kDefaultSliceNs;
   // Gate write mechanism on a stream: "batch", "memop", "copy" or "kernel"; empty: the
   // FREERIDE_GATE_WRITE environment variable, else "batch". An unusable one falls back
   // (batch -> memop -> copy). Not exposed by the Python API: a benchmark and test knob.

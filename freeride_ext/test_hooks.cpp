@@ -31,6 +31,7 @@
 #include "executor.hpp"
 #include "item_time.hpp"
 #include "latch_dependency.hpp"
+#include "launch_slice_rule.hpp"
 #include "open_launch_rule.hpp"
 #include "successor_rule.hpp"
 #include "test_switches.hpp"
@@ -530,6 +531,9 @@ void register_test_hooks(py::module_& m) {
       py::arg("stopping") = false, py::arg("gate_open") = true, py::arg("same_open") = true,
       py::arg("skipped") = false, py::arg("others_pending") = false,
       "csrc/watcher_launch_rule.hpp's watcher_launches.");
+  t.def("launch_slice_ns", &freeride::launch_slice_ns, py::arg("slice_ns"),
+        py::arg("at_open"), py::arg("next_close"), py::arg("stream_wait"),
+        "freeride/launch_slice_rule.hpp's launch_slice_ns.");
   t.def("waits_behind_another_stream", &freeride::waits_behind_another_stream,
         py::arg("newest_at_open"), py::arg("newest_begun"), py::arg("same_stream"),
         "freeride/open_launch_rule.hpp's waits_behind_another_stream.");

@@ -328,6 +328,35 @@ def test_the_executors_launch_ends_with_its_bubble_though_made_after_its_close_w
     assert m.may_claim(True, LONG, NO_SLICE)
 
 
+def test_a_launch_for_an_open_with_no_ordinal_keeps_a_slice_under_time_slice_none():
+    """The executor's or the watcher's launch for an open none was noted for (an open
+    replayed from a CUDA graph, or one forgotten among KEPT newer ones) has its own look
+    alone: begun after its bubble's close and the next open, it serves the next bubble
+    (above). Under one hardware queue that bubble's launch waits behind it on the stream,
+    with training's next close behind that: with time_slice=None nothing would end it, a
+    hang (review of 2026-11-28). Such a launch keeps the default slice
+    (csrc/launch_slice_rule.hpp), which ends it once that close is not pending; every
+    other launch carries the harvester's slice as it is."""
+    default = T.launch_slice_ns(NO_SLICE, at_open=False, next_close=0, stream_wait=False)
+    assert default == 2_000_000  # Harvester's default time_slice, 2 ms
+    assert T.launch_slice_ns(NO_SLICE, at_open=False, next_close=7, stream_wait=False) == 0
+    assert T.launch_slice_ns(NO_SLICE, at_open=True, next_close=7, stream_wait=False) == 0
+    assert T.launch_slice_ns(NO_SLICE, at_open=False, next_close=0, stream_wait=True) == 0
+    assert T.launch_slice_ns(3 * SLICE, at_open=False, next_close=0, stream_wait=False) == (
+        3 * SLICE
+    )
+    m = T.CloseModel()
+    m.enqueue_close()
+    m.execute()  # the close before the bubble
+    m.enqueue_close()
+    m.execute()  # the bubble's close, before the launch begins: the next bubble is open
+    m.launch_for(0)
+    m.begin_block()
+    assert m.may_claim(True, LONG, NO_SLICE)  # with no slice it would claim for ever
+    assert not m.may_claim(True, LONG, default)  # with one it stops: no close pending
+    assert m.may_claim(True, 0, default)  # (within its slice it serves what it finds)
+
+
 def test_open_ordinals_keep_the_recent_opens():
     """An open's ordinal is found by its number until KEPT later opens were noted; one
     never noted (an open captured into a graph) has none: 0, the launch's own look."""

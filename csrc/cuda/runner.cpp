@@ -164,6 +164,8 @@ LaunchMarks CudaRunner::run(bool record) {
     arm = takes_opens_locked();
   }
   if (arm) s.arm(this);
+  // The open the wait saw: the launch below is for its bubble.
+  uint32_t open_seq = 0;
   if (!in_flight()) {
     // Until a launch at an open is enqueued, the gate's mirror reads open (an open that
     // carried no launch, or the rest of a bubble whose launch ended with its slice), or
@@ -180,7 +182,7 @@ LaunchMarks CudaRunner::run(bool record) {
     const bool go = wait_for_gate(
         s, std::chrono::steady_clock::time_point::max(),
         [&] { return abandoned_.load() || interrupt_.load() || (stopping() && !in_flight()); },
-        [&] { return arrived() || s.open_unskipped(); });
+        [&] { return arrived() || s.open_unskipped(&open_seq); });
     throw_if_abandoned();
     {
       std::lock_guard<std::mutex> lk(launch_mu_);
@@ -198,7 +200,13 @@ LaunchMarks CudaRunner::run(bool record) {
     throw_arrival_error_locked();
     if (pending_.empty()) {
       if (stopping() || abandoned_.load()) return LaunchMarks{};
-      const uint32_t seq = s.mirror_seq();  // after the open mirror: the open's, or newer
+      // The number the wait saw the mirror open under, not read again: a close landing
+      // since would give the close's, for which no ordinal is noted (next_close 0), and
+      // a launch beginning after that close and the next open (queued behind training's
+      // work under one hardware queue) would then serve the next bubble, with that
+      // bubble's own launch waiting behind it on the stream and training behind that.
+      // Only a wait that ended on a launch already made leaves none (never here).
+      const uint32_t seq = open_seq != 0 ? open_seq : s.mirror_seq();
       // Only here: a wait that ended on a launch already made (at the open, or by the
       // watcher) was no sight of the gate that this thread acted on.
       s.stamps->woke(seq);

@@ -19,6 +19,7 @@
 #include "freeride/item_ctx.h"
 #include "atomic_bounds.hpp"
 #include "capture_mode.hpp"
+#include "launch_slice_rule.hpp"
 #include "launchers.hpp"
 #include "open_launch_rule.hpp"
 #include "successor_rule.hpp"
@@ -312,7 +313,8 @@ void CudaRunner::maybe_queue_successor(bool progressed) noexcept {
                         ring_.started(pending_.back().number, launch_no_.load()) &&
                         !ring_.published(pending_.back().number);
     st.progressed = progressed;
-    st.gate_open = s.open_unskipped();
+    uint32_t open_seq = 0;
+    st.gate_open = s.open_unskipped(&open_seq);
     st.stopping = stopping() || abandoned_.load();
     // (A successor runs the current phase: not behind a launch of the next.)
     st.phase_done = phase_done_ || progress_seen(slot_of(phase_)) >= n_items_ ||
@@ -320,7 +322,8 @@ void CudaRunner::maybe_queue_successor(bool progressed) noexcept {
     st.follows_protocol = task_->follows_item_protocol();
     if (!queue_successor(st) || !accepting_locked()) return;
     const bool record = pending_.back().record;
-    enqueue_locked(nullptr, s.mirror_seq(), false, record, phase_);
+    // For the open the gate was seen open under (open_unskipped: its ordinal).
+    enqueue_locked(nullptr, open_seq, false, record, phase_);
     pending_.back().successor = true;
   } catch (const std::exception& e) {
     arrival_error_ = std::string("queueing a successor launch failed: ") + e.what();
@@ -410,7 +413,6 @@ void CudaRunner::enqueue_locked(cudaEvent_t opened, uint32_t seq, bool at_open, 
       ctx.after_done = &before->done;
       ctx.after_items = task_->num_items(phase - 1);
     }
-    ctx.slice_ns = s.slice_ns;
     ctx.end = ring_.end_dev(number);
     ctx.launch = number;
     ctx.run = ring_.run_dev(number);
@@ -423,6 +425,7 @@ void CudaRunner::enqueue_locked(cudaEvent_t opened, uint32_t seq, bool at_open, 
     ctx.next_close = at_open         ? s.closes.next()
                      : s.stream_wait ? 0u
                                      : s.open_ordinals.next_close(seq);
+    ctx.slice_ns = launch_slice_ns(s.slice_ns, at_open, ctx.next_close, s.stream_wait);
     // An error a previous task's failure left as this thread's last error (a handled
     // one: a sticky error fails every call anyway) must not be taken for this launch's.
     (void)cudaGetLastError();

@@ -472,11 +472,15 @@ struct CudaShared {
   // its number, then the mirror again. A close writes its value, then its number: one
   // landing between the first two reads would pair the open value read before it with
   // the close's number, which no skip names (an executor's launch into the closed gate:
-  // an idle launch and a backoff).
-  bool open_unskipped() const {
+  // an idle launch and a backoff). Where true, `open_seq` (if given) gets that open's
+  // number: a launch for it carries that open's ordinal (OpenOrdinals), which a second
+  // read of the number could miss, a close having landed since.
+  bool open_unskipped(uint32_t* open_seq = nullptr) const {
     if (mirror() != FREERIDE_GATE_OPEN) return false;
     const uint32_t seq = mirror_seq();
-    return !skipped.contains(seq) && mirror() == FREERIDE_GATE_OPEN;
+    if (skipped.contains(seq) || mirror() != FREERIDE_GATE_OPEN) return false;
+    if (open_seq != nullptr) *open_seq = seq;
+    return true;
   }
 
   // Marks: pooled timing events. Their ids are the executor's and Python's handles. A

@@ -54,9 +54,10 @@
 //
 // A launch's time slice counts from its first block's start (enter_launch): a block that
 // becomes resident only when an earlier one leaves gets what is left of the slice, so a
-// launch ends about one slice (plus an item) after it started, whatever its grid, unless
-// the close that ends its bubble is pending by then: then it runs until that close, for at
-// most FREERIDE_MAX_SLICES slices in all (freeride/slice.h has the rule and why). A
+// launch ends about one slice (plus an item, two where a block crosses a phase boundary
+// of device phases) after it started, whatever its grid, unless the close that ends its
+// bubble is pending by then: then it runs until that close, for at most
+// FREERIDE_MAX_SLICES slices in all (freeride/slice.h has the rule and why). A
 // launch's own counters (fr_launch_run) are its alone, so launches queued back to back on
 // a stream need nothing reset between them.
 #pragma once

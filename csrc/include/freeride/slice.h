@@ -45,7 +45,8 @@
  * decided on an answer read more than two windows plus one read earlier, whatever the
  * items' length: a launch claims its last item at most that long after nothing is
  * pending, which bounds a device-wide synchronisation's wait as the slice does (plus the
- * item, as with the slice). A launch's first look has no answer yet: it counts as
+ * item, as with the slice; two items where a block crosses a phase boundary of device
+ * phases, whose wait for the phase before looks at nothing else). A launch's first look has no answer yet: it counts as
  * pending, stamped then, until the first read lands, within the same bound. */
 #ifndef FREERIDE_SLICE_H_
 #define FREERIDE_SLICE_H_
