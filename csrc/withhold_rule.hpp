@@ -34,4 +34,16 @@ inline bool withhold_preempted(const WithholdState& s) {
   return s.enabled && (s.urgent_queued || s.bubbles >= 2);
 }
 
+// Whether the CUDA backend withholds at all: FREERIDE_WITHHOLD, with launches at opens,
+// and not under one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1). withhold() records a
+// fence on the side stream behind the withheld launches (settle() must not wait for the
+// more urgent task's launches behind them); in one queue that fence holds everything
+// enqueued after it, training's next close included, until the newest withheld launch
+// ends, and that launch, its bubble's close pending behind the fence, ends only at the
+// slice bound (never with time_slice=None). A stop ends them at their next claim instead
+// (the review of 2026-11-28).
+inline bool withholds(bool enabled, bool launch_at_opens, bool one_queue) {
+  return enabled && launch_at_opens && !one_queue;
+}
+
 }  // namespace freeride

@@ -197,6 +197,8 @@ void register_queue_hooks(py::module_& t) {
       },
       py::arg("enabled"), py::arg("bubbles"), py::arg("urgent_queued"),
       "csrc/withhold_rule.hpp's withhold_preempted.");
+  t.def("withholds", &freeride::withholds, py::arg("enabled"), py::arg("launch_at_opens"),
+        py::arg("one_queue"), "csrc/withhold_rule.hpp's withholds.");
   t.def(
       "queue_hold_backoffs",
       [](Executor& ex, bool on) {

@@ -41,6 +41,19 @@ def test_the_withhold_rule(enabled, bubbles, urgent_queued, withholds):
     assert _C._testing.withhold_preempted(enabled, bubbles, urgent_queued) is withholds
 
 
+def test_no_withholding_under_one_hardware_queue():
+    """The CUDA backend withholds only with launches at opens, and never under one
+    hardware queue: the fence withhold() records on the side stream behind the withheld
+    launches would hold the one queue, training's next close included, until the newest
+    of them ends, which with that close pending behind the fence is only at the slice
+    bound (never with time_slice=None; the review of 2026-11-28)."""
+    withholds = _C._testing.withholds
+    assert withholds(enabled=True, launch_at_opens=True, one_queue=False)
+    assert not withholds(enabled=True, launch_at_opens=True, one_queue=True)
+    assert not withholds(enabled=True, launch_at_opens=False, one_queue=False)
+    assert not withholds(enabled=False, launch_at_opens=True, one_queue=False)
+
+
 def _preempted(ex, items=50, queued=3, urgent_open=True):
     """A task of `items` items (runner 0) with `queued` launches at opens, and a more
     urgent task of 4 (runner 1) submitted then; with `urgent_open`, an open written after

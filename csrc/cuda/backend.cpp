@@ -56,6 +56,7 @@
 #include "cuda/runner.hpp"
 #include "cuda/shared.hpp"
 #include "launchers.hpp"
+#include "withhold_rule.hpp"
 
 namespace freeride {
 namespace cuda {
@@ -170,7 +171,7 @@ class CudaBackend final : public Backend {
     s.successors = successors && !options.stream_wait;
     s.phases_ahead = phases_ahead && s.launch_at_opens;
     s.followers = followers && s.launch_at_opens;
-    withhold_ = withhold && s.launch_at_opens;
+    withhold_ = freeride::withholds(withhold, s.launch_at_opens, single_connection());
     // The watcher's launch is run()'s, which stream_wait holds on the GPU already.
     s.watcher_launch = watcher_launch && s.watcher != nullptr && !options.stream_wait;
     if (s.watcher_launch) {
