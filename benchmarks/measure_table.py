@@ -205,9 +205,10 @@ def pause_rows(preempt: Source) -> list[Row]:
                 why = f"no figure: every trial late ({r.get('late', 'count not given')})"
                 rows.append(Row(metric, setting, why, target, FAILED))
                 continue
+            late = f", {r['late']} late, left out" if r.get("late") else ""
             measured = (
                 f"{us(r['p50_us'])} / {us(r['p99_us'])} / {us(r['max_us'])} µs "
-                f"({r.get('trials')} trials)"
+                f"({r.get('trials')} trials{late})"
             )
             verdict = NO_TARGET if limit is None else judge(r["p99_us"] <= limit)
             rows.append(Row(metric, setting, measured, target, verdict))

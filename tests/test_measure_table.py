@@ -399,6 +399,18 @@ def test_a_pause_row_without_a_figure_is_not_judged(tmp_path, late):
     assert pause[f"20 µs items, {AHEAD}"].verdict == mt.NO_TARGET
 
 
+def test_a_pause_row_says_how_many_trials_were_late():
+    """Trials the host released too late are left out of the figures; the row says how
+    many, so that a figure of few trials is read as such."""
+    data = preempt_now(p99_ahead=15.0)
+    for row in data["rows"]:
+        if row["variant"] == mt.PAUSE_VARIANT and row["item_us"] == 10:
+            row.update(trials=280, late=20)
+    rows = mt.pause_rows(mt.Source(data, ""))
+    row = next(r for r in rows if r.setting == f"10 µs items, {AHEAD}")
+    assert "(280 trials, 20 late, left out)" in row.measured and row.verdict == mt.MET
+
+
 @pytest.mark.parametrize("pct, verdict", [(0.5, mt.MET), (0.51, mt.MISSED)])
 def test_overhead_and_item_overhead_boundaries(tmp_path, pct, verdict):
     pipeline = bench("pipeline")
