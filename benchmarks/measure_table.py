@@ -326,6 +326,12 @@ def harvest_rows(harvest: Source) -> list[Row]:
             )
         if r.get("queued_ahead") is False:
             measured += "; NOT queued ahead: the GPU caught up with the host"
+        wanted = key.startswith("phases") and "-device" in key
+        if key.startswith("phases") and r.get("device_phases", wanted) != wanted:
+            ran = "on" if r["device_phases"] else "off"
+            why = f"{measured}; ran with device phases {ran}: not this setting"
+            rows.append(Row(metric, setting, why, target, FAILED))
+            continue
         if "phases_in_bubbles" in r:
             measured += f"; {r['phases_in_bubbles']} phases in the bubbles"
             if r.get("violations_in_bubbles") or r.get("violations"):

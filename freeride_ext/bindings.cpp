@@ -541,6 +541,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("admission", [](Executor& ex) { return ex.backend().admission(); })
       .def_property_readonly("launches_at_opens",
                              [](Executor& ex) { return ex.backend().launches_at_opens(); })
+      .def_property_readonly("device_phases",
+                             [](Executor& ex) { return ex.backend().device_phases(); })
       .def_property_readonly("watcher_launches",
                              [](Executor& ex) { return ex.backend().watcher_launches(); })
       .def_property_readonly(

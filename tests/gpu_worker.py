@@ -735,6 +735,7 @@ def mode_queued_phases(args: dict) -> dict:
     comm = torch.cuda.Stream()
     with fr.Harvester("cuda:0") as h:
         out["launches_at_opens"] = h.launches_at_opens
+        out["device_phases"] = h.device_phases
         out["connections"] = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
         out["recv_ms"], out["iterations"] = recv_ms, iterations
         # The open-gate rate: a twin task run to its end with the gate open from the host.

@@ -22,6 +22,7 @@ import time
 
 import pytest
 
+import freeride as fr
 from conftest import queue_status as _status
 from conftest import runner_launches as _launches
 from conftest import wait_until
@@ -45,6 +46,20 @@ def test_one_launch_at_an_open_serves_every_phase(ex):
     assert ex.wait(task, 10)
     assert _status(ex, task) == ("done", 50, 4)
     assert q.ran == 50
+
+
+def test_the_executor_says_whether_its_backend_takes_device_phases(ex):
+    """Harvester.device_phases reads the backend's switch: on for this queue backend (as
+    on CUDA unless FREERIDE_DEVICE_PHASES=0), never on the host backend, whose workers
+    keep the phases in order themselves."""
+    assert ex.device_phases is True
+    executor = _C._testing.queue_executor()
+    try:
+        assert executor.device_phases is False
+    finally:
+        executor.close(0.5)
+    with fr.Harvester("cpu", workers=1) as h:
+        assert h.device_phases is False
 
 
 def test_without_device_phases_a_launch_serves_one_phase():

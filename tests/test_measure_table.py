@@ -746,6 +746,29 @@ def test_the_launch_at_open_host_cost_adds_the_launch_to_the_rings_pair(tmp_path
     assert row.verdict == mt.MET
 
 
+def test_a_harvest_run_that_did_not_run_its_settings_device_phases_fails(tmp_path):
+    """The many-phase runs say whether their harvester took device phases (gpu_worker's
+    queued_phases): a device-phases row measured without them, or a phases-ahead row
+    measured with them (the switch not set where the default changed), is not that
+    setting's figure."""
+    off = {**bubbles_result(0.9), "phases_in_bubbles": 5, "device_phases": False}
+    on = {**off, "device_phases": True}
+    runs = {
+        "phases-20ms-8q-device1": {"result": off},
+        "phases-20ms-1q-device1": {"result": on},
+        "phases-20ms-8q-ahead0": {"result": on},
+        "phases-20ms-1q-ahead0": {"result": off},
+    }
+    write(tmp_path, "harvest.json", harvest(runs))
+    rows = {r.setting: r for r in mt.harvest_rows(mt.load(str(tmp_path), "harvest.json"))}
+    label = dict(mt.HARVEST_ROWS)
+    bad = rows[label["phases-20ms-8q-device1"]]
+    assert bad.verdict == mt.FAILED and "device phases off: not this setting" in bad.measured
+    assert rows[label["phases-20ms-1q-device1"]].verdict == mt.MET
+    assert rows[label["phases-20ms-8q-ahead0"]].verdict == mt.FAILED
+    assert rows[label["phases-20ms-1q-ahead0"]].verdict == mt.MET
+
+
 def test_harvest_rows_give_the_share_of_one_bubbles_rate_beside(tmp_path):
     """Spin's runs also say what share of one launch's rate in a 10 ms bubble they ran (the
     open gate's rate pays a relaunch at every slice end); the verdict stays on the open

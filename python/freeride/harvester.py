@@ -413,6 +413,15 @@ class Harvester:
         host backend, whose gate writes are immediate."""
         return bool(self._ex.launches_at_opens)
 
+    @property
+    def device_phases(self) -> bool:
+        """CUDA: whether a task whose phases all run one kernel over as many items
+        (PageRank, Spin, ItemCounter, ``RawKernel(..., device_phases=True)``) is served
+        from one launch across its phases, a launch queued at an open running whatever
+        phase is current when its bubble comes (True unless FREERIDE_DEVICE_PHASES=0).
+        False on the host backend, whose workers keep the phases in order themselves."""
+        return bool(self._ex.device_phases)
+
     def launch_counts(self) -> LaunchCounts:
         """The side launches so far: how many, how many ran no item, and how many of each
         were enqueued at opens."""

@@ -28,7 +28,6 @@ marks), which no user-facing call exposes.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,11 +45,13 @@ def measure(mode: str, quick: bool) -> dict:
     rows = []
     device = "cuda:0" if gpu else "cpu"
     mechanism = None
+    device_phases = False
     # The reserve's cost: the same plain kernels on grids that take whole SMs.
     free = Harvester(device, workers=1, reserve=None) if gpu else None
     with Harvester(device, workers=1) as h, free or contextlib.nullcontext():
         h.gate.open(stream="host")
         mechanism = h.reserve_mechanism
+        device_phases = h.device_phases
         for name, make, nbytes in _workloads(gpu, quick):
             # Once: validation and uploads are not timed.
             built = make()._build(h.backend, int(h.device.partition(":")[2] or -1))
@@ -79,7 +80,7 @@ def measure(mode: str, quick: bool) -> dict:
             "reserve_mechanism": mechanism,
             # Whether the default rows ran with device phases (the CUDA backend's default
             # since 2026-11-28; benchmarks/measure_table.py reads older results by it).
-            "device_phases": gpu and _device_phases_on(),
+            "device_phases": device_phases,
         },
         "notes": [
             "plain: the same kernels without the item protocol (grid-stride over items)",
@@ -109,11 +110,6 @@ def measure(mode: str, quick: bool) -> dict:
 
 COPY_TASK = "copy (Saxpy float32's bytes)"
 PHASE_LAUNCHES = "PageRank, one launch a phase"
-
-
-def _device_phases_on() -> bool:
-    """FREERIDE_DEVICE_PHASES as a CUDA harvester reads it: on unless "0"."""
-    return os.environ.get("FREERIDE_DEVICE_PHASES", "1") != "0"
 
 
 def _phase_launches_row(name: str, make: Callable[[], Any], plain: float, repeats: int) -> dict:
