@@ -4,7 +4,7 @@
     python3 benchmarks/measure_table.py DIR [--out FILE]
 
 Reads what the step wrote into DIR (the file names are FILES and channels_file() below):
-the JSON of `freeride bench preempt|pipeline|items`, of probes/probe_admission.py (at
+the JSON of `freeride bench preempt|pipeline|items|hooks`, of probes/probe_admission.py (at
 opens, the executor's ring, poll, the watcher's launch), of probes/probe_channels.py (each reserve, with the
 lookahead bound unset and 1) and of probes/probe_harvest_matrix.py, and prints one
 markdown table: metric, setting, measured value, target, verdict. Verdicts: `met`,
@@ -33,6 +33,7 @@ FILES = {
     "preempt": "preempt.json",
     "pipeline": "pipeline.json",
     "items": "items.json",
+    "hooks": "hooks.json",
     "harvest": "harvest.json",
     "admission_at_open": "admission_at_open.json",
     "admission_ring": "admission_ring.json",
@@ -479,28 +480,47 @@ def _gate_row(preempt: Source, metric: str, **match: str) -> dict | None:
     return None
 
 
-def host_cost_rows(preempt: Source) -> list[Row]:
-    metric = "host cost per close+open pair (bench preempt)"
+# bench hooks' rows (freeride/cli/bench/hooks.py), the metric's own measurement: the
+# training thread's time in the hooks around one compute action, bubble record on.
+HOOK_ROWS = (
+    ("h.compute()", "hooks: h.compute(), bubble record on, no side task"),
+    ("attach()", "hooks: attach() to a torch pipelining schedule, bubble record on, no side task"),
+)
+
+
+def host_cost_rows(preempt: Source, hooks: Source) -> list[Row]:
+    """The host cost per close+open pair (docs/design.md's metric: the training thread's
+    time in the hooks around one compute action, bubble record on): bench hooks' rows,
+    then the same pair with the launch an open enqueues for a running task (bench
+    preempt's launch row added to h.compute()'s), and bench preempt's gate writes alone
+    (no record, no Python of the hooks), for reference."""
+    metric = "host cost per close+open pair"
     target = f"≤ {PAIR_HOST_US:g} µs (p50)"
     rows = []
-    base = {"variant": "gate write", "mechanism": "batch", "gate": "device"}
-    for admission, setting in (
-        ("ring", "batch write, gate in device memory, ring (default)"),
-        ("poll", "batch write, gate in device memory, FREERIDE_ADMISSION=poll"),
-    ):
-        r = _gate_row(preempt, "close+open host cost", admission=admission, **base)
+    found = {}
+    for name, setting in HOOK_ROWS:
+        r = _hooks_row(hooks, name)
         if r is None:
-            unavailable = _gate_row_unavailable(preempt, admission)
-            if unavailable:
-                rows.append(Row(metric, setting, unavailable, target, FAILED))
-            else:
-                rows.append(_not_run(metric, setting, target, preempt))
+            rows.append(_not_run(metric, setting, target, hooks))
             continue
-        measured = f"p50 {us(r['p50_us'])} / p99 {us(r['p99_us'])} µs"
-        rows.append(Row(metric, setting, measured, target, judge(r["p50_us"] <= PAIR_HOST_US)))
-    setting = "with the side launch an open enqueues (launch at open)"
-    pair = _gate_row(preempt, "close+open host cost", admission="ring", **base)
+        found[name] = r
+        measured = (
+            f"p50 {us(r['p50_ns'] / 1000)} / p99 {us(r['p99_ns'] / 1000)} µs "
+            f"({r.get('pairs')} pairs)"
+        )
+        rows.append(
+            Row(metric, setting, measured, target, judge(r["p50_ns"] / 1000 <= PAIR_HOST_US))
+        )
+    setting = "hooks: h.compute() with the side launch an open enqueues (launch at open)"
     extra = _gate_row(preempt, "launch at open host cost", variant="launch at open")
+    base = {"variant": "gate write", "mechanism": "batch", "gate": "device"}
+    ring = _gate_row(preempt, "close+open host cost", admission="ring", **base)
+    pair, pair_text = None, ""
+    if "h.compute()" in found:
+        pair, pair_text = found["h.compute()"]["p50_ns"] / 1000, "pair (bench hooks)"
+    elif ring is not None:
+        # A run without bench hooks: the gate writes alone stand in for the pair.
+        pair, pair_text = ring["p50_us"], "gate writes alone (no bench hooks in this run)"
     if pair is None or extra is None:
         gone = [
             r
@@ -510,19 +530,44 @@ def host_cost_rows(preempt: Source) -> list[Row]:
         if gone:
             rows.append(Row(metric, setting, gone[0]["unavailable"], target, FAILED))
         else:
-            rows.append(_not_run(metric, setting, target, preempt))
-        return rows
-    # The pair is the ring row's (the loop's training kernels taken off). The launch
-    # variant's own "no task" row left them in before 2026-11-28 (bench preempt's
-    # less_the_kernel): the launch is the difference of two such loops either way.
-    total = pair["p50_us"] + extra["p50_us"]
-    measured = (
-        f"pair {us(pair['p50_us'])} + launch {us(extra['p50_us'])} = {us(total)} µs "
-        f"(sum of p50s; p99s {us(pair['p99_us'])} and {us(extra['p99_us'])}; "
-        f"{extra.get('opens_with_launch')} of {extra.get('opens')} opens carried one)"
-    )
-    rows.append(Row(metric, setting, measured, target, judge(total <= PAIR_HOST_US)))
+            rows.append(_not_run(metric, setting, target, preempt if extra is None else hooks))
+    else:
+        # The launch is the difference of two loops of bench preempt, with and without a
+        # task (its "no task" row held the loop's own training kernel before 2026-11-28).
+        total = pair + extra["p50_us"]
+        measured = (
+            f"{pair_text} {us(pair)} + launch {us(extra['p50_us'])} = {us(total)} µs "
+            f"(sum of p50s; the launch's p99 {us(extra['p99_us'])}; "
+            f"{extra.get('opens_with_launch')} of {extra.get('opens')} opens carried one)"
+        )
+        rows.append(Row(metric, setting, measured, target, judge(total <= PAIR_HOST_US)))
+    for admission, setting in (
+        ("ring", "gate writes alone (bench preempt): batch, gate in device memory, ring"),
+        (
+            "poll",
+            "gate writes alone (bench preempt): batch, device memory, FREERIDE_ADMISSION=poll",
+        ),
+    ):
+        r = _gate_row(preempt, "close+open host cost", admission=admission, **base)
+        if r is None:
+            unavailable = _gate_row_unavailable(preempt, admission)
+            if unavailable:
+                rows.append(Row(metric, setting, unavailable, "—", FAILED))
+            else:
+                rows.append(_not_run(metric, setting, "—", preempt))
+            continue
+        measured = f"p50 {us(r['p50_us'])} / p99 {us(r['p99_us'])} µs"
+        rows.append(Row(metric, setting, measured, "—", NO_TARGET))
     return rows
+
+
+def _hooks_row(hooks: Source, name: str) -> dict | None:
+    """bench hooks' row of `name` on cuda with a figure (the host backend's, of a CPU run,
+    is no GPU's figure)."""
+    for r in (hooks.data or {}).get("rows", []):
+        if r.get("hooks") == name and r.get("backend") == "cuda" and _num(r.get("p50_ns")):
+            return r
+    return None
 
 
 def _gate_row_unavailable(preempt: Source, admission: str) -> str:
@@ -609,7 +654,7 @@ def rows_of(folder: str) -> list[Row]:
         *overhead_rows(src["pipeline"]),
         *item_rows(src["items"]),
         *bandwidth_rows(src["items"]),
-        *host_cost_rows(src["preempt"]),
+        *host_cost_rows(src["preempt"], src["hooks"]),
         *executor_sleep_rows(src["admission_at_open"], src["admission_ring"]),
         *training_admission_rows(src["preempt"]),
     ]

@@ -12,8 +12,9 @@
 #             harvest of open-gate time in queued bubbles under 8 and 1 hardware queues
 #             for a single-phase and a many-phase task (probe_harvest_matrix.py), G2's
 #             other-stream probe with the lookahead bound off and on (probe_channels.py),
-#             `bench pipeline --quick` and `bench items` (item overhead, bandwidth against
-#             a copy); then benchmarks/measure_table.py's table of them against the
+#             `bench pipeline` and `bench items` (item overhead, bandwidth against a
+#             copy), `bench hooks` (the host cost per pair through the hooks, bubble
+#             record on); then benchmarks/measure_table.py's table of them against the
 #             targets, into summary.txt, the archive and $OUT/measure_table.md
 #   qualify   the default, run first: what the second 2026-11-27 H200 run (at cf361a5)
 #             left open, in QUALIFY_BUDGET s (480: with the build, one 9-minute command),
@@ -199,8 +200,8 @@ if step measure; then
   # settings it varies (in a subshell), and each item sets its own. [~N s] is the estimate
   # on an H200 and where it comes from (results/h200-2026-11-27/: "measured" from its
   # logs, JSON dates and summary, "est." where nothing like it has run on a GPU yet); the
-  # number after the name is the hard limit. Estimates add up to ~390 s (the step took
-  # 185 s with MEASURE_QUICK=1 at cf361a5, its build aside), the limits to ~750 s: with
+  # number after the name is the hard limit. Estimates add up to ~410 s (the step took
+  # 185 s with MEASURE_QUICK=1 at cf361a5, its build aside), the limits to ~810 s: with
   # MEASURE_BUDGET=480 everything runs unless something hangs, and then the last items
   # are listed NOT RUN and their rows say "not run".
   (
@@ -286,7 +287,19 @@ if step measure; then
       --out "$m/items.json"
     stand_in "$m/items.json" $? measure_bench_items
     table_of measure_bench_items "^ *(Saxpy|PageRank|GaussianBlur|Resize|copy)"
-    # 7. Where time is left: host-started admission with the executor polling. [~10 s est.]
+    # 7. The host cost per close+open pair as the metric is defined: the training
+    #    thread's time in the hooks around a compute action, bubble record on
+    #    (h.compute(), and attach() to a torch pipelining schedule), Python and C++ part
+    #    on cuda:0; bench preempt's rows above add the launch an open enqueues. [~20 s
+    #    est.: 32,000 h.compute() pairs and 600 attached steps; --quick with
+    #    MEASURE_QUICK=1]
+    hooks_args=()
+    [ "${MEASURE_QUICK:-0}" = 1 ] && hooks_args=(--quick)
+    budgeted $deadline measure_bench_hooks 60 $py -m freeride bench hooks --mode gpu \
+      ${hooks_args[@]+"${hooks_args[@]}"} --out "$m/hooks.json"
+    stand_in "$m/hooks.json" $? measure_bench_hooks
+    table_of measure_bench_hooks "^ *(backend|cuda) "
+    # 8. Where time is left: host-started admission with the executor polling. [~10 s est.]
     probe $deadline measure_admission_poll 30 FREERIDE_LAUNCH_AT_OPEN=0 FREERIDE_ADMISSION=poll \
       probe_admission.py --trials 200 --json "$m/admission_poll.json"
     stand_in "$m/admission_poll.json" $? measure_admission_poll

@@ -33,8 +33,9 @@ def _load(name: str, path: pathlib.Path):
 mt = _load("measure_table", ROOT / "benchmarks" / "measure_table.py")
 
 # 10 pause (close queued ahead; host-enqueued) + 4 admission + 10 harvest + 4 held
-# + 8 overhead + 6 items + 3 bw + 3 host + 2 executor sleep + 1 training admission
-ROWS = 51
+# + 8 overhead + 6 items + 3 bw + 5 host (2 hooks, with a launch, 2 gate writes alone)
+# + 2 executor sleep + 1 training admission
+ROWS = 53
 AHEAD = "gate in device memory, close queued ahead"
 HOST_ENQUEUED = "gate in device memory, close enqueued as the GPU waits"
 
@@ -224,7 +225,18 @@ def full_folder(folder: pathlib.Path) -> pathlib.Path:
         for key, _ in mt.HARVEST_ROWS
     }
     write(folder, "harvest.json", harvest(runs))
+    write(folder, "hooks.json", hooks_result(8.0))
     return folder
+
+
+def hooks_result(p50_us: float, backend: str = "cuda") -> dict:
+    """freeride bench hooks --mode gpu's JSON: both rows at `p50_us` per pair."""
+    rows = [
+        {"backend": backend, "hooks": name, "part": "all", "pairs": 32000, "p50_ns": p50_us * 1000}
+        | {"p99_ns": p50_us * 1500, "mean_ns": p50_us * 1100}
+        for name in ("h.compute()", "attach()")
+    ]
+    return {"benchmark": "hooks", "mode": "gpu", "device": "NVIDIA H200", "rows": rows}
 
 
 def by_setting(rows, metric_start: str) -> dict[str, object]:
@@ -265,6 +277,7 @@ def test_the_h200_run_of_2026_11_27_read_as_it_was(tmp_path):
     # them by hand.
     folder = full_folder(tmp_path)
     write(folder, "preempt.json", bench("preempt"))
+    (folder / "hooks.json").unlink()  # bench hooks did not run on that GPU
     rows = mt.rows_of(str(folder))
     assert len(rows) == ROWS
     pause = by_setting(rows, "pause latency")
@@ -288,10 +301,13 @@ def test_the_h200_run_of_2026_11_27_read_as_it_was(tmp_path):
     assert "0.45%" in overhead["saxpy, 8 queues (default)"].measured
     assert overhead["spin, 1 queue"].verdict == mt.MISSED
     host = by_setting(rows, "host cost")
-    ring, poll, at_open = host.values()
-    assert (ring.verdict, poll.verdict, at_open.verdict) == (mt.MISSED, mt.MET, mt.MISSED)
-    assert "p50 7.22" in poll.measured
+    compute, attach, at_open, ring, poll = host.values()
+    # bench hooks had not run on a GPU then: the writes alone stand in for the pair.
+    assert (compute.verdict, attach.verdict) == (mt.NOT_RUN, mt.NOT_RUN)
+    assert at_open.verdict == mt.MISSED and "gate writes alone" in at_open.measured
     assert "637 of 640" in at_open.measured
+    assert (ring.verdict, poll.verdict) == (mt.NO_TARGET, mt.NO_TARGET)
+    assert "p50 7.22" in poll.measured
     (training,) = [r for r in rows if r.metric.startswith("training-kernel admission")]
     assert training.verdict == mt.MISSED and training.measured.startswith("40 of 56 rows")
     bandwidth = by_setting(rows, "side-kernel bandwidth")
@@ -434,14 +450,22 @@ def test_overhead_and_item_overhead_boundaries(tmp_path, pct, verdict):
     assert {r.verdict for r in rows if r.metric.startswith("item overhead")} == {verdict}
 
 
-def test_host_cost_boundary(tmp_path):
-    data = bench("preempt")
-    for row in data["rows"]:
-        if row.get("metric") == "close+open host cost" and row.get("admission") == "ring":
-            row["p50_us"] = 10.0
-    write(tmp_path, "preempt.json", data)
+@pytest.mark.parametrize("p50_us, verdict", [(10.0, mt.MET), (10.01, mt.MISSED)])
+def test_host_cost_boundary(tmp_path, p50_us, verdict):
+    """The host cost per pair is bench hooks' (the metric's definition: the hooks around a
+    compute action, bubble record on), judged at its p50."""
+    write(tmp_path, "hooks.json", hooks_result(p50_us))
     host = by_setting(mt.rows_of(str(tmp_path)), "host cost")
-    assert host["batch write, gate in device memory, ring (default)"].verdict == mt.MET
+    compute, attach = (host[setting] for _, setting in mt.HOOK_ROWS)
+    assert compute.verdict == attach.verdict == verdict
+    assert f"p50 {mt.us(p50_us)} / p99" in compute.measured
+
+
+def test_host_cost_of_a_cpu_run_of_bench_hooks_is_no_gpu_figure(tmp_path):
+    """The host backend's rows (a `--mode cpu` run) measure no CUDA pair: not run."""
+    write(tmp_path, "hooks.json", hooks_result(3.0, backend="host"))
+    host = by_setting(mt.rows_of(str(tmp_path)), "host cost")
+    assert {host[setting].verdict for _, setting in mt.HOOK_ROWS} == {mt.NOT_RUN}
 
 
 def test_a_run_cut_short(tmp_path):
@@ -716,11 +740,12 @@ def test_pagerank_rows_of_a_result_from_before_device_phases_were_the_default():
     assert items["PageRank, one launch a phase: 50 nodes x2, 5 iters"].verdict == mt.MISSED
 
 
-def test_the_launch_at_open_host_cost_adds_the_launch_to_the_rings_pair(tmp_path):
-    """The pair with the launch an open enqueues: the ring row's pair (its loop's training
-    kernels taken off) plus the launch, not the launch variant's "no task" row, which
-    before 2026-11-28 still held a training kernel's launch per pair (the H200's 28.5 µs
-    against the ring row's 16.7)."""
+def test_the_launch_at_open_host_cost_adds_the_launch_to_the_pair(tmp_path):
+    """The pair with the launch an open enqueues: bench hooks' h.compute() pair, or in a
+    run without it the ring row's gate writes (their loop's training kernels taken off),
+    plus the launch; never the launch variant's "no task" row, which before 2026-11-28
+    still held a training kernel's launch per pair (the H200's 28.5 µs against the ring
+    row's 16.7)."""
     data = preempt_now()
     for row in data["rows"]:
         if row.get("metric") == "close+open host cost" and row.get("admission") == "ring":
@@ -738,12 +763,17 @@ def test_the_launch_at_open_host_cost_adds_the_launch_to_the_rings_pair(tmp_path
         {**base, "metric": "close+open host cost, no task", "p50_us": 28.5, "p99_us": 29.6},
     ]
     write(tmp_path, "preempt.json", data)
-    row = by_setting(mt.rows_of(str(tmp_path)), "host cost")[
-        "with the side launch an open enqueues (launch at open)"
-    ]
-    assert row.measured.startswith("pair 6.00 + launch 3.50 = 9.50 µs")
+    launch = "hooks: h.compute() with the side launch an open enqueues (launch at open)"
+    row = by_setting(mt.rows_of(str(tmp_path)), "host cost")[launch]
+    assert row.measured.startswith("gate writes alone (no bench hooks in this run) 6.00 + ")
+    assert "launch 3.50 = 9.50 µs" in row.measured
     assert "78 of 80 opens carried one" in row.measured
     assert row.verdict == mt.MET
+    # With bench hooks in the run, its h.compute() pair is the pair.
+    write(tmp_path, "hooks.json", hooks_result(7.0))
+    row = by_setting(mt.rows_of(str(tmp_path)), "host cost")[launch]
+    assert row.measured.startswith("pair (bench hooks) 7.00 + launch 3.50 = 10.5 µs")
+    assert row.verdict == mt.MISSED
 
 
 def test_a_harvest_run_that_did_not_run_its_settings_device_phases_fails(tmp_path):
