@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstddef>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <utility>
@@ -165,7 +166,7 @@ LaunchMarks CudaRunner::run(bool record) {
   }
   if (arm) s.arm(this);
   // The open the wait saw: the launch below is for its bubble.
-  uint32_t open_seq = 0;
+  std::optional<uint32_t> open_seq;
   if (!in_flight()) {
     // Until a launch at an open is enqueued, the gate's mirror reads open (an open that
     // carried no launch, or the rest of a bubble whose launch ended with its slice), or
@@ -182,7 +183,13 @@ LaunchMarks CudaRunner::run(bool record) {
     const bool go = wait_for_gate(
         s, std::chrono::steady_clock::time_point::max(),
         [&] { return abandoned_.load() || interrupt_.load() || (stopping() && !in_flight()); },
-        [&] { return arrived() || s.open_unskipped(&open_seq); });
+        [&] {
+          if (arrived()) return true;
+          uint32_t seq = 0;
+          if (!s.open_unskipped(&seq)) return false;
+          open_seq = seq;
+          return true;
+        });
     throw_if_abandoned();
     {
       std::lock_guard<std::mutex> lk(launch_mu_);
@@ -206,7 +213,7 @@ LaunchMarks CudaRunner::run(bool record) {
       // work under one hardware queue) would then serve the next bubble, with that
       // bubble's own launch waiting behind it on the stream and training behind that.
       // Only a wait that ended on a launch already made leaves none (never here).
-      const uint32_t seq = open_seq != 0 ? open_seq : s.mirror_seq();
+      const uint32_t seq = open_seq ? *open_seq : s.mirror_seq();
       // Only here: a wait that ended on a launch already made (at the open, or by the
       // watcher) was no sight of the gate that this thread acted on.
       s.stamps->woke(seq);
