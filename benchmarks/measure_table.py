@@ -501,7 +501,12 @@ def host_cost_rows(preempt: Source, hooks: Source) -> list[Row]:
     for name, setting in HOOK_ROWS:
         r = _hooks_row(hooks, name)
         if r is None:
-            rows.append(_not_run(metric, setting, target, hooks))
+            gone = _hooks_row(hooks, name, unavailable=True)
+            if gone is not None:
+                why = f"unavailable: {gone['unavailable']}"
+                rows.append(Row(metric, setting, why, target, FAILED))
+            else:
+                rows.append(_not_run(metric, setting, target, hooks))
             continue
         found[name] = r
         measured = (
@@ -561,11 +566,16 @@ def host_cost_rows(preempt: Source, hooks: Source) -> list[Row]:
     return rows
 
 
-def _hooks_row(hooks: Source, name: str) -> dict | None:
+def _hooks_row(hooks: Source, name: str, unavailable: bool = False) -> dict | None:
     """bench hooks' row of `name` on cuda with a figure (the host backend's, of a CPU run,
-    is no GPU's figure)."""
+    is no GPU's figure); with `unavailable`, its row saying why it has none (attach()
+    without torch.distributed)."""
     for r in (hooks.data or {}).get("rows", []):
-        if r.get("hooks") == name and r.get("backend") == "cuda" and _num(r.get("p50_ns")):
+        if r.get("hooks") != name or r.get("backend") != "cuda":
+            continue
+        if unavailable and r.get("unavailable"):
+            return r
+        if not unavailable and _num(r.get("p50_ns")):
             return r
     return None
 

@@ -200,7 +200,7 @@ if step measure; then
   # settings it varies (in a subshell), and each item sets its own. [~N s] is the estimate
   # on an H200 and where it comes from (results/h200-2026-11-27/: "measured" from its
   # logs, JSON dates and summary, "est." where nothing like it has run on a GPU yet); the
-  # number after the name is the hard limit. Estimates add up to ~410 s (the step took
+  # number after the name is the hard limit. Estimates add up to ~420 s (the step took
   # 185 s with MEASURE_QUICK=1 at cf361a5, its build aside), the limits to ~810 s: with
   # MEASURE_BUDGET=480 everything runs unless something hangs, and then the last items
   # are listed NOT RUN and their rows say "not run".
@@ -245,11 +245,10 @@ if step measure; then
     stand_in "$m/admission_watcher.json" $? measure_admission_watcher
     # 3. Harvest of open-gate time in bubbles queued ahead of the GPU (20 ms, and 0.5 ms:
     #    both >= 200 us), 8 and 1 hardware queues, single-phase Spin and a 30-phase
-    #    ItemCounter with phases ahead off and on, then with device phases (the last two,
-    #    where the budget leaves time): 10 workers, each in a fresh process
-    #    (probes/probe_harvest_matrix.py; its own budget is what is left here, at most
-    #    150 s). [~90 s est.: 5 queued_bubbles workers took 26 s in all in
-    #    test_launch_at_open.py, measured; queued_phases has not run on a GPU yet]
+    #    ItemCounter with device phases (the default), then with them off and phases
+    #    ahead off and on (the last four, where the budget leaves time): 10 workers, each
+    #    in a fresh process (probes/probe_harvest_matrix.py; its own budget is what is
+    #    left here, at most 150 s). [~61 s measured at cf361a5]
     left=$((deadline - SECONDS - 10))
     [ $left -gt 150 ] && left=150
     [ $left -lt 0 ] && left=0
@@ -268,26 +267,13 @@ if step measure; then
         stand_in "$m/channels_${r}_lookahead_${la}.json" $? "measure_channels_${r}_lookahead_$la"
       done
     done
-    # 5. Training overhead (and the pipeline's harvest), under the default hardware
-    #    queues and one, each in a fresh process: the full emulation (20 iterations a
-    #    variant of 4 and 8 ms actions) [~95 s measured at 51c0fe7]; MEASURE_QUICK=1 runs
-    #    --quick (3 iterations of 1 and 2 ms actions) [~21 s measured at cf361a5], where
-    #    the same 16 closes an iteration weigh four times as much against its time (Spin
-    #    1.5% there at cf361a5).
-    pipeline_args=()
-    [ "${MEASURE_QUICK:-0}" = 1 ] && pipeline_args=(--quick)
-    budgeted $deadline measure_bench_pipeline 130 $py -m freeride bench pipeline --mode gpu \
-      ${pipeline_args[@]+"${pipeline_args[@]}"} --out "$m/pipeline.json"
-    stand_in "$m/pipeline.json" $? measure_bench_pipeline
-    table_of measure_bench_pipeline "^ *(baseline|freeride: (spin|saxpy|pagerank|blur)) "
-    # 6. Item overhead of each built-in task against its plain kernel, and side-kernel
-    #    bandwidth against a plain copy of Saxpy's bytes. [~17 s measured: the 2026-11-27
-    #    call of the three benchmarks, 264.8 s, less the other two]
+    # 5. Item overhead of each built-in task against its plain kernel, and side-kernel
+    #    bandwidth against a plain copy of Saxpy's bytes. [~14 s measured at cf361a5]
     budgeted $deadline measure_bench_items 60 $py -m freeride bench items --mode gpu \
       --out "$m/items.json"
     stand_in "$m/items.json" $? measure_bench_items
     table_of measure_bench_items "^ *(Saxpy|PageRank|GaussianBlur|Resize|copy)"
-    # 7. The host cost per close+open pair as the metric is defined: the training
+    # 6. The host cost per close+open pair as the metric is defined: the training
     #    thread's time in the hooks around a compute action, bubble record on
     #    (h.compute(), and attach() to a torch pipelining schedule), Python and C++ part
     #    on cuda:0; bench preempt's rows above add the launch an open enqueues. [~20 s
@@ -299,6 +285,18 @@ if step measure; then
       ${hooks_args[@]+"${hooks_args[@]}"} --out "$m/hooks.json"
     stand_in "$m/hooks.json" $? measure_bench_hooks
     table_of measure_bench_hooks "^ *(backend|cuda) "
+    # 7. Training overhead (and the pipeline's harvest), under the default hardware
+    #    queues and one, each in a fresh process: the full emulation (20 iterations a
+    #    variant of 4 and 8 ms actions) [~95 s measured at 51c0fe7]; MEASURE_QUICK=1 runs
+    #    --quick (3 iterations of 1 and 2 ms actions) [~21 s measured at cf361a5], where
+    #    the same 16 closes an iteration weigh four times as much against its time (Spin
+    #    1.5% there at cf361a5).
+    pipeline_args=()
+    [ "${MEASURE_QUICK:-0}" = 1 ] && pipeline_args=(--quick)
+    budgeted $deadline measure_bench_pipeline 130 $py -m freeride bench pipeline --mode gpu \
+      ${pipeline_args[@]+"${pipeline_args[@]}"} --out "$m/pipeline.json"
+    stand_in "$m/pipeline.json" $? measure_bench_pipeline
+    table_of measure_bench_pipeline "^ *(baseline|freeride: (spin|saxpy|pagerank|blur)) "
     # 8. Where time is left: host-started admission with the executor polling. [~10 s est.]
     probe $deadline measure_admission_poll 30 FREERIDE_LAUNCH_AT_OPEN=0 FREERIDE_ADMISSION=poll \
       probe_admission.py --trials 200 --json "$m/admission_poll.json"

@@ -533,7 +533,7 @@ void register_test_hooks(py::module_& m) {
       "csrc/watcher_launch_rule.hpp's watcher_launches.");
   t.def("launch_slice_ns", &freeride::launch_slice_ns, py::arg("slice_ns"),
         py::arg("at_open"), py::arg("next_close"), py::arg("stream_wait"),
-        "freeride/launch_slice_rule.hpp's launch_slice_ns.");
+        "csrc/launch_slice_rule.hpp's launch_slice_ns.");
   t.def("waits_behind_another_stream", &freeride::waits_behind_another_stream,
         py::arg("newest_at_open"), py::arg("newest_begun"), py::arg("same_stream"),
         "freeride/open_launch_rule.hpp's waits_behind_another_stream.");

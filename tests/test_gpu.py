@@ -47,8 +47,9 @@ def test_exactly_once_with_gate_flips(cuda_options):
     """Every item once under 200 host-side flips. Without a time slice a launch ends only
     when its phase completes or a close stops it, so launches beyond the quiet run's
     count are the flips that paused one. Negative control: the same task without flips
-    (and no slice) runs in one launch per phase, which the flipped run must clearly
-    exceed; with the default 2 ms slice both would be relaunched every slice anyway."""
+    (and no slice) runs in one launch in all (device phases, the default; one per phase
+    without), which the flipped run must clearly exceed; with the default 2 ms slice
+    both would be relaunched every slice anyway."""
     # Sized to the device: each phase takes milliseconds however many SMs there are, so
     # the flips below (one per 0.5 ms) land inside phases.
     sms = fr.backend_info()["devices"][0]["sm_count"]

@@ -461,6 +461,18 @@ def test_host_cost_boundary(tmp_path, p50_us, verdict):
     assert f"p50 {mt.us(p50_us)} / p99" in compute.measured
 
 
+def test_a_hooks_row_that_could_not_run_says_why(tmp_path):
+    """bench hooks writes its attach() row without figures where torch.distributed is
+    missing: the row fails with that reason, h.compute()'s stands."""
+    data = hooks_result(8.0)
+    data["rows"][1] = {"backend": "cuda", "hooks": "attach()", "unavailable": "no torch (x)"}
+    write(tmp_path, "hooks.json", data)
+    host = by_setting(mt.rows_of(str(tmp_path)), "host cost")
+    compute, attach = (host[setting] for _, setting in mt.HOOK_ROWS)
+    assert compute.verdict == mt.MET
+    assert attach.verdict == mt.FAILED and "unavailable: no torch (x)" in attach.measured
+
+
 def test_host_cost_of_a_cpu_run_of_bench_hooks_is_no_gpu_figure(tmp_path):
     """The host backend's rows (a `--mode cpu` run) measure no CUDA pair: not run."""
     write(tmp_path, "hooks.json", hooks_result(3.0, backend="host"))

@@ -204,6 +204,8 @@ def test_many_phases_in_bubbles_queued_ahead_keep_the_item_protocol(env):
         f"{r['idle_at_opens']} idle); queued ahead {r['queued_ahead']}"
     )
     assert r["launches_at_opens"]
+    # The harvester took the case's device phases (not an inherited switch's).
+    assert r["device_phases"] is (env.get("FREERIDE_DEVICE_PHASES", "1") != "0"), r
     assert r["violations_in_bubbles"] == 0 and r["max_count_in_bubbles"] <= 1
     assert r["finished"] and r["state"] == "done", r
     assert r["violations"] == 0 and r["counts_all_one"], r

@@ -335,8 +335,9 @@ def test_a_launch_for_an_open_with_no_ordinal_keeps_a_slice_under_time_slice_non
     (above). Under one hardware queue that bubble's launch waits behind it on the stream,
     with training's next close behind that: with time_slice=None nothing would end it, a
     hang (review of 2026-11-28). Such a launch keeps the default slice
-    (csrc/launch_slice_rule.hpp), which ends it once that close is not pending; every
-    other launch carries the harvester's slice as it is."""
+    (csrc/launch_slice_rule.hpp): it ends at the slice where no close is pending, and
+    where one is (that close, behind it) at the bound of MAX_SLICES slices, a stall
+    instead of a hang; every other launch carries the harvester's slice as it is."""
     default = T.launch_slice_ns(NO_SLICE, at_open=False, next_close=0, stream_wait=False)
     assert default == 2_000_000  # Harvester's default time_slice, 2 ms
     assert T.launch_slice_ns(NO_SLICE, at_open=False, next_close=7, stream_wait=False) == 0
@@ -355,6 +356,9 @@ def test_a_launch_for_an_open_with_no_ordinal_keeps_a_slice_under_time_slice_non
     assert m.may_claim(True, LONG, NO_SLICE)  # with no slice it would claim for ever
     assert not m.may_claim(True, LONG, default)  # with one it stops: no close pending
     assert m.may_claim(True, 0, default)  # (within its slice it serves what it finds)
+    m.enqueue_close()  # the next bubble's close, queued behind that bubble's launch
+    assert m.may_claim(True, 3 * default, default)  # pending: it runs on past the slice
+    assert not m.may_claim(True, 8 * default, default)  # ... to the bound, no further
 
 
 def test_open_ordinals_keep_the_recent_opens():

@@ -208,6 +208,12 @@ class CudaBackend final : public Backend {
     const uint32_t open = FREERIDE_GATE_OPEN;
     std::atomic_ref<unsigned int>(*s.gate.mirror).store(open);
     s.clear_close_slots();
+    // The gate starts open under number 0 (the Python gate numbers its writes from 1),
+    // noted as every open is: the executor's launches for that first bubble carry the
+    // first close's ordinal (OpenOrdinals), not none, which would give them a slice under
+    // time_slice=None (launch_slice_rule.hpp).
+    std::atomic_ref<unsigned int>(s.gate.mirror[kMirrorSeq]).store(0u);
+    s.open_ordinals.note(0u, s.closes.next());
     if (cuda_driver::memops_disabled_by_env()) {
       s.memops = false;
       s.memops_reason = "disabled by FREERIDE_NO_STREAM_MEMOPS";
