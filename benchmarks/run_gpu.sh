@@ -179,6 +179,18 @@ stand_in() {
     open(sys.argv[1], "w"))' "$file" "$why"
 }
 
+# measure_bench DEADLINE BENCH LIMIT PATTERN (the measure step): `freeride bench BENCH
+# --mode gpu` (--quick with MEASURE_QUICK=1) into "$m/BENCH.json", its stand-in where it
+# wrote none, and its rows matching PATTERN in the summary.
+measure_bench() {
+  local deadline=$1 bench=$2 limit=$3 pattern=$4 quick=()
+  [ "${MEASURE_QUICK:-0}" = 1 ] && quick=(--quick)
+  budgeted $deadline "measure_bench_$bench" $limit $py -m freeride bench "$bench" --mode gpu \
+    ${quick[@]+"${quick[@]}"} --out "$m/$bench.json"
+  stand_in "$m/$bench.json" $? "measure_bench_$bench"
+  table_of "measure_bench_$bench" "$pattern"
+}
+
 # The compute-sanitizer of the CUDA toolkit, on PATH or in /usr/local/cuda.
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 
@@ -220,12 +232,7 @@ if step measure; then
     #    p99 [~165 s est.: ~153 s at 51c0fe7, between the start dates of its JSON and the
     #    next benchmark's, before the six host-enqueued rows]; MEASURE_QUICK=1 runs
     #    --quick (50 trials) [~75 s est.].
-    preempt_args=()
-    [ "${MEASURE_QUICK:-0}" = 1 ] && preempt_args=(--quick)
-    budgeted $deadline measure_bench_preempt 200 $py -m freeride bench preempt --mode gpu \
-      ${preempt_args[@]+"${preempt_args[@]}"} --out "$m/preempt.json"
-    stand_in "$m/preempt.json" $? measure_bench_preempt
-    table_of measure_bench_preempt "^ *(no side work|freeride, gate in device)"
+    measure_bench $deadline preempt 200 "^ *(no side work|freeride, gate in device)"
     # 2. Side admission, open seen -> first items, 200 trials each (a p99): device-started
     #    (the launch an open enqueues, the default) and host-started (the executor's
     #    ring, FREERIDE_LAUNCH_AT_OPEN=0); each first counts the executor's wake-ups over a
@@ -279,24 +286,14 @@ if step measure; then
     #    on cuda:0; bench preempt's rows above add the launch an open enqueues. [~20 s
     #    est.: 32,000 h.compute() pairs and 600 attached steps; --quick with
     #    MEASURE_QUICK=1]
-    hooks_args=()
-    [ "${MEASURE_QUICK:-0}" = 1 ] && hooks_args=(--quick)
-    budgeted $deadline measure_bench_hooks 60 $py -m freeride bench hooks --mode gpu \
-      ${hooks_args[@]+"${hooks_args[@]}"} --out "$m/hooks.json"
-    stand_in "$m/hooks.json" $? measure_bench_hooks
-    table_of measure_bench_hooks "^ *(backend|cuda) "
+    measure_bench $deadline hooks 60 "^ *(backend|cuda) "
     # 7. Training overhead (and the pipeline's harvest), under the default hardware
     #    queues and one, each in a fresh process: the full emulation (20 iterations a
     #    variant of 4 and 8 ms actions) [~95 s measured at 51c0fe7]; MEASURE_QUICK=1 runs
     #    --quick (3 iterations of 1 and 2 ms actions) [~21 s measured at cf361a5], where
     #    the same 16 closes an iteration weigh four times as much against its time (Spin
     #    1.5% there at cf361a5).
-    pipeline_args=()
-    [ "${MEASURE_QUICK:-0}" = 1 ] && pipeline_args=(--quick)
-    budgeted $deadline measure_bench_pipeline 130 $py -m freeride bench pipeline --mode gpu \
-      ${pipeline_args[@]+"${pipeline_args[@]}"} --out "$m/pipeline.json"
-    stand_in "$m/pipeline.json" $? measure_bench_pipeline
-    table_of measure_bench_pipeline "^ *(baseline|freeride: (spin|saxpy|pagerank|blur)) "
+    measure_bench $deadline pipeline 130 "^ *(baseline|freeride: (spin|saxpy|pagerank|blur)) "
     # 8. Where time is left: host-started admission with the executor polling. [~10 s est.]
     probe $deadline measure_admission_poll 30 FREERIDE_LAUNCH_AT_OPEN=0 FREERIDE_ADMISSION=poll \
       probe_admission.py --trials 200 --json "$m/admission_poll.json"

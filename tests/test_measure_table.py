@@ -654,8 +654,10 @@ def test_run_gpu_sh_measure_step_writes_what_the_table_reads():
     subprocess.run(["bash", "-n", str(script)], check=True)
     text = script.read_text()
     assert 'STEPS="build measure"' in text and "MEASURE_BUDGET:-480" in text
+    assert '--out "$m/$bench.json"' in text  # measure_bench's output
     for name in mt.FILES.values():
-        assert f'"$m/{name}"' in text, name
+        stem = name.removesuffix(".json")
+        assert f'"$m/{name}"' in text or f"measure_bench $deadline {stem} " in text, name
     assert '"$m/channels_${r}_lookahead_${la}.json"' in text
     assert f"for r in {' '.join(mt.RESERVES)}; do" in text
     assert f"for la in {' '.join(mt.LOOKAHEADS)}; do" in text
