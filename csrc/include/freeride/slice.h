@@ -46,8 +46,9 @@
  * items' length: a launch claims its last item at most that long after nothing is
  * pending, which bounds a device-wide synchronisation's wait as the slice does (plus the
  * item, as with the slice; two items where a block crosses a phase boundary of device
- * phases, whose wait for the phase before looks at nothing else). A launch's first look has no answer yet: it counts as
- * pending, stamped then, until the first read lands, within the same bound. */
+ * phases, whose wait for the phase before looks at nothing else). A launch's first look
+ * has no answer yet: it counts as pending, stamped then, until the first read lands,
+ * within the same bound. */
 #ifndef FREERIDE_SLICE_H_
 #define FREERIDE_SLICE_H_
 
