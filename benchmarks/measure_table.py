@@ -501,10 +501,9 @@ def host_cost_rows(preempt: Source, hooks: Source) -> list[Row]:
     for name, setting in HOOK_ROWS:
         r = _hooks_row(hooks, name)
         if r is None:
-            gone = _hooks_row(hooks, name, unavailable=True)
-            if gone is not None:
-                why = f"unavailable: {gone['unavailable']}"
-                rows.append(Row(metric, setting, why, target, FAILED))
+            why = _unavailable(hooks, hooks=name, backend="cuda")
+            if why is not None:
+                rows.append(Row(metric, setting, f"unavailable: {why}", target, FAILED))
             else:
                 rows.append(_not_run(metric, setting, target, hooks))
             continue
@@ -527,13 +526,9 @@ def host_cost_rows(preempt: Source, hooks: Source) -> list[Row]:
         # A run without bench hooks: the gate writes alone stand in for the pair.
         pair, pair_text = ring["p50_us"], "gate writes alone (no bench hooks in this run)"
     if pair is None or extra is None:
-        gone = [
-            r
-            for r in (preempt.data or {}).get("rows", [])
-            if r.get("variant") == "launch at open" and r.get("unavailable")
-        ]
-        if gone:
-            rows.append(Row(metric, setting, gone[0]["unavailable"], target, FAILED))
+        why = _unavailable(preempt, variant="launch at open")
+        if why is not None:
+            rows.append(Row(metric, setting, why, target, FAILED))
         else:
             rows.append(_not_run(metric, setting, target, preempt if extra is None else hooks))
     else:
@@ -555,9 +550,9 @@ def host_cost_rows(preempt: Source, hooks: Source) -> list[Row]:
     ):
         r = _gate_row(preempt, "close+open host cost", admission=admission, **base)
         if r is None:
-            unavailable = _gate_row_unavailable(preempt, admission)
-            if unavailable:
-                rows.append(Row(metric, setting, unavailable, "—", FAILED))
+            why = _unavailable(preempt, admission=admission, **base)
+            if why is not None:
+                rows.append(Row(metric, setting, f"unavailable: {why}", "—", FAILED))
             else:
                 rows.append(_not_run(metric, setting, "—", preempt))
             continue
@@ -566,31 +561,23 @@ def host_cost_rows(preempt: Source, hooks: Source) -> list[Row]:
     return rows
 
 
-def _hooks_row(hooks: Source, name: str, unavailable: bool = False) -> dict | None:
+def _hooks_row(hooks: Source, name: str) -> dict | None:
     """bench hooks' row of `name` on cuda with a figure (the host backend's, of a CPU run,
-    is no GPU's figure); with `unavailable`, its row saying why it has none (attach()
-    without torch.distributed)."""
+    is no GPU's figure)."""
     for r in (hooks.data or {}).get("rows", []):
-        if r.get("hooks") != name or r.get("backend") != "cuda":
-            continue
-        if unavailable and r.get("unavailable"):
-            return r
-        if not unavailable and _num(r.get("p50_ns")):
+        if r.get("hooks") == name and r.get("backend") == "cuda" and _num(r.get("p50_ns")):
             return r
     return None
 
 
-def _gate_row_unavailable(preempt: Source, admission: str) -> str:
-    for r in (preempt.data or {}).get("rows", []):
-        if (
-            r.get("variant") == "gate write"
-            and r.get("mechanism") == "batch"
-            and r.get("gate") == "device"
-            and r.get("admission") == admission
-            and r.get("unavailable")
-        ):
-            return f"unavailable: {r['unavailable']}"
-    return ""
+def _unavailable(source: Source, **match: str) -> str | None:
+    """Why the row of `source` matching `match` has no figures (the bench's `unavailable`:
+    a mechanism the driver lacks, a switch that turned it off, no torch.distributed), or
+    None where no such row is."""
+    for r in (source.data or {}).get("rows", []):
+        if r.get("unavailable") and all(r.get(k) == v for k, v in match.items()):
+            return str(r["unavailable"])
+    return None
 
 
 def training_admission_rows(preempt: Source) -> list[Row]:
