@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "admission_stamp_object.hpp"
 #include "backend.hpp"
 #include "builtin_tasks.hpp"
 #include "capture_mode.hpp"
@@ -550,16 +551,9 @@ PYBIND11_MODULE(_C, m) {
           [](Executor& ex) {
             const freeride::AdmissionStamps a = ex.backend().admission_stamps();
             py::dict out;
-            auto put = [&](const char* step, const freeride::AdmissionStamp& st) {
-              if (st.steady_ns == 0) {
-                out[step] = py::none();
-              } else {
-                out[step] = py::make_tuple(st.seq, st.steady_ns);
-              }
-            };
-            put("reached", a.reached);
-            put("woke", a.woke);
-            put("launched", a.launched);
+            out["reached"] = freeride_ext::admission_stamp_object(a.reached);
+            out["woke"] = freeride_ext::admission_stamp_object(a.woke);
+            out["launched"] = freeride_ext::admission_stamp_object(a.launched);
             return out;
           },
           "When the host-started path of the latest admission passed each step: "

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "admission_stamp_object.hpp"
 #include "backend.hpp"
 #include "check.hpp"
 #include "cuda/close_ledger.hpp"
@@ -118,9 +119,7 @@ class FakeWatcher {
   uint64_t rings() const { return bell_->rings(); }
   // The watcher's latest `reached` stamp: (seq, steady-clock ns), or None before any.
   py::object reached_stamp() const {
-    const freeride::AdmissionStamp st = stamps_->read().reached;
-    if (st.steady_ns == 0) return py::none();
-    return py::make_tuple(st.seq, st.steady_ns);
+    return freeride_ext::admission_stamp_object(stamps_->read().reached);
   }
   // (seq, rings before the call) of each hook call so far, in order.
   py::list reached() const {
