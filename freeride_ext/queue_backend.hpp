@@ -213,15 +213,21 @@ class QueuedRunner final : public PhaseRunner {
   std::shared_ptr<QueuedLaunches> q_;
 };
 
+// The CUDA backend's switches the model follows (each off by default; the CUDA backend
+// reads them from the environment, a test passes them by name).
+struct QueueSwitches {
+  bool phases_ahead = false;     // csrc/phase_ahead_rule.hpp
+  uint64_t lookahead_bound = 0;  // csrc/open_launch_rule.hpp; 0: none
+  bool followers = false;        // csrc/follow_rule.hpp
+  bool device_phases = false;    // csrc/device_phases.hpp
+  bool withhold = false;         // csrc/withhold_rule.hpp
+};
+
 class QueueBackend final : public Backend {
  public:
-  explicit QueueBackend(bool phases_ahead = false, uint64_t lookahead_bound = 0,
-                        bool followers = false, bool device_phases = false,
-                        bool withhold = false)
-      : phases_ahead_(phases_ahead), lookahead_bound_(lookahead_bound), followers_(followers),
-        device_phases_(device_phases), withhold_(withhold) {}
-  bool device_phases() const override { return device_phases_; }
-  bool withholds() const override { return withhold_; }
+  explicit QueueBackend(const QueueSwitches& switches = {}) : on_(switches) {}
+  bool device_phases() const override { return on_.device_phases; }
+  bool withholds() const override { return on_.withhold; }
   uint64_t opens_beyond_lookahead() const override { return beyond_lookahead_->load(); }
   uint64_t skipped_open_launches() const override { return cross_stream_skips_->load(); }
   std::string kind() const override { return "queue"; }
@@ -273,7 +279,7 @@ class QueueBackend final : public Backend {
     arm_->follower.reset();
   }
   bool launches_at_opens() const override { return true; }
-  bool followers() const override { return followers_; }
+  bool followers() const override { return on_.followers; }
   uint64_t mark(uintptr_t) override { return 0; }
   int64_t elapsed_ns(uint64_t, uint64_t) override { return kPending; }
   void release_mark(uint64_t) override {}
@@ -284,8 +290,8 @@ class QueueBackend final : public Backend {
   std::unique_ptr<PhaseRunner> make_runner(std::shared_ptr<Task> task,
                                            std::unique_ptr<StreamDependency>) override {
     auto q = std::make_shared<QueuedLaunches>();
-    q->phases_ahead = phases_ahead_ && task->follows_item_protocol();
-    q->lookahead_bound = lookahead_bound_;
+    q->phases_ahead = on_.phases_ahead && task->follows_item_protocol();
+    q->lookahead_bound = on_.lookahead_bound;
     q->beyond_lookahead = beyond_lookahead_;
     q->cross_stream_skips = cross_stream_skips_;
     q->stamps = stamps_;
@@ -382,11 +388,7 @@ class QueueBackend final : public Backend {
   mutable uint64_t backoffs_ = 0;
   uint64_t interrupts_ = 0;
   bool hold_backoffs_ = false;
-  bool phases_ahead_ = false;
-  bool device_phases_ = false;
-  bool withhold_ = false;
-  uint64_t lookahead_bound_ = 0;
-  bool followers_ = false;
+  const QueueSwitches on_;
   std::shared_ptr<std::atomic<uint64_t>> beyond_lookahead_ =
       std::make_shared<std::atomic<uint64_t>>(0);
   std::shared_ptr<std::atomic<uint64_t>> cross_stream_skips_ =

@@ -114,10 +114,13 @@ void register_queue_hooks(py::module_& t) {
       "queue_executor",
       [](uint64_t memory_budget, bool phases_ahead, uint64_t max_lookahead, bool followers,
          bool device_phases, bool withhold) {
-        return std::make_unique<Executor>(
-            std::make_unique<QueueBackend>(phases_ahead, max_lookahead, followers, device_phases,
-                                           withhold),
-            memory_budget);
+        freeride::QueueSwitches on;
+        on.phases_ahead = phases_ahead;
+        on.lookahead_bound = max_lookahead;
+        on.followers = followers;
+        on.device_phases = device_phases;
+        on.withhold = withhold;
+        return std::make_unique<Executor>(std::make_unique<QueueBackend>(on), memory_budget);
       },
       py::arg("memory_budget") = 0, py::arg("phases_ahead") = false,
       py::arg("max_lookahead") = 0, py::arg("followers") = false,

@@ -48,8 +48,12 @@ def test_the_follow_rule(args, follows):
     assert _C._testing.follow_next(*args) is follows
 
 
-def _follow_ex():
-    return _C._testing.queue_executor(followers=True)
+@pytest.fixture
+def follow_ex():
+    """An executor on the queue backend with followers on, closed after the test."""
+    ex = _C._testing.queue_executor(followers=True)
+    yield ex
+    ex.close(0.5)
 
 
 def _tail(ex, priority_a=0):
@@ -66,21 +70,18 @@ def _tail(ex, priority_a=0):
     return a, b, q_a, _launches(ex, 1)
 
 
-def test_the_next_task_follows_one_in_its_tail():
+def test_the_next_task_follows_one_in_its_tail(follow_ex):
     """A's launches at opens ran 4 items each; with 4 of 12 left the next task B follows
     it: each open queues A's launch and then B's, so B takes the rest of the bubble where
     A runs out of items. B's items run once, and count when the executor takes its ends."""
-    ex = _follow_ex()
-    try:
-        a, b, q_a, q_b = _tail(ex)
-        assert _C._testing.queue_open_one(ex) == [0, 1]
-        q_a.end(4)  # its last 4
-        q_b.end(6)  # the rest of the bubble
-        assert ex.wait(a, 10) and _status(ex, a) == ("done", 12)
-        assert ex.wait(b, 10) and _status(ex, b) == ("done", 6)
-        assert (q_a.ran, q_b.ran) == (12, 6)
-    finally:
-        ex.close(0.5)
+    ex = follow_ex
+    a, b, q_a, q_b = _tail(ex)
+    assert _C._testing.queue_open_one(ex) == [0, 1]
+    q_a.end(4)  # its last 4
+    q_b.end(6)  # the rest of the bubble
+    assert ex.wait(a, 10) and _status(ex, a) == ("done", 12)
+    assert ex.wait(b, 10) and _status(ex, b) == ("done", 6)
+    assert (q_a.ran, q_b.ran) == (12, 6)
 
 
 def test_without_followers_the_next_task_waits_for_the_end():
@@ -101,31 +102,28 @@ def test_without_followers_the_next_task_waits_for_the_end():
         ex.close(0.5)
 
 
-def test_a_more_urgent_task_stops_the_follower():
+def test_a_more_urgent_task_stops_the_follower(follow_ex):
     """B follows A; U, more urgent, stops both: B takes no further open and U is armed
     once A's and B's launches in flight have drained. Every task's items run once."""
-    ex = _follow_ex()
-    try:
-        a, b, q_a, q_b = _tail(ex)
-        assert _C._testing.queue_open_one(ex) == [0, 1]
-        u = ex.submit(_C.spin_task(3, 1, 1000), 5)
-        wait_until(lambda: q_a.stopped and q_b.stopped)
-        assert _C._testing.queue_open_one(ex) == []
-        q_a.end(5)  # began stopped: nothing
-        q_b.end(5)
-        q_u = _launches(ex, 2)
-        wait_until(lambda: _C._testing.queue_open_one(ex) == [2])
-        q_u.end(3)
-        assert ex.wait(u, 10) and _status(ex, u) == ("done", 3)
-        deadline = time.monotonic() + 10
-        while not all(_status(ex, t)[0] == "done" for t in (a, b)):
-            assert time.monotonic() < deadline, [ex.status(t) for t in (a, b)]
-            for index in _C._testing.queue_open_one(ex):
-                (q_a, q_b)[index].end(5)
-            time.sleep(0.001)
-        assert (q_a.ran, q_b.ran, q_u.ran) == (12, 6, 3)
-    finally:
-        ex.close(0.5)
+    ex = follow_ex
+    a, b, q_a, q_b = _tail(ex)
+    assert _C._testing.queue_open_one(ex) == [0, 1]
+    u = ex.submit(_C.spin_task(3, 1, 1000), 5)
+    wait_until(lambda: q_a.stopped and q_b.stopped)
+    assert _C._testing.queue_open_one(ex) == []
+    q_a.end(5)  # began stopped: nothing
+    q_b.end(5)
+    q_u = _launches(ex, 2)
+    wait_until(lambda: _C._testing.queue_open_one(ex) == [2])
+    q_u.end(3)
+    assert ex.wait(u, 10) and _status(ex, u) == ("done", 3)
+    deadline = time.monotonic() + 10
+    while not all(_status(ex, t)[0] == "done" for t in (a, b)):
+        assert time.monotonic() < deadline, [ex.status(t) for t in (a, b)]
+        for index in _C._testing.queue_open_one(ex):
+            (q_a, q_b)[index].end(5)
+        time.sleep(0.001)
+    assert (q_a.ran, q_b.ran, q_u.ran) == (12, 6, 3)
 
 
 def test_a_followers_launch_adds_nothing_to_the_lookahead():
@@ -146,137 +144,122 @@ def test_a_followers_launch_adds_nothing_to_the_lookahead():
         ex.close(0.5)
 
 
-def test_cancelling_a_follower_does_not_wait_for_the_task_it_follows():
+def test_cancelling_a_follower_does_not_wait_for_the_task_it_follows(follow_ex):
     """B's launch chained at an open has begun behind A's; A's launch at the next open
     runs on (A is not stopped). cancel(B, wait=True) returns once B's own launch has left
     (it reads the stop at its next claim), not once A's bubble closes, which a training
     thread cancelling before it writes that close would wait for for ever (a review's
     finding)."""
-    ex = _follow_ex()
-    try:
-        a, b, q_a, q_b = _tail(ex)
-        assert _C._testing.queue_open_one(ex) == [0, 1]
-        assert _C._testing.queue_open_one(ex) == [0, 1]
-        q_a.end(1)  # a short bubble: A has items left
-        q_b.begin()  # B's chained launch takes the rest of it
-        done, thread = _cancel_waiting(ex, b)
-        time.sleep(0.1)
-        q_b.end(3)  # it leaves at its next claim, having seen the stop
-        assert done.wait(5), "the cancel waited for the launch of the task B follows"
-        thread.join()
-        assert _status(ex, b) == ("cancelled", 3)
-        assert _status(ex, a)[0] not in FINAL and not q_a.stopped
-        q_a.end(1)
-        q_b.end(5)  # began stopped: nothing
-        wait_until(lambda: _C._testing.queue_open_one(ex) == [0])
-        q_a.end(5)
-        assert ex.wait(a, 10) and _status(ex, a) == ("done", 12)
-        assert (q_a.ran, q_b.ran) == (12, 3)
-    finally:
-        ex.close(0.5)
+    ex = follow_ex
+    a, b, q_a, q_b = _tail(ex)
+    assert _C._testing.queue_open_one(ex) == [0, 1]
+    assert _C._testing.queue_open_one(ex) == [0, 1]
+    q_a.end(1)  # a short bubble: A has items left
+    q_b.begin()  # B's chained launch takes the rest of it
+    done, thread = _cancel_waiting(ex, b)
+    time.sleep(0.1)
+    q_b.end(3)  # it leaves at its next claim, having seen the stop
+    assert done.wait(5), "the cancel waited for the launch of the task B follows"
+    thread.join()
+    assert _status(ex, b) == ("cancelled", 3)
+    assert _status(ex, a)[0] not in FINAL and not q_a.stopped
+    q_a.end(1)
+    q_b.end(5)  # began stopped: nothing
+    wait_until(lambda: _C._testing.queue_open_one(ex) == [0])
+    q_a.end(5)
+    assert ex.wait(a, 10) and _status(ex, a) == ("done", 12)
+    assert (q_a.ran, q_b.ran) == (12, 3)
 
 
-def test_a_more_urgent_task_in_its_tail_keeps_its_follower():
+def test_a_more_urgent_task_in_its_tail_keeps_its_follower(follow_ex):
     """A (more urgent than B) ran 1 item in a short bubble and has no launch in flight:
     B, following it, is not stopped and demoted for it (a review's finding: B's chained
     launch then ran nothing, open after open)."""
-    ex = _follow_ex()
-    try:
-        a, b, q_a, q_b = _tail(ex, priority_a=1)
-        assert _C._testing.queue_open_one(ex) == [0, 1]
-        q_a.end(1)
-        q_b.end(2)
-        time.sleep(0.1)
-        assert not q_b.stopped and _C._testing.queue_follower(ex) == 1
-        assert _C._testing.queue_open_one(ex) == [0, 1]
-        q_a.end(3)
-        q_b.end(4)
-        assert ex.wait(a, 10) and _status(ex, a) == ("done", 12)
-        assert ex.wait(b, 10) and _status(ex, b) == ("done", 6)
-    finally:
-        ex.close(0.5)
+    ex = follow_ex
+    a, b, q_a, q_b = _tail(ex, priority_a=1)
+    assert _C._testing.queue_open_one(ex) == [0, 1]
+    q_a.end(1)
+    q_b.end(2)
+    time.sleep(0.1)
+    assert not q_b.stopped and _C._testing.queue_follower(ex) == 1
+    assert _C._testing.queue_open_one(ex) == [0, 1]
+    q_a.end(3)
+    q_b.end(4)
+    assert ex.wait(a, 10) and _status(ex, a) == ("done", 12)
+    assert ex.wait(b, 10) and _status(ex, b) == ("done", 6)
 
 
-def test_a_failure_stops_the_follower():
+def test_a_failure_stops_the_follower(follow_ex):
     """A launch of the followed task fails: its follower takes no further open, and runs
     only once the failure has settled (the next task is not admitted past a failure)."""
-    ex = _follow_ex()
-    try:
-        a, b, q_a, q_b = _tail(ex)
-        assert _C._testing.queue_open_one(ex) == [0, 1]
-        assert _C._testing.queue_open_one(ex) == [0, 1]
-        q_a.fail("broken launch", False)
-        wait_until(lambda: q_b.stopped)
-        assert _C._testing.queue_open_one(ex) == []
-        q_b.end(2)  # began stopped: nothing
-        q_a.end(0)
-        q_b.end(2)
-        assert ex.wait(a, 10) and _status(ex, a)[0] == "failed"
-        wait_until(lambda: _C._testing.queue_open_one(ex) == [1])
-        q_b.end(6)
-        assert ex.wait(b, 10) and _status(ex, b) == ("done", 6)
-    finally:
-        ex.close(0.5)
+    ex = follow_ex
+    a, b, q_a, q_b = _tail(ex)
+    assert _C._testing.queue_open_one(ex) == [0, 1]
+    assert _C._testing.queue_open_one(ex) == [0, 1]
+    q_a.fail("broken launch", False)
+    wait_until(lambda: q_b.stopped)
+    assert _C._testing.queue_open_one(ex) == []
+    q_b.end(2)  # began stopped: nothing
+    q_a.end(0)
+    q_b.end(2)
+    assert ex.wait(a, 10) and _status(ex, a)[0] == "failed"
+    wait_until(lambda: _C._testing.queue_open_one(ex) == [1])
+    q_b.end(6)
+    assert ex.wait(b, 10) and _status(ex, b) == ("done", 6)
 
 
-def test_cancelling_a_follower_while_the_task_it_follows_waits_for_a_launch():
+def test_cancelling_a_follower_while_the_task_it_follows_waits_for_a_launch(follow_ex):
     """B follows A; A's launch ended in a short bubble, so A's run() waits for its next
     launch (not for an end) when a training thread cancels B with B's launch in flight:
     the cancel returns once B's launch has ended, without waiting for the next open,
     which that thread would write only after it (a review's finding: the interrupt was
     seen only by a wait for an end)."""
-    ex = _follow_ex()
-    try:
-        a, b, q_a, q_b = _tail(ex)
-        assert _C._testing.queue_open_one(ex) == [0, 1]
-        q_a.end(1)  # A has items left; its run() waits for a launch again
-        q_b.begin()
-        time.sleep(0.1)
-        done, thread = _cancel_waiting(ex, b)
-        time.sleep(0.1)
-        q_b.end(2)
-        assert done.wait(5), "the cancel waited for the next open"
-        thread.join()
-        assert _status(ex, b) == ("cancelled", 2)
-        wait_until(lambda: _C._testing.queue_open_one(ex) == [0])
-        q_a.end(3)
-        assert ex.wait(a, 10) and _status(ex, a) == ("done", 12)
-    finally:
-        ex.close(0.5)
+    ex = follow_ex
+    a, b, q_a, q_b = _tail(ex)
+    assert _C._testing.queue_open_one(ex) == [0, 1]
+    q_a.end(1)  # A has items left; its run() waits for a launch again
+    q_b.begin()
+    time.sleep(0.1)
+    done, thread = _cancel_waiting(ex, b)
+    time.sleep(0.1)
+    q_b.end(2)
+    assert done.wait(5), "the cancel waited for the next open"
+    thread.join()
+    assert _status(ex, b) == ("cancelled", 2)
+    wait_until(lambda: _C._testing.queue_open_one(ex) == [0])
+    q_a.end(3)
+    assert ex.wait(a, 10) and _status(ex, a) == ("done", 12)
 
 
-def test_a_more_urgent_task_stops_the_task_a_cancelled_follower_followed():
+def test_a_more_urgent_task_stops_the_task_a_cancelled_follower_followed(follow_ex):
     """B, following A, is cancelled with launches in flight and drained before A; then U,
     more urgent, comes: A is stopped too, its launches queued ahead run nothing, and a
     cancel of A returns once they have drained, while U runs (a review's finding: A was
     no longer the task run last, nobody stopped or drained it until U was final)."""
-    ex = _follow_ex()
-    try:
-        a, b, q_a, q_b = _tail(ex)
-        assert _C._testing.queue_open_one(ex) == [0, 1]
-        assert _C._testing.queue_open_one(ex) == [0, 1]
-        assert ex.cancel(b, False)
-        time.sleep(0.1)
-        u = ex.submit(_C.spin_task(3, 1, 1000), 5)
-        wait_until(lambda: q_a.stopped)
-        for _ in range(2):
-            q_a.end(1)  # began stopped: nothing
-            q_b.end(1)
-        q_u = _launches(ex, 2)
-        wait_until(lambda: _C._testing.queue_open_one(ex) == [2])
-        assert ex.cancel(a, True) and _status(ex, a) == ("cancelled", 8)
-        assert q_a.ran == 8
-        q_u.end(3)
-        assert ex.wait(u, 10) and _status(ex, u) == ("done", 3)
-    finally:
-        ex.close(0.5)
+    ex = follow_ex
+    a, b, q_a, q_b = _tail(ex)
+    assert _C._testing.queue_open_one(ex) == [0, 1]
+    assert _C._testing.queue_open_one(ex) == [0, 1]
+    assert ex.cancel(b, False)
+    time.sleep(0.1)
+    u = ex.submit(_C.spin_task(3, 1, 1000), 5)
+    wait_until(lambda: q_a.stopped)
+    for _ in range(2):
+        q_a.end(1)  # began stopped: nothing
+        q_b.end(1)
+    q_u = _launches(ex, 2)
+    wait_until(lambda: _C._testing.queue_open_one(ex) == [2])
+    assert ex.cancel(a, True) and _status(ex, a) == ("cancelled", 8)
+    assert q_a.ran == 8
+    q_u.end(3)
+    assert ex.wait(u, 10) and _status(ex, u) == ("done", 3)
 
 
-def test_close_stops_and_drains_a_followers_launches():
+def test_close_stops_and_drains_a_followers_launches(follow_ex):
     """Close while B, following A, has a launch queued and A has none: B is stopped and
     its launch drained within close's deadline, not abandoned unstopped at once (a
     review's finding)."""
-    ex = _follow_ex()
+    ex = follow_ex
     _a, b, q_a, q_b = _tail(ex)
     assert _C._testing.queue_open_one(ex) == [0, 1]
     assert _C._testing.queue_open_one(ex) == [0, 1]
