@@ -14,9 +14,18 @@ a side task running, the launch an open enqueues) is measured on a GPU: `freerid
 --mode gpu`'s "close+open host cost" and "launch at open host cost" rows, and `freeride
 bench hooks --mode gpu`.
 
-A script, not a `freeride bench` mode: the stub reaches below the package's public face
-(the recorder, the gate's module-level queries), which the freeride command may not
-(tests/test_layers.py).
+With `--mode gpu` it also times each kind of CUDA call that pair makes, one kind at a
+time, on a stream of cuda:0 that a stream wait holds meanwhile, as the host's lead holds
+a training stream (`_C.measure_call_costs`, csrc/cuda/call_costs.hpp; hooks "CUDA call"):
+the device guard, the capture query, the relaxed capture scope and the event record of
+every mark, the watcher's event record at every open, the gate's batch of writes, and
+what a launch at an open adds (the wait for the open's event, the launch, the context
+kept). Their sum is no pair's cost (a pair makes some of them twice, some not at all, and
+holds locks between), but each says what removing one call would save.
+
+A script, not a `freeride bench` mode: the stub and the call rows reach below the
+package's public face (the recorder, the gate's module-level queries, `_C`), which the
+freeride command may not (tests/test_layers.py).
 
 The stub's bubbles are 100 µs long (its marks are 100 µs apart), so once the slots'
 lengths are known every open goes through the whole launch decision (the 50 µs floor,
@@ -153,6 +162,51 @@ def stub_rows(quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
+CALL_NOTES = [
+    (
+        "CUDA call: the host time of one call of each kind a pair makes, calls_per_kind of"
+        " each on a stream of cuda:0 held by a stream wait while they are timed"
+        " (settings.calls_held; false: no stream memory operations, nothing held), less"
+        " the clock's own floor (settings.call_timer_floor_ns); what removing one call"
+        " would save, not parts that add up to a pair"
+    ),
+]
+
+
+def call_rows(quick: bool, device: int = 0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The "CUDA call" rows (one per kind of call, floor subtracted) and their settings."""
+    from freeride import _C
+
+    calls = 256 if quick else 4096
+    try:
+        measured = _C.measure_call_costs(device, calls)
+    except (RuntimeError, ValueError) as exc:
+        return [{"backend": "cuda", "hooks": "CUDA call", "unavailable": str(exc)}], {}
+    floor_row, *kinds = measured["calls"]
+    floor = int(sorted(floor_row["ns"])[len(floor_row["ns"]) // 2])
+    rows = []
+    for kind in kinds:
+        if kind["unavailable"]:
+            rows.append(
+                {
+                    "backend": "cuda",
+                    "hooks": "CUDA call",
+                    "part": kind["call"],
+                    "unavailable": kind["unavailable"],
+                }
+            )
+        else:
+            rows.append(
+                hooks.row("cuda", "CUDA call", kind["call"], [c - floor for c in kind["ns"]])
+            )
+    settings = {
+        "calls_per_kind": calls,
+        "calls_held": measured["held"],
+        "call_timer_floor_ns": floor,
+    }
+    return rows, settings
+
+
 class _StandInStage:
     """What attach()'s wrapper reads of a pipeline stage (its label), and a compute
     method that returns at once."""
@@ -191,6 +245,11 @@ def run(mode: str = "cpu", quick: bool = False, out: str | None = None) -> dict[
     result.update(hooks.measure(mode, quick))
     result["rows"] += stub_rows(quick)
     result["notes"] = [*result["notes"], *STUB_NOTES]
+    if mode == "gpu":
+        rows, settings = call_rows(quick)
+        result["rows"] += rows
+        result["settings"].update(settings)
+        result["notes"] = [*result["notes"], *CALL_NOTES]
     print(bench.format_table(result))
     if out:
         with open(out, "w") as f:

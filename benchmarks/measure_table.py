@@ -515,6 +515,7 @@ def host_cost_rows(preempt: Source, hooks: Source) -> list[Row]:
         rows.append(
             Row(metric, setting, measured, target, judge(r["p50_ns"] / 1000 <= PAIR_HOST_US))
         )
+    rows.append(_call_costs_row(hooks))
     setting = "hooks: h.compute() with the side launch an open enqueues (launch at open)"
     extra = _gate_row(preempt, "launch at open host cost", variant="launch at open")
     base = {"variant": "gate write", "mechanism": "batch", "gate": "device"}
@@ -559,6 +560,27 @@ def host_cost_rows(preempt: Source, hooks: Source) -> list[Row]:
         measured = f"p50 {us(r['p50_us'])} / p99 {us(r['p99_us'])} µs"
         rows.append(Row(metric, setting, measured, "—", NO_TARGET))
     return rows
+
+
+def _call_costs_row(hooks: Source) -> Row:
+    """Where the pair's C++ part goes: hook_cost.py's "CUDA call" rows, each kind of call a
+    pair makes timed alone (p50, less the clock's floor), for reference."""
+    metric = "host cost per close+open pair"
+    setting = "each kind of CUDA call a pair makes, timed alone (hook_cost.py), p50"
+    calls = [
+        r
+        for r in (hooks.data or {}).get("rows", [])
+        if r.get("hooks") == "CUDA call" and r.get("backend") == "cuda"
+    ]
+    if not calls:
+        return _not_run(metric, setting, "—", hooks)
+    if len(calls) == 1 and "part" not in calls[0]:
+        return Row(metric, setting, f"unavailable: {calls[0].get('unavailable')}", "—", FAILED)
+    parts = []
+    for r in calls:
+        name = str(r.get("part", "?")).split(" (")[0]
+        parts.append(f"{name} {us(r['p50_ns'] / 1000)}" if _num(r.get("p50_ns")) else f"{name} —")
+    return Row(metric, setting, ", ".join(parts) + " µs", "—", NO_TARGET)
 
 
 def _hooks_row(hooks: Source, name: str) -> dict | None:

@@ -13,8 +13,9 @@
 #             for a single-phase and a many-phase task (probe_harvest_matrix.py), G2's
 #             other-stream probe with the lookahead bound off and on (probe_channels.py),
 #             `bench pipeline` and `bench items` (item overhead, bandwidth against a
-#             copy), `bench hooks` (the host cost per pair through the hooks, bubble
-#             record on); then benchmarks/measure_table.py's table of them against the
+#             copy), `bench hooks` through benchmarks/hook_cost.py (the host cost per
+#             pair through the hooks, bubble record on, and each kind of CUDA call a pair
+#             makes timed alone); then benchmarks/measure_table.py's table of them against the
 #             targets, into summary.txt, the archive and $OUT/measure_table.md
 #   qualify   the default, run first: what the second 2026-11-27 H200 run (at cf361a5)
 #             left open, in QUALIFY_BUDGET s (480: with the build, one 9-minute command),
@@ -50,7 +51,8 @@
 #             RawKernel example, and compute-sanitizer's memcheck over the example
 #   tests     every test file, GPU and CPU tests alike, each in its own process
 #   bench     every benchmark in GPU mode, and `bench ranks` on the machine's cores;
-#             benchmarks/hook_cost.py --mode gpu (bench hooks with the stub's rows)
+#             benchmarks/hook_cost.py --mode gpu (bench hooks with the stub's rows and
+#             the CUDA calls' rows)
 #
 # Every test file and probe runs under its own hard limit (benchmarks/watchdog.py) with
 # faulthandler on, so a hang costs that item and prints its stacks: native ones too where
@@ -283,10 +285,17 @@ if step measure; then
     # 6. The host cost per close+open pair as the metric is defined: the training
     #    thread's time in the hooks around a compute action, bubble record on
     #    (h.compute(), and attach() to a torch pipelining schedule), Python and C++ part
-    #    on cuda:0; bench preempt's rows above add the launch an open enqueues. [~20 s
-    #    est.: 32,000 h.compute() pairs and 600 attached steps; --quick with
+    #    on cuda:0; bench preempt's rows above add the launch an open enqueues. Through
+    #    hook_cost.py: bench hooks' rows, the Python part alone (the stub), and each kind
+    #    of CUDA call a pair makes timed alone (where the C++ part goes). [~25 s est.:
+    #    32,000 h.compute() pairs, 600 attached steps, 36,000 calls; --quick with
     #    MEASURE_QUICK=1]
-    measure_bench $deadline hooks 60 "^ *(backend|cuda) "
+    quick=()
+    [ "${MEASURE_QUICK:-0}" = 1 ] && quick=(--quick)
+    budgeted $deadline measure_bench_hooks 60 $py benchmarks/hook_cost.py --mode gpu \
+      ${quick[@]+"${quick[@]}"} --out "$m/hooks.json"
+    stand_in "$m/hooks.json" $? measure_bench_hooks
+    table_of measure_bench_hooks "^ *(backend|cuda) "
     # 7. Training overhead (and the pipeline's harvest), under the default hardware
     #    queues and one, each in a fresh process: the full emulation (20 iterations a
     #    variant of 4 and 8 ms actions) [~95 s measured at 51c0fe7]; MEASURE_QUICK=1 runs
@@ -503,7 +512,8 @@ if step bench; then
   done
   budgeted $deadline bench_ranks 150 $py -m freeride bench ranks --mode cpu --out "$work/ranks.json"
   # The hooks' cost per close+open pair on cuda:0 (Python and C++), with the stub's rows
-  # (the Python part alone) beside it for comparison with CPU machines' figures.
+  # (the Python part alone) beside it for comparison with CPU machines' figures, and each
+  # kind of CUDA call a pair makes timed alone.
   budgeted $deadline bench_hooks 60 $py benchmarks/hook_cost.py --mode gpu --out "$work/hooks.json"
 fi
 

@@ -17,6 +17,7 @@
 #include "builtin_tasks.hpp"
 #include "capture_mode.hpp"
 #include "check.hpp"
+#include "cuda/call_costs.hpp"
 #include "cuda/green_context_plan.hpp"
 #include "cuda/occupancy.hpp"
 #include "cuda/step_stream.hpp"
@@ -214,6 +215,32 @@ PYBIND11_MODULE(_C, m) {
   m.def("free_device_memory", &freeride::free_device_memory, py::arg("device"), release_gil(),
         "Bytes of device memory free now (cudaMemGetInfo in relaxed capture mode, so that a "
         "graph another thread captures is not invalidated).");
+  m.def(
+      "measure_call_costs",
+      [](int device, int calls) {
+        freeride::CallCosts costs;
+        {
+          py::gil_scoped_release nogil;
+          costs = freeride::measure_call_costs(device, calls);
+        }
+        py::list rows;
+        for (const freeride::CallCost& c : costs.calls) {
+          py::dict row;
+          row["call"] = c.call;
+          row["ns"] = py::cast(c.ns);
+          row["unavailable"] = c.unavailable;
+          rows.append(row);
+        }
+        py::dict out;
+        out["held"] = costs.held;
+        out["calls"] = rows;
+        return out;
+      },
+      py::arg("device"), py::arg("calls"),
+      "Host time of each kind of CUDA call a close+open pair of the hooks makes, `calls` of "
+      "each on a stream of `device` (csrc/cuda/call_costs.hpp): {'held': whether a stream "
+      "wait held the stream meanwhile, 'calls': [{'call', 'ns': [each call's ns], "
+      "'unavailable': why not measured, or ''}]}; the first is the clock's own floor.");
   // The SIGTERM deadline of freeride._shutdown (csrc/sigterm_guard.hpp).
   m.def("_sigterm_guard_arm", &freeride::sigterm_guard::arm, py::arg("grace"), release_gil(),
         "Chains a watchdog in front of the SIGTERM handler installed now: `grace` seconds "

@@ -158,6 +158,49 @@ def test_hook_cost_adds_the_cuda_paths_python_part(tmp_path, capsys):
     assert after == before
 
 
+def test_call_costs_refuse_what_they_cannot_measure():
+    """_C.measure_call_costs (hook_cost.py's "CUDA call" rows) names a bad count, and
+    without a usable GPU refuses with the runtime's reason; hook_cost.py then gives one
+    row that says why instead of figures."""
+    from conftest import HAS_GPU
+    from freeride import _C
+
+    for calls in (0, 1_000_001):
+        with pytest.raises(ValueError, match="calls must be between 1 and 1000000"):
+            _C.measure_call_costs(0, calls)
+    if HAS_GPU:
+        pytest.skip("a GPU is here: test_call_costs_on_a_gpu measures")
+    with pytest.raises(RuntimeError, match="cuda|CUDA"):
+        _C.measure_call_costs(0, 8)
+    rows, settings = _load_hook_cost().call_rows(quick=True)
+    assert settings == {}
+    assert len(rows) == 1 and rows[0]["hooks"] == "CUDA call" and rows[0]["unavailable"]
+
+
+@pytest.mark.gpu
+def test_call_costs_on_a_gpu():
+    """Each kind of call a pair makes, timed on cuda:0: the clock's floor first, then
+    every kind with a figure per call (or, for the batched write alone, the reason the
+    driver gives none); hook_cost.py's rows carry them less the floor."""
+    import freeride as fr
+    from freeride import _C
+
+    measured = _C.measure_call_costs(0, 100)
+    assert measured["held"] is bool(fr.backend_info()["devices"][0]["stream_mem_ops"])
+    calls = measured["calls"]
+    assert calls[0]["call"].startswith("clock pair")
+    assert len(calls) == 10
+    for kind in calls:
+        if kind["unavailable"]:
+            assert "cuStreamBatchMemOp" in kind["call"] and not kind["ns"]
+            continue
+        assert len(kind["ns"]) == 100 and all(0 <= ns < 1_000_000_000 for ns in kind["ns"])
+    rows, settings = _load_hook_cost().call_rows(quick=True)
+    assert settings["calls_per_kind"] == 256 and len(rows) == 9
+    for row in rows:
+        assert row["hooks"] == "CUDA call" and ("unavailable" in row or row["pairs"] == 256)
+
+
 def test_bad_benchmark_arguments():
     with pytest.raises(ValueError, match="benchmark must be one of"):
         bench.run("latency", mode="cpu")

@@ -33,9 +33,9 @@ def _load(name: str, path: pathlib.Path):
 mt = _load("measure_table", ROOT / "benchmarks" / "measure_table.py")
 
 # 10 pause (close queued ahead; host-enqueued) + 4 admission + 10 harvest + 4 held
-# + 8 overhead + 6 items + 3 bw + 5 host (2 hooks, with a launch, 2 gate writes alone)
-# + 2 executor sleep + 1 training admission
-ROWS = 53
+# + 8 overhead + 6 items + 3 bw + 6 host (2 hooks, the CUDA calls alone, with a launch,
+# 2 gate writes alone) + 2 executor sleep + 1 training admission
+ROWS = 54
 AHEAD = "gate in device memory, close queued ahead"
 HOST_ENQUEUED = "gate in device memory, close enqueued as the GPU waits"
 
@@ -301,9 +301,9 @@ def test_the_h200_run_of_2026_11_27_read_as_it_was(tmp_path):
     assert "0.45%" in overhead["saxpy, 8 queues (default)"].measured
     assert overhead["spin, 1 queue"].verdict == mt.MISSED
     host = by_setting(rows, "host cost")
-    compute, attach, at_open, ring, poll = host.values()
+    compute, attach, calls, at_open, ring, poll = host.values()
     # bench hooks had not run on a GPU then: the writes alone stand in for the pair.
-    assert (compute.verdict, attach.verdict) == (mt.NOT_RUN, mt.NOT_RUN)
+    assert (compute.verdict, attach.verdict, calls.verdict) == (mt.NOT_RUN,) * 3
     assert at_open.verdict == mt.MISSED and "gate writes alone" in at_open.measured
     assert "637 of 640" in at_open.measured
     assert (ring.verdict, poll.verdict) == (mt.NO_TARGET, mt.NO_TARGET)
@@ -471,6 +471,57 @@ def test_a_hooks_row_that_could_not_run_says_why(tmp_path):
     compute, attach = (host[setting] for _, setting in mt.HOOK_ROWS)
     assert compute.verdict == mt.MET
     assert attach.verdict == mt.FAILED and "unavailable: no torch (x)" in attach.measured
+
+
+CALLS_SETTING = "each kind of CUDA call a pair makes, timed alone (hook_cost.py), p50"
+
+
+def test_the_cuda_calls_of_a_pair_one_by_one(tmp_path):
+    """hook_cost.py's "CUDA call" rows in one row without a target: each call's short name
+    and p50 (the batch a driver refused, without figures, as a dash); a run whose calls
+    could not be timed at all fails with the reason; bench hooks alone (no such rows)
+    leaves the row not run."""
+    data = hooks_result(8.0)
+    data["rows"] += [
+        {
+            "backend": "cuda",
+            "hooks": "CUDA call",
+            "part": "device guard (cudaGetDevice): x",
+            "pairs": 4096,
+            "p50_ns": 40,
+            "p99_ns": 90,
+            "mean_ns": 45,
+        },
+        {
+            "backend": "cuda",
+            "hooks": "CUDA call",
+            "part": "gate write (cuStreamBatchMemOp, 4)",
+            "unavailable": "the driver refused the batch",
+        },
+        {
+            "backend": "cuda",
+            "hooks": "CUDA call",
+            "part": "launch (a kernel): at an open",
+            "pairs": 4096,
+            "p50_ns": 3210,
+            "p99_ns": 5000,
+            "mean_ns": 3300,
+        },
+    ]
+    write(tmp_path, "hooks.json", data)
+    row = by_setting(mt.rows_of(str(tmp_path)), "host cost")[CALLS_SETTING]
+    assert row.verdict == mt.NO_TARGET
+    assert row.measured == "device guard 0.04, gate write —, launch 3.21 µs"
+
+    data = hooks_result(8.0)
+    data["rows"].append({"backend": "cuda", "hooks": "CUDA call", "unavailable": "no device"})
+    write(tmp_path, "hooks.json", data)
+    row = by_setting(mt.rows_of(str(tmp_path)), "host cost")[CALLS_SETTING]
+    assert row.verdict == mt.FAILED and row.measured == "unavailable: no device"
+
+    write(tmp_path, "hooks.json", hooks_result(8.0))
+    row = by_setting(mt.rows_of(str(tmp_path)), "host cost")[CALLS_SETTING]
+    assert row.verdict == mt.NOT_RUN
 
 
 def test_host_cost_of_a_cpu_run_of_bench_hooks_is_no_gpu_figure(tmp_path):
