@@ -55,7 +55,7 @@ class Bench {
     std::string why;
     memops_ = a.has_memops() && !cuda_driver::memops_disabled_by_env() &&
               cuda_driver::probe_stream_mem_ops(device_, reinterpret_cast<CUstream>(stream_),
-                                                words_ + 6, 1u, &why);
+                                                 words_ + 6, 1u, &why);
     FR_CUDA_CHECK(cudaStreamSynchronize(other_));
     FR_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
