@@ -39,6 +39,7 @@ def _cancel_waiting(ex, task):
         ((True, True, 13, 4, 2), False),
         ((True, False, 1, 4, 0), False),  # not the last phase
         ((True, True, 1, 0, 0), False),  # nothing measured yet
+        ((True, True, 0, 0, 0), False),  # ... even with nothing left to cover
         ((False, True, 1, 4, 0), False),  # off
     ],
 )

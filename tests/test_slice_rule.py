@@ -342,6 +342,9 @@ def test_a_launch_for_an_open_with_no_ordinal_keeps_a_slice_under_time_slice_non
     assert default == 2_000_000  # Harvester's default time_slice, 2 ms
     assert T.launch_slice_ns(NO_SLICE, at_open=False, next_close=7, stream_wait=False) == 0
     assert T.launch_slice_ns(NO_SLICE, at_open=True, next_close=7, stream_wait=False) == 0
+    # A launch at an open keeps the harvester's setting whatever it was given: the
+    # training thread reads the ledger as it writes the open, so it always has an ordinal.
+    assert T.launch_slice_ns(NO_SLICE, at_open=True, next_close=0, stream_wait=False) == 0
     assert T.launch_slice_ns(NO_SLICE, at_open=False, next_close=0, stream_wait=True) == 0
     assert T.launch_slice_ns(3 * SLICE, at_open=False, next_close=0, stream_wait=False) == (
         3 * SLICE
