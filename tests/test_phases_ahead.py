@@ -37,6 +37,7 @@ def test_rule_an_open_carries_the_current_phase_and_chains_the_next():
     assert rule(True, 0, 3, False, 5, 32) == (True, True)
     assert rule(True, 0, 3, True, 5, 32) == (False, True), "a complete phase: only the next"
     assert rule(True, 2, 3, False, 0, 32) == (True, False), "no phase after the last"
+    assert rule(True, 2, 3, False, 5, 32) == (True, False), "the last: whatever next_items"
     assert rule(True, 0, 3, False, 0, 32) == (True, False), "an empty next phase is not chained"
     assert rule(True, 0, 3, False, 5, 1) == (True, False), "room for one launch only"
     assert rule(True, 0, 3, True, 5, 0) == (False, False), "a full ring takes none"

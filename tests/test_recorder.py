@@ -492,6 +492,9 @@ def test_report_has_the_launches_whose_end_the_executor_has_not_taken(late_launc
         assert rep.items_per_task == {handle.id: done}
         [it] = rep.iterations
         assert all(it.start_ns <= x.start_ns < it.end_ns for x in rep.launches)
+        # Each launch spans its items, one worker running them one after another: from
+        # its workers' first item start to their last item end.
+        assert all(x.end_ns - x.start_ns >= 20_000 * x.items for x in rep.launches)
         # Drawn in the bubble (pro-rated: its last item may end after the close).
         side = sum(b.side.get(handle.id, (0.0, 0))[0] for b in it.bubbles)
         assert 0 < side <= done
