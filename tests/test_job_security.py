@@ -14,6 +14,7 @@ channel has no shared state to write: the tests below show what each attack now 
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import json
 import os
 import pickle
@@ -26,6 +27,7 @@ import time
 import warnings
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,7 +37,7 @@ from freeride.job import auth, channel, files
 from freeride.job import messages as m
 from freeride.job.channel import hub as hub_module
 from freeride.job.channel import sockets as channel_sockets
-from freeride.job.placement import TaskSpec
+from freeride.job.placement import Policy, TaskSpec
 
 torch = pytest.importorskip("torch")
 zmq = pytest.importorskip("zmq")
@@ -1169,3 +1171,208 @@ def test_no_warning_or_error_leaks_the_secret(job, caplog):
     text = str(info.value) + caplog.text + " ".join(str(w.message) for w in caught)
     assert secret.hex() not in text and secret.hex()[:16] not in text
     assert channel.BEAT_S > 0  # (the module the queue talks through)
+
+
+# -- round 4: a status credential reads the table, and nothing else ------------------------
+
+
+@pytest.fixture
+def status_queue(job, tmp_path):
+    """A second queue on the job's harvester that wrote a status file, and the status
+    credential in it."""
+    q0, _, _ = job
+    status = tmp_path / "status.json"
+    q = fr.JobQueue(q0._h, host="127.0.0.1", status_file=status, rank_timeout=3.0)
+    try:
+        yield q, bytes.fromhex(json.loads(status.read_text())["secret"])
+    finally:
+        q.close()
+
+
+def _status_session(q, credential: bytes) -> Handshaker:
+    peer = Handshaker(q, credential=credential, kind=auth.STATUS_KIND)
+    answer = peer.handshake(credential, auth.STATUS_ROLE)
+    assert answer is not None and answer[0] == b"welcome", answer
+    return peer
+
+
+def test_a_status_sessions_held_message_is_never_unpickled(status_queue, tmp_path, monkeypatch):
+    """Round 4, S1: a pickle a status session sent after its session had ended was held,
+    then handed to the coordinator as it was when the session came back, past the check
+    that nothing a status session sends is unpickled: code ran on the leader. Held
+    messages now go the live ones' way: a status session's is JSON or nothing."""
+    q, credential = status_queue
+    marker = tmp_path / "pwned"
+    monkeypatch.setattr(hub_module, "_CLIENT_IDLE_S", 1.0)
+    before = q.stats()
+    peer = _status_session(q, credential)
+    try:
+        wait_until(lambda: q.stats()["sessions"] == before["sessions"], timeout=10)  # ended
+        peer.send(b"msg", pickle.dumps(Boom(str(marker))))
+        assert peer.recv() == [b"who"]
+        answer = peer.handshake(credential, auth.STATUS_ROLE)
+        assert answer is not None and answer[0] == b"welcome"
+        wait_until(lambda: q.stats()["malformed"] > before["malformed"], timeout=10)
+    finally:
+        peer.close()
+    _still_works(q)
+    assert not marker.exists()
+
+
+def test_a_status_session_nesting_json_deep_stops_nothing(status_queue):
+    """Round 4, S2: JSON nested deeper than the parser's recursion limit raised
+    RecursionError, which the hub's JSON check did not catch; each such message cost the
+    hub's round its sends and beats, and ranks declared the leader lost. A status
+    message is now looked at before it is parsed, and a message whose handling raises
+    costs that message alone."""
+    q, credential = status_queue
+    before = q.stats()["malformed"]
+    peer = _status_session(q, credential)
+    try:
+        deep = b"[" * 1500 + b"]" * 1500
+        assert hub_module.Hub._status_message(q._hub, "fr-status/x", deep) is None
+        for _ in range(50):
+            peer.send(b"msg", deep)
+        wait_until(lambda: q.stats()["malformed"] >= before + 50, timeout=10)
+        assert peer.recv(timeout=2.0) is None  # nothing but beats came meanwhile
+        peer.send(b"msg", json.dumps(["status", 7]).encode())
+        answer = peer.recv(timeout=5.0)
+        assert answer is not None and answer[0] == b"msg"
+    finally:
+        peer.close()
+    _still_works(q)
+
+
+def test_a_message_whose_handling_raises_costs_that_message_alone():
+    """sockets.pump: a frame handler that raises drops that message; the round's other
+    messages are handled and its after_round (the hub's sends and beats) runs."""
+    ctx = zmq.Context()
+    rx, tx = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    rx.bind("inproc://pump-test")
+    tx.connect("inproc://pump-test")
+    waker = channel_sockets.Waker(ctx)
+    stop = threading.Event()
+    handled, rounds = [], []
+
+    def on_frames(frames: list[bytes]) -> None:
+        if frames == [b"bad"]:
+            raise RecursionError("what a peer's message made the handler do")
+        handled.append(frames)
+
+    thread = threading.Thread(
+        target=channel_sockets.pump,
+        args=(rx, waker, stop, on_frames, lambda: rounds.append(1), "test", 0.05),
+    )
+    thread.start()
+    try:
+        for frame in (b"bad", b"good", b"bad", b"also good"):
+            tx.send(frame)
+        wait_until(lambda: len(handled) == 2, timeout=5)
+        seen = len(rounds)
+        wait_until(lambda: len(rounds) > seen, timeout=5)
+        assert handled == [[b"good"], [b"also good"]]
+    finally:
+        stop.set()
+        waker.ring()
+        thread.join(5)
+        rx.close(0)
+        tx.close(0)
+        waker.close()
+        ctx.term()
+
+
+def test_a_status_message_is_one_small_part(status_queue):
+    """Round 4, S3: every part of any message was copied before its shape was looked at,
+    so a status session's message of thousands of parts held hundreds of MiB of the
+    leader's memory. A status session's message is one part of at most 4 KiB, or
+    malformed; nothing else of it is copied."""
+    q, credential = status_queue
+    before = q.stats()["malformed"]
+    peer = _status_session(q, credential)
+    try:
+        peer.send(b"msg", b'["status", 1]', b'["status", 2]')
+        peer.send(b"msg", b"[" + b" " * 5000 + b"]")
+        wait_until(lambda: q.stats()["malformed"] >= before + 2, timeout=10)
+    finally:
+        peer.close()
+
+
+def test_held_messages_are_bounded_and_only_of_the_ended_sessions_kind(bare_hub, monkeypatch):
+    """Round 4, S1 and S3: a message from the routing id of an ended session is held for
+    its Link's return only from a key of that session's kind, at most _HELD_MESSAGES a
+    session and _HELD_BYTES in all; what the hub holds is freed as it is handed over."""
+    hub, _ = bare_hub
+    monkeypatch.setattr(hub_module, "_HELD_BYTES", 1000)
+    rid, other = os.urandom(16), os.urandom(16)
+    hub._ended[rid] = ("fr-client/aa", auth.CLIENT_KIND)
+    hub._ended[other] = ("fr-client/bb", auth.CLIENT_KIND)
+    part = [zmq.Frame(b"x" * 300)]
+    hub._hold(rid, auth.STATUS_KIND, part)  # another kind's key: not its session's
+    hub._hold(os.urandom(16), auth.CLIENT_KIND, part)  # no ended session
+    assert hub._held == {} and hub._held_bytes == 0
+    for _ in range(3):
+        hub._hold(rid, auth.CLIENT_KIND, part)
+    hub._hold(other, auth.CLIENT_KIND, part)  # a fourth would pass the bytes' bound
+    assert len(hub._held[rid]) == 3 and other not in hub._held
+    assert hub._held_bytes == 900
+    assert hub._unhold(rid) == [b"x" * 300] * 3 and hub._held_bytes == 0
+
+
+def test_table_requests_are_paced_and_placement_goes_on_under_a_flood(job):
+    """Round 4, S4: the coordinator handled every waiting message before it placed or
+    looked at liveness, and built the whole task table for each request: a status
+    session's flood of requests stalled placement for as long as it lasted. Now the
+    hub keeps one table request a status box has waiting, the coordinator answers a box
+    at most every _TABLE_EVERY_S (the latest request of a box that asked sooner, later)
+    and places and reads liveness at least every _HOUSEKEEP_S between messages."""
+    from freeride.job import coordinator as coordinator_module
+
+    class FloodHub:
+        """Table requests from one box, without end."""
+
+        def __init__(self) -> None:
+            self.request = 0
+            self.sent: list[tuple[str, Any]] = []
+
+        def poll(self):
+            self.request += 1
+            return ("fr-client/aa", ("status", "fr-client/aa", self.request))
+
+        def send(self, box: str, message: Any) -> None:
+            self.sent.append((box, message))
+
+        def take_stats(self) -> dict:
+            return {}
+
+        def heard_all(self) -> dict:
+            return {}
+
+        def wait(self, timeout: float) -> None:
+            time.sleep(timeout)
+
+    hub = FloodHub()
+    coord = coordinator_module.Coordinator(Policy(4), hub, [0], 0, 3.0)
+    housekept = []
+    coord._read_stats = lambda: housekept.append(time.monotonic())
+    began = time.monotonic()
+    while time.monotonic() - began < 0.5:
+        coord.step()
+    tables = [msg for box, msg in hub.sent if msg[0] == "status"]
+    assert 3 <= len(tables) <= 7, len(tables)  # every 0.1 s, not once a request
+    assert tables[-1][1] > tables[0][1] + 1  # the latest of those that came meanwhile
+    gaps = [b - a for a, b in itertools.pairwise(housekept)]
+    assert len(housekept) >= 5 and max(gaps) < 0.2, gaps
+
+
+def test_labels_are_bounded():
+    """Round 4, C1: a task's label had no bound and was kept for 2,000 final tasks and
+    sent in every table: three 88 MiB names broke status() for everyone. A label is at
+    most LABEL_CHARS, and always a string."""
+    from freeride.job.placement import LABEL_CHARS
+
+    assert TaskSpec(fr.tasks.Spin, name="n" * 10_000).label == "n" * (LABEL_CHARS - 1) + "…"
+    assert TaskSpec(fr.tasks.Spin).label == "Spin"
+    assert TaskSpec("mypkg.tasks:make", name="short").label == "short"
+    odd = TaskSpec(fr.tasks.Spin)
+    object.__setattr__(odd, "name", 12345)  # what an unpickled spec may hold
+    assert isinstance(odd.label, str)

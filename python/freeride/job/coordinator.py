@@ -26,6 +26,13 @@ log = logging.getLogger("freeride.job")
 _GRACE_S = 1.0  # how long placement waits for every rank's first bubble measurement
 _KEEP_FINAL = 2_000  # final tasks kept for status(); older ones are forgotten
 _KEEP_DECISIONS = 2_000
+# With messages waiting without a break, placement and liveness still run this often: a
+# flood (of table requests, say) delays them by at most this.
+_HOUSEKEEP_S = 0.05
+# The task table is built for one box at most this often (each is a walk of every task and
+# up to thousands of rows sent); a request that comes sooner is answered then, with the
+# latest of its box's requests.
+_TABLE_EVERY_S = 0.1
 
 
 @dataclass
@@ -89,6 +96,9 @@ class Coordinator(Serving):
         self._first_measured: float | None = None
         self.decisions: deque[Decision] = deque(maxlen=_KEEP_DECISIONS)
         self.malformed = 0
+        self._housekept = 0.0
+        self._table_at: dict[str, float] = {}  # box -> when its last table was sent
+        self._table_due: dict[str, int] = {}  # box -> its latest request not answered yet
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -103,12 +113,17 @@ class Coordinator(Serving):
         return set(self._lost)
 
     def step(self) -> bool:
-        """Handles one message, or (with none waiting) checks liveness and places; ends
-        the thread once the close is over."""
-        received = self._hub.poll()
-        if received is not None:
-            self.handle(*received)
-            return True
+        """Handles one message, or (with none waiting, or none for _HOUSEKEEP_S while
+        messages kept coming) checks liveness, answers the table requests that waited and
+        places; ends the thread once the close is over."""
+        due = time.monotonic() - self._housekept >= _HOUSEKEEP_S
+        if not due:
+            received = self._hub.poll()
+            if received is not None:
+                self.handle(*received)
+                return True
+        self._housekept = time.monotonic()
+        self._answer_tables(self._housekept)
         self._read_stats()
         self._check_liveness()
         if not self._finished.is_set():
@@ -118,7 +133,7 @@ class Coordinator(Serving):
                 self._place()
         elif self._all_gone():
             self.halt()
-        return False
+        return due  # messages may be waiting, not looked at: again at once
 
     def idle(self, seconds: float) -> None:
         """Sleeps until the hub has a message (or `seconds`): a job's stats arrive a
@@ -278,6 +293,28 @@ class Coordinator(Serving):
             self._send(box, ("closed",))
 
     def _on_status(self, box: str, request: int) -> None:
+        now = time.monotonic()
+        if now - self._table_at.get(box, -_TABLE_EVERY_S) < _TABLE_EVERY_S:
+            self._table_due[box] = request  # answered by _answer_tables, with the latest
+            return
+        self._send_table(box, request, now)
+
+    def _answer_tables(self, now: float) -> None:
+        """Answers the table requests that came too soon after their box's last table,
+        once they may be, and forgets boxes that asked nothing for a while."""
+        for box, request in list(self._table_due.items()):
+            if now - self._table_at.get(box, -_TABLE_EVERY_S) >= _TABLE_EVERY_S:
+                del self._table_due[box]
+                self._send_table(box, request, now)
+        if len(self._table_at) > 1024:
+            self._table_at = {
+                b: t
+                for b, t in self._table_at.items()
+                if now - t < _TABLE_EVERY_S or b in self._table_due
+            }
+
+    def _send_table(self, box: str, request: int, now: float) -> None:
+        self._table_at[box] = now
         rows = [
             {
                 "id": t.task_id,

@@ -64,6 +64,9 @@ def _materialize(value: Any) -> Any:
     return map_nested(value, lambda x: x() if isinstance(x, Load) else x)
 
 
+LABEL_CHARS = 200  # the longest label a status table shows
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     """A side task described so that any rank can build it: ``factory(*args, **kwargs)``
@@ -125,10 +128,14 @@ class TaskSpec:
 
     @property
     def label(self) -> str:
-        if self.name:
-            return self.name
-        ref = self.factory
-        return ref if isinstance(ref, str) else getattr(ref, "__qualname__", repr(ref))
+        """What status tables call the task: `name`, else the factory's name; at most
+        LABEL_CHARS (a spec's fields come from whoever submitted it: a label kept for
+        thousands of tasks and sent in every table must not be as long as it likes)."""
+        ref = self.name or self.factory
+        text = ref if isinstance(ref, str) else getattr(ref, "__qualname__", None) or repr(ref)
+        if not isinstance(text, str):
+            text = type(ref).__name__
+        return text if len(text) <= LABEL_CHARS else text[: LABEL_CHARS - 1] + "…"
 
     def build(self) -> Any:
         """The task, built here: Load placeholders run, then the factory."""

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from .. import auth
-from ..messages import STATS_BYTES, agent_box
+from ..messages import MAX_MESSAGE, STATS_BYTES, agent_box, is_status_box
 from . import frames as fr
 from .sockets import (
     ROUTING_ID_BYTES,
@@ -35,12 +35,14 @@ _MAX_PENDING = 256  # handshakes in progress at once (more for a job of many ran
 _HANDSHAKE_S = 10.0  # a handshake not finished by then is forgotten
 _WHO_EVERY_S = 1.0
 _ROLE_BYTES = 64  # the longest role a hello may name
+_PROOF_BYTES = 32  # a proof's length (auth.tag: HMAC-SHA256)
 _HELLO_EVERY_S = 0.25  # a connection's hellos answered at most this often
 _HELLOS_PER_S = 2000  # hellos answered per second at most, beyond a burst of the pending
 _CLIENT_IDLE_S = 60.0  # a client session not heard from this long ends
 _REMEMBERED = 4096  # boxes of ended client sessions kept for their Links' return
 _HELD_MESSAGES = 64  # messages of an ended session kept until its Link authenticates again
-_STATUS_BYTES = 4096  # the longest message a status session may send (JSON)
+_HELD_BYTES = MAX_MESSAGE  # all ended sessions' held messages together, at most
+_STATUS_BYTES = 4096  # the longest message a status session may send (JSON, one part)
 # A rank's session heard within this long is live: no other session may take its box (its
 # Link sends its stats at least every beat, pings every second otherwise).
 _RANK_LIVE_S = 3.0
@@ -114,13 +116,18 @@ class Hub:
         self._waker = Waker(self._ctx)
         self._lock = threading.Lock()
         self._out: collections.deque[tuple[str, bytes]] = collections.deque()
-        self._in: collections.deque[tuple[str, bytes]] = collections.deque()
+        # (box, message): a pickle as its session sent it, or (a status session's) the
+        # message the hub made of its JSON, never bytes to unpickle.
+        self._in: collections.deque[tuple[str, bytes | tuple]] = collections.deque()
+        self._status_waiting: set[str] = set()  # status boxes with a table request in _in
         self._arrived = threading.Event()  # set when _in gains a message
         self._stats: dict[str, bytes] = {}  # each rank's latest stats, by box
         self._sessions: dict[bytes, _Session] = {}
         self._boxes: dict[str, bytes] = {}
-        self._ended: collections.OrderedDict[bytes, str] = collections.OrderedDict()
+        # routing id of an ended session -> its (box, key kind)
+        self._ended: collections.OrderedDict[bytes, tuple[str, str]] = collections.OrderedDict()
         self._held: dict[bytes, list[bytes]] = {}  # routing id (ended) -> messages
+        self._held_bytes = 0
         self._max_pending = _MAX_PENDING + len(self._ranks)
         # routing id -> (client nonce, server nonce, role, when the hello came)
         self._pending: dict[bytes, tuple[bytes, bytes, bytes, float]] = {}
@@ -148,12 +155,20 @@ class Hub:
         self._waker.ring()
 
     def poll(self) -> tuple[str, Any] | None:
-        """The next (sender's box, message) from an authenticated session, or None."""
+        """The next (sender's box, message) from an authenticated session, or None.
+        Nothing a status session sent is unpickled: the hub made its message."""
         while True:
             with self._lock:
                 if not self._in:
                     return None
                 box, payload = self._in.popleft()
+                if not isinstance(payload, bytes):
+                    if payload[0] == "status":
+                        self._status_waiting.discard(box)
+                    return box, payload
+            if is_status_box(box):
+                self.malformed += 1  # (never put there: _deliver makes a status box's)
+                continue
             try:
                 return box, pickle.loads(payload)
             except Exception:  # noqa: BLE001 - authenticated, but unreadable
@@ -239,80 +254,137 @@ class Hub:
             pass
 
     def _on_frames(self, frames: list[Any]) -> None:
-        if len(frames) < 2:
+        # The routing id, the message's kind and its parts: no more parts than a message
+        # may have are copied (libzmq has them already; a copy would double them).
+        if not 2 <= len(frames) <= fr.MAX_PARTS + 2:
             self.dropped += 1
             return
         # The kind of credential the connection's Curve key came from (ZAP's User-Id).
         kind = frames[1].get("User-Id")
-        rid, body = frames[0].bytes, [f.bytes for f in frames[1:]]
+        rid, what, parts = frames[0].bytes, frames[1].bytes, frames[2:]
         if len(rid) != ROUTING_ID_BYTES:
             self.dropped += 1
             return
-        what, now = body[0], time.monotonic()
+        now = time.monotonic()
         with self._lock:
             session = self._sessions.get(rid)
         if session is not None and session.kind != kind:
             session = None  # another key's connection with this id: not this session's
-        if what == b"msg" and session is not None and fr.fits(body[1:]):
-            payload = fr.join(body[1:])
-            if session.kind == auth.STATUS_KIND:
-                payload = self._status_message(session.box, payload)
+        if what == b"msg" and session is not None:
+            if not self._fits(session.kind, parts):
+                # Larger than a message may be; a status session's, no status message.
+                if session.kind == auth.STATUS_KIND:
+                    self.malformed += 1
+                else:
+                    self.dropped += 1
+                return
             with self._lock:
                 session.heard = now
-                if payload is not None:
-                    self._in.append((session.box, payload))
-            if payload is not None:
-                self._arrived.set()
+            self._deliver(session.kind, session.box, fr.join([p.bytes for p in parts]))
         elif (
             what == b"stats"
             and session is not None
             and session.kind == auth.RANK_KIND
-            and len(body) == 2
-            and len(body[1]) == STATS_BYTES
+            and len(parts) == 1
+            and len(parts[0]) == STATS_BYTES
         ):
             with self._lock:
                 session.heard = now
-                self._stats[session.box] = body[1]
+                self._stats[session.box] = parts[0].bytes
         elif (
             what == b"hello"
-            and len(body) == 3
-            and len(body[1]) == auth.NONCE_BYTES
-            and len(body[2]) <= _ROLE_BYTES
+            and len(parts) == 2
+            and len(parts[0]) == auth.NONCE_BYTES
+            and len(parts[1]) <= _ROLE_BYTES
         ):
             if self._may_answer_hello(rid, now):
-                self._challenge(rid, body[1], body[2], kind, now)
-        elif what == b"auth" and len(body) == 2:
-            self._authenticate(rid, body[1], kind, now)
-        elif what == b"ping" and len(body) == 1 and session is not None:
+                self._challenge(rid, parts[0].bytes, parts[1].bytes, kind, now)
+        elif what == b"auth" and len(parts) == 1 and len(parts[0]) == _PROOF_BYTES:
+            self._authenticate(rid, parts[0].bytes, kind, now)
+        elif what == b"ping" and not parts and session is not None:
             with self._lock:
                 session.heard = now
         else:
-            if session is None and what == b"msg" and rid in self._ended and fr.fits(body[1:]):
-                held = self._held.setdefault(rid, [])
-                if len(held) < _HELD_MESSAGES:  # delivered once it authenticates again
-                    held.append(fr.join(body[1:]))
+            if session is None and what == b"msg":
+                self._hold(rid, kind, parts)
             self.dropped += 1
             if session is None and what in (b"msg", b"ping"):
                 self._ask_who(rid, now)
 
-    def _status_message(self, box: str, payload: bytes) -> bytes | None:
+    @staticmethod
+    def _fits(kind: str | None, parts: list[Any]) -> bool:
+        """Whether `parts` may be one message of a session of `kind`: a status session's
+        is one part of JSON, at most _STATUS_BYTES; anyone else's at most a message."""
+        if kind == auth.STATUS_KIND:
+            return len(parts) == 1 and len(parts[0]) <= _STATUS_BYTES
+        return fr.fits(parts)
+
+    def _hold(self, rid: bytes, kind: str | None, parts: list[Any]) -> None:
+        """Keeps a message of an ended session's Link, sent before it heard "who", until
+        it authenticates again (it does not send it twice): only from a connection of the
+        ended session's key kind, _HELD_MESSAGES a session and _HELD_BYTES in all."""
+        ended = self._ended.get(rid)
+        if ended is None or ended[1] != kind or not self._fits(kind, parts):
+            return
+        size = sum(len(p) for p in parts)
+        held = self._held.get(rid, [])
+        if len(held) >= _HELD_MESSAGES or self._held_bytes + size > _HELD_BYTES:
+            log.warning(
+                "freeride job queue: a message of %s, whose session had ended, was dropped:"
+                " too many held",
+                ended[0],
+            )
+            return
+        held.append(fr.join([p.bytes for p in parts]))
+        self._held[rid] = held
+        self._held_bytes += size
+
+    def _unhold(self, rid: bytes) -> list[bytes]:
+        held = self._held.pop(rid, [])
+        self._held_bytes -= sum(len(p) for p in held)
+        return held
+
+    def _deliver(self, kind: str, box: str, payload: bytes) -> None:
+        """Hands the coordinator a message of the session holding `box`, of key `kind`: a
+        status session's as the message its JSON stands for (one table request waiting
+        at most a box), anyone else's as the pickle it sent."""
+        message: bytes | tuple = payload
+        if kind == auth.STATUS_KIND:
+            made = self._status_message(box, payload)
+            if made is None:
+                return
+            if made[0] == "status":
+                with self._lock:
+                    if box in self._status_waiting:  # its last one is not answered yet
+                        self.dropped += 1
+                        return
+                    self._status_waiting.add(box)
+            message = made
+        with self._lock:
+            self._in.append((box, message))
+        self._arrived.set()
+
+    def _status_message(self, box: str, payload: bytes) -> tuple | None:
         """A status session's message, which is JSON, never a pickle (nothing a status
         credential's holder sends runs on the leader): ["hello"], ["bye"] or ["status",
         request] become the coordinator's message from `box`; anything else is dropped
-        and counted."""
-        try:
-            message = json.loads(payload) if len(payload) <= _STATUS_BYTES else None
-        except ValueError:
-            message = None
+        and counted. One list of at most two items, looked at before it is parsed: no
+        nesting reaches the parser."""
+        message = None
+        if len(payload) <= _STATUS_BYTES and payload.count(b"[") == 1 and b"{" not in payload:
+            try:
+                message = json.loads(payload)
+            except Exception:  # noqa: BLE001 - whatever a holder of the key sends
+                message = None
         if message in (["hello"], ["bye"]):
-            return pickle.dumps((message[0], box))
+            return (message[0], box)
         if (
             isinstance(message, list)
             and len(message) == 2
             and message[0] == "status"
             and type(message[1]) is int
         ):
-            return pickle.dumps(("status", box, message[1]))
+            return ("status", box, message[1])
         self.malformed += 1
         return None
 
@@ -402,7 +474,7 @@ class Hub:
         assert kind is not None
         with self._lock:
             box = self._box_for(rid, role, kind)
-            waiting = self._held.pop(rid, [])
+            waiting = self._unhold(rid)
             old = self._boxes.get(box)
             holder = self._sessions.get(old) if old is not None and old != rid else None
             taken = holder is not None and now - holder.heard < _RANK_LIVE_S
@@ -415,11 +487,9 @@ class Hub:
             self._refuse(rid, f"{box} is held by a live session", b"taken")
             return
         self._send(rid, b"welcome", box.encode())
-        if waiting:
-            with self._lock:
-                self._in.extend((box, payload) for payload in waiting)
-            self._arrived.set()
-            self.dropped -= len(waiting)  # counted when held: delivered after all
+        for payload in waiting:  # as a live session's: a status box's through its JSON
+            self._deliver(kind, box, payload)
+        self.dropped -= len(waiting)  # counted when held: delivered after all
 
     def _box_for(self, rid: bytes, role: bytes, kind: str) -> str:
         """The box a session of `role` holds: a rank's own; for a client (or status)
@@ -430,7 +500,10 @@ class Hub:
         if current is not None:
             return current.box
         prefix = "fr-status/" if kind == auth.STATUS_KIND else "fr-client/"
-        return self._ended.pop(rid, None) or f"{prefix}{secrets.token_hex(8)}"
+        ended = self._ended.pop(rid, None)
+        if ended is not None and ended[1] == kind:
+            return ended[0]
+        return f"{prefix}{secrets.token_hex(8)}"
 
     def _expire(self, now: float) -> None:
         for rid, (*_, begun) in list(self._pending.items()):
@@ -460,9 +533,9 @@ class Hub:
                 if session.kind != auth.RANK_KIND and now - session.heard > _CLIENT_IDLE_S:
                     del self._sessions[rid]
                     self._boxes.pop(session.box, None)
-                    self._ended[rid] = session.box
+                    self._ended[rid] = (session.box, session.kind)
                     if len(self._ended) > _REMEMBERED:
-                        self._held.pop(self._ended.popitem(last=False)[0], None)
+                        self._unhold(self._ended.popitem(last=False)[0])
                 elif now - session.sent >= self._beat_s:
                     session.sent = now
                     beat.append(rid)

@@ -150,15 +150,17 @@ def pump(
     and beats go on under a flood; zmq Frames where not `copy`), then calls
     `after_round`. `extra`: another (socket, handler) this thread serves. `round_s`: the
     shortest round, so that frames arriving a thousand a second are taken a few at a time,
-    not each with a wake-up of its own. A round that raises is logged the first time; the
-    loop goes on."""
+    not each with a wake-up of its own. A message whose handling raises is dropped alone:
+    the round goes on, and `after_round` (the sends and beats) is called whatever came
+    before it. Failures are logged the first time, then at most once a minute with their
+    count; the loop goes on."""
     zmq = zmq_module()
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     poller.register(waker.rx, zmq.POLLIN)
     if extra is not None:
         poller.register(extra[0], zmq.POLLIN)
-    failures = 0
+    failed = _Failures(what)
     began = 0.0
     while not stop.is_set():
         try:
@@ -178,12 +180,40 @@ def pump(
                         frames = sock.recv_multipart(zmq.NOBLOCK, copy=copy)
                     except zmq.Again:
                         break
-                    on_frames(frames)
+                    try:
+                        on_frames(frames)
+                    except Exception:  # noqa: BLE001 - that message alone is dropped
+                        failed.note("a message")
+        except Exception:  # noqa: BLE001 - logged by note(); the loop goes on
+            failed.note("a round")
+        try:
             after_round()
-        except Exception:
-            failures += 1
-            if failures == 1:
-                log.exception("freeride job queue: the %s's thread failed a round", what)
+        except Exception:  # noqa: BLE001 - logged by note(); the loop goes on
+            failed.note("its sends")
+
+
+class _Failures:
+    """A socket thread's failures, logged the first time and then at most once a minute
+    with how many came since the start: a peer that sends what raises cannot flood the
+    log, nor hide behind the first."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+        self._count = 0
+        self._logged_at = -float("inf")
+
+    def note(self, where: str) -> None:
+        self._count += 1
+        now = time.monotonic()
+        if now - self._logged_at < 60.0:
+            return
+        self._logged_at = now
+        log.exception(
+            "freeride job queue: the %s's thread failed (%s; %d failures so far)",
+            self._what,
+            where,
+            self._count,
+        )
 
 
 def end(
