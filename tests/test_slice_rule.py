@@ -373,3 +373,19 @@ def test_open_ordinals_keep_the_recent_opens():
     for seq in range(100, 100 + T.OpenOrdinals.KEPT):
         opens.note(seq, 9)
     assert opens.next_close(5) == 0 and opens.next_close(100) == 9
+
+
+def test_every_close_slot_ends_its_bubble():
+    """Each of the four slots, twice round: a close the host enqueued is pending until it
+    executes, and once it has, a launch made at the open before it (and one begun before
+    it) is over, whichever slot its ordinal writes (close_pending selects the slot with
+    constant indices, bubble_over looks at all four: each branch must hold)."""
+    m = T.CloseModel()
+    for _ in range(9):
+        m.launch_at_open()
+        m.begin_block()
+        m.enqueue_close()
+        assert m.pending and not m.bubble_over and not m.closed_since_start
+        m.execute()
+        assert not m.pending and m.bubble_over and m.closed_since_start
+        m.end_launch()
