@@ -434,6 +434,8 @@ void register_test_hooks(py::module_& m) {
       .def("next_close", &freeride::cuda::OpenOrdinals::next_close, py::arg("seq"))
       .def_property_readonly_static(
           "KEPT", [](py::object) { return freeride::cuda::OpenOrdinals::kKept; });
+  t.def("close_ordinal_after", &freeride::cuda::CloseLedger::after, py::arg("ordinal"),
+        "csrc/cuda/close_ledger.hpp's CloseLedger::after: the next ordinal, 0 skipped.");
   t.def(
       "closes_word",
       [](unsigned int a, unsigned int b, unsigned int c, unsigned int d) {

@@ -278,6 +278,28 @@ def test_a_slot_carries_a_launch_only_if_it_holds_several_of_the_tasks_items(mon
     assert carried.count(True) == 2, carried
 
 
+def test_the_launch_rule_at_its_bounds(monkeypatch):
+    """Recorder._launch_pays at each bound: a slot of exactly the floor pays (with items
+    short enough), one a nanosecond shorter does not; a slot of exactly
+    MIN_LAUNCH_BUBBLE_ITEMS items pays, one of one item fewer is skipped (but for the
+    one-in-ITEM_SKIP_PROBE_EVERY probe)."""
+    fake_free_memory(monkeypatch, lambda device: 1)
+    ex = _Clocked()
+    rec = _recorder(ex, "cuda", 0)
+    ex.running_item_ns = MIN_LAUNCH_BUBBLE_NS // (2 * MIN_LAUNCH_BUBBLE_ITEMS)
+    rec._slot_median[0] = MIN_LAUNCH_BUBBLE_NS
+    assert rec._launch_pays(0) is True
+    rec._slot_median[0] = MIN_LAUNCH_BUBBLE_NS - 1
+    assert rec._launch_pays(0) is False
+    ex.running_item_ns = MIN_LAUNCH_BUBBLE_NS  # items as long as the floor
+    rec._slot_median[0] = MIN_LAUNCH_BUBBLE_ITEMS * ex.running_item_ns
+    assert rec._launch_pays(0) is True
+    rec._slot_median[0] = (MIN_LAUNCH_BUBBLE_ITEMS - 1) * ex.running_item_ns
+    assert [rec._launch_pays(0) for _ in range(ITEM_SKIP_PROBE_EVERY - 1)] == [False] * (
+        ITEM_SKIP_PROBE_EVERY - 1
+    )
+
+
 def test_the_executor_measures_the_running_tasks_item_time(host):
     """What the skip above weighs a slot against: the time one worker (a CUDA block) spends
     on one item of the task run last, measured from its launches (here 2 ms Spin items on

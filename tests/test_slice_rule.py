@@ -389,3 +389,12 @@ def test_every_close_slot_ends_its_bubble():
         m.execute()
         assert not m.pending and m.bubble_over and m.closed_since_start
         m.end_launch()
+
+
+def test_ordinals_wrap_past_zero():
+    """Close ordinals are 32 bits and wrap after four billion closes, skipping 0, which
+    the slots hold before any close ("none yet"): a close numbered 0 would never read as
+    pending nor end a bubble."""
+    assert T.close_ordinal_after(0) == 1
+    assert T.close_ordinal_after(41) == 42
+    assert T.close_ordinal_after(2**32 - 1) == 1
