@@ -35,7 +35,6 @@ _MAX_PENDING = 256  # handshakes in progress at once (more for a job of many ran
 _HANDSHAKE_S = 10.0  # a handshake not finished by then is forgotten
 _WHO_EVERY_S = 1.0
 _ROLE_BYTES = 64  # the longest role a hello may name
-_PROOF_BYTES = 32  # a proof's length (auth.tag: HMAC-SHA256)
 _HELLO_EVERY_S = 0.25  # a connection's hellos answered at most this often
 _HELLOS_PER_S = 2000  # hellos answered per second at most, beyond a burst of the pending
 _CLIENT_IDLE_S = 60.0  # a client session not heard from this long ends
@@ -299,7 +298,7 @@ class Hub:
         ):
             if self._may_answer_hello(rid, now):
                 self._challenge(rid, parts[0].bytes, parts[1].bytes, kind, now)
-        elif what == b"auth" and len(parts) == 1 and len(parts[0]) == _PROOF_BYTES:
+        elif what == b"auth" and len(parts) == 1 and len(parts[0]) == auth.TAG_BYTES:
             self._authenticate(rid, parts[0].bytes, kind, now)
         elif what == b"ping" and not parts and session is not None:
             with self._lock:
