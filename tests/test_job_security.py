@@ -1324,7 +1324,7 @@ def test_table_requests_are_paced_and_placement_goes_on_under_a_flood(job):
     session's flood of requests stalled placement for as long as it lasted. Now the
     hub keeps one table request a status box has waiting, the coordinator answers a box
     at most every _TABLE_EVERY_S (the latest request of a box that asked sooner, later)
-    and places and reads liveness at least every _HOUSEKEEP_S between messages."""
+    and places and reads liveness every _HOUSEKEEP_S under messages without a break."""
     from freeride.job import coordinator as coordinator_module
 
     class FloodHub:

@@ -96,7 +96,7 @@ class Coordinator(Serving):
         self._first_measured: float | None = None
         self.decisions: deque[Decision] = deque(maxlen=_KEEP_DECISIONS)
         self.malformed = 0
-        self._housekept = 0.0
+        self._busy_since: float | None = None  # when messages began to come without a break
         self._table_at: dict[str, float] = {}  # box -> when its last table was sent
         self._table_due: dict[str, int] = {}  # box -> its latest request not answered yet
 
@@ -113,17 +113,21 @@ class Coordinator(Serving):
         return set(self._lost)
 
     def step(self) -> bool:
-        """Handles one message, or (with none waiting, or none for _HOUSEKEEP_S while
-        messages kept coming) checks liveness, answers the table requests that waited and
-        places; ends the thread once the close is over."""
-        due = time.monotonic() - self._housekept >= _HOUSEKEEP_S
-        if not due:
+        """Handles one message, or (with none waiting, or after _HOUSEKEEP_S of messages
+        without a break) checks liveness, answers the table requests that waited and
+        places; ends the thread once the close is over. A burst shorter than that is
+        handled whole before anything of it is placed, most urgent first."""
+        now = time.monotonic()
+        flood = self._busy_since is not None and now - self._busy_since >= _HOUSEKEEP_S
+        if not flood:
             received = self._hub.poll()
             if received is not None:
+                if self._busy_since is None:
+                    self._busy_since = now
                 self.handle(*received)
                 return True
-        self._housekept = time.monotonic()
-        self._answer_tables(self._housekept)
+        self._busy_since = now if flood else None
+        self._answer_tables(now)
         self._read_stats()
         self._check_liveness()
         if not self._finished.is_set():
@@ -133,7 +137,7 @@ class Coordinator(Serving):
                 self._place()
         elif self._all_gone():
             self.halt()
-        return due  # messages may be waiting, not looked at: again at once
+        return flood  # messages are waiting, not looked at: again at once
 
     def idle(self, seconds: float) -> None:
         """Sleeps until the hub has a message (or `seconds`): a job's stats arrive a
