@@ -567,6 +567,9 @@ def _call_costs_row(hooks: Source) -> Row:
     pair makes timed alone (p50, less the clock's floor), for reference."""
     metric = "host cost per close+open pair"
     setting = "each kind of CUDA call a pair makes, timed alone (hook_cost.py), p50"
+    why = _unavailable(hooks, hooks="CUDA call", backend="cuda", part=None)
+    if why is not None:  # none could be timed (one row, of no call, says why)
+        return Row(metric, setting, f"unavailable: {why}", "—", FAILED)
     calls = [
         r
         for r in (hooks.data or {}).get("rows", [])
@@ -574,8 +577,6 @@ def _call_costs_row(hooks: Source) -> Row:
     ]
     if not calls:
         return _not_run(metric, setting, "—", hooks)
-    if len(calls) == 1 and "part" not in calls[0]:
-        return Row(metric, setting, f"unavailable: {calls[0].get('unavailable')}", "—", FAILED)
     parts = []
     for r in calls:
         name = str(r.get("part", "?")).split(" (")[0]
@@ -592,7 +593,7 @@ def _hooks_row(hooks: Source, name: str) -> dict | None:
     return None
 
 
-def _unavailable(source: Source, **match: str) -> str | None:
+def _unavailable(source: Source, **match: str | None) -> str | None:
     """Why the row of `source` matching `match` has no figures (the bench's `unavailable`:
     a mechanism the driver lacks, a switch that turned it off, no torch.distributed), or
     None where no such row is."""

@@ -181,13 +181,17 @@ stand_in() {
     open(sys.argv[1], "w"))' "$file" "$why"
 }
 
-# measure_bench DEADLINE BENCH LIMIT PATTERN (the measure step): `freeride bench BENCH
-# --mode gpu` (--quick with MEASURE_QUICK=1) into "$m/BENCH.json", its stand-in where it
-# wrote none, and its rows matching PATTERN in the summary.
+# measure_bench DEADLINE BENCH LIMIT PATTERN [SCRIPT ARG...] (the measure step):
+# `freeride bench BENCH --mode gpu`, or the script given (as `$py SCRIPT ARG...`), with
+# --quick where MEASURE_QUICK=1, into "$m/BENCH.json", its stand-in where it wrote none,
+# and its rows matching PATTERN in the summary.
 measure_bench() {
   local deadline=$1 bench=$2 limit=$3 pattern=$4 quick=()
+  shift 4
+  local program=("$@")
+  [ ${#program[@]} -eq 0 ] && program=(-m freeride bench "$bench")
   [ "${MEASURE_QUICK:-0}" = 1 ] && quick=(--quick)
-  budgeted $deadline "measure_bench_$bench" $limit $py -m freeride bench "$bench" --mode gpu \
+  budgeted $deadline "measure_bench_$bench" $limit $py "${program[@]}" --mode gpu \
     ${quick[@]+"${quick[@]}"} --out "$m/$bench.json"
   stand_in "$m/$bench.json" $? "measure_bench_$bench"
   table_of "measure_bench_$bench" "$pattern"
@@ -290,12 +294,7 @@ if step measure; then
     #    of CUDA call a pair makes timed alone (where the C++ part goes). [~25 s est.:
     #    32,000 h.compute() pairs, 600 attached steps, 36,000 calls; --quick with
     #    MEASURE_QUICK=1]
-    quick=()
-    [ "${MEASURE_QUICK:-0}" = 1 ] && quick=(--quick)
-    budgeted $deadline measure_bench_hooks 60 $py benchmarks/hook_cost.py --mode gpu \
-      ${quick[@]+"${quick[@]}"} --out "$m/hooks.json"
-    stand_in "$m/hooks.json" $? measure_bench_hooks
-    table_of measure_bench_hooks "^ *(backend|cuda) "
+    measure_bench $deadline hooks 60 "^ *(backend|cuda) " benchmarks/hook_cost.py
     # 7. Training overhead (and the pipeline's harvest), under the default hardware
     #    queues and one, each in a fresh process: the full emulation (20 iterations a
     #    variant of 4 and 8 ms actions) [~95 s measured at 51c0fe7]; MEASURE_QUICK=1 runs

@@ -10,7 +10,6 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
-#include <cstring>
 #include <exception>
 #include <string>
 #include <utility>
@@ -103,13 +102,7 @@ class Bench {
   void record_ring() { FR_CUDA_CHECK(cudaEventRecord(ring_, stream_)); }
   void batch_write() {
     CUstreamBatchMemOpParams ops[4];
-    std::memset(ops, 0, sizeof(ops));
-    for (unsigned int i = 0; i < 4; ++i) {
-      ops[i].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-      ops[i].writeValue.address = cuda_driver::device_ptr(words_ + i);
-      ops[i].writeValue.value = i + 1;
-      ops[i].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
-    }
+    for (unsigned int i = 0; i < 4; ++i) ops[i] = cuda_driver::write_value_op(words_ + i, i + 1);
     FR_DRV_CHECK(cuda_driver::api().stream_batch_mem_op(stream_, 4, ops, 0));
   }
   void wait_event() { FR_CUDA_CHECK(cudaStreamWaitEvent(stream_, other_done_, 0)); }
@@ -153,10 +146,7 @@ class Bench {
 
 CallCosts measure_call_costs(int device, int calls) {
   FR_ARG(calls >= 1 && calls <= 1000000, "calls must be between 1 and 1000000, got " << calls);
-  int count = 0;
-  FR_CUDA_CHECK(cudaGetDeviceCount(&count));
-  FR_ARG(device >= 0 && device < count,
-         "device must be between 0 and " << count - 1 << ", got " << device);
+  (void)require_device(device);
   const RelaxedCaptureScope relaxed;  // beside a capture on another thread
   DeviceGuard guard(device);
   Bench b(device);

@@ -9,6 +9,15 @@
 
 namespace freeride {
 
+// The devices this process sees; throws InvalidArgument unless `device` is one of them.
+inline int require_device(int device) {
+  int count = 0;
+  FR_CUDA_CHECK(cudaGetDeviceCount(&count));
+  FR_ARG(device >= 0 && device < count,
+         "device must be between 0 and " << count - 1 << ", got " << device);
+  return count;
+}
+
 // Selects `device` for the calling thread and puts the caller's device back. The caller's
 // device is restored only where its primary context already exists: restoring the
 // default device 0 of a thread that never chose one would create a context (hundreds of

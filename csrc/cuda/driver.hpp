@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include <cudaTypedefs.h>
@@ -162,6 +163,17 @@ ReserveRecord reserve_mechanism(int device);
 
 inline CUdeviceptr device_ptr(const volatile void* p) {
   return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(p));
+}
+
+// One entry of a cuStreamBatchMemOp: `value` written to the 32-bit `word`.
+inline CUstreamBatchMemOpParams write_value_op(const volatile void* word, uint32_t value) {
+  CUstreamBatchMemOpParams op;
+  std::memset(&op, 0, sizeof(op));
+  op.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+  op.writeValue.address = device_ptr(word);
+  op.writeValue.value = value;
+  op.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  return op;
 }
 
 }  // namespace freeride::cuda_driver

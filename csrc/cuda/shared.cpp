@@ -6,7 +6,6 @@
 #include "test_switches.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <thread>
 
 namespace freeride::cuda {
@@ -173,12 +172,7 @@ CUresult CudaShared::enqueue_gate_batch(uint32_t value, cudaStream_t stream, uin
   CUstreamBatchMemOpParams ops[4];
   unsigned int count = 0;
   auto add = [&](unsigned int* word, uint32_t v) {
-    CUstreamBatchMemOpParams& op = ops[count++];
-    std::memset(&op, 0, sizeof(op));
-    op.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-    op.writeValue.address = cuda_driver::device_ptr(word);
-    op.writeValue.value = v;
-    op.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+    ops[count++] = cuda_driver::write_value_op(word, v);
   };
   const bool open = value == FREERIDE_GATE_OPEN;
   if (open) add(gate.mirror_dev + kMirrorSeq, seq);

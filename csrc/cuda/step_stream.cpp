@@ -16,10 +16,7 @@ namespace freeride {
 #ifdef FREERIDE_WITH_CUDA
 
 uintptr_t step_stream(int device) {
-  int count = 0;
-  FR_CUDA_CHECK(cudaGetDeviceCount(&count));
-  FR_ARG(device >= 0 && device < count,
-         "device must be between 0 and " << count - 1 << ", got " << device);
+  const int count = require_device(device);
   static std::mutex mu;
   // Leaked on purpose: no destructor at exit may run while an abandoned step thread
   // still reads the table or enqueues on one of its streams.

@@ -298,16 +298,20 @@ class Coordinator(Serving):
 
     def _on_status(self, box: str, request: int) -> None:
         now = time.monotonic()
-        if now - self._table_at.get(box, -_TABLE_EVERY_S) < _TABLE_EVERY_S:
+        if not self._table_may_go(box, now):
             self._table_due[box] = request  # answered by _answer_tables, with the latest
             return
         self._send_table(box, request, now)
+
+    def _table_may_go(self, box: str, now: float) -> bool:
+        """Whether `box`'s last table went at least _TABLE_EVERY_S ago (or never)."""
+        return now - self._table_at.get(box, -_TABLE_EVERY_S) >= _TABLE_EVERY_S
 
     def _answer_tables(self, now: float) -> None:
         """Answers the table requests that came too soon after their box's last table,
         once they may be, and forgets boxes that asked nothing for a while."""
         for box, request in list(self._table_due.items()):
-            if now - self._table_at.get(box, -_TABLE_EVERY_S) >= _TABLE_EVERY_S:
+            if self._table_may_go(box, now):
                 del self._table_due[box]
                 self._send_table(box, request, now)
         if len(self._table_at) > 1024:
