@@ -7,11 +7,15 @@
 namespace freeride_ext {
 
 // Adds the submodule `_testing` to `m`: Latch, submit_after_latch, items_see_gate_closed,
-// the test queue backend (test_queue_hooks.cpp), fail_green_preload, delay_launch_end,
-// FakeWatcher, LaunchShapes.
+// the test queue backend (test_queue_hooks.cpp), the rules (test_rule_hooks.cpp),
+// fail_green_preload, delay_launch_end, FakeWatcher, LaunchShapes.
 void register_test_hooks(pybind11::module_& m);
 
 // The test queue backend's part of `_testing` (test_queue_hooks.cpp).
 void register_queue_hooks(pybind11::module_& t);
+
+// The scheduling rules' part of `_testing` (test_rule_hooks.cpp): CloseModel, the slice
+// rule's pieces, SkippedOpens, UnrungOpens, OpenOrdinals and the rule functions.
+void register_rule_hooks(pybind11::module_& t);
 
 }  // namespace freeride_ext

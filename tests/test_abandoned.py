@@ -60,7 +60,7 @@ def test_a_close_whose_executor_cannot_say_keeps_it_and_does_not_raise():
     """A closed executor that cannot answer reclaim_abandoned() (a broken context: its
     device cannot even be made current) is kept, as release_passed keeps one, instead of
     the error leaving close() (from its `finally`, over close's own outcome)."""
-    from freeride.harvester import _Parts
+    from freeride._closing import Parts
 
     class ClosedBroken(Broken):
         def close(self, deadline: float) -> None:
@@ -71,7 +71,7 @@ def test_a_close_whose_executor_cannot_say_keeps_it_and_does_not_raise():
 
     before = _abandoned.kept()
     ex = ClosedBroken()
-    _Parts(ex, {}).close()
+    Parts(ex, {}).close()
     try:
         assert any(kept is ex for kept, _ in _abandoned._kept)
         assert _abandoned.kept() == before + 1

@@ -19,7 +19,7 @@ import warnings
 import pytest
 
 import freeride as fr
-from freeride import harvester as harvester_module
+from freeride import _harvester_args as harvester_args
 
 
 def test_backend_info_reports_module_loading():
@@ -37,7 +37,7 @@ def loading(monkeypatch):
 
     def fake(mode):
         info = {**fr.backend_info(), "module_loading": mode}
-        monkeypatch.setattr(harvester_module, "backend_info", lambda: info)
+        monkeypatch.setattr(harvester_args, "backend_info", lambda: info)
 
     return fake
 
@@ -51,7 +51,7 @@ def _caught(kind, time_slice):
 
 def _init_like(kind, time_slice):
     """Stands in for Harvester.__init__, which calls the check directly."""
-    harvester_module._warn_if_lazy_loading(kind, time_slice)
+    harvester_args.warn_if_lazy_loading(kind, time_slice)
 
 
 def test_no_time_slice_under_lazy_loading_warns_at_the_caller(loading):

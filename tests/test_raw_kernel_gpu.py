@@ -347,7 +347,7 @@ def test_gpu_close_abandons_an_item_that_never_returns(release_first):
     returns at once without a warning."""
     pytest.importorskip("cupy", reason="RawKernel needs CuPy (pip install 'freeride[cupy]')")
     torch = pytest.importorskip("torch")
-    from freeride.harvester import CLOSE_DEADLINE_S
+    from freeride._closing import CLOSE_DEADLINE_S
 
     h = fr.Harvester("cuda:0", time_slice=None)
     task, flag, started = _stuck_task(torch)

@@ -4,43 +4,30 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import os
 import sys
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from . import _abandoned, _shutdown
 from ._C import MAX_SLICES, Executor
-from ._checks import check_count, check_float, parse_memory
+from ._checks import check_count, parse_memory
+from ._closing import ABORT_DEADLINE_S, ABORT_STEP_TIMEOUT_S, Parts
 from ._device import host_instead, resolve_device
+from ._harvester_args import check_time_slice, default_workers, warn_if_lazy_loading
 from ._streams import current_streams, refuse_capturing, stream_handle
 from .attach import Attachment
 from .errors import CudaUnavailableError, HarvesterClosedError
 from .gate import Gate
 from .handle import TaskHandle
-from .info import backend_info
 from .iterative import IterativeHandle, IterativeRunner, IterativeTask
 from .record.model import TaskSummary
 from .record.recorder import Recorder, attribute_side_work
 from .record.report import Report
 from .reserve import DEFAULT_RESERVE, NO_RESERVE, Reserve
 from .tasks._base import Task
-
-# After an interrupt or a signal (_abort), how long close waits for an iterative task's
-# step in flight before abandoning it (close() itself: iterative.CLOSE_TIMEOUT_S).
-ABORT_STEP_TIMEOUT_S = 0.2
-# How long close waits for side launches still in flight on the GPU (CUDA: launches
-# queued ahead at opens end once the GPU reaches their bubbles) before it abandons them
-# (their tasks cancelled, their memory kept until the GPU has passed them, a warning), so
-# that a launch that never ends (an item that never returns, a training stream stalled by
-# a peer that died) cannot hang close or the interpreter's exit. After an interrupt or a
-# signal: ABORT_DEADLINE_S.
-CLOSE_DEADLINE_S = 5.0
-ABORT_DEADLINE_S = 0.5
 
 
 class LaunchCounts(NamedTuple):
@@ -78,41 +65,6 @@ def _rank() -> int | None:
     return None
 
 
-def _check_time_slice(value: Any) -> float | None:
-    if value is None:
-        return None
-    value = check_float(value, "time_slice")
-    if not 1e-5 <= value <= 60:
-        raise ValueError(f"time_slice must be between 1e-05 and 60 seconds (or None), got {value}")
-    return value
-
-
-def _warn_if_lazy_loading(kind: str, time_slice: float | None) -> None:
-    """Warns where a CUDA harvester without a time slice meets CUDA's lazy module
-    loading (backend_info()["module_loading"]): a kernel's first launch may then wait for
-    a side launch that only the gate's close ends."""
-    if kind != "cuda" or time_slice is not None:
-        return
-    if backend_info().get("module_loading") != "lazy":
-        return
-    # _warn_if_lazy_loading <- Harvester.__init__ <- the caller
-    warnings.warn(
-        "freeride: Harvester(time_slice=None) with CUDA's lazy module loading (the default "
-        "since CUDA 12.2): the first launch of a kernel not yet loaded may synchronise the "
-        "device, which waits for a side launch running with the gate open, and that launch "
-        "ends only at the gate's close; a thread that launches such a kernel before "
-        "enqueueing the close never returns. Set CUDA_MODULE_LOADING=EAGER in the "
-        "environment before CUDA initialises, or launch every kernel once before side work "
-        "starts.",
-        RuntimeWarning,
-        stacklevel=3,
-    )
-
-
-def _default_workers() -> int:
-    return max(1, (os.cpu_count() or 2) // 2)
-
-
 def _raise_closed() -> None:
     raise HarvesterClosedError("the harvester is closed")
 
@@ -132,64 +84,6 @@ def _weakly(
             if_gone()
 
     return call
-
-
-class _Parts:
-    """What closing a harvester stops, held apart from the Harvester: its finalizer holds
-    this, so a harvester dropped without close() is closed as soon as its last reference
-    goes, instead of whenever the cyclic GC runs."""
-
-    def __init__(self, executor: Any, live: dict[int, TaskHandle]) -> None:
-        self.ex = executor
-        self.live = live  # the harvester's tasks that are not final, by id
-        self.iterative: IterativeRunner | None = None
-        self.attachment: Attachment | None = None
-        self.step_timeout: float | None = None  # None: the runner's CLOSE_TIMEOUT_S
-        self.deadline = CLOSE_DEADLINE_S
-
-    def detach(self) -> None:
-        if self.attachment is not None:
-            self.attachment.detach()
-            self.attachment = None
-
-    def close(self) -> None:
-        self.detach()
-        if self.iterative is not None:
-            self.iterative.close(self.step_timeout)
-        # At the interpreter's exit (the main thread has stopped: atexit and the
-        # finalizers run) nothing is left to protect: the process and its CUDA context
-        # end now, launches still queued on the GPU with them.
-        exiting = not threading.main_thread().is_alive()
-        try:
-            # Every task is final once it returns; nothing runs any more but what it
-            # abandoned.
-            self.ex.close(0.0 if exiting else self.deadline)
-        finally:
-            self._keep_abandoned(warn=not exiting)
-
-    def _keep_abandoned(self, warn: bool) -> None:
-        # Abandoned tasks are never among those take_finished() names, so _reap() on
-        # another thread cannot have let go of their handles since close() returned.
-        abandoned = self.ex.take_abandoned()
-        if abandoned or not _abandoned.passed(self.ex):
-            handles = [self.live.get(task_id) for task_id in abandoned]
-            _abandoned.keep(self.ex, [h for h in handles if h is not None])
-        _abandoned.release_passed()
-        if abandoned and warn:
-            self._warn_abandoned(len(abandoned))
-
-    def _warn_abandoned(self, count: int) -> None:
-        warnings.warn(
-            f"freeride: closing the harvester abandoned {count} side task(s) whose "
-            f"launches were still enqueued or running on the GPU after {self.deadline} s "
-            "(an item that never returns, or a training stream that stopped short of their "
-            "bubbles): they are final (cancelled, or done where every item had run), and "
-            "their memory is kept until the GPU has passed "
-            "them (looked at whenever a harvester is made or closed), so that a launch still "
-            "running never writes memory reused by training",
-            RuntimeWarning,
-            stacklevel=4,
-        )
 
 
 class Harvester:
@@ -275,9 +169,7 @@ class Harvester:
         _abandoned.release_passed()  # what earlier harvesters abandoned and the GPU passed
         self._kind, self._device_index = resolve_device(device)
         budget = parse_memory(memory_budget, "memory_budget")
-        workers = (
-            _default_workers() if workers is None else check_count(workers, "workers", 1, 1024)
-        )
+        workers = default_workers() if workers is None else check_count(workers, "workers", 1, 1024)
         if not isinstance(gate_in_host_memory, bool):
             raise TypeError("gate_in_host_memory must be a bool")
         if not isinstance(stream_wait, bool):
@@ -289,7 +181,7 @@ class Harvester:
                 f"reserve must be a freeride.Reserve or None, got {type(reserve).__name__}"
             )
         self._reserve = reserve
-        self._time_slice = _check_time_slice(time_slice)
+        self._time_slice = check_time_slice(time_slice)
 
         def executor(kind: str, index: int) -> Executor:
             return Executor(
@@ -312,7 +204,7 @@ class Harvester:
                 raise
             self._kind, self._device_index = "host", -1
             self._ex = executor(self._kind, self._device_index)
-        _warn_if_lazy_loading(self._kind, self._time_slice)
+        warn_if_lazy_loading(self._kind, self._time_slice)
         self._lock = threading.Lock()
         self._closed = False
         # Every handle the user still holds, for tasks() and report()...
@@ -328,7 +220,7 @@ class Harvester:
         )
         self._recorder = Recorder(self.gate, self._ex, self._kind, self._device_index)
         self._recorder.on_iteration_end = _weakly(self._reap)
-        self._parts = _Parts(self._ex, self._live)
+        self._parts = Parts(self._ex, self._live)
         self._finalizer = weakref.finalize(self, self._parts.close)
         if self._kind == "cuda" and "torch" in sys.modules:
             # Now, before any side kernel runs: the runner makes its step stream, and
@@ -345,8 +237,6 @@ class Harvester:
     def _iterative(self) -> IterativeRunner | None:
         """The runner of iterative tasks, once there is one."""
         return self._parts.iterative
-
-    # -- properties ---------------------------------------------------------------------------
 
     @property
     def device(self) -> str:
@@ -469,8 +359,6 @@ class Harvester:
     def closed(self) -> bool:
         """True after close()."""
         return self._closed
-
-    # -- work ---------------------------------------------------------------------------------
 
     def submit(
         self,
@@ -597,8 +485,6 @@ class Harvester:
         HarvesterClosedError on entering once the harvester is closed."""
         return self._recorder.iteration(stream, self._not_closed, self._check_open)
 
-    # -- pipelines ----------------------------------------------------------------------------
-
     def attach(self, schedule: Any) -> None:
         """Harvests the bubbles of a torch.distributed.pipelining schedule (any kind,
         single- or multi-stage): the gate opens when step() starts, closes around every
@@ -670,8 +556,6 @@ class Harvester:
         with self._lock:
             handles = set(self._handles) | set(self._live.values())
         return sorted(handles, key=lambda h: h.id)
-
-    # -- lifetime -----------------------------------------------------------------------------
 
     def close(self) -> None:
         """Cancels what has not finished, stops the executor thread and frees the side
