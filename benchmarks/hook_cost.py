@@ -180,8 +180,9 @@ def call_rows(quick: bool, device: int = 0) -> tuple[list[dict[str, Any]], dict[
     calls = 256 if quick else 4096
     try:
         measured = _C.measure_call_costs(device, calls)
-    except (RuntimeError, ValueError) as exc:
-        return [{"backend": "cuda", "hooks": "CUDA call", "unavailable": str(exc)}], {}
+    except Exception as exc:  # noqa: BLE001 - any failure is this row's, not the run's
+        why = f"{type(exc).__name__}: {exc}"
+        return [{"backend": "cuda", "hooks": "CUDA call", "unavailable": why}], {}
     floor_row, *kinds = measured["calls"]
     floor = int(sorted(floor_row["ns"])[len(floor_row["ns"]) // 2])
     rows = []
@@ -246,15 +247,22 @@ def run(mode: str = "cpu", quick: bool = False, out: str | None = None) -> dict[
     result["rows"] += stub_rows(quick)
     result["notes"] = [*result["notes"], *STUB_NOTES]
     if mode == "gpu":
+        # Kept before the CUDA calls are timed: a measurement killed by its deadline
+        # leaves the rows measured so far.
+        _write(result, out)
         rows, settings = call_rows(quick)
         result["rows"] += rows
         result["settings"].update(settings)
         result["notes"] = [*result["notes"], *CALL_NOTES]
     print(bench.format_table(result))
+    _write(result, out)
+    return result
+
+
+def _write(result: dict[str, Any], out: str | None) -> None:
     if out:
         with open(out, "w") as f:
             json.dump(result, f, indent=2)
-    return result
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -300,8 +300,12 @@ if step measure; then
     #    variant of 4 and 8 ms actions) [~95 s measured at 51c0fe7]; MEASURE_QUICK=1 runs
     #    --quick (3 iterations of 1 and 2 ms actions) [~21 s measured at cf361a5], where
     #    the same 16 closes an iteration weigh four times as much against its time (Spin
-    #    1.5% there at cf361a5).
-    measure_bench $deadline pipeline 130 "^ *(baseline|freeride: (spin|saxpy|pagerank|blur)) "
+    #    1.5% there at cf361a5). Listed NOT RUN where less than its estimate is left: a
+    #    run its limit cuts short measures nothing and costs the machine's time.
+    need=90
+    [ "${MEASURE_QUICK:-0}" = 1 ] && need=25
+    BUDGET_NEED=$need measure_bench $deadline pipeline 130 \
+      "^ *(baseline|freeride: (spin|saxpy|pagerank|blur)) "
     # 8. Where time is left: host-started admission with the executor polling. [~10 s est.]
     probe $deadline measure_admission_poll 30 FREERIDE_LAUNCH_AT_OPEN=0 FREERIDE_ADMISSION=poll \
       probe_admission.py --trials 200 --json "$m/admission_poll.json"

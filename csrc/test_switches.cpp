@@ -13,6 +13,7 @@ std::atomic<bool> g_refuse_idle_cgroup{false};
 std::atomic<bool> g_streams_never_idle{false};
 std::atomic<bool> g_green_partition_overflow{false};
 std::atomic<KernelLoadFailure> g_fail_kernel_load{KernelLoadFailure::kNone};
+std::atomic<unsigned> g_fail_call_costs_block{0};
 
 // delay_launch_end: the delay, and what a release wakes.
 std::atomic<unsigned> g_delay_launch_end_ms{0};
@@ -56,5 +57,9 @@ void delay_launch_end() {
 void set_refuse_idle_cgroup(bool on) noexcept { g_refuse_idle_cgroup.store(on); }
 
 bool refuse_idle_cgroup() noexcept { return g_refuse_idle_cgroup.load(); }
+
+void set_fail_call_costs_block(unsigned block) noexcept { g_fail_call_costs_block.store(block); }
+
+unsigned fail_call_costs_block() noexcept { return g_fail_call_costs_block.load(); }
 
 }  // namespace freeride::test_switches

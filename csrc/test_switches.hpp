@@ -42,4 +42,10 @@ bool streams_never_idle() noexcept;
 void set_refuse_idle_cgroup(bool on) noexcept;
 bool refuse_idle_cgroup() noexcept;
 
+// measure_call_costs (csrc/cuda/call_costs.cpp) throws inside its timed block number
+// `block` (0: never), while a stream wait holds its stream, as where a timed call fails
+// there: what it held must be let go and the error reach the caller.
+void set_fail_call_costs_block(unsigned block) noexcept;
+unsigned fail_call_costs_block() noexcept;
+
 }  // namespace freeride::test_switches

@@ -317,6 +317,11 @@ void register_test_hooks(py::module_& m) {
   t.def("refuse_idle_cgroup", &freeride::test_switches::set_refuse_idle_cgroup, py::arg("on"),
         "Host backends made from now on find no idle cgroup, as an unprivileged user's "
         "(a session leader's then backs off).");
+  t.def("fail_call_costs_block", &freeride::test_switches::set_fail_call_costs_block,
+        py::arg("block"),
+        "measure_call_costs throws inside its timed block number `block` (0: never), while "
+        "a stream wait holds its stream.");
+
   t.attr("HOST_POOL_DEVICE") = kHostPoolDevice;
   py::class_<HostSlotPool>(t, "HostSlotPool",
                            "The CUDA backend's slot pool over host memory "

@@ -177,6 +177,34 @@ def test_call_costs_refuse_what_they_cannot_measure():
     assert len(rows) == 1 and rows[0]["hooks"] == "CUDA call" and rows[0]["unavailable"]
 
 
+def test_hook_cost_keeps_its_rows_whatever_the_call_timing_does(tmp_path, monkeypatch):
+    """hook_cost.py's GPU mode writes its JSON before it times the CUDA calls (a deadline
+    that kills it there leaves the hooks' rows), and a failure of any kind in the timing
+    becomes the one row that says why."""
+    from freeride import _C
+    from freeride.cli.bench import hooks as bench_hooks
+
+    hook_cost = _load_hook_cost()
+    out = tmp_path / "hooks.json"
+    measured = bench_hooks.measure("cpu", True)
+    monkeypatch.setattr(hook_cost.hooks, "measure", lambda mode, quick: measured)
+    header = bench.header  # a header of "gpu" would name the GPU
+    monkeypatch.setattr(bench, "header", lambda name, mode, quick: header(name, "cpu", quick))
+    written: list[list[str]] = []
+
+    def timing_fails(quick: bool, device: int = 0):
+        written.append([row["hooks"] for row in json.loads(out.read_text())["rows"]])
+        raise MemoryError("pinned memory is exhausted")
+
+    monkeypatch.setattr(_C, "measure_call_costs", lambda device, calls: timing_fails(True))
+    result = hook_cost.run("gpu", quick=True, out=str(out))
+    (before,) = written
+    assert "h.compute()" in before and "CUDA call" not in before
+    (row,) = [row for row in result["rows"] if row["hooks"] == "CUDA call"]
+    assert row["unavailable"] == "MemoryError: pinned memory is exhausted"
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+
+
 @pytest.mark.gpu
 def test_call_costs_on_a_gpu():
     """Each kind of call a pair makes, timed on cuda:0: the clock's floor first, then
@@ -199,6 +227,42 @@ def test_call_costs_on_a_gpu():
     assert settings["calls_per_kind"] == 256 and len(rows) == 9
     for row in rows:
         assert row["hooks"] == "CUDA call" and ("unavailable" in row or row["pairs"] == 256)
+
+
+@pytest.mark.gpu
+def test_call_costs_let_go_of_a_held_stream_when_a_call_fails():
+    """A timed call that throws while a stream wait holds the measurement's stream: the
+    error reaches the caller within seconds (the release covers every wait issued; the
+    largest unsigned value would release none, CU_STREAM_WAIT_VALUE_GEQ being cyclic), the
+    process-wide answer on stream memory operations is the same as before, and the next
+    measurement runs."""
+    import threading
+
+    import freeride as fr
+    from freeride import _C
+
+    before = fr.backend_info()["devices"][0]["stream_mem_ops"]
+    outcome: list[BaseException | dict] = []
+
+    def measure() -> None:
+        try:
+            outcome.append(_C.measure_call_costs(0, 8))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            outcome.append(exc)
+
+    _C._testing.fail_call_costs_block(3)
+    try:
+        worker = threading.Thread(target=measure, daemon=True)
+        worker.start()
+        worker.join(30)
+        assert not worker.is_alive(), "measure_call_costs hung after a failure in a held block"
+    finally:
+        _C._testing.fail_call_costs_block(0)
+    (failed,) = outcome
+    assert isinstance(failed, RuntimeError) and "held block 3" in str(failed)
+    assert fr.backend_info()["devices"][0]["stream_mem_ops"] == before
+    again = _C.measure_call_costs(0, 8)
+    assert len(again["calls"]) == 10
 
 
 def test_bad_benchmark_arguments():

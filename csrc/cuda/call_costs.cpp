@@ -9,15 +9,16 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <climits>
 #include <exception>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "capture_mode.hpp"
 #include "cuda/device_guard.hpp"
 #include "cuda/driver.hpp"
 #include "launchers.hpp"
+#include "test_switches.hpp"
 #endif
 
 namespace freeride {
@@ -26,11 +27,18 @@ namespace freeride {
 
 namespace {
 
+// The longest the measurement waits for its streams as it ends.
+constexpr std::chrono::seconds kDrainDeadline{5};
+
 // What the measurement holds, freed whatever happens (made by init(), after the object
 // exists, so that the destructor frees what a failed init() made). A stream wait on
 // mapped host memory holds `stream` while a block is timed: block k waits until the word
-// reaches k, and the host releases it by storing k; the destructor stores the largest
-// value, so nothing is ever left waiting on the stream.
+// reaches k (CU_STREAM_WAIT_VALUE_GEQ), and the host releases it by storing k. GEQ is
+// cyclic, (int32_t)(*addr - k) >= 0, so the largest unsigned value would release no
+// wait: the destructor stores the latest k issued, which releases every wait before it,
+// and then waits for the stream a bounded time (a timed call that threw inside a held
+// block leaves the stream held until then). Where the stream does not drain, what a
+// wait may still read is leaked rather than freed.
 class Bench {
  public:
   explicit Bench(int device) : device_(device) {}
@@ -54,7 +62,7 @@ class Bench {
     std::string why;
     memops_ = a.has_memops() && !cuda_driver::memops_disabled_by_env() &&
               cuda_driver::probe_stream_mem_ops(device_, reinterpret_cast<CUstream>(stream_),
-                                                 words_ + 6, 1u, &why);
+                                                 words_ + 6, 1u, &why, /*record=*/false);
     FR_CUDA_CHECK(cudaStreamSynchronize(other_));
     FR_CUDA_CHECK(cudaStreamSynchronize(stream_));
     // Before any block holds the stream: a lazy load at the kernel's first launch would
@@ -64,16 +72,16 @@ class Bench {
   }
 
   ~Bench() {
-    if (hold_ != nullptr) std::atomic_ref<unsigned int>(*hold_).store(UINT_MAX);
-    if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
-    if (other_ != nullptr) (void)cudaStreamSynchronize(other_);
+    if (hold_ != nullptr) std::atomic_ref<unsigned int>(*hold_).store(blocks_);
+    const bool drained = drains(stream_) && drains(other_);
     if (timing_ != nullptr) (void)cudaEventDestroy(timing_);
     if (ring_ != nullptr) (void)cudaEventDestroy(ring_);
     if (other_done_ != nullptr) (void)cudaEventDestroy(other_done_);
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
     if (other_ != nullptr) (void)cudaStreamDestroy(other_);
-    if (words_ != nullptr) (void)cudaFree(words_);
-    if (hold_ != nullptr) (void)cudaFreeHost(hold_);
+    // cudaFree would wait for the whole device, the stream still held included.
+    if (drained && words_ != nullptr) (void)cudaFree(words_);
+    if (drained && hold_ != nullptr) (void)cudaFreeHost(hold_);
     (void)cudaGetLastError();
   }
   Bench(const Bench&) = delete;
@@ -110,6 +118,18 @@ class Bench {
   static void keep_context() { const KeepCurrentContext keep(true); }
 
  private:
+  // Whether `stream` (none: true) finished its work within kDrainDeadline.
+  static bool drains(cudaStream_t stream) {
+    if (stream == nullptr) return true;
+    const auto deadline = std::chrono::steady_clock::now() + kDrainDeadline;
+    while (true) {
+      const cudaError_t err = cudaStreamQuery(stream);
+      if (err == cudaSuccess) return true;
+      if (err != cudaErrorNotReady || std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
   template <typename Call>
   void block(int n, std::vector<int64_t>* out, Call& call) {
     const unsigned int k = ++blocks_;
@@ -118,6 +138,9 @@ class Bench {
           stream_, cuda_driver::device_ptr(hold_dev_), k, CU_STREAM_WAIT_VALUE_GEQ));
     }
     for (int i = 0; i < n; ++i) {
+      if (test_switches::fail_call_costs_block() == k) {
+        FR_THROW(RuntimeFailure, "a timed call failed in held block " << k << " (test)");
+      }
       const auto t0 = std::chrono::steady_clock::now();
       call();
       const auto t1 = std::chrono::steady_clock::now();

@@ -161,7 +161,7 @@ bool primary_context_active(int device) {
 }
 
 bool probe_stream_mem_ops(int device, CUstream stream, uint32_t* device_word, uint32_t value,
-                          std::string* why) {
+                          std::string* why, bool record) {
   const Api& a = api();
   if (!a.has_memops()) {
     if (why != nullptr) *why = "stream memory operations unavailable: " + a.error;
@@ -179,7 +179,7 @@ bool probe_stream_mem_ops(int device, CUstream stream, uint32_t* device_word, ui
   FR_CUDA_CHECK(cudaStreamSynchronize(stream));
   const bool ok = res == CUDA_SUCCESS;
   if (!ok && why != nullptr) *why = std::string(op) + " failed: " + error_name(res);
-  {
+  if (record) {
     std::lock_guard<std::mutex> lk(g_probe_mu);
     g_probe[device] = ok;
   }

@@ -112,9 +112,10 @@ bool primary_context_active(int device);
 // *why, where the driver refuses either operation (CUDA_ERROR_NOT_SUPPORTED on platforms
 // without stream memory operations). The calling thread's current device must be
 // `device`. Throws only if the stream synchronisation itself fails. Records the outcome
-// for stream_mem_ops_usable().
+// for stream_mem_ops_usable() unless `record` is false (a measurement's own look, which
+// must not change what backend_info and the backends read).
 bool probe_stream_mem_ops(int device, CUstream stream, uint32_t* device_word, uint32_t value,
-                          std::string* why);
+                          std::string* why, bool record = true);
 
 // What a backend on `device` would use, for backend_info: false when disabled by the
 // environment or the entry points are missing; otherwise the trial's outcome where a

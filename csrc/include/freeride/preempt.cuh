@@ -130,6 +130,12 @@ __device__ __forceinline__ void load_close_slots(const fr_item_ctx& ctx,
 // the gate, the stop flag, the launch's earliest look at the close slots and the slots
 // now, all four loads issued together (one round trip, as may_run's two; with the gate
 // in mapped host memory the slots are there too, and the round trip crosses the bus).
+// Volatile loads are not ordered among themselves: where a close and the next open both
+// take effect between two claims, a block may read the open's gate with slots from
+// before the close, and claim one more item, in the next bubble; its next claim reads
+// the close. That is one item per block, like an item in flight at a close, bought to
+// keep one round trip a claim (an acquire load of the gate before the slots would make
+// it two).
 __device__ __forceinline__ bool may_run_in_bubble(const fr_item_ctx& ctx) {
   if (ctx.closes_executed == 0) return may_run(ctx);
   unsigned int gate;
