@@ -99,6 +99,7 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
     bool at_open = false;
     bool successor = false;  // the executor's, queued behind a running launch
     cudaStream_t training = nullptr;  // at an open: the training stream it waits on
+    uint64_t slice_ns = 0;  // the time slice it carries (fr_item_ctx.slice_ns; 0: none)
   };
 
   // Whether launches may be enqueued at all (begun, no stop, no error...); and whether the

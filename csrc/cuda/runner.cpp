@@ -333,13 +333,15 @@ void CudaRunner::abandon() {
 // open: its end record is published; or the gate's mirror reads closed (blocks that
 // began leave at their next item, one not begun finds the gate closed, one enqueued at
 // an open ends by the close enqueued after it), a stop is requested, or the time slice
-// ends it. Not a launch held on the GPU by stream_wait's wait for an open that has not
-// begun: it begins only once the gate opens. Caller holds launch_mu_.
+// it carries ends it (the harvester's, or under time_slice=None the default one a launch
+// for an open without an ordinal keeps: launch_slice_rule.hpp). Not a launch held on the
+// GPU by stream_wait's wait for an open that has not begun: it begins only once the gate
+// opens. Caller holds launch_mu_.
 bool CudaRunner::end_has_come_locked(const Launch& l) const {
   if (ring_.published(l.number)) return true;
   const bool open = s_->mirror() == FREERIDE_GATE_OPEN;
   if (s_->stream_wait && !open && !ring_.started(l.number, launch_no_.load())) return false;
-  return !open || stop_requested_.load() || s_->slice_ns > 0;
+  return !open || stop_requested_.load() || l.slice_ns > 0;
 }
 
 // Only with a launch in flight: a runner abandoned with none has nothing on the GPU.
