@@ -67,7 +67,11 @@
 # gpu.csv, backend_info.json), re-packed after every item so a call cut short still
 # brings back what it did.
 #
-# Usage (one device call each; carry .whl):
+# Usage (one device call each; carry .whl). A session's device time (15 minutes, the
+# machine's start and idle time included) holds one qualify and one measure call only
+# with smaller budgets: STEPS="build qualify" QUALIFY_BUDGET=400 (~440 s with the
+# build), then STEPS="build measure" MEASURE_QUICK=1 MEASURE_BUDGET=240 (~280 s), and no
+# rerun; the defaults (480 each) fit one 10-minute call, not both.
 #   benchmarks/run_gpu.sh                       # STEPS="build qualify"
 #   STEPS="build measure" benchmarks/run_gpu.sh # issue 36's figures and their table
 #   STEPS="build quick" benchmarks/run_gpu.sh
