@@ -120,6 +120,8 @@ class TaskSpec:
 
     @property
     def is_iterative(self) -> bool:
+        """Whether the task is an IterativeTask (placed by its step, not its items):
+        `iterative` where given, else what the factory is."""
         if self.iterative is not None:
             return bool(self.iterative)
         from ..iterative import IterativeTask
