@@ -1376,3 +1376,28 @@ def test_labels_are_bounded():
     odd = TaskSpec(fr.tasks.Spin)
     object.__setattr__(odd, "name", 12345)  # what an unpickled spec may hold
     assert isinstance(odd.label, str)
+
+
+def test_status_sessions_are_bounded(status_queue, monkeypatch):
+    """Round 4, S5: a status credential's holder opening connections without end left a
+    session for each, 60 s long, that the hub walked at every beat (5-9 ms a beat at
+    2,700). At most _STATUS_SESSIONS live at once: one more ends the one heard from
+    longest ago, whose next message is answered "who" (its Link authenticates again),
+    and the job's own sessions are untouched."""
+    q, credential = status_queue
+    monkeypatch.setattr(hub_module, "_STATUS_SESSIONS", 3)
+    before = q.stats()["sessions"]
+    peers = []
+    try:
+        for _ in range(5):
+            peers.append(_status_session(q, credential))
+        assert q.stats()["sessions"] == before + 3
+        peers[0].send(b"msg", json.dumps(["status", 1]).encode())
+        assert peers[0].recv() == [b"who"]  # ended: the two oldest made room
+        peers[4].send(b"msg", json.dumps(["status", 2]).encode())
+        answer = peers[4].recv(timeout=5.0)
+        assert answer is not None and answer[0] == b"msg"
+    finally:
+        for peer in peers:
+            peer.close()
+    _still_works(q)

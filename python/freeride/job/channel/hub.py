@@ -38,6 +38,11 @@ _ROLE_BYTES = 64  # the longest role a hello may name
 _HELLO_EVERY_S = 0.25  # a connection's hellos answered at most this often
 _HELLOS_PER_S = 2000  # hellos answered per second at most, beyond a burst of the pending
 _CLIENT_IDLE_S = 60.0  # a client session not heard from this long ends
+# Status sessions live at once, at most: one more ends the one heard from longest ago
+# (its Link authenticates again when it next sends). The status credential is the one
+# monitoring tools are given, and the hub walks every session at every beat: a holder
+# opening connections without end would otherwise leave thousands for it to walk.
+_STATUS_SESSIONS = 256
 _REMEMBERED = 4096  # boxes of ended client sessions kept for their Links' return
 _HELD_MESSAGES = 64  # messages of an ended session kept until its Link authenticates again
 _HELD_BYTES = MAX_MESSAGE  # all ended sessions' held messages together, at most
@@ -480,6 +485,8 @@ class Hub:
             if not taken:
                 if holder is not None:  # the rank connected again: the new session holds it
                     self._sessions.pop(old, None)
+                if kind == auth.STATUS_KIND and rid not in self._sessions:
+                    self._make_room_for_status()
                 self._sessions[rid] = _Session(box, kind, now)
                 self._boxes[box] = rid
         if taken:
@@ -503,6 +510,26 @@ class Hub:
         if ended is not None and ended[1] == kind:
             return ended[0]
         return f"{prefix}{secrets.token_hex(8)}"
+
+    def _make_room_for_status(self) -> None:
+        """Ends the status session heard from longest ago where _STATUS_SESSIONS live.
+        Caller holds the lock."""
+        status = [
+            (session.heard, rid)
+            for rid, session in self._sessions.items()
+            if session.kind == auth.STATUS_KIND
+        ]
+        if len(status) >= _STATUS_SESSIONS:
+            self._end_session(min(status)[1])
+
+    def _end_session(self, rid: bytes) -> None:
+        """Ends a client or status session, remembering its box for its Link's return.
+        Caller holds the lock."""
+        session = self._sessions.pop(rid)
+        self._boxes.pop(session.box, None)
+        self._ended[rid] = (session.box, session.kind)
+        if len(self._ended) > _REMEMBERED:
+            self._unhold(self._ended.popitem(last=False)[0])
 
     def _expire(self, now: float) -> None:
         for rid, (*_, begun) in list(self._pending.items()):
@@ -530,11 +557,7 @@ class Hub:
         with self._lock:
             for rid, session in list(self._sessions.items()):
                 if session.kind != auth.RANK_KIND and now - session.heard > _CLIENT_IDLE_S:
-                    del self._sessions[rid]
-                    self._boxes.pop(session.box, None)
-                    self._ended[rid] = (session.box, session.kind)
-                    if len(self._ended) > _REMEMBERED:
-                        self._unhold(self._ended.popitem(last=False)[0])
+                    self._end_session(rid)
                 elif now - session.sent >= self._beat_s:
                     session.sent = now
                     beat.append(rid)
