@@ -278,3 +278,84 @@ def test_close_stops_and_drains_a_followers_launches(follow_ex):
     thread.join()
     assert ex.take_abandoned() == []
     assert _status(ex, b) == ("cancelled", 1) and q_b.ran == 1
+
+
+def test_a_launch_of_the_executors_own_measures_no_items_per_open(follow_ex):
+    """The follow rule weighs what a launch at an open runs (items_per_open): a launch of
+    the executor's own (admitted on the gate's mirror: its slice is no bubble) measures
+    nothing. After one that ran 10 of A's 12 items, nothing is measured yet, so B does not
+    follow: the next open carries A's launch alone."""
+    ex = follow_ex
+    a = ex.submit(_C.spin_task(12, 1, 1000), 0)
+    b = ex.submit(_C.spin_task(6, 1, 1000), 0)
+    q_a = _launches(ex, 0)
+    assert q_a.arrive(1, at_open=False) == 1
+    q_a.end(10)
+    wait_until(lambda: q_a.runs >= 2)  # its end taken and the next launch weighed
+    assert _C._testing.queue_follower(ex) == -1
+    assert _C._testing.queue_open_one(ex) == [0]
+    q_a.end(2)
+    assert ex.wait(a, 10) and _status(ex, a) == ("done", 12)
+    q_b = _launches(ex, 1)
+    wait_until(lambda: _C._testing.queue_open_one(ex) == [1])
+    q_b.end(6)
+    assert ex.wait(b, 10) and _status(ex, b) == ("done", 6)
+
+
+def test_a_stopped_followers_launches_are_drained_before_the_more_urgent_task_runs(follow_ex):
+    """B follows A with a launch in flight; U, more urgent, stops both. A stopped follower
+    follows nothing any more: once A's launch has drained, B's is drained as the task run
+    last's (its end taken as it comes), not left behind U's until U is done."""
+    ex = follow_ex
+    _a, _b, q_a, q_b = _tail(ex)
+    assert _C._testing.queue_open_one(ex) == [0, 1]
+    u = ex.submit(_C.spin_task(3, 1, 1000), 5)
+    wait_until(lambda: q_a.stopped and q_b.stopped)
+    q_a.end(5)  # began stopped: nothing
+    q_b.end(5)
+    wait_until(lambda: q_b.pending == 0)
+    q_u = _launches(ex, 2)
+    wait_until(lambda: _C._testing.queue_open_one(ex) == [2])
+    q_u.end(3)
+    assert ex.wait(u, 10) and _status(ex, u) == ("done", 3)
+    assert (q_a.ran, q_b.ran) == (8, 0)
+
+
+def test_a_task_follows_only_in_its_last_phase(follow_ex):
+    """A has two phases of 8 items; its launch at an open ran 4. With 4 of phase 0 left
+    the rule's cover is met, but phase 1 is to come: B does not follow (its launches would
+    run ahead of A's next phase). In phase 1, with 4 left, B follows."""
+    ex = follow_ex
+    a = ex.submit(_C.spin_task(8, 2, 1000), 0)
+    b = ex.submit(_C.spin_task(6, 1, 1000), 0)
+    q_a = _launches(ex, 0)
+    wait_until(lambda: _C._testing.queue_open_one(ex) == [0])
+    q_a.end(4)
+    wait_until(lambda: q_a.runs >= 2)  # its end taken and the next launch weighed
+    assert _C._testing.queue_follower(ex) == -1
+    assert _C._testing.queue_open_one(ex) == [0]
+    q_a.end(4)  # phase 0 complete
+    wait_until(lambda: q_a.phase == 1)
+    wait_until(lambda: _C._testing.queue_open_one(ex) == [0])
+    q_a.end(4)
+    wait_until(lambda: _C._testing.queue_follower(ex) == 1)
+    assert _C._testing.queue_open_one(ex) == [0, 1]
+    q_a.end(4)
+    q_b = _launches(ex, 1)
+    q_b.end(6)
+    assert ex.wait(a, 10) and _status(ex, a) == ("done", 16)
+    assert ex.wait(b, 10) and _status(ex, b) == ("done", 6)
+
+
+def test_a_report_does_not_wait_for_a_followers_launches(follow_ex):
+    """wait_launches_taken (what a report waits for) takes the ends of the launches ending
+    now, but not a follower's: those are taken once the task it follows has drained, which
+    may take further opens (a later report has them). A's launch has ended and been taken;
+    B's, chained behind it, has not ended: the wait returns at once."""
+    ex = follow_ex
+    a, _b, q_a, q_b = _tail(ex)
+    assert _C._testing.queue_open_one(ex) == [0, 1]
+    q_a.end(2)
+    wait_until(lambda: _status(ex, a)[1] == 10)
+    assert ex.wait_launches_taken(2.0)
+    assert q_b.not_ended == 1

@@ -324,3 +324,75 @@ def test_a_more_urgent_task_that_cannot_run_yet_stops_nothing(ex):
     q_high.end(4)
     assert ex.wait(high, 10) and _status(ex, high) == ("done", 4)
     assert q_low.ran == 5
+
+
+def test_a_failed_task_cancelled_with_launches_in_flight_keeps_the_next_task_unarmed(ex):
+    """F (priority 1) was stopped for X (2), X armed and took an open; then F's launch
+    fails, with two of F's launches still in flight, and F is cancelled too. X is
+    cancelled and retired (a waiter): the loop drains X's runner first and arms the next
+    task meanwhile, but not G (0) past F: a failed task's launches are drained before
+    anything is armed (the failure may have broken the context), cancelled or not."""
+    f = ex.submit(_C.spin_task(100, 1, 1000), 1)
+    g = ex.submit(_C.spin_task(5, 1, 1000), 0)
+    q_f = _launches(ex, 0)
+    assert q_f.arrive(3) == 3
+    x = ex.submit(_C.spin_task(20, 1, 1000), 2)
+    q_x = _launches(ex, 1)
+    wait_until(lambda: _open(ex) == (1, 1))
+    q_f.fail("a broken launch", drop_pending=False)
+    wait_until(lambda: q_f.pending == 2)
+    assert ex.cancel(f, False)
+    assert ex.cancel(x, False)
+    assert ex.wait(x, 10)  # inert: retired, its launch left to drain
+    q_f.end(0)  # began stopped: nothing
+    wait_until(lambda: q_x.runs >= 1)  # the loop drains the retired runner now
+    assert _open(ex)[1] == 0, "a task was armed while a failed task's launches were in flight"
+    q_x.end(0)
+    q_f.end(0)
+    assert ex.wait(f, 10) and _status(ex, f)[0] == "failed"
+    q_g = _launches(ex, 2)
+    wait_until(lambda: _open(ex) == (2, 1))
+    q_g.end(5)
+    assert ex.wait(g, 10) and _status(ex, g) == ("done", 5)
+    assert _status(ex, x)[0] == "cancelled"
+
+
+def test_a_task_as_urgent_as_the_running_one_does_not_stop_it(ex):
+    """A task submitted with the running task's priority takes over nothing: only a more
+    urgent one preempts the running task, so the running task's launches queued ahead go
+    on running its items, and the new task runs after it."""
+    a = ex.submit(_C.spin_task(20, 1, 1000), 0)
+    q_a = _launches(ex, 0)
+    assert q_a.arrive(2) == 2
+    wait_until(lambda: q_a.runs >= 1)  # its launch is the one running
+    b = ex.submit(_C.spin_task(5, 1, 1000), 0)
+    q_a.end(10)
+    wait_until(lambda: _status(ex, a)[1] == 10)
+    assert not q_a.stopped
+    q_a.end(10)
+    assert ex.wait(a, 10) and _status(ex, a) == ("done", 20)
+    q_b = _launches(ex, 1)
+    wait_until(lambda: _open(ex) == (1, 1))
+    q_b.end(5)
+    assert ex.wait(b, 10) and _status(ex, b) == ("done", 5)
+
+
+def test_a_task_submitted_while_a_complete_task_drains_takes_the_next_open(ex):
+    """Every item ran in the first of three launches queued ahead, and the loop drains the
+    two stale ones; a task submitted only then is armed at once (the drain is handed back,
+    as for a cancelled task), so the next open carries its launch, not nothing until the
+    GPU reaches the stale launches."""
+    task = ex.submit(_C.spin_task(10, 1, 1000), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(3) == 3
+    q.end(10)
+    wait_until(lambda: q.stopped)  # complete: stopped, its stale launches drain
+    other = ex.submit(_C.spin_task(3, 1, 1000), 0)
+    q_other = _launches(ex, 1)
+    wait_until(lambda: _open(ex) == (1, 1))
+    assert q.not_ended == 2
+    q.end(0)
+    q.end(0)
+    q_other.end(3)
+    assert ex.wait(other, 10) and _status(ex, other) == ("done", 3)
+    assert _status(ex, task) == ("done", 10) and q.ran == 10

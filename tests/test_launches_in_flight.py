@@ -536,3 +536,306 @@ def test_a_complete_task_is_done_even_if_cancelled_while_its_stale_launches_drai
     assert ex.wait(task, 10)
     assert _state(ex, task) == "done" and _items(ex, task) == 4
     q.end(0)
+
+
+def test_an_executors_own_launch_that_ran_nothing_is_idle_but_not_an_idle_open_launch(ex):
+    """The idle counts tell the two kinds of launch apart: a launch of the executor's own
+    (admitted on the gate's mirror, not queued at an open) that ran nothing counts as an
+    idle launch, not as an idle launch at an open; one at an open that ran nothing counts
+    as both."""
+    task, _q = _into_backoff(ex)
+    assert ex.launches == 1 and ex.idle_launches == 1
+    assert ex.open_launches == 0 and ex.idle_open_launches == 0
+    assert ex.cancel(task, False)
+    assert ex.wait(task, 10) and _state(ex, task) == "cancelled"
+    other = ex.submit(_task(4, phases=2), 0)
+    q_other = _launches(ex, 1)
+    assert q_other.arrive(2) == 2
+    q_other.end(4)
+    q_other.end(0)  # stale: its phase was done
+    wait_until(lambda: ex.launches == 3)
+    assert ex.idle_launches == 2 and ex.open_launches == 2 and ex.idle_open_launches == 1
+    wait_until(lambda: q_other.arrive(1) == 1)
+    q_other.end(4)
+    assert ex.wait(other, 10) and _state(ex, other) == "done"
+
+
+def test_a_stale_launch_that_fails_fails_nothing_of_a_complete_task(ex):
+    """Every item ran in the first of three launches queued ahead; the next one then fails
+    (a kernel fault: the rest are gone with it). The task is complete: its launches left
+    were stale, and a failure among them fails nothing of it (a broken context shows in
+    the next task's run()); it ends done with every item."""
+    task = ex.submit(_task(10), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(3) == 3
+    q.end(10)
+    wait_until(lambda: q.stopped)  # its end taken: complete, stopped
+    q.fail("a fault in a stale launch")
+    wait_until(lambda: q.pending == 0)
+    assert ex.wait(task, 10)
+    assert _state(ex, task) == "done" and _items(ex, task) == 10
+
+
+def test_a_task_between_phases_is_not_complete_while_its_stale_launches_drain(ex):
+    """Phase 0 of two ends in the first of three launches queued ahead: the other two are
+    stale, but the task is not complete (its last phase is to come), so a waiter meanwhile
+    does not make it final as a complete task's would be (retired done once its stale
+    launches are inert): it goes on to phase 1 once they have ended."""
+    task = ex.submit(_task(4, phases=2), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(3) == 3
+    q.end(4)
+    wait_until(lambda: _items(ex, task) == 4)
+    assert not ex.wait(task, 0.3)
+    assert _state(ex, task) not in FINAL and not q.stopped
+    q.end(0)
+    q.end(0)
+    wait_until(lambda: _phase(ex, task) == 1)
+    wait_until(lambda: q.arrive(1) == 1)
+    q.end(4)
+    assert ex.wait(task, 10)
+    assert _state(ex, task) == "done" and _items(ex, task) == 8
+
+
+def test_a_more_urgent_task_submitted_during_a_launch_that_runs_nothing_is_not_held_by_a_backoff():
+    """The executor's own launch (admitted on the gate's mirror) runs nothing, but a more
+    urgent task came while it ran: the executor runs that task instead of backing off (the
+    submit's ring came before any backoff could hear it). With each backoff held until the
+    next submit, cancel or close, one here would hold the more urgent task until then."""
+    ex = _C._testing.queue_executor()
+    try:
+        _C._testing.queue_hold_backoffs(ex, True)
+        low = ex.submit(_task(100), 0)
+        q = _launches(ex, 0)
+        assert q.arrive(1, at_open=False) == 1
+        wait_until(lambda: q.runs >= 1)  # the launch is the one running
+        high = ex.submit(_task(3), 1)
+        wait_until(lambda: q.stopped)
+        q.end(5)  # began after the stop: nothing
+        q_high = _launches(ex, 1)
+        wait_until(lambda: _C._testing.queue_open(ex) == (1, 1))
+        q_high.end(3)
+        assert ex.wait(high, 10) and _state(ex, high) == "done"
+        assert not _C._testing.queue_wait_backoffs(ex, 1, 0.05)
+        assert _state(ex, low) not in FINAL and q.ran == 0
+    finally:
+        ex.close(0.5)
+
+
+def test_a_complete_task_cancelled_while_its_stale_launches_drain_is_done_with_no_waiter(ex):
+    """As above, with nobody waiting (no waiter retires it once its stale launches are
+    inert): the executor drains them itself, and the complete task is done all the same."""
+    task = ex.submit(_task(4), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(2) == 2
+    q.end(4)
+    wait_until(lambda: q.stopped)
+    assert ex.cancel(task, False)
+    q.end(0)
+    wait_until(lambda: _state(ex, task) in FINAL)
+    assert _state(ex, task) == "done" and _items(ex, task) == 4
+
+
+def test_a_failed_task_cancelled_while_its_launches_drain_stays_failed(ex):
+    """A launch fails with two more of the task's queued behind it (stopped: they will
+    claim nothing); the task is then cancelled. A waiter does not retire it as a cancelled
+    task's inert launches would be: its launches are drained first (a failure may have
+    broken the context), and it ends failed, not cancelled."""
+    task = ex.submit(_task(100), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(3) == 3
+    q.fail("a broken launch", drop_pending=False)
+    wait_until(lambda: q.pending == 2 and q.stopped)
+    assert ex.cancel(task, False)
+    assert not ex.wait(task, 0.3)
+    q.end(0)
+    q.end(0)
+    assert ex.wait(task, 10)
+    assert _state(ex, task) == "failed"
+
+
+def test_a_retired_runners_memory_goes_once_its_launches_have_ended():
+    """A cancelled task's inert launches in flight: a waiter makes it final (retired), but
+    its memory stays charged until they have ended (they may still read it); then it goes,
+    and a task that fits only in that memory is admitted."""
+    ex = _C._testing.queue_executor(memory_budget=1000)
+    try:
+        first = _task(100)
+        first.memory_bytes = 600
+        task = ex.submit(first, 0)
+        q = _launches(ex, 0)
+        assert q.arrive(2) == 2
+        assert ex.cancel(task, False)
+        assert ex.wait(task, 10) and _state(ex, task) == "cancelled"
+        assert ex.memory_used == 600
+        q.end(0)  # began stopped: nothing
+        q.end(0)
+        wait_until(lambda: task in ex.take_finished())
+        assert ex.memory_used == 0
+        second = _task(5)
+        second.memory_bytes = 600
+        other = ex.submit(second, 0)
+        q_other = _launches(ex, 1)
+        wait_until(lambda: _C._testing.queue_open(ex) == (1, 1))
+        q_other.end(5)
+        assert ex.wait(other, 10) and _state(ex, other) == "done"
+        wait_until(lambda: ex.memory_used == 0)
+    finally:
+        ex.close(0.5)
+
+
+def test_close_abandons_a_retired_runners_launch_that_never_ends():
+    """A cancelled task retired by a waiter (final, its inert launches left to drain)
+    whose launch never ends: close() abandons it at the deadline and returns, the task
+    named by take_abandoned(), not take_finished() (its memory may still be read)."""
+    ex = _C._testing.queue_executor()
+    try:
+        task = ex.submit(_task(100), 0)
+        q = _launches(ex, 0)
+        assert q.arrive(2) == 2
+        assert ex.cancel(task, False)
+        assert ex.wait(task, 10) and _state(ex, task) == "cancelled"
+        closer = threading.Thread(target=ex.close, args=(0.3,))
+        closer.start()
+        closer.join(10)
+        assert not closer.is_alive(), "close() did not return"
+        assert task in ex.take_abandoned()
+        assert task not in ex.take_finished()
+    finally:
+        ex.close(0.5)
+
+
+def test_close_stops_the_armed_task_at_once(ex):
+    """A was stopped for U, more urgent; U is armed and took an open while A's launches
+    drain. close() stops every runner that may have launches queued at opens, the armed
+    one too, at once: U's launch claims nothing if it begins before the loop comes to it
+    (the loop is still waiting for A's launches)."""
+    a = ex.submit(_C.spin_task(20, 1, 1000), 0)
+    q_a = _launches(ex, 0)
+    assert q_a.arrive(2) == 2
+    u = ex.submit(_C.spin_task(20, 1, 1000), 1)
+    q_u = _launches(ex, 1)
+    wait_until(lambda: _C._testing.queue_open(ex) == (1, 1))
+    closer = threading.Thread(target=ex.close, args=(30.0,))
+    closer.start()
+    try:
+        wait_until(lambda: q_u.stopped, timeout=5)
+        q_u.begin()  # began stopped: it will claim nothing
+    finally:
+        q_a.end(0)
+        q_a.end(0)
+        q_u.end(20)
+        closer.join(10)
+    assert not closer.is_alive()
+    assert q_u.ran == 0 and ex.take_abandoned() == []
+    assert _state(ex, a) == "cancelled" and _state(ex, u) == "cancelled"
+
+
+def test_close_refuses_launches_at_opens_even_where_a_stop_failed():
+    """close() refuses launches at opens before anything else: a runner whose stop failed
+    (a sticky CUDA error) takes no launch at an open written while the close goes on, so
+    nothing is left in flight to abandon."""
+    ex = _C._testing.queue_executor()
+    task = ex.submit(_task(100), 0)
+    q = _launches(ex, 0)
+    wait_until(lambda: q.runs >= 1)  # the executor waits in run() for a launch
+    q.make_stop_fail()
+    errors = []
+
+    def close():
+        try:
+            ex.close(1.0)
+        except RuntimeError as e:
+            errors.append(e)
+
+    closer = threading.Thread(target=close)
+    closer.start()
+    wait_until(lambda: ex.closed)
+    assert _C._testing.queue_open(ex)[1] == 0, "a launch at an open was taken during close"
+    closer.join(10)
+    assert not closer.is_alive()
+    assert errors and "stop write failed" in str(errors[0])
+    assert _state(ex, task) == "cancelled" and ex.take_abandoned() == []
+
+
+def test_a_task_as_urgent_as_the_one_run_last_does_not_stop_its_launches_in_flight():
+    """During a backoff (no launch running) the task run last took a launch at an open; a
+    task of the same priority submitted then waits its turn: only a more urgent one stops
+    the task run last (preempt_last_for_locked), so that launch runs its items."""
+    ex = _C._testing.queue_executor()
+    try:
+        task, q = _into_backoff(ex)
+        assert q.arrive(1) == 1  # a training thread's open during the backoff
+        other = ex.submit(_task(5), 0)
+        q.end(3)
+        wait_until(lambda: _items(ex, task) == 3)
+        assert not q.stopped and q.ran == 3
+        assert _state(ex, other) not in FINAL
+    finally:
+        ex.close(0.5)
+
+
+def test_a_hand_back_leaves_the_executors_own_launch_to_end():
+    """The queue model hands a launch back untaken (PhaseRunner::hand_back) only while it
+    waits for its open, as CudaRunner::wait_for_end does: a launch of the executor's own
+    (admitted on the gate's mirror) is taken when it ends, so a more urgent task submitted
+    while it runs is armed after it, not while it is still in flight."""
+    ex = _C._testing.queue_executor()
+    try:
+        low = ex.submit(_task(100), 0)
+        q = _launches(ex, 0)
+        assert q.arrive(1, at_open=False) == 1
+        wait_until(lambda: q.runs >= 1)  # the launch is the one running
+        high = ex.submit(_task(3), 1)
+        wait_until(lambda: q.stopped)
+        time.sleep(0.1)
+        assert _C._testing.queue_open(ex)[1] == 0, "armed with the running launch in flight"
+        q.end(5)  # began after the stop: nothing
+        q_high = _launches(ex, 1)
+        wait_until(lambda: _C._testing.queue_open(ex) == (1, 1))
+        q_high.end(3)
+        assert ex.wait(high, 10) and _state(ex, high) == "done"
+        assert _state(ex, low) not in FINAL
+    finally:
+        ex.close(0.5)
+
+
+def test_a_cancelled_tasks_launches_drained_by_the_loop_are_not_idle():
+    """A cancelled task's launches that run nothing because of the cancel are not idle
+    launches, whoever takes their ends: here the loop drains them (nobody waits, so none
+    is retired)."""
+    ex = _C._testing.queue_executor()
+    try:
+        task = ex.submit(_task(100), 0)
+        q = _launches(ex, 0)
+        assert q.arrive(2) == 2
+        assert ex.cancel(task, False)
+        q.end(0)
+        q.end(0)
+        wait_until(lambda: _state(ex, task) in FINAL)
+        assert _state(ex, task) == "cancelled"
+        assert ex.open_launches == 2 and ex.idle_open_launches == 0 and ex.idle_launches == 0
+    finally:
+        ex.close(0.5)
+
+
+def test_a_stale_launch_at_an_open_starts_no_backoff():
+    """Only a launch of the executor's own that ran nothing says the gate's mirror may be
+    stale and starts a backoff: a stale launch at an open (its phase was done) does not,
+    so the next phase's launch is taken as soon as it ends."""
+    ex = _C._testing.queue_executor()
+    try:
+        _C._testing.queue_hold_backoffs(ex, True)
+        task = ex.submit(_task(4, phases=2), 0)
+        q = _launches(ex, 0)
+        assert q.arrive(2) == 2
+        q.end(4)
+        q.end(0)  # stale: its phase was done
+        wait_until(lambda: _phase(ex, task) == 1)
+        assert not _C._testing.queue_wait_backoffs(ex, 1, 0.2)
+        wait_until(lambda: q.arrive(1) == 1)
+        q.end(4)
+        assert ex.wait(task, 10)
+        assert _state(ex, task) == "done" and _items(ex, task) == 8
+    finally:
+        ex.close(0.5)

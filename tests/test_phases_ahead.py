@@ -229,3 +229,22 @@ def test_a_cancel_keeps_the_next_phases_items_a_chained_launch_ran(ex):
     assert ex.wait(task, 10)
     assert _status(ex, task)[:2] == ("cancelled", 14)
     assert q.ran == 14
+
+
+def test_a_cancelled_task_begins_no_further_phase_while_its_launches_drain(ex):
+    """Phases ahead begin a phase with launches in flight, but not a cancelled task's: the
+    launch running at the cancel completes phase 0, yet phase 1 does not begin (the
+    cancelled task stays cancelled, nothing of it set up again under its stopped
+    launches); it is final once they have ended, with the items they ran."""
+    task = ex.submit(_C.spin_task(10, 3, 1000), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(1) == 2  # phase 0's launch, phase 1's chained behind it
+    q.begin()
+    assert ex.cancel(task, False)
+    wait_until(lambda: q.stopped)
+    q.end(10)  # phase 0 complete
+    q.end(4)  # the chained launch began stopped: nothing
+    assert ex.wait(task, 10)
+    assert _status(ex, task)[:2] == ("cancelled", 10)
+    assert q.phase == 0, "a phase began after the cancel"
+    assert q.ran == 10

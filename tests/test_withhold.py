@@ -241,3 +241,20 @@ def test_the_more_urgent_task_is_armed_while_the_withheld_launch_runs(ex):
     _urgent_done(ex, high, q_high)
     wait_until(lambda: _status(ex, low)[1] == 10)
     assert q_low.ran == 10
+
+
+def test_the_executors_own_launch_ahead_counts_as_a_bubble(ex):
+    """The queue model counts bubbles as CudaRunner::bubbles_in_flight does: the oldest
+    launch not ended, whether or not it waits for an open (here the executor's own, seen
+    open on the gate's mirror), and each later one that waits for an open of its own. Two
+    bubbles of its own ahead: the preempted task is withheld, not stopped."""
+    ex.submit(_C.spin_task(50, 1, 1000), 0)
+    q_low = _launches(ex, 0)
+    assert q_low.arrive(1, at_open=False) == 1
+    assert q_low.arrive(1) == 1
+    assert q_low.bubbles == 2
+    ex.submit(_C.spin_task(4, 1, 1000), 1)
+    wait_until(lambda: q_low.withheld or q_low.stopped)
+    assert q_low.withheld and not q_low.stopped
+    q_low.end(5)
+    q_low.end(5)
