@@ -90,6 +90,12 @@ def os_threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+def os_thread_ids() -> set[str]:
+    """The process's threads now, by kernel thread id: threads left by an earlier test
+    may end meanwhile, so what a test leaves behind is what is here and was not before."""
+    return set(os.listdir("/proc/self/task"))
+
+
 def run_ranks(target, world, outdir, *args):
     """Spawns `world` processes running target(rank, *args) (freeride.cli.spawn), each of
     which writes rank<N>.json into `outdir` with "ok" (and "error" if not: see
