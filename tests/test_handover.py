@@ -64,14 +64,22 @@ def test_a_cancel_without_waiting_arms_the_next_task(ex):
     assert ex.wait(other, 10) and _status(ex, other) == ("done", 3)
 
 
-def test_the_task_queued_behind_one_that_completes_takes_the_next_open(ex):
-    """Every item ran in the first of three launches queued ahead: the task queued behind
-    takes the next open, while the two stale launches are still in flight."""
+@pytest.mark.parametrize("submitted", ["before", "after it completes"])
+def test_the_task_queued_behind_one_that_completes_takes_the_next_open(ex, submitted):
+    """Every item ran in the first of three launches queued ahead: the next task takes
+    the next open, while the two stale launches are still in flight, whether it was
+    queued behind the task or submitted only once the task was complete and its stale
+    launches draining (the drain is handed back, as for a cancelled task: the next open
+    carries its launch, not nothing until the GPU reaches the stale launches)."""
     task = ex.submit(_C.spin_task(10, 1, 1000), 0)
-    other = ex.submit(_C.spin_task(3, 1, 1000), 0)
+    if submitted == "before":
+        other = ex.submit(_C.spin_task(3, 1, 1000), 0)
     q = _launches(ex, 0)
     assert q.arrive(3) == 3
     q.end(10)
+    if submitted != "before":
+        wait_until(lambda: q.stopped)  # complete: stopped, its stale launches drain
+        other = ex.submit(_C.spin_task(3, 1, 1000), 0)
     q_other = _launches(ex, 1)
     wait_until(lambda: _open(ex) == (1, 1))
     assert q.not_ended == 2
@@ -375,24 +383,3 @@ def test_a_task_as_urgent_as_the_running_one_does_not_stop_it(ex):
     wait_until(lambda: _open(ex) == (1, 1))
     q_b.end(5)
     assert ex.wait(b, 10) and _status(ex, b) == ("done", 5)
-
-
-def test_a_task_submitted_while_a_complete_task_drains_takes_the_next_open(ex):
-    """Every item ran in the first of three launches queued ahead, and the loop drains the
-    two stale ones; a task submitted only then is armed at once (the drain is handed back,
-    as for a cancelled task), so the next open carries its launch, not nothing until the
-    GPU reaches the stale launches."""
-    task = ex.submit(_C.spin_task(10, 1, 1000), 0)
-    q = _launches(ex, 0)
-    assert q.arrive(3) == 3
-    q.end(10)
-    wait_until(lambda: q.stopped)  # complete: stopped, its stale launches drain
-    other = ex.submit(_C.spin_task(3, 1, 1000), 0)
-    q_other = _launches(ex, 1)
-    wait_until(lambda: _open(ex) == (1, 1))
-    assert q.not_ended == 2
-    q.end(0)
-    q.end(0)
-    q_other.end(3)
-    assert ex.wait(other, 10) and _status(ex, other) == ("done", 3)
-    assert _status(ex, task) == ("done", 10) and q.ran == 10

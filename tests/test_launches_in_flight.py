@@ -605,21 +605,34 @@ def test_a_more_urgent_task_submitted_during_a_launch_that_runs_nothing_is_not_h
     ex = _C._testing.queue_executor()
     try:
         _C._testing.queue_hold_backoffs(ex, True)
-        low = ex.submit(_task(100), 0)
-        q = _launches(ex, 0)
-        assert q.arrive(1, at_open=False) == 1
-        wait_until(lambda: q.runs >= 1)  # the launch is the one running
-        high = ex.submit(_task(3), 1)
-        wait_until(lambda: q.stopped)
+        low, high, q = _urgent_during_own_launch(ex)
         q.end(5)  # began after the stop: nothing
-        q_high = _launches(ex, 1)
-        wait_until(lambda: _C._testing.queue_open(ex) == (1, 1))
-        q_high.end(3)
-        assert ex.wait(high, 10) and _state(ex, high) == "done"
+        _run_armed(ex, high)
         assert not _C._testing.queue_wait_backoffs(ex, 1, 0.05)
         assert _state(ex, low) not in FINAL and q.ran == 0
     finally:
         ex.close(0.5)
+
+
+def _urgent_during_own_launch(ex):
+    """A task whose launch of the executor's own (admitted on the gate's mirror) is
+    running, and a more urgent task submitted meanwhile, once that launch is stopped:
+    (the task, the more urgent one, the first's launches)."""
+    low = ex.submit(_task(100), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(1, at_open=False) == 1
+    wait_until(lambda: q.runs >= 1)  # the launch is the one running
+    high = ex.submit(_task(3), 1)
+    wait_until(lambda: q.stopped)
+    return low, high, q
+
+
+def _run_armed(ex, task):
+    """The armed task (the second admitted) takes an open and runs its 3 items."""
+    q = _launches(ex, 1)
+    wait_until(lambda: _C._testing.queue_open(ex) == (1, 1))
+    q.end(3)
+    assert ex.wait(task, 10) and _state(ex, task) == "done"
 
 
 def test_a_complete_task_cancelled_while_its_stale_launches_drain_is_done_with_no_waiter(ex):
@@ -782,19 +795,11 @@ def test_a_hand_back_leaves_the_executors_own_launch_to_end():
     while it runs is armed after it, not while it is still in flight."""
     ex = _C._testing.queue_executor()
     try:
-        low = ex.submit(_task(100), 0)
-        q = _launches(ex, 0)
-        assert q.arrive(1, at_open=False) == 1
-        wait_until(lambda: q.runs >= 1)  # the launch is the one running
-        high = ex.submit(_task(3), 1)
-        wait_until(lambda: q.stopped)
+        low, high, q = _urgent_during_own_launch(ex)
         time.sleep(0.1)
         assert _C._testing.queue_open(ex)[1] == 0, "armed with the running launch in flight"
         q.end(5)  # began after the stop: nothing
-        q_high = _launches(ex, 1)
-        wait_until(lambda: _C._testing.queue_open(ex) == (1, 1))
-        q_high.end(3)
-        assert ex.wait(high, 10) and _state(ex, high) == "done"
+        _run_armed(ex, high)
         assert _state(ex, low) not in FINAL
     finally:
         ex.close(0.5)
