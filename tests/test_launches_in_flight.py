@@ -597,21 +597,17 @@ def test_a_task_between_phases_is_not_complete_while_its_stale_launches_drain(ex
     assert _state(ex, task) == "done" and _items(ex, task) == 8
 
 
-def test_a_more_urgent_task_submitted_during_a_launch_that_runs_nothing_is_not_held_by_a_backoff():
+def test_a_more_urgent_task_during_an_own_launch_that_runs_nothing_is_not_held_back(ex):
     """The executor's own launch (admitted on the gate's mirror) runs nothing, but a more
     urgent task came while it ran: the executor runs that task instead of backing off (the
     submit's ring came before any backoff could hear it). With each backoff held until the
     next submit, cancel or close, one here would hold the more urgent task until then."""
-    ex = _C._testing.queue_executor()
-    try:
-        _C._testing.queue_hold_backoffs(ex, True)
-        low, high, q = _urgent_during_own_launch(ex)
-        q.end(5)  # began after the stop: nothing
-        _run_armed(ex, high)
-        assert not _C._testing.queue_wait_backoffs(ex, 1, 0.05)
-        assert _state(ex, low) not in FINAL and q.ran == 0
-    finally:
-        ex.close(0.5)
+    _C._testing.queue_hold_backoffs(ex, True)
+    low, high, q = _urgent_during_own_launch(ex)
+    q.end(5)  # began after the stop: nothing
+    _run_armed(ex, high)
+    assert not _C._testing.queue_wait_backoffs(ex, 1, 0.05)
+    assert _state(ex, low) not in FINAL and q.ran == 0
 
 
 def _urgent_during_own_launch(ex):
@@ -697,25 +693,21 @@ def test_a_retired_runners_memory_goes_once_its_launches_have_ended():
         ex.close(0.5)
 
 
-def test_close_abandons_a_retired_runners_launch_that_never_ends():
+def test_close_abandons_a_retired_runners_launch_that_never_ends(ex):
     """A cancelled task retired by a waiter (final, its inert launches left to drain)
     whose launch never ends: close() abandons it at the deadline and returns, the task
     named by take_abandoned(), not take_finished() (its memory may still be read)."""
-    ex = _C._testing.queue_executor()
-    try:
-        task = ex.submit(_task(100), 0)
-        q = _launches(ex, 0)
-        assert q.arrive(2) == 2
-        assert ex.cancel(task, False)
-        assert ex.wait(task, 10) and _state(ex, task) == "cancelled"
-        closer = threading.Thread(target=ex.close, args=(0.3,))
-        closer.start()
-        closer.join(10)
-        assert not closer.is_alive(), "close() did not return"
-        assert task in ex.take_abandoned()
-        assert task not in ex.take_finished()
-    finally:
-        ex.close(0.5)
+    task = ex.submit(_task(100), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(2) == 2
+    assert ex.cancel(task, False)
+    assert ex.wait(task, 10) and _state(ex, task) == "cancelled"
+    closer = threading.Thread(target=ex.close, args=(0.3,))
+    closer.start()
+    closer.join(10)
+    assert not closer.is_alive(), "close() did not return"
+    assert task in ex.take_abandoned()
+    assert task not in ex.take_finished()
 
 
 def test_close_stops_the_armed_task_at_once(ex):
@@ -771,76 +763,60 @@ def test_close_refuses_launches_at_opens_even_where_a_stop_failed():
     assert _state(ex, task) == "cancelled" and ex.take_abandoned() == []
 
 
-def test_a_task_as_urgent_as_the_one_run_last_does_not_stop_its_launches_in_flight():
+def test_a_task_as_urgent_as_the_one_run_last_does_not_stop_its_launches_in_flight(ex):
     """During a backoff (no launch running) the task run last took a launch at an open; a
     task of the same priority submitted then waits its turn: only a more urgent one stops
     the task run last (preempt_last_for_locked), so that launch runs its items."""
-    ex = _C._testing.queue_executor()
-    try:
-        task, q = _into_backoff(ex)
-        assert q.arrive(1) == 1  # a training thread's open during the backoff
-        other = ex.submit(_task(5), 0)
-        q.end(3)
-        wait_until(lambda: _items(ex, task) == 3)
-        assert not q.stopped and q.ran == 3
-        assert _state(ex, other) not in FINAL
-    finally:
-        ex.close(0.5)
+    task, q = _into_backoff(ex)
+    assert q.arrive(1) == 1  # a training thread's open during the backoff
+    other = ex.submit(_task(5), 0)
+    q.end(3)
+    wait_until(lambda: _items(ex, task) == 3)
+    assert not q.stopped and q.ran == 3
+    assert _state(ex, other) not in FINAL
 
 
-def test_a_hand_back_leaves_the_executors_own_launch_to_end():
+def test_a_hand_back_leaves_the_executors_own_launch_to_end(ex):
     """The queue model hands a launch back untaken (PhaseRunner::hand_back) only while it
     waits for its open, as CudaRunner::wait_for_end does: a launch of the executor's own
     (admitted on the gate's mirror) is taken when it ends, so a more urgent task submitted
     while it runs is armed after it, not while it is still in flight."""
-    ex = _C._testing.queue_executor()
-    try:
-        low, high, q = _urgent_during_own_launch(ex)
-        time.sleep(0.1)
-        assert _C._testing.queue_open(ex)[1] == 0, "armed with the running launch in flight"
-        q.end(5)  # began after the stop: nothing
-        _run_armed(ex, high)
-        assert _state(ex, low) not in FINAL
-    finally:
-        ex.close(0.5)
+    low, high, q = _urgent_during_own_launch(ex)
+    time.sleep(0.1)
+    assert _C._testing.queue_open(ex)[1] == 0, "armed with the running launch in flight"
+    q.end(5)  # began after the stop: nothing
+    _run_armed(ex, high)
+    assert _state(ex, low) not in FINAL
 
 
-def test_a_cancelled_tasks_launches_drained_by_the_loop_are_not_idle():
+def test_a_cancelled_tasks_launches_drained_by_the_loop_are_not_idle(ex):
     """A cancelled task's launches that run nothing because of the cancel are not idle
     launches, whoever takes their ends: here the loop drains them (nobody waits, so none
     is retired)."""
-    ex = _C._testing.queue_executor()
-    try:
-        task = ex.submit(_task(100), 0)
-        q = _launches(ex, 0)
-        assert q.arrive(2) == 2
-        assert ex.cancel(task, False)
-        q.end(0)
-        q.end(0)
-        wait_until(lambda: _state(ex, task) in FINAL)
-        assert _state(ex, task) == "cancelled"
-        assert ex.open_launches == 2 and ex.idle_open_launches == 0 and ex.idle_launches == 0
-    finally:
-        ex.close(0.5)
+    task = ex.submit(_task(100), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(2) == 2
+    assert ex.cancel(task, False)
+    q.end(0)
+    q.end(0)
+    wait_until(lambda: _state(ex, task) in FINAL)
+    assert _state(ex, task) == "cancelled"
+    assert ex.open_launches == 2 and ex.idle_open_launches == 0 and ex.idle_launches == 0
 
 
-def test_a_stale_launch_at_an_open_starts_no_backoff():
+def test_a_stale_launch_at_an_open_starts_no_backoff(ex):
     """Only a launch of the executor's own that ran nothing says the gate's mirror may be
     stale and starts a backoff: a stale launch at an open (its phase was done) does not,
     so the next phase's launch is taken as soon as it ends."""
-    ex = _C._testing.queue_executor()
-    try:
-        _C._testing.queue_hold_backoffs(ex, True)
-        task = ex.submit(_task(4, phases=2), 0)
-        q = _launches(ex, 0)
-        assert q.arrive(2) == 2
-        q.end(4)
-        q.end(0)  # stale: its phase was done
-        wait_until(lambda: _phase(ex, task) == 1)
-        assert not _C._testing.queue_wait_backoffs(ex, 1, 0.2)
-        wait_until(lambda: q.arrive(1) == 1)
-        q.end(4)
-        assert ex.wait(task, 10)
-        assert _state(ex, task) == "done" and _items(ex, task) == 8
-    finally:
-        ex.close(0.5)
+    _C._testing.queue_hold_backoffs(ex, True)
+    task = ex.submit(_task(4, phases=2), 0)
+    q = _launches(ex, 0)
+    assert q.arrive(2) == 2
+    q.end(4)
+    q.end(0)  # stale: its phase was done
+    wait_until(lambda: _phase(ex, task) == 1)
+    assert not _C._testing.queue_wait_backoffs(ex, 1, 0.2)
+    wait_until(lambda: q.arrive(1) == 1)
+    q.end(4)
+    assert ex.wait(task, 10)
+    assert _state(ex, task) == "done" and _items(ex, task) == 8
