@@ -192,11 +192,11 @@ def test_hook_cost_keeps_its_rows_whatever_the_call_timing_does(tmp_path, monkey
     monkeypatch.setattr(bench, "header", lambda name, mode, quick: header(name, "cpu", quick))
     written: list[list[str]] = []
 
-    def timing_fails(quick: bool, device: int = 0):
+    def timing_fails(device: int, calls: int) -> dict:
         written.append([row["hooks"] for row in json.loads(out.read_text())["rows"]])
         raise MemoryError("pinned memory is exhausted")
 
-    monkeypatch.setattr(_C, "measure_call_costs", lambda device, calls: timing_fails(True))
+    monkeypatch.setattr(_C, "measure_call_costs", timing_fails)
     result = hook_cost.run("gpu", quick=True, out=str(out))
     (before,) = written
     assert "h.compute()" in before and "CUDA call" not in before
