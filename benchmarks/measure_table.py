@@ -39,6 +39,7 @@ FILES = {
     "admission_ring": "admission_ring.json",
     "admission_poll": "admission_poll.json",
     "admission_watcher": "admission_watcher.json",
+    "admission_spin": "admission_spin.json",
 }
 RESERVES = ("occupancy-cap", "green-context")
 LOOKAHEADS = ("none", "1")  # FREERIDE_MAX_LOOKAHEAD unset, and 1
@@ -216,10 +217,12 @@ def pause_rows(preempt: Source) -> list[Row]:
     return rows
 
 
-def _not_this_setting(d: dict, at_opens: bool, watcher: bool) -> str:
+def _not_this_setting(d: dict, at_opens: bool, watcher: bool, admission: str = "ring") -> str:
     """Why probe_admission's output `d` is not of the row's setting ("" where it is)."""
     if d.get("launches_at_opens") is not None and d["launches_at_opens"] != at_opens:
         return f"ran with launches at opens {d['launches_at_opens']}: not this setting"
+    if d.get("admission") is not None and d["admission"] != admission:
+        return f"ran with admission {d['admission']}: not this setting"
     ran = (d.get("env") or {}).get("FREERIDE_WATCHER_LAUNCH", "unset") == "1"
     if ran != watcher:
         return f"ran with FREERIDE_WATCHER_LAUNCH {'1' if ran else 'unset'}: not this setting"
@@ -252,23 +255,33 @@ WATCHER_SETTING = (
 )
 
 
-def side_admission_rows(at_open: Source, ring: Source, poll: Source, watcher: Source) -> list[Row]:
+RING_SETTING = "host-started: executor, ring (FREERIDE_LAUNCH_AT_OPEN=0)"
+SPIN_SETTING = (
+    "host-started: executor, FREERIDE_ADMISSION=spin (a host core while a task waits; "
+    "FREERIDE_LAUNCH_AT_OPEN=0)"
+)
+
+
+def side_admission_rows(
+    at_open: Source, ring: Source, poll: Source, watcher: Source, spin: Source
+) -> list[Row]:
     metric = "side admission p50 / p99 (open seen → first items)"
     device, host = DEVICE_ADMISSION_US, HOST_ADMISSION_US
     cases = (
-        (at_open, "device-started: launches at opens (default)", device, True, False),
-        (ring, "host-started: executor, ring (FREERIDE_LAUNCH_AT_OPEN=0)", host, False, False),
-        (poll, "host-started: executor, FREERIDE_ADMISSION=poll", host, False, False),
-        (watcher, WATCHER_SETTING, host, False, True),
+        (at_open, "device-started: launches at opens (default)", device, True, False, "ring"),
+        (ring, RING_SETTING, host, False, False, "ring"),
+        (poll, "host-started: executor, FREERIDE_ADMISSION=poll", host, False, False, "poll"),
+        (watcher, WATCHER_SETTING, host, False, True, "ring"),
+        (spin, SPIN_SETTING, host, False, False, "spin"),
     )
     rows = []
-    for source, setting, limit, at_opens, watcher_on in cases:
+    for source, setting, limit, at_opens, watcher_on, admission in cases:
         target = f"p99 ≤ {limit:g} µs"
         d = source.data
         if d is None:
             rows.append(_not_run(metric, setting, target, source))
             continue
-        wrong = _not_this_setting(d, at_opens, watcher_on)
+        wrong = _not_this_setting(d, at_opens, watcher_on, admission)
         if wrong:
             rows.append(Row(metric, setting, wrong, target, FAILED))
             continue
@@ -282,6 +295,8 @@ def side_admission_rows(at_open: Source, ring: Source, poll: Source, watcher: So
         )
         if watcher_on and _num(d.get("watcher_launches")):
             measured += f"; {d['watcher_launches']} launches the watcher's"
+        if admission == "spin" and _num(d.get("closed_cpu_per_s")):
+            measured += f"; gate closed, task waiting: {d['closed_cpu_per_s']:.2f} CPU-s a second"
         split = _split_text(d.get("parts"))
         if split:
             measured += f"; split, p50: {split}"
@@ -637,7 +652,7 @@ def executor_sleep_rows(at_open: Source, ring: Source) -> list[Row]:
     rows = []
     for source, setting in (
         (at_open, "launches at opens (default)"),
-        (ring, "host-started: executor, ring (FREERIDE_LAUNCH_AT_OPEN=0)"),
+        (ring, RING_SETTING),
     ):
         d = source.data
         if d is None:
@@ -668,6 +683,7 @@ def rows_of(folder: str) -> list[Row]:
             src["admission_ring"],
             src["admission_poll"],
             src["admission_watcher"],
+            src["admission_spin"],
         ),
         *harvest_rows(src["harvest"]),
         *held_rows(channels),

@@ -222,8 +222,8 @@ if step measure; then
   # settings it varies (in a subshell), and each item sets its own. [~N s] is the estimate
   # on an H200 and where it comes from (results/h200-2026-11-27/: "measured" from its
   # logs, JSON dates and summary, "est." where nothing like it has run on a GPU yet); the
-  # number after the name is the hard limit. Estimates add up to ~420 s (the step took
-  # 185 s with MEASURE_QUICK=1 at cf361a5, its build aside), the limits to ~810 s: with
+  # number after the name is the hard limit. Estimates add up to ~430 s (the step took
+  # 185 s with MEASURE_QUICK=1 at cf361a5, its build aside), the limits to ~840 s: with
   # MEASURE_BUDGET=480 everything runs unless something hangs, and then the last items
   # are listed NOT RUN and their rows say "not run".
   (
@@ -260,6 +260,12 @@ if step measure; then
     probe $deadline measure_admission_watcher 30 FREERIDE_LAUNCH_AT_OPEN=0 \
       FREERIDE_WATCHER_LAUNCH=1 probe_admission.py --trials 200 --json "$m/admission_watcher.json"
     stand_in "$m/admission_watcher.json" $? measure_admission_watcher
+    #    Host-started without a wake-up (off by default): the executor yields between
+    #    looks at the mirror while a task waits, for a host core (FREERIDE_ADMISSION=spin;
+    #    its closed-gate second shows the CPU). [~10 s est.]
+    probe $deadline measure_admission_spin 30 FREERIDE_LAUNCH_AT_OPEN=0 \
+      FREERIDE_ADMISSION=spin probe_admission.py --trials 200 --json "$m/admission_spin.json"
+    stand_in "$m/admission_spin.json" $? measure_admission_spin
     # 3. Harvest of open-gate time in bubbles queued ahead of the GPU (20 ms, and 0.5 ms:
     #    both >= 200 us), 8 and 1 hardware queues, single-phase Spin and a 30-phase
     #    ItemCounter with device phases (the default), then with them off and phases
@@ -448,9 +454,14 @@ if step qualify; then
   for r in occupancy-cap green-context; do
     probe $deadline "probe_stream_create_$r" 20 probe_stream_create.py $r
   done
-  # G8: the admission delay, executor's path (ring, poll), the watcher's launch and at
-  # opens. [~4 x 7 s]
+  # G8: the admission delay, executor's path (ring, spin, poll), the watcher's launch and
+  # at opens. [~5 x 7 s]
   probe $deadline probe_admission_ring 20 FREERIDE_LAUNCH_AT_OPEN=0 probe_admission.py
+  probe $deadline probe_admission_spin 20 FREERIDE_LAUNCH_AT_OPEN=0 FREERIDE_ADMISSION=spin \
+    probe_admission.py
+  #   FREERIDE_ADMISSION=spin's first GPU run: a task submitted with the gate closed is
+  #   admitted, exactly once, by a stream-ordered open. [~8 s est.]
+  pytest_file $deadline 30 tests/test_gate.py -m gpu -k "follows_the_environment and spin"
   probe $deadline probe_admission_watcher 20 FREERIDE_LAUNCH_AT_OPEN=0 \
     FREERIDE_WATCHER_LAUNCH=1 probe_admission.py
   probe $deadline probe_admission_poll 20 FREERIDE_LAUNCH_AT_OPEN=0 FREERIDE_ADMISSION=poll \

@@ -4,6 +4,7 @@
 // while training computes. The host backend sleeps on one too, so it stays in the core.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -17,29 +18,28 @@ class Doorbell {
   void ring() {
     {
       std::lock_guard<std::mutex> lk(mu_);
-      ++rings_;
+      rings_.fetch_add(1, std::memory_order_release);
     }
     cv_.notify_all();
   }
 
   // The rings so far: read it before checking the condition that ringing announces,
-  // then wait_for(seen, ...) misses no ring in between.
-  uint64_t rings() const {
-    std::lock_guard<std::mutex> lk(mu_);
-    return rings_;
-  }
+  // then wait_for(seen, ...) misses no ring in between. Lock-free (the count changes
+  // only under the lock, so a sleeper cannot miss it): a waiter that spins on it
+  // (FREERIDE_ADMISSION=spin) takes no lock a ringer needs.
+  uint64_t rings() const { return rings_.load(std::memory_order_acquire); }
 
   // Sleeps until the count differs from `seen` or `timeout` passed; the count then.
   uint64_t wait_for(uint64_t seen, std::chrono::microseconds timeout) {
     std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait_for(lk, timeout, [&] { return rings_ != seen; });
-    return rings_;
+    cv_.wait_for(lk, timeout, [&] { return rings_.load(std::memory_order_relaxed) != seen; });
+    return rings_.load(std::memory_order_relaxed);
   }
 
  private:
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::condition_variable cv_;
-  uint64_t rings_ = 0;
+  std::atomic<uint64_t> rings_{0};
 };
 
 // A timeout in seconds as a duration: negative or NaN is 0, and at most a day (a larger

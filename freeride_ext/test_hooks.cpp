@@ -304,6 +304,20 @@ void register_test_hooks(py::module_& m) {
         "csrc/cuda/admission.hpp's watcher_launch_enabled: FREERIDE_WATCHER_LAUNCH as read.");
   t.def("lookahead_bound", &freeride::cuda::lookahead_bound,
         "csrc/cuda/admission.hpp's lookahead_bound: FREERIDE_MAX_LOOKAHEAD as read.");
+  t.def(
+      "admission_mode",
+      []() -> std::string {
+        switch (freeride::cuda::admission_mode()) {
+          case freeride::cuda::AdmissionMode::kPoll:
+            return "poll";
+          case freeride::cuda::AdmissionMode::kSpin:
+            return "spin";
+          case freeride::cuda::AdmissionMode::kRing:
+            break;
+        }
+        return "ring";
+      },
+      "csrc/cuda/admission.hpp's admission_mode: FREERIDE_ADMISSION as read.");
   t.def("sm_census_on_primary", &sm_census_on_primary, py::arg("device"),
         "(distinct SMs, blocks, blocks past the bitmap) of the partition check's census "
         "launched on a stream of the primary context (not confined).");
@@ -343,6 +357,7 @@ void register_test_hooks(py::module_& m) {
         "context are then held), and reclaiming them finds the same.");
 
   register_rule_hooks(t);
+  register_gate_wait_hooks(t);
 
   // The queries are Python callables, run with the GIL; the cache's own lock is taken
   // without it, as a launch takes it with no Python in sight, so threads contend there.

@@ -113,8 +113,9 @@ def test_admission_is_reported(monkeypatch):
         ({}, "ring"),
         ({"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, "ring"),  # nothing blocking in any stream
         ({"FREERIDE_ADMISSION": "poll"}, "poll"),
+        ({"FREERIDE_ADMISSION": "spin"}, "spin"),
     ],
-    ids=["default", "one-connection", "poll"],
+    ids=["default", "one-connection", "poll", "spin"],
 )
 def test_cuda_admission_follows_the_environment(env, expected):
     """Each case in a fresh process whose environment is set before CUDA initialises

@@ -32,10 +32,10 @@ def _load(name: str, path: pathlib.Path):
 
 mt = _load("measure_table", ROOT / "benchmarks" / "measure_table.py")
 
-# 10 pause (close queued ahead; host-enqueued) + 4 admission + 10 harvest + 4 held
+# 10 pause (close queued ahead; host-enqueued) + 5 admission + 10 harvest + 4 held
 # + 8 overhead + 6 items + 3 bw + 6 host (2 hooks, the CUDA calls alone, with a launch,
 # 2 gate writes alone) + 2 executor sleep + 1 training admission
-ROWS = 54
+ROWS = 55
 AHEAD = "gate in device memory, close queued ahead"
 HOST_ENQUEUED = "gate in device memory, close enqueued as the GPU waits"
 
@@ -43,11 +43,16 @@ HOST_ENQUEUED = "gate in device memory, close enqueued as the GPU waits"
 # -- inputs as the step writes them -------------------------------------------------------
 
 
-def admission(p99: float, at_opens: bool, watcher: bool = False, **extra) -> dict:
+def admission(
+    p99: float, at_opens: bool, watcher: bool = False, mode: str = "ring", **extra
+) -> dict:
     """probe_admission.py --json: its keys, with delays whose p99 is `p99`; `watcher`, run
-    with FREERIDE_WATCHER_LAUNCH=1 (its launches counted)."""
+    with FREERIDE_WATCHER_LAUNCH=1 (its launches counted); `mode`, FREERIDE_ADMISSION."""
     delays = sorted([p99 / 2] * 150 + [p99] * 50)
-    env = {"FREERIDE_LAUNCH_AT_OPEN": "unset" if at_opens else "0", "FREERIDE_ADMISSION": "unset"}
+    env = {
+        "FREERIDE_LAUNCH_AT_OPEN": "unset" if at_opens else "0",
+        "FREERIDE_ADMISSION": "unset" if mode == "ring" else mode,
+    }
     if watcher:
         env["FREERIDE_WATCHER_LAUNCH"] = "1"
         extra = {"watcher_launches": 190, **extra}
@@ -55,7 +60,7 @@ def admission(p99: float, at_opens: bool, watcher: bool = False, **extra) -> dic
         "probe": "probe_admission",
         "trials": 200,
         "env": env,
-        "admission": "ring",
+        "admission": mode,
         "launches_at_opens": at_opens,
         "reserve": "green-context (120 of 132 SMs)",
         "delays_us": delays,
@@ -214,8 +219,9 @@ def full_folder(folder: pathlib.Path) -> pathlib.Path:
     write(folder, "items.json", items_with_copy())
     write(folder, "admission_at_open.json", admission(8.0, True))
     write(folder, "admission_ring.json", admission(25.0, False))
-    write(folder, "admission_poll.json", admission(40.0, False))
+    write(folder, "admission_poll.json", admission(40.0, False, mode="poll"))
     write(folder, "admission_watcher.json", admission(28.0, False, watcher=True))
+    write(folder, "admission_spin.json", admission(20.0, False, mode="spin", closed_cpu_per_s=1.0))
     for reserve in mt.RESERVES:
         for la in mt.LOOKAHEADS:
             bound = "unset" if la == "none" else la
@@ -343,6 +349,7 @@ def test_a_bench_items_json_without_the_copy_row(tmp_path):
 
 RING = "host-started: executor, ring"
 WATCHER = "host-started: the watcher launches"
+SPIN = "host-started: executor, FREERIDE_ADMISSION=spin"
 CAP = "channels_occupancy-cap_lookahead_none.json"
 GREEN = "channels_green-context_lookahead_1.json"
 
@@ -356,6 +363,8 @@ GREEN = "channels_green-context_lookahead_1.json"
         ("admission_ring.json", admission(30.5, False), "side admission", RING, mt.MISSED),
         ("admission_watcher.json", admission(30.0, False, True), "side adm", WATCHER, mt.MET),
         ("admission_watcher.json", admission(30.5, False, True), "side adm", WATCHER, mt.MISSED),
+        ("admission_spin.json", admission(30.0, False, mode="spin"), "side adm", SPIN, mt.MET),
+        ("admission_spin.json", admission(30.5, False, mode="spin"), "side adm", SPIN, mt.MISSED),
         (CAP, channels(0), "other-stream", "occupancy-cap, no", mt.MET),
         (CAP, channels(1), "other-stream", "occupancy-cap, no", mt.MISSED),
         (GREEN, channels(0, never=1, bound="1"), "other-stream", "green-context, look", mt.MISSED),
@@ -560,10 +569,10 @@ def test_a_run_cut_short(tmp_path):
     assert {r.verdict for r in pause.values()} == {mt.NOT_RUN}
     assert "unreadable" in next(iter(pause.values())).measured
     adm = by_setting(rows, "side admission")
-    at_open, ring, poll, watcher = adm.values()
+    at_open, ring, poll, watcher, spin = adm.values()
     assert at_open.verdict == mt.MET and "then: Harvester.close()" in at_open.measured
     assert ring.verdict == mt.FAILED and "never ran" in ring.measured
-    assert poll.verdict == watcher.verdict == mt.NOT_RUN
+    assert poll.verdict == watcher.verdict == spin.verdict == mt.NOT_RUN
     held = by_setting(rows, "other-stream")
     assert held["occupancy-cap, no lookahead bound"].verdict == mt.FAILED
     overhead = [r for r in rows if r.metric.startswith("training overhead")]
@@ -596,6 +605,28 @@ def test_admission_probe_run_with_the_wrong_setting(tmp_path):
     adm = by_setting(mt.rows_of(str(tmp_path)), "side admission")
     ring = adm["host-started: executor, ring (FREERIDE_LAUNCH_AT_OPEN=0)"]
     assert ring.verdict == mt.FAILED
+
+
+@pytest.mark.parametrize(
+    "name, ran, setting",
+    [
+        ("admission_spin.json", "ring", mt.SPIN_SETTING),
+        ("admission_poll.json", "spin", "host-started: executor, FREERIDE_ADMISSION=poll"),
+        ("admission_ring.json", "poll", RING + " (FREERIDE_LAUNCH_AT_OPEN=0)"),
+    ],
+)
+def test_an_admission_row_is_of_its_mode(tmp_path, name, ran, setting):
+    """A row's figure comes from a probe run under its FREERIDE_ADMISSION (the harvester's
+    own report, `admission`), or the row fails naming what ran."""
+    write(tmp_path, name, admission(5.0, False, mode=ran))
+    row = by_setting(mt.rows_of(str(tmp_path)), "side admission")[setting]
+    assert row.verdict == mt.FAILED and f"ran with admission {ran}" in row.measured, row
+
+
+def test_the_spin_row_says_what_it_costs_the_host(tmp_path):
+    rows = mt.rows_of(str(full_folder(tmp_path)))
+    row = by_setting(rows, "side admission")[mt.SPIN_SETTING]
+    assert row.verdict == mt.MET and "1.00 CPU-s a second" in row.measured, row
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@
     FREERIDE_LAUNCH_AT_OPEN=0 python3 probe_admission.py                         # ring
     FREERIDE_LAUNCH_AT_OPEN=0 FREERIDE_ADMISSION=poll python3 probe_admission.py # poll
     FREERIDE_LAUNCH_AT_OPEN=0 FREERIDE_WATCHER_LAUNCH=1 python3 probe_admission.py # watcher
+    FREERIDE_LAUNCH_AT_OPEN=0 FREERIDE_ADMISSION=spin python3 probe_admission.py # spin
     python3 probe_admission.py                                                   # at-open
 
 The H200 measured a 266 us median (min 157 us) from a stream-ordered open taking effect
@@ -24,7 +25,10 @@ the open is the fast path (it can even start before the host sees the mirror: th
 delay is about 0). "stuck" trials mean an open never took effect or nothing ran after it.
 Watcher (issue 36 item 1, FREERIDE_WATCHER_LAUNCH=1): the watcher's thread launches as it
 wakes, then rings, so one wake-up is left of ring's two; its launches are counted
-(`watcher_launches` in the JSON).
+(`watcher_launches` in the JSON). Spin (FREERIDE_ADMISSION=spin): no wake-up at all, the
+executor yielding between looks at the mirror while the task waits: what is left is its
+launch and the first items (the probe's own look at the mirror spins too), for a host
+core, which the closed-gate second below shows (about 1 CPU-s a second).
 
 First, with the gate closed from the host and the task waiting for it, the executor
 thread's wake-ups (context switches of "freeride-exec", from /proc) and the process's CPU

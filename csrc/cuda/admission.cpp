@@ -64,6 +64,14 @@ uint64_t lookahead_bound() {
   return std::stoull(text);
 }
 
-bool admission_rings() { return env_switch("FREERIDE_ADMISSION", "ring", "poll"); }
+AdmissionMode admission_mode() {
+  const char* value = std::getenv("FREERIDE_ADMISSION");
+  const std::string wanted = value == nullptr ? "" : value;
+  if (wanted.empty() || wanted == "ring") return AdmissionMode::kRing;
+  if (wanted == "poll") return AdmissionMode::kPoll;
+  FR_ARG(wanted == "spin",
+         "FREERIDE_ADMISSION must be 'ring', 'poll' or 'spin', got '" << wanted << "'");
+  return AdmissionMode::kSpin;
+}
 
 }  // namespace freeride::cuda

@@ -1,50 +1,26 @@
-// How the CUDA backend waits for the gate to open: on the bell its watcher rings, looking
-// at the host mirror; and the environment settings that choose how.
+// The CUDA backend's wait for the gate to open (gate_wait.hpp over its shared state), and
+// the environment settings that choose how it admits and launches side work.
 #pragma once
 
-#include <algorithm>
 #include <chrono>
-#include <thread>
+#include <cstdint>
 
+#include "cuda/gate_wait.hpp"
 #include "cuda/shared.hpp"
 
 namespace freeride::cuda {
-
-// How long a wait for the gate spins on the mirror before it sleeps.
-constexpr std::chrono::microseconds kAdmissionSpin{20};
-// Without rings (FREERIDE_ADMISSION=poll): the sleep between looks at the mirror.
-constexpr std::chrono::microseconds kPollSleep{20};
 
 // Sleeps between looks at the mirror would overshoot by the default 50 us timer slack:
 // this thread's slack becomes 1 us (once per thread).
 void tighten_timer_slack();
 
-// Until the gate's host mirror reads open (true), or stopped() holds or `deadline` passes
-// (false). Spins (yielding) for kAdmissionSpin first: gaps between compute actions are
-// often that short, and a ring takes the watcher thread's wake-up and then this one's.
-// Then sleeps on the bell, rung when a stream-ordered open has taken effect
-// (ring_and_launch) and on an immediate open, looking anyway every unrung.poll(); or,
-// where rings are off, polls every kPollSleep.
+// A wait for the gate as the CUDA backend's threads make it (gate_wait.hpp): on `s`'s
+// bell, unrung opens and admission mode, the mirror and its number for the gate's word.
 template <typename Stopped, typename IsOpen>
 bool wait_for_gate(const CudaShared& s, std::chrono::steady_clock::time_point deadline,
                    Stopped stopped, IsOpen is_open) {
-  Doorbell& bell = *s.gate.bell;
-  const auto spin_until = std::chrono::steady_clock::now() + kAdmissionSpin;
-  while (true) {
-    const uint64_t seen = bell.rings();  // before the checks: a ring between them counts
-    if (stopped()) return false;
-    if (is_open()) return true;
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) return false;
-    if (now < spin_until) {
-      std::this_thread::yield();
-    } else if (s.ring) {
-      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
-      bell.wait_for(seen, std::min(s.unrung.poll(), left + std::chrono::microseconds(1)));
-    } else {
-      std::this_thread::sleep_for(kPollSleep);
-    }
-  }
+  return wait_for_gate(s.gate_watch(), deadline, [&] { return s.gate_word(); }, stopped,
+                       is_open);
 }
 
 // Whether CUDA_DEVICE_MAX_CONNECTIONS asks for one hardware queue per device (read as the
@@ -96,9 +72,11 @@ bool withhold_enabled();
 // else.
 uint64_t lookahead_bound();
 
-// Whether gate opens ring the executor's bell (FREERIDE_ADMISSION "ring", the default:
-// see OpenWatcher) or it polls the mirror ("poll", for comparison in bench preempt).
-// Throws InvalidArgument for another value.
-bool admission_rings();
+// How the executor learns that an open took effect (gate_wait.hpp's AdmissionMode):
+// FREERIDE_ADMISSION "ring" (the default: the open watcher rings its bell), "poll" (it
+// sleeps between looks at the mirror, for comparison in bench preempt) or "spin" (it
+// yields between looks, and the watcher still rings). Throws InvalidArgument for another
+// value.
+AdmissionMode admission_mode();
 
 }  // namespace freeride::cuda

@@ -113,7 +113,7 @@ class CudaBackend final : public Backend {
     // Before anything is allocated: a misspelt mechanism fails the harvester, not a
     // training hook.
     const cuda_driver::GateWrite wanted = cuda_driver::requested_gate_write(options.gate_write);
-    const bool ring = admission_rings();
+    const AdmissionMode admission = admission_mode();
     const bool at_opens = launch_at_opens_enabled();
     const bool successors = successors_enabled();
     const bool phases_ahead = phases_ahead_enabled();
@@ -164,7 +164,8 @@ class CudaBackend final : public Backend {
     FR_CUDA_CHECK(cudaStreamCreateWithPriority(&s.side, cudaStreamNonBlocking, least));
     FR_CUDA_CHECK(cudaStreamCreateWithPriority(&s.control, cudaStreamNonBlocking, greatest));
     // Rings serve stream_wait too: iterative tasks wait for the gate on the host.
-    s.ring = ring;
+    s.admission = admission;
+    s.ring = admission != AdmissionMode::kPoll;
     if (s.ring) s.watcher = std::make_unique<OpenWatcher>(device, s.stamps);
     // stream_wait holds every launch on the GPU already: launches at opens are its own.
     s.launch_at_opens = at_opens && !options.stream_wait;
@@ -335,7 +336,8 @@ class CudaBackend final : public Backend {
   // read before a number that differs from `seq` belongs to a newer open. An open
   // replayed from a CUDA graph repeats the number it was captured with and rings nothing,
   // so the wait also looks at the mirror every kAdmissionPoll once such an open was
-  // written (CudaShared::unrung), and a mirror seen closed and then open again is a new
+  // written (CudaShared::unrung; under FREERIDE_ADMISSION=spin it looks all the time,
+  // pause_between_looks), and a mirror seen closed and then open again is a new
   // bubble too (one shorter than that is missed, and the wait lasts its timeout, as
   // before). A ring that finds neither ends the wait (a submit, cancel or close:
   // interrupt_waits; the first launch an open enqueues, which the executor takes up; a
@@ -352,11 +354,9 @@ class CudaBackend final : public Backend {
       } else if (closed_seen || s.mirror_seq() != seq) {
         return true;
       }
-      const auto now = std::chrono::steady_clock::now();
-      if (now >= deadline) return false;
-      const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
-      if (bell.wait_for(seen, std::min(s.unrung.poll(), left + std::chrono::microseconds(1))) !=
-          seen) {
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      pause_between_looks(s.gate_watch(), seen, deadline, [&] { return s.gate_word(); });
+      if (bell.rings() != seen) {
         return s.mirror() == FREERIDE_GATE_OPEN && (closed_seen || s.mirror_seq() != seq);
       }
     }
@@ -375,7 +375,15 @@ class CudaBackend final : public Backend {
 
   std::string admission() const override {
     if (s_->stream_wait) return "stream-wait";
-    return s_->ring ? "ring" : "poll";
+    switch (s_->admission) {
+      case AdmissionMode::kPoll:
+        return "poll";
+      case AdmissionMode::kSpin:
+        return "spin";
+      case AdmissionMode::kRing:
+        break;
+    }
+    return "ring";
   }
 
   bool launches_at_opens() const override { return s_->launch_at_opens; }

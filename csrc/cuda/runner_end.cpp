@@ -44,12 +44,13 @@ class NvtxRange {
 // runs on in an open gate, or one queued ahead that has not begun: fewer wake-ups beside
 // training; an open rings the bell and ends such a sleep), and ask the driver whether the
 // stream is idle (a kernel that failed, or one that left without its end record) every
-// kStreamQueryEvery. While the gate is closed, a launch queued ahead that has not begun
-// (nearly always, while training runs ahead of the GPU) begins at an open at the
-// earliest, and the watcher rings the bell then: where rings are on, this thread sleeps
-// on it for kNotBegunWait and asks the driver only that often (review G14: 250 us sleeps
-// and 1 ms queries woke it some 5,000 times a second through compute). Not while the gate
-// reads open: a launch queued behind another begins when that one ends, unrung.
+// kStreamQueryEvery. Under FREERIDE_ADMISSION=spin, a launch that has begun is looked at
+// between yields instead of sleeps. While the gate is closed, a launch queued ahead that
+// has not begun (nearly always, while training runs ahead of the GPU) begins at an open
+// at the earliest, and the watcher rings the bell then: where rings are on, this thread
+// sleeps on it for kNotBegunWait and asks the driver only that often (review G14: 250 us
+// sleeps and 1 ms queries woke it some 5,000 times a second through compute). Not while
+// the gate reads open: a launch queued behind another begins when that one ends, unrung.
 constexpr std::chrono::microseconds kEndSpin{20};
 constexpr std::chrono::microseconds kEndPoll{50};
 constexpr std::chrono::microseconds kEndPollFar{250};
@@ -214,6 +215,10 @@ LaunchEnd CudaRunner::wait_for_end(const Launch& l) {
         const auto left = std::chrono::duration_cast<std::chrono::microseconds>(next_query - now);
         bell.wait_for(seen, not_begun_in_compute() ? std::max(left, kEndPollFar) : kEndPollFar);
       }
+    } else if (s_->admission == AdmissionMode::kSpin) {
+      // Begun: its end makes the executor's next launch due, which FREERIDE_ADMISSION=spin
+      // makes without a sleep's overshoot (up to kEndPollFar, past a slice in an open gate).
+      std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(end_is_near() ? kEndPoll : kEndPollFar);
     }

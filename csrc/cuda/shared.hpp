@@ -23,6 +23,7 @@
 #include "cuda/device_guard.hpp"
 #include "cuda/driver.hpp"
 #include "cuda/gate_memory.hpp"
+#include "cuda/gate_wait.hpp"
 #include "cuda/launch_shapes.hpp"
 #include "cuda/occupancy.hpp"
 #include "cuda/open_watcher.hpp"
@@ -115,10 +116,12 @@ struct CudaShared {
   cudaStream_t control = nullptr;
   GateSlot gate;
   // How a closed gate is waited for: by the bell, which `watcher` rings once a
-  // stream-ordered open has taken effect (ring_and_launch), or by polling the mirror
-  // (FREERIDE_ADMISSION=poll). Null where polling, and after shutdown.
+  // stream-ordered open has taken effect (ring_and_launch), by polling the mirror
+  // (FREERIDE_ADMISSION=poll), or by spinning on the mirror and the bell ("spin": the
+  // watcher still rings). Null where polling, and after shutdown.
   std::unique_ptr<OpenWatcher> watcher;
-  bool ring = true;
+  bool ring = true;  // the watcher rings (ring and spin)
+  AdmissionMode admission = AdmissionMode::kRing;
   // When the host-started path passed its steps (Backend::admission_stamps): the
   // watcher's thread stamps `reached`, run() `woke`, a host-made launch `launched`.
   // Shared with the watcher, whose thread may outlive this.
@@ -468,6 +471,10 @@ struct CudaShared {
   uint32_t mirror_seq() const {
     return std::atomic_ref<unsigned int>(gate.mirror[kMirrorSeq]).load();
   }
+  // The gate's state as a wait for it reads it between looks (gate_wait.hpp): the mirror
+  // and its number, which together change with every write that takes effect.
+  uint64_t gate_word() const { return (uint64_t{mirror_seq()} << 32) | mirror(); }
+  GateWatch gate_watch() const { return GateWatch{*gate.bell, unrung, admission}; }
   // The mirror reads open under an open that was not skipped (SkippedOpens): the mirror,
   // its number, then the mirror again. A close writes its value, then its number: one
   // landing between the first two reads would pair the open value read before it with

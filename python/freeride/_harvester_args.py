@@ -41,5 +41,29 @@ def warn_if_lazy_loading(kind: str, time_slice: float | None) -> None:
     )
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, where the OS says)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def warn_if_spinning_on_one_core(admission: str, cores: int) -> None:
+    """Warns where FREERIDE_ADMISSION=spin meets a process that may run on one core: the
+    executor's spin then shares it with the training thread."""
+    if admission != "spin" or cores >= 2:
+        return
+    # warn_if_spinning_on_one_core <- Harvester.__init__ <- the caller
+    warnings.warn(
+        f"freeride: FREERIDE_ADMISSION=spin in a process that may run on {cores} core: the "
+        "executor thread yields between looks at the gate while a task waits, on the core "
+        "the training thread needs. Give the process a core to spare (its CPU affinity), "
+        "or leave FREERIDE_ADMISSION unset.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
 def default_workers() -> int:
     return max(1, (os.cpu_count() or 2) // 2)

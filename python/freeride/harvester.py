@@ -16,7 +16,13 @@ from ._C import MAX_SLICES, Executor
 from ._checks import check_count, parse_memory
 from ._closing import ABORT_DEADLINE_S, ABORT_STEP_TIMEOUT_S, Parts
 from ._device import host_instead, resolve_device
-from ._harvester_args import check_time_slice, default_workers, warn_if_lazy_loading
+from ._harvester_args import (
+    check_time_slice,
+    default_workers,
+    usable_cores,
+    warn_if_lazy_loading,
+    warn_if_spinning_on_one_core,
+)
 from ._streams import current_streams, refuse_capturing, stream_handle
 from .attach import Attachment
 from .errors import CudaUnavailableError, HarvesterClosedError
@@ -205,6 +211,7 @@ class Harvester:
             self._kind, self._device_index = "host", -1
             self._ex = executor(self._kind, self._device_index)
         warn_if_lazy_loading(self._kind, self._time_slice)
+        warn_if_spinning_on_one_core(str(self._ex.admission), usable_cores())
         self._lock = threading.Lock()
         self._closed = False
         # Every handle the user still holds, for tasks() and report()...
@@ -285,10 +292,12 @@ class Harvester:
 
     @property
     def admission(self) -> str:
-        """How a side launch is let in once the gate opens: "ring" (the executor thread
-        sleeps until a watcher thread, waiting for an event recorded behind the open,
-        wakes it), "poll" (it polls the gate's host mirror: FREERIDE_ADMISSION=poll),
-        "stream-wait" (Harvester(stream_wait=True)), or "host" on the host backend."""
+        """How a side launch is let in once the gate opens, where no launch was queued at
+        the open: "ring" (the executor thread sleeps until a watcher thread, waiting for
+        an event recorded behind the open, wakes it), "poll" (it polls the gate's host
+        mirror: FREERIDE_ADMISSION=poll), "spin" (it yields between looks at the mirror
+        while a task waits, for a host core: FREERIDE_ADMISSION=spin), "stream-wait"
+        (Harvester(stream_wait=True)), or "host" on the host backend."""
         return str(self._ex.admission)
 
     @property
