@@ -49,6 +49,12 @@ def channels_file(reserve: str, lookahead: str) -> str:
     return f"channels_{reserve}_lookahead_{lookahead}.json"
 
 
+# G2's probe in a green context with workqueues of its own (FREERIDE_GREEN_WORKQUEUE=
+# balanced, CUDA 13.1 drivers), no lookahead bound.
+BALANCED_CHANNELS = "channels_green-context_workqueues_balanced.json"
+BALANCED_SETTING = "green-context with its own workqueues (FREERIDE_GREEN_WORKQUEUE=balanced)"
+
+
 # Targets (benchmarks/README.md, issue 36).
 PAUSE_ITEM_US = (1, 5, 10, 20, 100)
 PAUSE_TARGET = (10, 20.0)  # p99 <= 20 us with 10 us items
@@ -84,6 +90,8 @@ HARVEST_ROWS = (
     ),
     ("spin-0.5ms-8q", "single-phase Spin, 20 bubbles of 0.5 ms, 8 queues (default)"),
     ("spin-0.5ms-1q", "single-phase Spin, 20 bubbles of 0.5 ms, 1 queue"),
+    ("spin-20ms-8q-slices16", "single-phase Spin, 5 bubbles of 20 ms, 8 queues, max_slices=16"),
+    ("spin-20ms-1q-slices16", "single-phase Spin, 5 bubbles of 20 ms, 1 queue, max_slices=16"),
     (
         "phases-20ms-8q-ahead0",
         "30-phase ItemCounter, 20 ms bubbles, 8 queues, device phases off, phases ahead off",
@@ -348,6 +356,13 @@ def harvest_rows(harvest: Source) -> list[Row]:
             why = f"{measured}; ran with device phases {ran}: not this setting"
             rows.append(Row(metric, setting, why, target, FAILED))
             continue
+        slices = 16 if key.endswith("-slices16") else None
+        if slices is not None and r.get("max_slices") != slices:
+            why = f"{measured}; ran with max_slices {r.get('max_slices')}: not this setting"
+            rows.append(Row(metric, setting, why, target, FAILED))
+            continue
+        if _num(r.get("slice_bound")):
+            measured += f"; launches run on {r['slice_bound'] * 1e3:g} ms at most"
         if "phases_in_bubbles" in r:
             measured += f"; {r['phases_in_bubbles']} phases in the bubbles"
             if r.get("violations_in_bubbles") or r.get("violations"):
@@ -358,38 +373,49 @@ def harvest_rows(harvest: Source) -> list[Row]:
     return rows
 
 
-def held_rows(channels: dict[tuple[str, str], Source]) -> list[Row]:
-    metric = "other-stream kernels held (G2 probe)"
-    target = "0 of 24"
+def held_rows(channels: dict[tuple[str, str], Source], balanced: Source) -> list[Row]:
     rows = []
     for reserve in RESERVES:
         for lookahead in LOOKAHEADS:
             bound = "no lookahead bound" if lookahead == "none" else f"lookahead bound {lookahead}"
-            setting = f"{reserve}, {bound}"
-            source = channels[(reserve, lookahead)]
-            d = source.data
-            if d is None:
-                rows.append(_not_run(metric, setting, target, source))
-                continue
-            if not _num(d.get("held")):
-                why = d.get("error") or "no count in the output"
-                rows.append(Row(metric, setting, f"no figure: {why}", target, FAILED))
-                continue
-            others, never = d.get("others", 24), d.get("never_done", 0)
-            carried = d.get("launches_at_these_opens")
-            measured = (
-                f"{d['held']} of {others} held, {never} never done; {d.get('opens')} opens: "
-                f"{carried} carried a launch, {d.get('beyond_lookahead')} left without "
-                "(beyond the bound)"
-            )
-            if d.get("launches_at_opens") and carried == 0:
-                measured += "; the opens carried no launch: tests nothing"
-                rows.append(Row(metric, setting, measured, target, FAILED))
-                continue
-            if d.get("error"):
-                measured += f"; then: {d['error']}"
-            rows.append(Row(metric, setting, measured, target, judge(d["held"] == never == 0)))
+            rows.append(_held_row(f"{reserve}, {bound}", channels[(reserve, lookahead)]))
+    d = balanced.data
+    had = None if d is None else d.get("green_workqueues")
+    if d is not None and had != "balanced" and not d.get("error"):
+        # The driver gave none (before CUDA 13.1), or this build cannot ask: nothing of the
+        # setting was measured.
+        why = f"not had: {had}" if had else "no workqueue report in the probe's output"
+        rows.append(Row(HELD_METRIC, BALANCED_SETTING, why, HELD_TARGET, NOT_RUN))
+    else:
+        rows.append(_held_row(BALANCED_SETTING, balanced))
     return rows
+
+
+HELD_METRIC = "other-stream kernels held (G2 probe)"
+HELD_TARGET = "0 of 24"
+
+
+def _held_row(setting: str, source: Source) -> Row:
+    """One run of probe_channels.py: how many of the other streams' kernels waited."""
+    d = source.data
+    if d is None:
+        return _not_run(HELD_METRIC, setting, HELD_TARGET, source)
+    if not _num(d.get("held")):
+        why = d.get("error") or "no count in the output"
+        return Row(HELD_METRIC, setting, f"no figure: {why}", HELD_TARGET, FAILED)
+    others, never = d.get("others", 24), d.get("never_done", 0)
+    carried = d.get("launches_at_these_opens")
+    measured = (
+        f"{d['held']} of {others} held, {never} never done; {d.get('opens')} opens: "
+        f"{carried} carried a launch, {d.get('beyond_lookahead')} left without "
+        "(beyond the bound)"
+    )
+    if d.get("launches_at_opens") and carried == 0:
+        measured += "; the opens carried no launch: tests nothing"
+        return Row(HELD_METRIC, setting, measured, HELD_TARGET, FAILED)
+    if d.get("error"):
+        measured += f"; then: {d['error']}"
+    return Row(HELD_METRIC, setting, measured, HELD_TARGET, judge(d["held"] == never == 0))
 
 
 def overhead_rows(pipeline: Source) -> list[Row]:
@@ -686,7 +712,7 @@ def rows_of(folder: str) -> list[Row]:
             src["admission_spin"],
         ),
         *harvest_rows(src["harvest"]),
-        *held_rows(channels),
+        *held_rows(channels, load(folder, BALANCED_CHANNELS)),
         *overhead_rows(src["pipeline"]),
         *item_rows(src["items"]),
         *bandwidth_rows(src["items"]),

@@ -222,7 +222,7 @@ if step measure; then
   # settings it varies (in a subshell), and each item sets its own. [~N s] is the estimate
   # on an H200 and where it comes from (results/h200-2026-11-27/: "measured" from its
   # logs, JSON dates and summary, "est." where nothing like it has run on a GPU yet); the
-  # number after the name is the hard limit. Estimates add up to ~430 s (the step took
+  # number after the name is the hard limit. Estimates add up to ~450 s (the step took
   # 185 s with MEASURE_QUICK=1 at cf361a5, its build aside), the limits to ~840 s: with
   # MEASURE_BUDGET=480 everything runs unless something hangs, and then the last items
   # are listed NOT RUN and their rows say "not run".
@@ -271,7 +271,8 @@ if step measure; then
     #    ItemCounter with device phases (the default), then with them off and phases
     #    ahead off and on (the last four, where the budget leaves time): 10 workers, each
     #    in a fresh process (probes/probe_harvest_matrix.py; its own budget is what is
-    #    left here, at most 150 s). [~61 s measured at cf361a5]
+    #    left here, at most 150 s). [~61 s measured at cf361a5, ~20 s more est. for the two
+    #    max_slices=16 runs added since]
     left=$((deadline - SECONDS - 10))
     [ $left -gt 150 ] && left=150
     [ $left -lt 0 ] && left=0
@@ -290,6 +291,14 @@ if step measure; then
         stand_in "$m/channels_${r}_lookahead_${la}.json" $? "measure_channels_${r}_lookahead_$la"
       done
     done
+    #    And in a green context with workqueues of its own (issue 36 item 2: kept only if
+    #    it measures better), where the driver has them (CUDA 13.1); on an older one the
+    #    row says why not. [~5 s est.]
+    probe $deadline measure_channels_green_balanced 20 FREERIDE_GREEN_WORKQUEUE=balanced \
+      probe_channels.py green-context --opens 4 \
+      --json "$m/channels_green-context_workqueues_balanced.json"
+    stand_in "$m/channels_green-context_workqueues_balanced.json" $? \
+      measure_channels_green_balanced
     # 5. Item overhead of each built-in task against its plain kernel, and side-kernel
     #    bandwidth against a plain copy of Saxpy's bytes. [~14 s measured at cf361a5]
     budgeted $deadline measure_bench_items 60 $py -m freeride bench items --mode gpu \
@@ -471,9 +480,10 @@ if step qualify; then
   # reclaimed once passed (G5, G7). 4 workers. [~25 s]
   pytest_file $deadline 45 tests/test_abandon_gpu.py -m gpu
   # G18: the green context's blocks stay on its SMs (and the fallback where they would
-  # not), and PTX the driver cannot JIT named (forced). [~2 x 6 s]
-  pytest_file $deadline 30 tests/test_reserve_gpu.py -m gpu \
-    -k "stay_on_its_sms or outside_the_green_context"
+  # not), its own workqueues where the driver has them (FREERIDE_GREEN_WORKQUEUE, first
+  # GPU run), and PTX the driver cannot JIT named (forced). [~3 x 6 s]
+  pytest_file $deadline 40 tests/test_reserve_gpu.py -m gpu \
+    -k "stay_on_its_sms or outside_the_green_context or own_workqueues"
   pytest_file $deadline 30 tests/test_drivers_gpu.py -m gpu -k cannot_jit
   # F12's launch drawn where its first block began [~5 s].
   pytest_file $deadline 30 tests/test_gpu.py -m gpu -k first_block

@@ -189,6 +189,10 @@ class Backend {
   // why green-context was asked for and not used, else "".
   virtual std::string reserve_mechanism() const { return "none"; }
   virtual std::string reserve_fallback() const { return ""; }
+  // The green context's workqueues: "shared" (the device's), "balanced" (its own,
+  // FREERIDE_GREEN_WORKQUEUE=balanced), "shared (balanced not had: why)"; "" without a
+  // green context.
+  virtual std::string green_workqueues() const { return ""; }
   // Host backend: how its side threads stay out of training's way in every scheduling
   // group, not only their own ("sched-idle", "idle-cgroup" or "backoff": see
   // host_idle.hpp), and why that one; "" on CUDA.
@@ -221,21 +225,24 @@ class Backend {
   virtual uint32_t gate_read() const = 0;
   virtual uint32_t gate_seq() const = 0;
   // Sleeps until gate_read() is open (true) or `timeout_s` passed (false), without
-  // polling: woken by opens (on CUDA once a stream-ordered open has taken effect). For
+  // polling: woken by opens (on CUDA once a stream-ordered open has taken effect; CUDA
+  // under FREERIDE_ADMISSION=poll polls, and under "spin" yields between looks). For
   // threads that wait for bubbles beside training (iterative tasks).
   virtual bool wait_open(double timeout_s) const = 0;
   // Whether the gate reads open with a sequence number other than `seq` (an open newer
   // than the one `seq` names has taken effect: a new bubble), after sleeping until it
   // does, `timeout_s` passed or interrupt_waits() was called, whichever comes first.
   // Woken by opens like wait_open(), never by closes, so it costs nothing while training
-  // computes; on CUDA any other ring of the gate's bell ends it too, returning false (the
-  // first launch a stream-ordered open enqueues, which a backing-off executor takes up;
-  // a runner's stop or hand-back, rare), and callers look again. For waiters that already looked at the bubble `seq` and found nothing to
-  // do in it: the executor after a launch that ran no item, the iterative runner after a
-  // bubble without room for a step. (CUDA with FREERIDE_ADMISSION=poll: nothing rings,
-  // the wait lasts its timeout. CUDA also looks at the mirror every millisecond, and a
-  // mirror seen closed and then open again counts as a newer open: a CUDA graph's
-  // replayed opens repeat their captured numbers and ring nothing.)
+  // computes (but under FREERIDE_ADMISSION=spin, which yields between looks); on CUDA any
+  // other ring of the gate's bell ends it too, returning false (the first launch a
+  // stream-ordered open enqueues, which a backing-off executor takes up; a runner's stop
+  // or hand-back, rare), and callers look again. For waiters that already looked at the
+  // bubble `seq` and found nothing to do in it: the executor after a launch that ran no
+  // item, the iterative runner after a bubble without room for a step. (CUDA with
+  // FREERIDE_ADMISSION=poll: nothing rings, it looks every 20 us. CUDA also looks at the
+  // mirror every millisecond, and a mirror seen closed and then open again counts as a
+  // newer open: a CUDA graph's replayed opens repeat their captured numbers and ring
+  // nothing.)
   virtual bool wait_next_open(uint32_t seq, double timeout_s) const = 0;
   // Ends every wait_next_open() in progress and makes wait_open() look again: the
   // executor's submit, cancel and close, so that a wait for a new bubble does not hold
@@ -243,7 +250,7 @@ class Backend {
   virtual void interrupt_waits() = 0;
   // How a launch is admitted on CUDA: "ring" (the executor thread sleeps until a watcher
   // thread, waiting for an event recorded behind the open, wakes it), "poll" (it polls
-  // the gate's mirror) or
+  // the gate's mirror), "spin" (it yields between looks at the mirror and the bell) or
   // "stream-wait"; "host" on the host backend.
   virtual std::string admission() const { return "host"; }
   // CUDA: whether a stream-ordered open enqueues the running task's next launch then, at
@@ -368,6 +375,9 @@ struct CudaOptions {
   // Longest a block of a launch keeps claiming items (0: until the gate closes; but see
   // launch_slice_rule.hpp).
   uint64_t slice_ns = kDefaultSliceNs;
+  // Past its slice, the most slices a launch claims on in all while the close ending its
+  // bubble is pending (fr_item_ctx.max_slices; 0: FREERIDE_MAX_SLICES).
+  uint32_t max_slices = 0;
   // Gate write mechanism on a stream: "batch", "memop", "copy" or "kernel"; empty: the
   // FREERIDE_GATE_WRITE environment variable, else "batch". An unusable one falls back
   // (batch -> memop -> copy). Not exposed by the Python API: a benchmark and test knob.

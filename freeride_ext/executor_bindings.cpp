@@ -30,12 +30,13 @@ std::unique_ptr<Executor> make_executor(const std::string& kind, int device, int
                                         bool gate_in_host_memory, bool stream_wait,
                                         uint64_t memory_budget, const ReserveTuple& reserve,
                                         uint64_t slice_ns, const std::string& reserve_mechanism,
-                                        int reserve_sms) {
+                                        int reserve_sms, uint32_t max_slices) {
   freeride::CudaOptions options;
   options.gate_in_host_memory = gate_in_host_memory;
   options.stream_wait = stream_wait;
   options.reserve = to_reserve(reserve);
   options.slice_ns = slice_ns;
+  options.max_slices = max_slices;
   options.reserve_mechanism = reserve_mechanism;
   options.reserve_sms = reserve_sms;
   return std::make_unique<Executor>(freeride::make_backend(kind, device, workers, options),
@@ -92,7 +93,7 @@ void bind_executor(py::module_& m) {
            py::arg("gate_in_host_memory"), py::arg("stream_wait"), py::arg("memory_budget"),
            py::arg("reserve"), py::arg("slice_ns"),
            py::arg("reserve_mechanism") = "occupancy-cap", py::arg("reserve_sms") = 0,
-           release_gil())
+           py::arg("max_slices") = 0, release_gil())
       .def("submit", &Executor::submit, py::arg("task"), py::arg("priority"),
            py::arg("after") = std::vector<uintptr_t>{}, release_gil(),
            "after: stream handles whose work so far the task's first launch waits for")
@@ -224,6 +225,8 @@ void bind_executor(py::module_& m) {
                              [](Executor& ex) { return ex.backend().reserve_mechanism(); })
       .def_property_readonly("reserve_fallback",
                              [](Executor& ex) { return ex.backend().reserve_fallback(); })
+      .def_property_readonly("green_workqueues",
+                             [](Executor& ex) { return ex.backend().green_workqueues(); })
       .def_property_readonly("host_idle", [](Executor& ex) { return ex.backend().host_idle(); })
       .def_property_readonly("host_idle_reason",
                              [](Executor& ex) { return ex.backend().host_idle_reason(); })

@@ -59,6 +59,7 @@ std::map<std::string, py::object> wait_for_gate(const std::string& mode, const s
   std::atomic<bool> stopped{false};
   freeride::cuda::GateWaitCounts counts;
   bool result = false;
+  double elapsed_ms = 0.0;
   {
     py::gil_scoped_release release;
     std::thread other([&] {
@@ -80,15 +81,20 @@ std::map<std::string, py::object> wait_for_gate(const std::string& mode, const s
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                               std::chrono::duration<double, std::milli>(timeout_ms));
+    const auto began = std::chrono::steady_clock::now();
     result = freeride::cuda::wait_for_gate(
         watch, deadline, [&] { return word.load(); }, [&] { return stopped.load(); },
         [&] { return open.load(); }, &counts);
+    elapsed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                           began)
+                     .count();
     other.join();
   }
   return {{"opened", py::bool_(result)},
           {"looks", py::int_(counts.looks)},
           {"sleeps", py::int_(counts.sleeps)},
-          {"spins", py::int_(counts.spins)}};
+          {"spins", py::int_(counts.spins)},
+          {"elapsed_ms", py::float_(elapsed_ms)}};
 }
 
 }  // namespace
@@ -102,7 +108,7 @@ void register_gate_wait_hooks(py::module_& t) {
         "'rung open', 'stop', 'none') `event_ms` into a wait of `timeout_ms`; "
         "`look_every_ms` lengthens spin's stretches of yields between full looks, "
         "`open_for_ms` closes the gate again that long after the open: "
-        "{opened, looks, sleeps, spins}.");
+        "{opened, looks, sleeps, spins, elapsed_ms}.");
   t.attr("SPIN_LOOK_EVERY_MS") =
       std::chrono::duration<double, std::milli>(freeride::cuda::kSpinLookEvery).count();
 }

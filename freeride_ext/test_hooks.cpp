@@ -304,6 +304,9 @@ void register_test_hooks(py::module_& m) {
         "csrc/cuda/admission.hpp's watcher_launch_enabled: FREERIDE_WATCHER_LAUNCH as read.");
   t.def("lookahead_bound", &freeride::cuda::lookahead_bound,
         "csrc/cuda/admission.hpp's lookahead_bound: FREERIDE_MAX_LOOKAHEAD as read.");
+  t.def("balanced_workqueues_wanted", &freeride::cuda::balanced_workqueues_wanted,
+        "csrc/cuda/admission.hpp's balanced_workqueues_wanted: FREERIDE_GREEN_WORKQUEUE as "
+        "read.");
   t.def(
       "admission_mode",
       []() -> std::string {

@@ -70,9 +70,10 @@ class CloseModel {
   // The executor's launch for an open whose ordinal was noted (OpenOrdinals), or 0.
   void launch_for(uint32_t next_close) { next_close_ = next_close; }
   uint32_t next_ordinal() const { return ledger_.next(); }
-  bool may_claim(bool gate_open, uint64_t ran_ns, uint64_t slice_ns) const {
+  bool may_claim(bool gate_open, uint64_t ran_ns, uint64_t slice_ns,
+                 uint64_t max_slices) const {
     return freeride::may_claim(gate_open, ran_ns, slice_ns, ledger_.latest(), slots_, seen_,
-                               next_close_);
+                               next_close_, max_slices);
   }
   bool closed_since_start() const { return freeride::closed_since(seen_, slots_); }
   bool bubble_over() const { return freeride::bubble_over(next_close_, slots_); }
@@ -107,7 +108,7 @@ void register_rule_hooks(py::module_& t) {
       .def_property_readonly("next_ordinal", &CloseModel::next_ordinal)
       .def_property_readonly("bubble_over", &CloseModel::bubble_over)
       .def("may_claim", &CloseModel::may_claim, py::arg("gate_open"), py::arg("ran_ns"),
-           py::arg("slice_ns"));
+           py::arg("slice_ns"), py::arg("max_slices") = 0);
   py::class_<freeride::cuda::OpenOrdinals>(
       t, "OpenOrdinals",
       "csrc/cuda/open_ordinals.hpp: the ordinal of the first close after each recent open.")
@@ -129,11 +130,12 @@ void register_rule_hooks(py::module_& t) {
         "freeride/slice.h's waits_for_refresh.");
   t.def(
       "slice_time",
-      [](uint64_t ran_ns, uint64_t slice_ns) {
-        return static_cast<int>(freeride::slice_time(ran_ns, slice_ns));
+      [](uint64_t ran_ns, uint64_t slice_ns, uint64_t max_slices) {
+        return static_cast<int>(freeride::slice_time(ran_ns, slice_ns, max_slices));
       },
-      py::arg("ran_ns"), py::arg("slice_ns"),
-      "freeride/slice.h's slice_time: 0 within the slice, 1 extendable, 2 over.");
+      py::arg("ran_ns"), py::arg("slice_ns"), py::arg("max_slices") = 0,
+      "freeride/slice.h's slice_time: 0 within the slice, 1 extendable, 2 over "
+      "(max_slices 0: FREERIDE_MAX_SLICES).");
   t.def(
       "look_at_pending",
       [](uint64_t word, uint64_t now_ns) {

@@ -593,7 +593,7 @@ def mode_queued_bubbles(args: dict) -> dict:
     the overhead. Reserve and launch at opens follow `reserve` and the environment
     (FREERIDE_LAUNCH_AT_OPEN), CUDA_DEVICE_MAX_CONNECTIONS the parent's setting; the time
     slice is `time_slice` where given (null: none), else the harvester's default, so that a
-    bubble (`recv_ms`) can fit in one slice or outlast it."""
+    bubble (`recv_ms`) can fit in one slice or outlast it; `max_slices` likewise."""
     import torch
 
     import freeride as fr
@@ -607,6 +607,8 @@ def mode_queued_bubbles(args: dict) -> dict:
     options: dict = {"reserve": reserve}
     if "time_slice" in args:  # absent: the harvester's default; null: no slice at all
         options["time_slice"] = args["time_slice"]
+    if "max_slices" in args:  # absent: the harvester's default
+        options["max_slices"] = args["max_slices"]
     torch.cuda.init()
     out: dict = {
         "connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
@@ -622,6 +624,7 @@ def mode_queued_bubbles(args: dict) -> dict:
         out["launches_at_opens"] = h.launches_at_opens
         out["time_slice"] = h.time_slice
         out["slice_bound"] = h.slice_bound
+        out["max_slices"] = getattr(h, "max_slices", None)
         # Baseline: the queue's GPU time without side work (after one warm-up).
         baseline = []
         for _ in range(2):

@@ -298,7 +298,7 @@ def mode_g4(args: dict) -> dict:
     need `green_factor` x the bound (4 x SMs would finish on them at once). Then the same
     grid `sliced_reps` times with the gate opened on T and no close enqueued (the slice
     bounds each launch), and, after the harvester is closed, alone on the idle GPU (the
-    control)."""
+    control). `max_slices`, where given, is the harvester's."""
     import cupy as cp
     import torch
 
@@ -330,7 +330,8 @@ def mode_g4(args: dict) -> dict:
 
     _, warm = grid(sms)
     warm.synchronize()
-    h, fallback = _harvester(fr, reserve)
+    options = {"max_slices": int(args["max_slices"])} if "max_slices" in args else {}
+    h, fallback = _harvester(fr, reserve, **options)
     if h is None:
         return _fell_back(fr, fallback)
     bound_s, bound_from = slice_bound_s(fr, h)

@@ -375,11 +375,38 @@ def test_a_kernel_without_the_phase_refuses_a_launch_with_device_phases(kernel, 
 def test_a_claim_knows_the_close_of_its_launchs_bubble(kernel, arch):
     """A launch made at an open ends once its bubble's close has executed, however late
     it began (freeride/slice.h, bubble_over): the kernel reads fr_item_ctx.next_close,
-    the last field, from its parameters before its first claim."""
+    the last field but max_slices, from its parameters before its first claim (alone, or
+    with max_slices beside it in one load)."""
     from freeride._C import ITEM_CTX_BYTES
 
     code = instructions(_ptx(SOURCES[kernel], arch), kernel)
-    field = re.compile(rf"ld\.param\.u32\s+%r\d+, \[\w+_param_0\+{ITEM_CTX_BYTES - 8}\]")
-    reads = [n for n, i in enumerate(code) if field.match(i)]
+    reads = [n for n, i in enumerate(code) if ITEM_CTX_BYTES - 8 in _u32_param_offsets(i)]
     claim = next(n for n, i in enumerate(code) if i.startswith("atom.global.add.u64"))
     assert reads and min(reads) < claim, (reads, claim)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kernel", ["scale", "one_item"])
+def test_a_claim_past_the_slice_reads_the_launchs_max_slices(kernel, arch):
+    """Running on past the slice is bounded by the launch's own fr_item_ctx.max_slices (the
+    last field, Harvester(max_slices=...)), not by a constant compiled into the kernel."""
+    from freeride._C import ITEM_CTX_BYTES
+
+    code = instructions(_ptx(SOURCES[kernel], arch), kernel)
+    assert any(ITEM_CTX_BYTES - 4 in _u32_param_offsets(i) for i in code)
+
+
+# A load of 32-bit words of fr_item_ctx from the kernel's parameters: one, or two at once.
+_U32_PARAM = re.compile(
+    r"ld\.param\.(?P<v2>v2\.)?u32\s+(?:%r\d+|\{%r\d+, %r\d+\}), \[\w+_param_0\+(?P<at>\d+)\]"
+)
+
+
+def _u32_param_offsets(instruction: str) -> tuple[int, ...]:
+    """The offsets into fr_item_ctx of the 32-bit words `instruction` loads (none if it
+    loads no such words)."""
+    m = _U32_PARAM.match(instruction)
+    if m is None:
+        return ()
+    at = int(m.group("at"))
+    return (at, at + 4) if m.group("v2") else (at,)

@@ -34,7 +34,15 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("iterative tasks", ("freeride.iterative",)),
     ("side tasks", ("freeride.tasks",)),
     ("schedule hooks", ("freeride.attach",)),
-    ("harvester", ("freeride.harvester", "freeride._closing", "freeride._harvester_args")),
+    (
+        "harvester",
+        (
+            "freeride.harvester",
+            "freeride._closing",
+            "freeride._harvester_args",
+            "freeride._harvester_counts",
+        ),
+    ),
     ("engines and the job queue", ("freeride.integrations", "freeride.job")),
     ("public face", ("freeride", "freeride._moved")),
     ("tooling", ("freeride.cli", "freeride.__main__")),

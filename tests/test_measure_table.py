@@ -32,10 +32,10 @@ def _load(name: str, path: pathlib.Path):
 
 mt = _load("measure_table", ROOT / "benchmarks" / "measure_table.py")
 
-# 10 pause (close queued ahead; host-enqueued) + 5 admission + 10 harvest + 4 held
+# 10 pause (close queued ahead; host-enqueued) + 5 admission + 12 harvest + 5 held
 # + 8 overhead + 6 items + 3 bw + 6 host (2 hooks, the CUDA calls alone, with a launch,
 # 2 gate writes alone) + 2 executor sleep + 1 training admission
-ROWS = 55
+ROWS = 58
 AHEAD = "gate in device memory, close queued ahead"
 HOST_ENQUEUED = "gate in device memory, close enqueued as the GPU waits"
 
@@ -226,13 +226,20 @@ def full_folder(folder: pathlib.Path) -> pathlib.Path:
         for la in mt.LOOKAHEADS:
             bound = "unset" if la == "none" else la
             write(folder, mt.channels_file(reserve, la), channels(0, bound=bound))
-    runs = {
-        key: {"result": phases_result(0.9) if "phases" in key else bubbles_result(0.9)}
-        for key, _ in mt.HARVEST_ROWS
-    }
+    write(folder, mt.BALANCED_CHANNELS, channels(0) | {"green_workqueues": "balanced"})
+    runs = {key: {"result": harvest_result(key, 0.9)} for key, _ in mt.HARVEST_ROWS}
     write(folder, "harvest.json", harvest(runs))
     write(folder, "hooks.json", hooks_result(8.0))
     return folder
+
+
+def harvest_result(key: str, share: float) -> dict:
+    """The worker's result for the matrix run `key`, as a run of that setting gives it."""
+    if "phases" in key:
+        return phases_result(share)
+    if key.endswith("-slices16"):
+        return bubbles_result(share, max_slices=16, slice_bound=0.032)
+    return bubbles_result(share, max_slices=8)
 
 
 def hooks_result(p50_us: float, backend: str = "cuda") -> dict:
@@ -706,6 +713,41 @@ def test_the_admission_split_takes_only_stamps_of_the_trials_open(tmp_path):
     assert "split, p50: seen→reached 1,000, reached→woke 1,000, woke→items 2,000 µs" in row.measured
 
 
+def test_a_max_slices_run_is_of_its_setting(tmp_path):
+    """The max_slices=16 rows take a run whose harvester had 16 (its result says so); a run
+    of a build without the argument, or with the default, fails naming what ran."""
+    key = "spin-20ms-8q-slices16"
+    for ran in (None, 8):
+        result = bubbles_result(0.9) if ran is None else bubbles_result(0.9, max_slices=ran)
+        write(tmp_path, "harvest.json", harvest({key: {"result": result}}))
+        row = by_setting(mt.rows_of(str(tmp_path)), "harvest")[dict(mt.HARVEST_ROWS)[key]]
+        assert row.verdict == mt.FAILED and f"ran with max_slices {ran}" in row.measured, row
+    write(tmp_path, "harvest.json", harvest({key: {"result": harvest_result(key, 0.9)}}))
+    row = by_setting(mt.rows_of(str(tmp_path)), "harvest")[dict(mt.HARVEST_ROWS)[key]]
+    assert row.verdict == mt.MET and "run on 32 ms at most" in row.measured, row
+
+
+@pytest.mark.parametrize(
+    ("had", "verdict", "text"),
+    [
+        ("balanced", mt.MET, "0 of 24 held"),
+        (
+            "shared (balanced not had: the driver has no workqueue configuration)",
+            mt.NOT_RUN,
+            "not had: shared (balanced not had: the driver has no workqueue",
+        ),
+        (None, mt.NOT_RUN, "no workqueue report"),
+    ],
+)
+def test_the_green_contexts_own_workqueues_row(tmp_path, had, verdict, text):
+    """G2's probe with FREERIDE_GREEN_WORKQUEUE=balanced measures the setting only where
+    the harvester had the workqueues (a CUDA 13.1 driver); elsewhere the row says why not,
+    and is not counted as met."""
+    write(tmp_path, mt.BALANCED_CHANNELS, channels(0) | {"green_workqueues": had})
+    row = by_setting(mt.rows_of(str(tmp_path)), "other-stream")[mt.BALANCED_SETTING]
+    assert row.verdict == verdict and text in row.measured, row
+
+
 def test_harvest_rows_are_the_matrix_runs():
     matrix = _probe_module("probe_harvest_matrix")
     assert [r[0] for r in matrix.RUNS] == [key for key, _ in mt.HARVEST_ROWS]
@@ -719,6 +761,8 @@ def test_harvest_rows_are_the_matrix_runs():
             assert device == ("1" if "-device" in key else "0")
             assert env.get("FREERIDE_PHASES_AHEAD", "0") == ("0" if "-device" in key else key[-1])
         assert args.get("recv_ms", 20.0) >= 0.2  # the target's bubbles: >= 200 us
+        assert ("max_slices" in args) == key.endswith("-slices16")
+        assert args.get("max_slices", 16) == 16
 
 
 def test_main_prints_and_writes_the_table(tmp_path, capsys):
@@ -741,6 +785,7 @@ def test_run_gpu_sh_measure_step_writes_what_the_table_reads():
         stem = name.removesuffix(".json")
         assert f'"$m/{name}"' in text or f"measure_bench $deadline {stem} " in text, name
     assert '"$m/channels_${r}_lookahead_${la}.json"' in text
+    assert f'"$m/{mt.BALANCED_CHANNELS}"' in text
     assert f"for r in {' '.join(mt.RESERVES)}; do" in text
     assert f"for la in {' '.join(mt.LOOKAHEADS)}; do" in text
     assert 'benchmarks/measure_table.py "$m"' in text

@@ -577,3 +577,28 @@ def test_launches_outside_the_green_context_fall_back_to_the_occupancy_cap():
     finally:
         _C._testing.green_partition_overflow(False)
     assert _green_partition()[:2] == (inside, total)  # the switch is off again
+
+
+@pytest.mark.gpu
+def test_green_context_with_its_own_workqueues_where_the_driver_has_them(monkeypatch):
+    """Issue 36 item 2: FREERIDE_GREEN_WORKQUEUE=balanced asks for a green context with
+    workqueues of its own (a workqueue configuration of the balanced scope beside the SM
+    group). A CUDA 13.1 driver gives them; an older one makes the green context without
+    them and says why. Either way side work runs every item exactly once."""
+    monkeypatch.setenv("FREERIDE_GREEN_WORKQUEUE", "balanced")
+    driver = fr.backend_info()["driver_version"]
+    with fr.Harvester("cuda:0") as h:
+        if h.green_workqueues is None:
+            pytest.skip(f"no green context here: {h.reserve_fallback}")
+        if driver >= 13010:
+            assert h.green_workqueues == "balanced", h.green_workqueues
+        else:
+            assert h.green_workqueues.startswith("shared (balanced not had: "), h.green_workqueues
+            assert "CUDA 13.1" in h.green_workqueues
+        h.gate.open(stream="host")
+        counts = h.submit(fr.tasks.ItemCounter(20_000, phases=2)).result(60)
+        assert counts.counts.min() == 1 and counts.counts.max() == 1
+        assert counts.violations == 0
+    monkeypatch.delenv("FREERIDE_GREEN_WORKQUEUE")
+    with fr.Harvester("cuda:0") as h:
+        assert h.green_workqueues == "shared"  # the default: the device's, as before

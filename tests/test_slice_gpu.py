@@ -136,8 +136,14 @@ def test_g1_device_sync_returns_in_the_bubble_after_an_empty_compute_action(rese
     assert sum(r["items_per_iteration"]) > 0, "no side item ran in the bubbles: nothing tested"
 
 
-@pytest.mark.parametrize("reserve", RESERVES)
-def test_g4_training_grid_larger_than_the_reserve_waits_at_most_the_slice_bound(reserve):
+@pytest.mark.parametrize(
+    ("reserve", "max_slices", "margin_ms"),
+    [(r, None, MARGIN_MS) for r in RESERVES] + [("occupancy-cap", 2, 2.0)],
+    ids=[*RESERVES, "occupancy-cap-max_slices-2"],
+)
+def test_g4_training_grid_larger_than_the_reserve_waits_at_most_the_slice_bound(
+    reserve, max_slices, margin_ms
+):
     """The training stream T is in a 100 ms bubble whose close is already enqueued (T
     opens the gate, waits for a 100 ms kernel on stream R, closes), with Spin (10 us
     items) running. 5 ms after side items appear, a grid of 1024-thread blocks of 20 us
@@ -147,9 +153,12 @@ def test_g4_training_grid_larger_than_the_reserve_waits_at_most_the_slice_bound(
     the bound alone (4 x SMs blocks would finish there at once, with or without the
     extension). Asserted, 3 times: the grid finishes within the slice bound
     (Harvester.slice_bound, or time_slice x MAX_SLICES, or x 8 where neither is exposed)
-    plus 10 ms, well inside the bubble. On the reviewed code (no cap) the side launch
-    holds its SMs until the close: the grid takes the rest of the bubble (~95 ms under
-    the cap; about twice the bound in a green context).
+    plus 10 ms, well inside the bubble. With Harvester(max_slices=2) the bound is 4 ms, and
+    the margin 2 ms: kernels that ignored fr_item_ctx.max_slices would run on for 16 ms
+    from their start, and the grid, launched 5 ms in, would wait some 11 ms. On the
+    reviewed code (no cap) the side launch holds its SMs until the close: the grid takes
+    the rest of the bubble (~95 ms under the cap; about twice the bound in a green
+    context).
 
     Checked so the assertion means something: the bubble lasted at least 80 ms and at
     least twice the bound, the grid began inside it, and the control (the same grid
@@ -157,7 +166,8 @@ def test_g4_training_grid_larger_than_the_reserve_waits_at_most_the_slice_bound(
     printed: the same grid in a bubble with no close enqueued (each launch ends at its
     slice), for comparison."""
     pytest.importorskip("cupy", reason="the training grid is a CuPy RawKernel")
-    r = _run("g4", reserve, margin_ms=MARGIN_MS)
+    extra = {} if max_slices is None else {"max_slices": max_slices}
+    r = _run("g4", reserve, margin_ms=margin_ms, **extra)
     ext = r["extended"]
     print(
         f"{r['reserve_mechanism']}: grid of {r['blocks']} x 1024 threads x {r['block_us']} us; "

@@ -162,11 +162,46 @@ def test_slice_time_bounds_running_on_to_max_slices():
     assert not m.may_claim(False, 0, SLICE)  # a closed gate: never
 
 
+@pytest.mark.parametrize("most", [1, 2, 32, 2**32 - 1])
+def test_the_bound_is_the_launchs_max_slices(most):
+    """Harvester(max_slices=N) bounds running on to N slices (fr_item_ctx.max_slices; 0
+    is the default, MAX_SLICES): 1 is no running on at all past the slice."""
+    assert T.slice_time(SLICE, SLICE, most) == (OVER if most == 1 else EXTENDABLE)
+    assert T.slice_time(most * SLICE - 1, SLICE, most) == (WITHIN if most == 1 else EXTENDABLE)
+    assert T.slice_time(most * SLICE, SLICE, most) == OVER
+    assert T.slice_time(2**64 - 1, 2**64 - 1, most) == (OVER if most == 1 else EXTENDABLE)
+    m = T.CloseModel()
+    m.enqueue_close()
+    assert m.may_claim(True, most * SLICE - 1, SLICE, most)
+    assert not m.may_claim(True, most * SLICE, SLICE, most)
+    # The default, spelt out or not.
+    n = _C.MAX_SLICES
+    assert m.may_claim(True, n * SLICE - 1, SLICE, 0) and not m.may_claim(True, n * SLICE, SLICE, 0)
+
+
 def test_harvester_reports_the_bound():
     with fr.Harvester("cpu", workers=1, time_slice=0.002) as h:
+        assert h.max_slices == _C.MAX_SLICES
         assert h.slice_bound == pytest.approx(0.002 * _C.MAX_SLICES)
+    with fr.Harvester("cpu", workers=1, time_slice=0.002, max_slices=32) as h:
+        assert h.max_slices == 32
+        assert h.slice_bound == pytest.approx(0.064)
     with fr.Harvester("cpu", workers=1, time_slice=None) as h:
         assert h.slice_bound is None
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "match"),
+    [
+        (0, ValueError, "max_slices must be >= 1"),
+        (10_001, ValueError, "max_slices must be <= 10000"),
+        (2.5, TypeError, "max_slices must be an integer"),
+        (True, TypeError, "max_slices must be an integer"),
+    ],
+)
+def test_a_bad_max_slices_is_refused(value, error, match):
+    with pytest.raises(error, match=match):
+        fr.Harvester("cpu", workers=1, max_slices=value)
 
 
 # A launch never runs in two bubbles (freeride/slice.h: closed_since). On an H200

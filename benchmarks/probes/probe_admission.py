@@ -28,7 +28,7 @@ wakes, then rings, so one wake-up is left of ring's two; its launches are counte
 (`watcher_launches` in the JSON). Spin (FREERIDE_ADMISSION=spin): no wake-up at all, the
 executor yielding between looks at the mirror while the task waits: what is left is its
 launch and the first items (the probe's own look at the mirror spins too), for a host
-core, which the closed-gate second below shows (about 1 CPU-s a second).
+core, which the closed-gate second below shows (expected: about 1 CPU-s a second).
 
 First, with the gate closed from the host and the task waiting for it, the executor
 thread's wake-ups (context switches of "freeride-exec", from /proc) and the process's CPU

@@ -103,9 +103,14 @@ def measure(args: argparse.Namespace, out: dict, fail: Callable[[str, int], NoRe
         f"reserve {h.reserve_mechanism} (fallback: {h.reserve_fallback}), launches at opens "
         f"{h.launches_at_opens}, CUDA_DEVICE_MAX_CONNECTIONS="
         f"{os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS', 'unset (8)')}, "
-        f"{cyc / 1e6:.2f} GHz, FREERIDE_MAX_LOOKAHEAD={bound}, {opens} open(s) on T",
+        f"{cyc / 1e6:.2f} GHz, FREERIDE_MAX_LOOKAHEAD={bound}, {opens} open(s) on T, "
+        f"green context's workqueues: {getattr(h, 'green_workqueues', 'unknown')}",
     )
-    out.update(reserve=h.reserve_mechanism, launches_at_opens=h.launches_at_opens)
+    out.update(
+        reserve=h.reserve_mechanism,
+        launches_at_opens=h.launches_at_opens,
+        green_workqueues=getattr(h, "green_workqueues", None),
+    )
     t = h.submit(fr.tasks.Spin(10**9, 10_000))
     time.sleep(0.2)  # it runs with the gate open
     h.gate.close(stream="host")

@@ -7,7 +7,9 @@ the GPU, under 1 and 8 hardware queues, for a single-phase and a many-phase task
 Runs tests/gpu_worker.py's workers (run_worker: a fresh process each, so that
 CUDA_DEVICE_MAX_CONNECTIONS takes effect; unset means the driver's default, 8):
 - queued_bubbles: a single-phase Spin (20 us items) in 5 bubbles of 20 ms, and in 20
-  bubbles of 0.5 ms (short, still >= 200 us), each under 8 and 1 hardware queues;
+  bubbles of 0.5 ms (short, still >= 200 us), each under 8 and 1 hardware queues; then
+  (after the short ones) the 20 ms bubbles again with Harvester(max_slices=16), whose
+  launches run on for 32 ms instead of 16 ms once the bubble's close is enqueued;
 - queued_phases: a 30-phase ItemCounter (20 us items) in 5 bubbles of 20 ms, under 8 and 1
   hardware queues, with device phases (the default), then (last, after the short Spin
   bubbles) with device phases off (FREERIDE_DEVICE_PHASES=0) and phases ahead off
@@ -79,6 +81,20 @@ RUNS: tuple[tuple[str, str, str, dict[str, str], dict[str, Any]], ...] = (
         "queued_bubbles",
         {"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
         {"recv_ms": 0.5, "iterations": 20},
+    ),
+    (
+        "spin-20ms-8q-slices16",
+        "Spin, 5 bubbles of 20 ms, 8 queues, Harvester(max_slices=16)",
+        "queued_bubbles",
+        {},
+        {"max_slices": 16},
+    ),
+    (
+        "spin-20ms-1q-slices16",
+        "Spin, 5 bubbles of 20 ms, 1 queue, Harvester(max_slices=16)",
+        "queued_bubbles",
+        {"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+        {"max_slices": 16},
     ),
     (
         "phases-20ms-8q-ahead0",

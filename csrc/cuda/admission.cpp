@@ -64,6 +64,10 @@ uint64_t lookahead_bound() {
   return std::stoull(text);
 }
 
+bool balanced_workqueues_wanted() {
+  return !env_switch("FREERIDE_GREEN_WORKQUEUE", "shared", "balanced");
+}
+
 AdmissionMode admission_mode() {
   const char* value = std::getenv("FREERIDE_ADMISSION");
   const std::string wanted = value == nullptr ? "" : value;

@@ -72,6 +72,11 @@ bool withhold_enabled();
 // else.
 uint64_t lookahead_bound();
 
+// Whether the green context asks for workqueues of its own: FREERIDE_GREEN_WORKQUEUE
+// "shared" (the default: the device's, as every context's) or "balanced"
+// (CudaShared::try_green_context). Throws InvalidArgument for another value.
+bool balanced_workqueues_wanted();
+
 // How the executor learns that an open took effect (gate_wait.hpp's AdmissionMode):
 // FREERIDE_ADMISSION "ring" (the default: the open watcher rings its bell), "poll" (it
 // sleeps between looks at the mirror, for comparison in bench preempt) or "spin" (it

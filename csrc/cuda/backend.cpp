@@ -123,6 +123,7 @@ class CudaBackend final : public Backend {
     const bool watcher_launch = watcher_launch_enabled();
     const uint64_t lookahead = lookahead_bound();
     const bool green_wanted = options.reserve_mechanism == "green-context";
+    const bool balanced = balanced_workqueues_wanted();
     FR_ARG(green_wanted || options.reserve_mechanism == "occupancy-cap",
            "reserve.mechanism must be 'occupancy-cap' or 'green-context', got '"
                << options.reserve_mechanism << "'");
@@ -134,6 +135,7 @@ class CudaBackend final : public Backend {
     s.stream_wait = options.stream_wait;
     s.reserve = options.reserve;
     s.slice_ns = options.slice_ns;
+    s.max_slices = options.max_slices;
     DeviceGuard guard(device);
     FR_CUDA_CHECK(cudaDeviceGetAttribute(&s.sm_count, cudaDevAttrMultiProcessorCount, device));
     s.sm = sm_limits(device);
@@ -185,6 +187,7 @@ class CudaBackend final : public Backend {
     }
     s.lookahead_bound = lookahead;
     if (s.launch_at_opens) FR_CUDA_CHECK(cudaEventCreateWithFlags(&s.opened, cudaEventDisableTiming));
+    s.balanced_wanted = balanced;
     if (green_wanted) s.try_green_context(options.reserve_sms, least);
     {
       std::lock_guard<std::mutex> lk(s.pool_mu);
@@ -254,6 +257,9 @@ class CudaBackend final : public Backend {
   }
   std::string reserve_mechanism() const override { return s_->reserve_mechanism; }
   std::string reserve_fallback() const override { return s_->reserve_fallback; }
+  std::string green_workqueues() const override {
+    return s_->green_side != nullptr ? s_->green_workqueues : "";
+  }
 
   // An immediate close carries no ordinal (freeride/slice.h): it has taken effect when it
   // returns, so it is never pending.
@@ -349,13 +355,14 @@ class CudaBackend final : public Backend {
     bool closed_seen = false;
     while (true) {
       const uint64_t seen = bell.rings();  // before the look: a ring in between counts
+      const uint64_t at = s.gate_word();   // and a write
       if (s.mirror() != FREERIDE_GATE_OPEN) {
         closed_seen = true;
       } else if (closed_seen || s.mirror_seq() != seq) {
         return true;
       }
       if (std::chrono::steady_clock::now() >= deadline) return false;
-      pause_between_looks(s.gate_watch(), seen, deadline, [&] { return s.gate_word(); });
+      pause_between_looks(s.gate_watch(), seen, at, deadline, [&] { return s.gate_word(); });
       if (bell.rings() != seen) {
         return s.mirror() == FREERIDE_GATE_OPEN && (closed_seen || s.mirror_seq() != seq);
       }

@@ -94,6 +94,11 @@ const Api& api() {
       resolve("cuGreenCtxCreate", 12040, &a.green_ctx_create, &a.green_error);
       resolve("cuGreenCtxDestroy", 12040, &a.green_ctx_destroy, &a.green_error);
       resolve("cuGreenCtxStreamCreate", 12050, &a.green_ctx_stream_create, &a.green_error);
+      resolve("cuDeviceGetDevResource", 13010, &a.device_get_dev_resource_13010,
+              &a.workqueue_error);
+      resolve("cuDevResourceGenerateDesc", 13010, &a.resource_generate_desc_13010,
+              &a.workqueue_error);
+      resolve("cuGreenCtxCreate", 13010, &a.green_ctx_create_13010, &a.workqueue_error);
       resolve("cuStreamDestroy", 4000, &a.stream_destroy, &a.green_error);
       resolve("cuCtxFromGreenCtx", 12040, &a.ctx_from_green_ctx, &a.green_error);
       resolve("cuCtxGetCurrent", 4000, &a.ctx_get_current, &a.green_error);

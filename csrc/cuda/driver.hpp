@@ -50,6 +50,14 @@ struct Api {
   PFN_cuGreenCtxDestroy_v12040 green_ctx_destroy = nullptr;
   PFN_cuGreenCtxStreamCreate_v12050 green_ctx_stream_create = nullptr;
   PFN_cuStreamDestroy_v4000 stream_destroy = nullptr;
+  // A green context with workqueues of its own (FREERIDE_GREEN_WORKQUEUE=balanced): the
+  // same calls as of CUDA 13.1, whose drivers know the workqueue configuration resource
+  // (older ones answer that they are older). The query's type is an int: the toolkit's
+  // CUdevResourceType may lack the workqueue's value.
+  CUresult(CUDAAPI* device_get_dev_resource_13010)(CUdevice, CUdevResource*, int) = nullptr;
+  PFN_cuDevResourceGenerateDesc_v12040 resource_generate_desc_13010 = nullptr;
+  PFN_cuGreenCtxCreate_v12040 green_ctx_create_13010 = nullptr;
+  std::string workqueue_error;  // why one of those is missing
   // Loading the built-in kernels into a green context when the harvester is made.
   PFN_cuCtxFromGreenCtx_v12040 ctx_from_green_ctx = nullptr;
   PFN_cuCtxGetCurrent_v4000 ctx_get_current = nullptr;

@@ -66,6 +66,10 @@ constexpr size_t kWordStride = 2048;
 static_assert(kReadbackOffset + 16 <= kSecondProgressOffset && kPhaseSlots == 2 &&
               kSecondProgressOffset + 8 <= kEndsOffset && kEndsOffset % 8 == 0 &&
               kEndsOffset + kLaunchRing * sizeof(fr_launch_end) <= kWordStride);
+// max_slices took next_close's padding: kernels built against the header before it read
+// the same layout.
+static_assert(offsetof(fr_item_ctx, max_slices) == offsetof(fr_item_ctx, next_close) + 4 &&
+              sizeof(fr_item_ctx) == offsetof(fr_item_ctx, max_slices) + 4);
 // The pinned zeros a runner's state is cleared from is one host-word slot: large enough.
 static_assert(kStateStride <= kWordStride);
 

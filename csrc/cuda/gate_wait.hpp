@@ -17,10 +17,12 @@ namespace freeride::cuda {
 // open watcher rings as each stream-ordered open takes effect, looking at the mirror
 // anyway every UnrungOpens::poll(). kPoll: it sleeps kPollSleep between looks (for
 // comparison). kSpin: it never sleeps while it waits for the gate, yielding between
-// looks at the mirror and the bell instead: an open is seen within about a yield, without
-// a wake-up (on an H200 at cf361a5, open seen -> first items took 286 us at p50 with the
-// ring's two, 73 us polling), and one that rings nothing (an open replayed from a CUDA
-// graph) as soon as one that does. It costs a host core for as long as a task waits.
+// looks at the mirror and the bell instead (and the executor, waiting for a launch's
+// end, yields too, but for a launch queued at an open that has not come): an open is
+// seen within about a yield, without a wake-up (on an H200 at cf361a5, open seen ->
+// first items took 286 us at p50 with the ring's two, 73 us polling), and one that rings
+// nothing (an open replayed from a CUDA graph) as soon as one that does. It costs a host
+// core for as long as a task waits.
 enum class AdmissionMode { kRing, kPoll, kSpin };
 
 // How long a wait for the gate spins on the mirror before it sleeps (kRing, kPoll).
@@ -51,13 +53,15 @@ struct GateWaitCounts {
   uint64_t spins = 0;
 };
 
-// Between two looks of a wait that read `seen` rings before its last look, with
-// `deadline` to keep: per g.mode (see AdmissionMode). `word()` is the gate's state as the
-// GPU last wrote it (any value that changes with every write that takes effect: the
-// mirror and its sequence number); kSpin yields until it or the bell's count moves, the
-// deadline passes or g.spin_look_every has gone by.
+// Between two looks of a wait that read `seen` rings and the gate's word `at` before its
+// last look, with `deadline` to keep: per g.mode (see AdmissionMode). `word()` is the
+// gate's state as the GPU last wrote it (any value that changes with every write that
+// takes effect: the mirror and its sequence number); kSpin yields until it differs from
+// `at` or the bell's count from `seen`, the deadline passes or g.spin_look_every has gone
+// by. Both read before the look, so that a write or a ring landing during it ends the
+// stretch at once.
 template <typename Word>
-void pause_between_looks(const GateWatch& g, uint64_t seen,
+void pause_between_looks(const GateWatch& g, uint64_t seen, uint64_t at,
                          std::chrono::steady_clock::time_point deadline, Word word,
                          GateWaitCounts* counts = nullptr) {
   using clock = std::chrono::steady_clock;
@@ -68,7 +72,6 @@ void pause_between_looks(const GateWatch& g, uint64_t seen,
   switch (g.mode) {
     case AdmissionMode::kSpin: {
       if (counts != nullptr) ++counts->spins;
-      const auto at = word();
       const auto until = std::min(deadline, now + g.spin_look_every);
       while (g.bell.rings() == seen && word() == at && clock::now() < until) {
         std::this_thread::yield();
@@ -98,7 +101,9 @@ bool wait_for_gate(const GateWatch& g, std::chrono::steady_clock::time_point dea
                    GateWaitCounts* counts = nullptr) {
   const auto spin_until = std::chrono::steady_clock::now() + kAdmissionSpin;
   while (true) {
-    const uint64_t seen = g.bell.rings();  // before the checks: a ring between them counts
+    // Before the checks: a ring or a write landing between them counts.
+    const uint64_t seen = g.bell.rings();
+    const uint64_t at = word();
     if (counts != nullptr) ++counts->looks;
     if (stopped()) return false;
     if (is_open()) return true;
@@ -107,7 +112,7 @@ bool wait_for_gate(const GateWatch& g, std::chrono::steady_clock::time_point dea
     if (g.mode != AdmissionMode::kSpin && now < spin_until) {
       std::this_thread::yield();
     } else {
-      pause_between_looks(g, seen, deadline, word, counts);
+      pause_between_looks(g, seen, at, deadline, word, counts);
     }
   }
 }

@@ -1,7 +1,9 @@
 // CudaShared's green context: building it, trying its stream with the runtime calls side
 // launches make, checking that launches there stay on its SMs, and loading the built-in
 // kernels into it.
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <string>
 
@@ -11,6 +13,52 @@
 #include "test_switches.hpp"
 
 namespace freeride::cuda {
+namespace {
+
+// CUDA 13.1's workqueue configuration, by the values its documentation gives (a 13.0
+// toolkit's headers have none of it): the resource type
+// (CU_DEV_RESOURCE_TYPE_WORKQUEUE_CONFIG), the balanced scope
+// (CU_WORKQUEUE_SCOPE_GREEN_CTX_BALANCED: "when possible, use non-overlapping workqueue
+// resources with other balanced green contexts"), and where the scope sits in the
+// resource's union (CUdevWorkqueueConfigResource: int device, unsigned int
+// wqConcurrencyLimit, then the scope). The union starts where `sm` does in every CUDA 13
+// header, and the resource's size is the same in 13.0 and 13.1.
+constexpr int kWorkqueueConfigType = 1000;
+constexpr uint32_t kScopeBalanced = 1;
+constexpr size_t kScopeOffset = 8;
+static_assert(sizeof(CUdevResource) == 144 && offsetof(CUdevResource, sm) == 96,
+              "CUdevResource's layout is not CUDA 13's");
+
+// The device's workqueue configuration with the balanced scope, in *config (false, with
+// *why, where the driver has none or refuses the query).
+bool balanced_workqueues(const cuda_driver::Api& a, CUdevice dev, CUdevResource* config,
+                         std::string* why) {
+  if (a.device_get_dev_resource_13010 == nullptr || a.resource_generate_desc_13010 == nullptr ||
+      a.green_ctx_create_13010 == nullptr) {
+    *why = "the driver has no workqueue configuration (CUDA 13.1 or later): " +
+           a.workqueue_error;
+    return false;
+  }
+  *config = CUdevResource{};
+  const int res = a.device_get_dev_resource_13010(dev, config, kWorkqueueConfigType);
+  if (res != CUDA_SUCCESS) {
+    *why = "cuDeviceGetDevResource(CU_DEV_RESOURCE_TYPE_WORKQUEUE_CONFIG) failed: " +
+           cuda_driver::error_name(res);
+    return false;
+  }
+  int type = 0;  // read as an int: the toolkit's CUdevResourceType lacks the value
+  std::memcpy(&type, config, sizeof type);
+  if (type != kWorkqueueConfigType) {
+    *why = "cuDeviceGetDevResource answered a resource of type " + std::to_string(type) +
+           " for the workqueue configuration";
+    return false;
+  }
+  std::memcpy(reinterpret_cast<unsigned char*>(&config->sm) + kScopeOffset, &kScopeBalanced,
+              sizeof kScopeBalanced);
+  return true;
+}
+
+}  // namespace
 
 void CudaShared::try_green_context(int reserved_wanted, int least_priority) {
   const cuda_driver::Api& a = cuda_driver::api();
@@ -63,11 +111,32 @@ void CudaShared::try_green_context(int reserved_wanted, int least_priority) {
   }
   const int got = split.sms;
   CUdevResourceDesc desc = nullptr;
-  res = a.resource_generate_desc(&desc, &group, 1);
-  if (res != CUDA_SUCCESS) return failed("cuDevResourceGenerateDesc", res);
   CUgreenCtx ctx = nullptr;
-  res = a.green_ctx_create(&ctx, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM);
-  if (res != CUDA_SUCCESS) return failed("cuGreenCtxCreate", res);
+  // With workqueues of its own where asked for and had; the context without them where
+  // the driver refuses them, saying why.
+  std::string not_had;
+  CUdevResource parts[2] = {group, CUdevResource{}};
+  if (balanced_wanted && balanced_workqueues(a, dev, &parts[1], &not_had)) {
+    res = a.resource_generate_desc_13010(&desc, parts, 2);
+    if (res != CUDA_SUCCESS) {
+      not_had = "cuDevResourceGenerateDesc with them failed: " + cuda_driver::error_name(res);
+    } else {
+      res = a.green_ctx_create_13010(&ctx, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM);
+      if (res != CUDA_SUCCESS) {
+        not_had = "cuGreenCtxCreate with them failed: " + cuda_driver::error_name(res);
+        ctx = nullptr;
+      }
+    }
+  }
+  if (ctx == nullptr) {
+    res = a.resource_generate_desc(&desc, &group, 1);
+    if (res != CUDA_SUCCESS) return failed("cuDevResourceGenerateDesc", res);
+    res = a.green_ctx_create(&ctx, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM);
+    if (res != CUDA_SUCCESS) return failed("cuGreenCtxCreate", res);
+  }
+  green_workqueues = !balanced_wanted  ? "shared"
+                     : not_had.empty() ? "balanced"
+                                       : "shared (balanced not had: " + not_had + ")";
   CUstream stream = nullptr;
   // Lowest priority, like `side` (see there for what that does and does not buy).
   res = a.green_ctx_stream_create(&stream, ctx, CU_STREAM_NON_BLOCKING, least_priority);

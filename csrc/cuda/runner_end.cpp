@@ -44,13 +44,14 @@ class NvtxRange {
 // runs on in an open gate, or one queued ahead that has not begun: fewer wake-ups beside
 // training; an open rings the bell and ends such a sleep), and ask the driver whether the
 // stream is idle (a kernel that failed, or one that left without its end record) every
-// kStreamQueryEvery. Under FREERIDE_ADMISSION=spin, a launch that has begun is looked at
-// between yields instead of sleeps. While the gate is closed, a launch queued ahead that
-// has not begun (nearly always, while training runs ahead of the GPU) begins at an open
-// at the earliest, and the watcher rings the bell then: where rings are on, this thread
-// sleeps on it for kNotBegunWait and asks the driver only that often (review G14: 250 us
-// sleeps and 1 ms queries woke it some 5,000 times a second through compute). Not while
-// the gate reads open: a launch queued behind another begins when that one ends, unrung.
+// kStreamQueryEvery. Under FREERIDE_ADMISSION=spin it yields instead of sleeping, but on
+// the bell while a launch queued at an open waits for it. While the gate is closed, a
+// launch queued ahead that has not begun (nearly always, while training runs ahead of the
+// GPU) begins at an open at the earliest, and the watcher rings the bell then: where
+// rings are on, this thread sleeps on it for kNotBegunWait and asks the driver only that
+// often (review G14: 250 us sleeps and 1 ms queries woke it some 5,000 times a second
+// through compute). Not while the gate reads open: a launch queued behind another begins
+// when that one ends, unrung.
 constexpr std::chrono::microseconds kEndSpin{20};
 constexpr std::chrono::microseconds kEndPoll{50};
 constexpr std::chrono::microseconds kEndPollFar{250};
@@ -161,6 +162,7 @@ LaunchEnd CudaRunner::wait_for_end(const Launch& l) {
   // Successors (freeride/successor_rule.hpp): decided once, kHandOverLeadNs before the
   // slice ends by this clock, counted from when the launch was first seen begun.
   bool successor_asked = !s_->successors || s_->slice_ns == 0;
+  const bool spin = s_->admission == AdmissionMode::kSpin;
   clock::time_point seen_begun{};
   uint64_t progress_at_begin = 0;
   while (true) {
@@ -168,7 +170,8 @@ LaunchEnd CudaRunner::wait_for_end(const Launch& l) {
     if (ring_.published(l.number)) return ring_.read(l.number);
     // interrupt(): untaken whatever it does; hand_back(): only while it waits for its open
     // (each flag taken once either way).
-    bool untaken = interrupt_.exchange(false);
+    // (A load first: under FREERIDE_ADMISSION=spin this runs at every yield.)
+    bool untaken = interrupt_.load() && interrupt_.exchange(false);
     if (!untaken && l.waits_open && hand_back_.exchange(false)) {
       untaken = !ring_.started(l.number, launch_no_.load());
     }
@@ -179,15 +182,14 @@ LaunchEnd CudaRunner::wait_for_end(const Launch& l) {
     }
     const auto now = clock::now();
     if (!successor_asked && ring_.started(l.number, launch_no_.load())) {
-      const uint64_t progress = progress_seen(l.slot);
       if (seen_begun == clock::time_point{}) {
         seen_begun = now;
-        progress_at_begin = progress;
+        progress_at_begin = progress_seen(l.slot);
       }
       const long long lead = static_cast<long long>(s_->slice_ns) - kHandOverLeadNs;
       if (now - seen_begun >= std::chrono::nanoseconds(std::max(0LL, lead))) {
         successor_asked = true;
-        maybe_queue_successor(progress > progress_at_begin);
+        maybe_queue_successor(progress_seen(l.slot) > progress_at_begin);
       }
     }
     if (now >= next_query) {
@@ -204,7 +206,13 @@ LaunchEnd CudaRunner::wait_for_end(const Launch& l) {
       if (idle || next_began) return ended_without_record(l, idle);
       next_query = now + (not_begun_in_compute() ? kNotBegunWait : kStreamQueryEvery);
     }
-    if (now - started_wait < kEndSpin) {
+    // Under FREERIDE_ADMISSION=spin, unless it has not begun and the gate is closed (a
+    // launch queued at an open that has not come: the GPU begins it by itself): its end
+    // makes the executor's next launch due, which spin makes without a sleep's overshoot
+    // (up to kEndPollFar, past a slice in an open gate).
+    const bool spinning = spin && (s_->mirror() == FREERIDE_GATE_OPEN ||
+                                   ring_.started(l.number, launch_no_.load()));
+    if (now - started_wait < kEndSpin || spinning) {
       std::this_thread::yield();
     } else if (!ring_.started(l.number, launch_no_.load())) {
       Doorbell& bell = *s_->gate.bell;
@@ -215,10 +223,6 @@ LaunchEnd CudaRunner::wait_for_end(const Launch& l) {
         const auto left = std::chrono::duration_cast<std::chrono::microseconds>(next_query - now);
         bell.wait_for(seen, not_begun_in_compute() ? std::max(left, kEndPollFar) : kEndPollFar);
       }
-    } else if (s_->admission == AdmissionMode::kSpin) {
-      // Begun: its end makes the executor's next launch due, which FREERIDE_ADMISSION=spin
-      // makes without a sleep's overshoot (up to kEndPollFar, past a slice in an open gate).
-      std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(end_is_near() ? kEndPoll : kEndPollFar);
     }

@@ -112,6 +112,7 @@ struct CudaShared {
   SmLimits sm;
   SmReserve reserve;
   uint64_t slice_ns = 0;
+  uint32_t max_slices = 0;  // CudaOptions::max_slices
   cudaStream_t side = nullptr;
   cudaStream_t control = nullptr;
   GateSlot gate;
@@ -137,6 +138,10 @@ struct CudaShared {
   int green_sms_seen = 0;  // by check_green_partition; 0 where it did not count
   std::string reserve_mechanism = "occupancy-cap";
   std::string reserve_fallback;
+  // The green context's workqueues (FREERIDE_GREEN_WORKQUEUE): asked for the balanced
+  // scope, and what it got ("shared", "balanced", or "shared (balanced not had: why)").
+  bool balanced_wanted = false;
+  std::string green_workqueues = "shared";
   // A green context is used from one thread at a time: the executor's launches and a
   // plain run's (run_plain, from a benchmark's thread) take turns on its stream.
   mutable std::mutex green_mu;
@@ -219,6 +224,9 @@ struct CudaShared {
   // context's resources, synchronised with other streams by events. Measured: a standalone
   // probe program on an H100 (not freeride) launched nvcc-compiled kernels with <<<>>> on
   // such a stream (120 of 132 SMs) and a 32 x 512-thread probe started within 8.5 us.
+  // With balanced_wanted (FREERIDE_GREEN_WORKQUEUE=balanced, CUDA 13.1 drivers), the
+  // context also gets a workqueue configuration of the balanced scope, and where that is
+  // refused it is made without, saying why in green_workqueues.
   void try_green_context(int reserved_wanted, int least_priority);
 
   // Runs, once on the green context's stream, every kind of runtime-API call a task's

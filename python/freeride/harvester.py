@@ -9,7 +9,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 from . import _abandoned, _shutdown
 from ._C import MAX_SLICES, Executor
@@ -23,6 +23,7 @@ from ._harvester_args import (
     warn_if_lazy_loading,
     warn_if_spinning_on_one_core,
 )
+from ._harvester_counts import BubbleStats, LaunchCounts
 from ._streams import current_streams, refuse_capturing, stream_handle
 from .attach import Attachment
 from .errors import CudaUnavailableError, HarvesterClosedError
@@ -34,32 +35,6 @@ from .record.recorder import Recorder, attribute_side_work
 from .record.report import Report
 from .reserve import DEFAULT_RESERVE, NO_RESERVE, Reserve
 from .tasks._base import Task
-
-
-class LaunchCounts(NamedTuple):
-    """Harvester.launch_counts(): the side launches so far."""
-
-    launches: int  # launches whose end the executor took
-    idle: int  # of those, launches that ran no item (a cancelled task's are not counted)
-    at_opens: int  # of those, launches enqueued at stream-ordered opens (CUDA)
-    idle_at_opens: int  # of those, launches at opens that ran no item (the same)
-    # Stream-ordered opens that got no launch because it would have waited behind another
-    # training stream's open (CUDA; gate writes are meant to come from one stream).
-    skipped_at_opens: int = 0
-    # The most launches at opens queued ahead of the GPU at once, not yet begun (CUDA): how
-    # far ahead of the GPU the host runs, in bubbles.
-    max_lookahead: int = 0
-    # Stream-ordered opens that got no launch because that many were queued ahead already
-    # (CUDA: FREERIDE_MAX_LOOKAHEAD, none by default).
-    beyond_lookahead: int = 0
-
-
-class BubbleStats(NamedTuple):
-    """Harvester.bubble_stats(): the record's prediction of this device's bubbles."""
-
-    per_iteration_ns: int
-    longest_ns: int
-    iterations: int
 
 
 def _rank() -> int | None:
@@ -134,9 +109,9 @@ class Harvester:
             goes on without a host round trip). While the close that ends the
             launch's bubble is already enqueued and has not yet taken effect, a
             synchronisation waits for that close anyway, and the launch runs on until it,
-            for at most ``slice_bound`` in all (the longest a training kernel larger than
-            the reserve, launched in a bubble on another stream, is confined to the
-            reserve). None: a launch runs until the gate
+            for at most ``slice_bound`` in all (``max_slices`` slices: the longest a
+            training kernel larger than the reserve, launched in a bubble on another
+            stream, is confined to the reserve). None: a launch runs until the gate
             closes (or a stream-ordered close executes: a launch serves one bubble);
             then a call that synchronises the device made by the thread that
             would enqueue the close never returns (creating a stream, cudaFree,
@@ -147,6 +122,12 @@ class Harvester:
             when CUDA initialises) or launch every kernel once before side work starts;
             backend_info()["module_loading"] says which, and a CUDA harvester made with
             None warns (RuntimeWarning) where loading is lazy.
+        max_slices: CUDA only: the most time slices a side launch claims items in all
+            while the close that ends its bubble is already enqueued (1 to 10,000;
+            default 8, 16 ms with the default slice). A bubble longer than that, queued
+            ahead of the GPU, goes unharvested past it; a larger value harvests it, and
+            confines a training kernel larger than the reserve, launched in the bubble on
+            another stream, to the reserve for as long.
 
     Use it as a context manager, or call close().
 
@@ -171,6 +152,7 @@ class Harvester:
         stream_wait: bool = False,
         reserve: Reserve | None = DEFAULT_RESERVE,
         time_slice: float | None = 0.002,
+        max_slices: int = MAX_SLICES,
     ) -> None:
         _abandoned.release_passed()  # what earlier harvesters abandoned and the GPU passed
         self._kind, self._device_index = resolve_device(device)
@@ -188,6 +170,7 @@ class Harvester:
             )
         self._reserve = reserve
         self._time_slice = check_time_slice(time_slice)
+        self._max_slices = check_count(max_slices, "max_slices", 1, 10_000)
 
         def executor(kind: str, index: int) -> Executor:
             return Executor(
@@ -201,6 +184,7 @@ class Harvester:
                 0 if self._time_slice is None else max(1, round(self._time_slice * 1e9)),
                 reserve_mechanism=reserve.mechanism,
                 reserve_sms=reserve.sms or 0,
+                max_slices=self._max_slices,
             )
 
         try:
@@ -343,16 +327,29 @@ class Harvester:
         return str(self._ex.reserve_fallback) or None
 
     @property
+    def green_workqueues(self) -> str | None:
+        """The green context's workqueues: "shared" (the device's, as every context's),
+        "balanced" (its own: FREERIDE_GREEN_WORKQUEUE=balanced on a CUDA 13.1 driver), or
+        "shared (balanced not had: why)"; None without a green context."""
+        return str(self._ex.green_workqueues) or None
+
+    @property
     def time_slice(self) -> float | None:
         """Longest a side launch keeps claiming items, in seconds (CUDA; None: no bound),
         unless the close that ends its bubble is already enqueued (see slice_bound)."""
         return self._time_slice
 
     @property
+    def max_slices(self) -> int:
+        """The most time slices a side launch claims items in all while the close that
+        ends its bubble is already enqueued (CUDA)."""
+        return self._max_slices
+
+    @property
     def slice_bound(self) -> float | None:
         """Longest a side launch keeps claiming items when the close that ends its bubble
-        is already enqueued, in seconds: ``MAX_SLICES`` time slices (CUDA; None: no bound)."""
-        return None if self._time_slice is None else self._time_slice * MAX_SLICES
+        is already enqueued, in seconds: ``max_slices`` time slices (CUDA; None: no bound)."""
+        return None if self._time_slice is None else self._time_slice * self._max_slices
 
     @property
     def memory_budget(self) -> int | None:

@@ -98,6 +98,10 @@ typedef struct fr_item_ctx {
                               for an open carry what was noted as it was written. 0:
                               none known (stream_wait, an open captured into a graph or
                               long forgotten): the launch goes by its first look */
+  unsigned int max_slices; /* past its slice, a launch claims on while a close is pending
+                              for at most this many slices from its start in all
+                              (freeride/slice.h); 0: FREERIDE_MAX_SLICES. In what was
+                              next_close's padding: the struct's size is unchanged */
 } fr_item_ctx;
 
 #endif /* FREERIDE_ITEM_CTX_H_ */

@@ -57,7 +57,7 @@
 // launch ends about one slice (plus an item, two where a block crosses a phase boundary
 // of device phases) after it started, whatever its grid, unless the close that ends its
 // bubble is pending by then: then it runs until that close, for at most
-// FREERIDE_MAX_SLICES slices in all (freeride/slice.h has the rule and why). A
+// fr_item_ctx.max_slices slices in all (freeride/slice.h has the rule and why). A
 // launch's own counters (fr_launch_run) are its alone, so launches queued back to back on
 // a stream need nothing reset between them.
 #pragma once
@@ -325,14 +325,14 @@ __device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx,
                                                          bool ready) {
   bool in_time = ready && may_run_in_bubble(ctx);
   if (in_time) {
-    const SliceTime t = slice_time(globaltimer_ns() - started_ns, ctx.slice_ns);
+    const SliceTime t = slice_time(globaltimer_ns() - started_ns, ctx.slice_ns, ctx.max_slices);
     if (t != kWithinSlice) {
       bool read = false;
       in_time = t == kExtendable && close_pending(ctx, read);
       // After a read (or a wait for one) time has passed: the gate and the bound again.
       if (in_time && read) {
         in_time = may_run_in_bubble(ctx) &&
-                  slice_time(globaltimer_ns() - started_ns, ctx.slice_ns) == kExtendable;
+                  slice_time(globaltimer_ns() - started_ns, ctx.slice_ns, ctx.max_slices) == kExtendable;
       }
     }
   }

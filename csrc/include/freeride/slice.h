@@ -25,8 +25,8 @@
  * execute after the latest, and would overwrite a single word with an ordinal that reads
  * as pending.
  *
- * Even with a close pending the extension is bounded, to FREERIDE_MAX_SLICES slices from
- * the launch's start: a training kernel larger than the reserve, launched in a bubble on
+ * Even with a close pending the extension is bounded, to fr_item_ctx.max_slices slices
+ * (FREERIDE_MAX_SLICES by default) from the launch's start: a training kernel larger than the reserve, launched in a bubble on
  * another stream (a bucket copy, a reduction, an optimizer on its own stream), gets the
  * SMs the side launch holds when it ends, so the bound is how long such a kernel can be
  * confined to the reserve.
@@ -61,7 +61,8 @@
 /* Slots closes write their ordinals to (a power of two: the index is a mask), read with
  * one 16-byte load. */
 #define FREERIDE_CLOSE_SLOTS 4u
-/* The longest a launch claims items while a close is pending, in time slices. */
+/* The longest a launch claims items while a close is pending, in time slices, by default
+ * (Harvester(max_slices=...) sets it per harvester: fr_item_ctx.max_slices). */
 #define FREERIDE_MAX_SLICES 8ull
 
 namespace freeride {
@@ -79,7 +80,8 @@ namespace freeride {
 #define FREERIDE_PENDING_IN_FLIGHT (1ull << 62)
 #define FREERIDE_PENDING_STAMP (FREERIDE_PENDING_IN_FLIGHT - 1ull)
 
-/* Where a launch that has run `ran_ns` stands in its time. */
+/* Where a launch that has run `ran_ns` stands in its time, with a slice of `slice_ns` and
+ * running on bounded to `max_slices` slices (0: FREERIDE_MAX_SLICES). */
 enum SliceTime {
   kWithinSlice = 0, /* claims freely (also: no slice at all, slice_ns == 0) */
   kExtendable = 1,  /* past the slice: claims only while a close is pending */
@@ -87,10 +89,12 @@ enum SliceTime {
 };
 
 FREERIDE_HOST_DEVICE SliceTime slice_time(unsigned long long ran_ns,
-                                          unsigned long long slice_ns) {
+                                          unsigned long long slice_ns,
+                                          unsigned long long max_slices = 0ull) {
   if (slice_ns == 0ull || ran_ns < slice_ns) return kWithinSlice;
-  /* ran < slice * MAX without the product's overflow: floor(ran / MAX) < slice. */
-  return ran_ns / FREERIDE_MAX_SLICES < slice_ns ? kExtendable : kSliceOver;
+  const unsigned long long most = max_slices == 0ull ? FREERIDE_MAX_SLICES : max_slices;
+  /* ran < slice * most without the product's overflow: floor(ran / most) < slice. */
+  return ran_ns / most < slice_ns ? kExtendable : kSliceOver;
 }
 
 #if FREERIDE_CLOSE_SLOTS != 4u
@@ -232,11 +236,12 @@ FREERIDE_HOST_DEVICE PendingLook look_at_pending(unsigned long long word,
 FREERIDE_HOST_DEVICE bool may_claim(bool gate_open, unsigned long long ran_ns,
                                     unsigned long long slice_ns, unsigned int latest,
                                     const unsigned int* executed, unsigned int seen = 0u,
-                                    unsigned int next_close = 0u) {
+                                    unsigned int next_close = 0u,
+                                    unsigned long long max_slices = 0ull) {
   if (!gate_open || closed_since(seen, executed) || bubble_over(next_close, executed)) {
     return false;
   }
-  const SliceTime t = slice_time(ran_ns, slice_ns);
+  const SliceTime t = slice_time(ran_ns, slice_ns, max_slices);
   return t == kWithinSlice || (t == kExtendable && close_pending(latest, executed));
 }
 
