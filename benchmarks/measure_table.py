@@ -382,9 +382,15 @@ def held_rows(channels: dict[tuple[str, str], Source], balanced: Source) -> list
     d = balanced.data
     had = None if d is None else d.get("green_workqueues")
     if d is not None and had != "balanced" and not d.get("error"):
-        # The driver gave none (before CUDA 13.1), or this build cannot ask: nothing of the
-        # setting was measured.
-        why = f"not had: {had}" if had else "no workqueue report in the probe's output"
+        # The driver gave none (before CUDA 13.1), the green context fell back, or this
+        # build cannot ask: nothing of the setting was measured.
+        reserve = str(d.get("reserve"))
+        if had:
+            why = f"not had: {had}"
+        elif "reserve" in d and not reserve.startswith("green-context"):
+            why = f"no green context: the reserve was {reserve}"
+        else:
+            why = "no workqueue report in the probe's output"
         rows.append(Row(HELD_METRIC, BALANCED_SETTING, why, HELD_TARGET, NOT_RUN))
     else:
         rows.append(_held_row(BALANCED_SETTING, balanced))

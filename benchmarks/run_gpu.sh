@@ -69,9 +69,11 @@
 #
 # Usage (one device call each; carry .whl). A session's device time (15 minutes, the
 # machine's start and idle time included) holds one qualify and one measure call only
-# with smaller budgets: STEPS="build qualify" QUALIFY_BUDGET=400 (~440 s with the
-# build), then STEPS="build measure" MEASURE_QUICK=1 MEASURE_BUDGET=240 (~280 s), and no
-# rerun; the defaults (480 each) fit one 10-minute call, not both.
+# with smaller budgets: STEPS="build qualify" QUALIFY_BUDGET=340 (~380 s with the
+# build: items 1-5 take ~295 s when they pass), then STEPS="build measure"
+# MEASURE_QUICK=1 MEASURE_BUDGET=300 (~340 s: its estimates add up to ~300 s quick, the
+# last items listed NOT RUN where it runs short), and no rerun; the defaults (480 each)
+# fit one 10-minute call, not both.
 #   benchmarks/run_gpu.sh                       # STEPS="build qualify"
 #   STEPS="build measure" benchmarks/run_gpu.sh # issue 36's figures and their table
 #   STEPS="build quick" benchmarks/run_gpu.sh

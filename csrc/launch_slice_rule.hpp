@@ -10,7 +10,8 @@
 // behind that in the one queue. With the harvester's time_slice=None nothing else would
 // end such a launch: a hang. So it keeps a slice: the harvester's, or kDefaultSliceNs
 // where the harvester has none, which makes that a stall of at most the slice bound
-// (FREERIDE_MAX_SLICES slices: the close behind it is pending). The gate's first open,
+// (FREERIDE_MAX_SLICES slices, whatever the harvester's max_slices: the close behind it
+// is pending). The gate's first open,
 // before any write, is noted when the backend is made, so the first bubble has one. A
 // launch at an open always has its ordinal (the training thread reads the ledger as it
 // writes the open), and stream_wait's launches wait on the GPU for whichever open comes

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "check.hpp"
 #include "cuda/gate_wait.hpp"
@@ -33,7 +34,8 @@ AdmissionMode mode_named(const std::string& name) {
 
 // One wait_for_gate with a timeout of `timeout_ms`; after `event_ms` another thread opens
 // the gate (`event` "open": the word moves, no ring; "rung open": the word moves and the
-// bell rings) or stops the wait ("stop": the bell rings), or nothing happens ("none").
+// bell rings) or stops the wait ("stop": the bell rings), or nothing happens ("none");
+// "open during look": the gate opens, unrung, during the first look itself.
 // `unrung`: an open may come without a ring (UnrungOpens set: ring's sleeps last
 // kAdmissionPoll, else kAdmissionBackstop). `look_every_ms`: spin's longest stretch of
 // yields between full looks (None: kSpinLookEvery). `open_for_ms`: the gate closes again
@@ -43,8 +45,10 @@ std::map<std::string, py::object> wait_for_gate(const std::string& mode, const s
                                                 bool unrung,
                                                 std::optional<double> look_every_ms,
                                                 std::optional<double> open_for_ms) {
-  FR_ARG(event == "open" || event == "rung open" || event == "stop" || event == "none",
-         "event must be 'open', 'rung open', 'stop' or 'none', got '" << event << "'");
+  FR_ARG(event == "open" || event == "rung open" || event == "stop" || event == "none" ||
+             event == "open during look",
+         "event must be 'open', 'rung open', 'stop', 'open during look' or 'none', got '"
+             << event << "'");
   freeride::Doorbell bell;
   freeride::cuda::UnrungOpens opens;
   if (unrung) (void)opens.note_unrung();
@@ -63,7 +67,7 @@ std::map<std::string, py::object> wait_for_gate(const std::string& mode, const s
   {
     py::gil_scoped_release release;
     std::thread other([&] {
-      if (event == "none") return;
+      if (event == "none" || event == "open during look") return;
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(event_ms));
       if (event == "stop") {
         stopped.store(true);
@@ -82,9 +86,20 @@ std::map<std::string, py::object> wait_for_gate(const std::string& mode, const s
                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                               std::chrono::duration<double, std::milli>(timeout_ms));
     const auto began = std::chrono::steady_clock::now();
+    // "open during look": the open lands while the first look is under way, after its
+    // reading of the gate and before the pause.
+    bool first_look = true;
+    auto is_open = [&] {
+      if (event == "open during look" && std::exchange(first_look, false)) {
+        open.store(true);
+        word.fetch_add(1);
+        return false;
+      }
+      return open.load();
+    };
     result = freeride::cuda::wait_for_gate(
-        watch, deadline, [&] { return word.load(); }, [&] { return stopped.load(); },
-        [&] { return open.load(); }, &counts);
+        watch, deadline, [&] { return word.load(); }, [&] { return stopped.load(); }, is_open,
+        &counts);
     elapsed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
                                                            began)
                      .count();
@@ -105,7 +120,8 @@ void register_gate_wait_hooks(py::module_& t) {
         py::arg("look_every_ms") = py::none(), py::arg("open_for_ms") = py::none(),
         "csrc/cuda/gate_wait.hpp's wait_for_gate under FREERIDE_ADMISSION `mode` (ring, "
         "poll, spin), with an `event` ('open': the gate's word moves without a ring, "
-        "'rung open', 'stop', 'none') `event_ms` into a wait of `timeout_ms`; "
+        "'rung open', 'stop', 'none', 'open during look') `event_ms` into a wait of "
+        "`timeout_ms`; "
         "`look_every_ms` lengthens spin's stretches of yields between full looks, "
         "`open_for_ms` closes the gate again that long after the open: "
         "{opened, looks, sleeps, spins, elapsed_ms}.");

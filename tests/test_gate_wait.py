@@ -28,6 +28,16 @@ def test_spin_sees_an_open_that_rings_nothing_without_sleeping():
     assert r["spins"] <= 1
 
 
+def test_spin_sees_an_open_that_lands_during_a_look():
+    """The gate's word is read before each look: an open that lands while a look is under
+    way (after it read the gate) ends the stretch of yields at once, not after
+    spin_look_every (made longer than the wait here)."""
+    r = T.wait_for_gate("spin", "open during look", 0.0, LONG_MS, look_every_ms=LONG_MS)
+    assert r["opened"]
+    assert r["elapsed_ms"] < LONG_MS / 2
+    assert (r["looks"], r["spins"], r["sleeps"]) == (2, 1, 0)
+
+
 def test_ring_sleeps_on_the_bell_until_a_look_finds_an_unrung_open():
     """The control: the same open under `ring` is found by a look after a sleep on the
     bell (the 20 ms backstop, none of the open's doing)."""

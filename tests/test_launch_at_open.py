@@ -430,30 +430,34 @@ def test_the_executor_queues_a_successor_only_behind_one_running_launch():
 
 
 @pytest.mark.parametrize(
-    "variable, hook, default",
+    "variable, hook, default, on, off",
     [
-        ("FREERIDE_SUCCESSORS", "successors_enabled", False),
-        ("FREERIDE_PHASES_AHEAD", "phases_ahead_enabled", False),
-        ("FREERIDE_DEVICE_PHASES", "device_phases_enabled", True),
+        ("FREERIDE_SUCCESSORS", "successors_enabled", False, "1", "0"),
+        ("FREERIDE_PHASES_AHEAD", "phases_ahead_enabled", False, "1", "0"),
+        ("FREERIDE_DEVICE_PHASES", "device_phases_enabled", True, "1", "0"),
+        ("FREERIDE_WATCHER_LAUNCH", "watcher_launch_enabled", False, "1", "0"),
+        ("FREERIDE_GREEN_WORKQUEUE", "balanced_workqueues_wanted", False, "balanced", "shared"),
     ],
 )
-def test_switches_read_as_a_harvester_is_made(monkeypatch, variable, hook, default):
-    """FREERIDE_SUCCESSORS, FREERIDE_PHASES_AHEAD (csrc/phase_ahead_rule.hpp) and
-    FREERIDE_DEVICE_PHASES (csrc/device_phases.hpp) are read when a CUDA harvester is
-    made, as FREERIDE_LAUNCH_AT_OPEN is: the first two off unless "1" until a GPU run has
-    qualified them, device phases on unless "0" (qualified on an H200 at cf361a5); anything
-    but "0" or "1" is refused there, naming it."""
+def test_switches_read_as_a_harvester_is_made(monkeypatch, variable, hook, default, on, off):
+    """FREERIDE_SUCCESSORS, FREERIDE_PHASES_AHEAD (csrc/phase_ahead_rule.hpp),
+    FREERIDE_DEVICE_PHASES (csrc/device_phases.hpp), FREERIDE_WATCHER_LAUNCH
+    (csrc/watcher_launch_rule.hpp) and FREERIDE_GREEN_WORKQUEUE (the green context's own
+    workqueues) are read when a CUDA harvester is made, as FREERIDE_LAUNCH_AT_OPEN is: off
+    unless turned on until a GPU run has qualified them, device phases on unless "0"
+    (qualified on an H200 at cf361a5); any other value is refused there, naming the
+    variable and both values."""
     if not hasattr(_C._testing, hook):
         pytest.skip("this build of freeride has no CUDA backend")
     read = getattr(_C._testing, hook)
     monkeypatch.delenv(variable, raising=False)
     assert read() is default
-    monkeypatch.setenv(variable, "1")
+    monkeypatch.setenv(variable, on)
     assert read() is True
-    monkeypatch.setenv(variable, "0")
+    monkeypatch.setenv(variable, off)
     assert read() is False
     monkeypatch.setenv(variable, "maybe")
-    with pytest.raises(ValueError, match=variable):
+    with pytest.raises(ValueError, match=f"{variable} must be '.+' or '.+'"):
         read()
 
 

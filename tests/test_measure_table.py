@@ -727,23 +727,30 @@ def test_a_max_slices_run_is_of_its_setting(tmp_path):
     assert row.verdict == mt.MET and "run on 32 ms at most" in row.measured, row
 
 
+GREEN_RESERVE = "green-context (120 of 132 SMs)"
+
+
 @pytest.mark.parametrize(
-    ("had", "verdict", "text"),
+    ("had", "reserve", "verdict", "text"),
     [
-        ("balanced", mt.MET, "0 of 24 held"),
+        ("balanced", GREEN_RESERVE, mt.MET, "0 of 24 held"),
         (
-            "shared (balanced not had: the driver has no workqueue configuration)",
+            "shared (balanced not had: the driver is CUDA 13.0)",
+            GREEN_RESERVE,
             mt.NOT_RUN,
-            "not had: shared (balanced not had: the driver has no workqueue",
+            "not had: shared (balanced not had: the driver is CUDA 13.0)",
         ),
-        (None, mt.NOT_RUN, "no workqueue report"),
+        (None, "occupancy-cap", mt.NOT_RUN, "no green context: the reserve was occupancy-cap"),
+        (None, GREEN_RESERVE, mt.NOT_RUN, "no workqueue report"),
     ],
 )
-def test_the_green_contexts_own_workqueues_row(tmp_path, had, verdict, text):
+def test_the_green_contexts_own_workqueues_row(tmp_path, had, reserve, verdict, text):
     """G2's probe with FREERIDE_GREEN_WORKQUEUE=balanced measures the setting only where
     the harvester had the workqueues (a CUDA 13.1 driver); elsewhere the row says why not,
     and is not counted as met."""
-    write(tmp_path, mt.BALANCED_CHANNELS, channels(0) | {"green_workqueues": had})
+    write(
+        tmp_path, mt.BALANCED_CHANNELS, channels(0) | {"green_workqueues": had, "reserve": reserve}
+    )
     row = by_setting(mt.rows_of(str(tmp_path)), "other-stream")[mt.BALANCED_SETTING]
     assert row.verdict == verdict and text in row.measured, row
 

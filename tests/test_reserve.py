@@ -519,22 +519,8 @@ def test_green_context_partition_check(seen, kwargs, step):
     assert _C.check_green_partition(120, 132, seen, **kwargs) == step
 
 
-def test_green_workqueues_are_read_from_the_environment(monkeypatch):
-    """FREERIDE_GREEN_WORKQUEUE is read when a CUDA harvester is made: unset or "shared"
-    (the device's workqueues, the default), "balanced" (the green context's own, on CUDA
-    13.1 drivers); anything else is refused, naming it. The host backend has no green
-    context: h.green_workqueues is None."""
+def test_the_host_backend_has_no_green_workqueues():
+    """FREERIDE_GREEN_WORKQUEUE (read as a CUDA harvester is made: test_launch_at_open's
+    switch test) concerns the green context only: the host backend has none."""
     with fr.Harvester("cpu", workers=1) as h:
         assert h.green_workqueues is None
-    if not hasattr(_C._testing, "balanced_workqueues_wanted"):
-        pytest.skip("this build of freeride has no CUDA backend")
-    read = _C._testing.balanced_workqueues_wanted
-    monkeypatch.delenv("FREERIDE_GREEN_WORKQUEUE", raising=False)
-    assert read() is False
-    monkeypatch.setenv("FREERIDE_GREEN_WORKQUEUE", "shared")
-    assert read() is False
-    monkeypatch.setenv("FREERIDE_GREEN_WORKQUEUE", "balanced")
-    assert read() is True
-    monkeypatch.setenv("FREERIDE_GREEN_WORKQUEUE", "own")
-    with pytest.raises(ValueError, match="FREERIDE_GREEN_WORKQUEUE must be 'shared' or 'balanced'"):
-        read()

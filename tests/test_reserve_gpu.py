@@ -585,11 +585,14 @@ def test_green_context_with_its_own_workqueues_where_the_driver_has_them(monkeyp
     workqueues of its own (a workqueue configuration of the balanced scope beside the SM
     group). A CUDA 13.1 driver gives them; an older one makes the green context without
     them and says why. Either way side work runs every item exactly once."""
-    monkeypatch.setenv("FREERIDE_GREEN_WORKQUEUE", "balanced")
-    driver = fr.backend_info()["driver_version"]
     with fr.Harvester("cuda:0") as h:
         if h.green_workqueues is None:
             pytest.skip(f"no green context here: {h.reserve_fallback}")
+    monkeypatch.setenv("FREERIDE_GREEN_WORKQUEUE", "balanced")
+    driver = fr.backend_info()["driver_version"]
+    with fr.Harvester("cuda:0") as h:
+        # A context with them that then failed a check would fall back to the cap.
+        assert h.reserve_mechanism.startswith("green-context"), h.reserve_fallback
         if driver >= 13010:
             assert h.green_workqueues == "balanced", h.green_workqueues
         else:

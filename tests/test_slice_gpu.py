@@ -19,7 +19,8 @@ launch may run on until it: the slice extension. These tests guard its two edges
   stream that does not fit beside the side grid (the occupancy cap) or needs more than
   the SMs the green context leaves out (a bucket copy, an optimizer step on a side
   stream) is confined until the launch ends. The extension must be capped
-  (Harvester.slice_bound: the time slice times MAX_SLICES, 8), not last the whole bubble.
+  (Harvester.slice_bound: the time slice times Harvester(max_slices=...), 8 by default),
+  not last the whole bubble.
 
 Each measurement runs in a fresh process (tests/slice_gpu_worker.py): a synchronisation
 that hangs cannot be interrupted, so the worker waits for it on a thread with a limit,

@@ -9,10 +9,10 @@ on, the watcher's thread enqueues the executor's launch itself, then rings: one 
 It launches only where the executor's run() would at that moment
 (csrc/watcher_launch_rule.hpp); the executor takes the launch's end as its own.
 
-The CPU tests check that rule and the switch; tests/test_open_watcher.py checks the
-watcher's plumbing (each event's open number, handed to its hook before its ring). The
-GPU test runs host-started bubbles with it on and off (tests/gpu_worker.py's
-watcher_launch).
+The CPU tests check that rule (the switch: test_launch_at_open.py);
+tests/test_open_watcher.py checks the watcher's plumbing (each event's open number,
+handed to its hook before its ring). The GPU test runs host-started bubbles with it on
+and off (tests/gpu_worker.py's watcher_launch).
 """
 
 import pytest
@@ -46,23 +46,6 @@ def test_the_watcher_launches_only_where_the_executor_would():
         {"others_pending": True},
     ):
         assert not rule(**off), off
-
-
-def test_the_switch_is_off_unless_one(monkeypatch):
-    """FREERIDE_WATCHER_LAUNCH is read when a CUDA harvester is made, as the other switches
-    are: off unless "1"; anything but "0" or "1" is refused there, naming it."""
-    if not hasattr(_C._testing, "watcher_launch_enabled"):
-        pytest.skip("this build of freeride has no CUDA backend")
-    read = _C._testing.watcher_launch_enabled
-    monkeypatch.delenv("FREERIDE_WATCHER_LAUNCH", raising=False)
-    assert read() is False
-    monkeypatch.setenv("FREERIDE_WATCHER_LAUNCH", "1")
-    assert read() is True
-    monkeypatch.setenv("FREERIDE_WATCHER_LAUNCH", "0")
-    assert read() is False
-    monkeypatch.setenv("FREERIDE_WATCHER_LAUNCH", "yes")
-    with pytest.raises(ValueError, match="FREERIDE_WATCHER_LAUNCH"):
-        read()
 
 
 def test_the_host_backend_counts_no_watcher_launch(host):

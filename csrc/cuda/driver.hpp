@@ -52,8 +52,9 @@ struct Api {
   PFN_cuStreamDestroy_v4000 stream_destroy = nullptr;
   // A green context with workqueues of its own (FREERIDE_GREEN_WORKQUEUE=balanced): the
   // same calls as of CUDA 13.1, whose drivers know the workqueue configuration resource
-  // (older ones answer that they are older). The query's type is an int: the toolkit's
-  // CUdevResourceType may lack the workqueue's value.
+  // (an older one answers cudaErrorInvalidValue: the caller looks at the driver's version
+  // first). The query's type is an int: the toolkit's CUdevResourceType may lack the
+  // workqueue's value.
   CUresult(CUDAAPI* device_get_dev_resource_13010)(CUdevice, CUdevResource*, int) = nullptr;
   PFN_cuDevResourceGenerateDesc_v12040 resource_generate_desc_13010 = nullptr;
   PFN_cuGreenCtxCreate_v12040 green_ctx_create_13010 = nullptr;

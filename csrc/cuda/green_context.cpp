@@ -22,17 +22,29 @@ namespace {
 // resources with other balanced green contexts"), and where the scope sits in the
 // resource's union (CUdevWorkqueueConfigResource: int device, unsigned int
 // wqConcurrencyLimit, then the scope). The union starts where `sm` does in every CUDA 13
-// header, and the resource's size is the same in 13.0 and 13.1.
+// header, and the resource's size is the same in 13.0 and 13.1, whose union is 8 bytes
+// shorter for a pointer after it (nextResource), read by 13.1's calls.
+constexpr int kWorkqueueDriver = 13010;
 constexpr int kWorkqueueConfigType = 1000;
 constexpr uint32_t kScopeBalanced = 1;
 constexpr size_t kScopeOffset = 8;
-static_assert(sizeof(CUdevResource) == 144 && offsetof(CUdevResource, sm) == 96,
+constexpr size_t kNextResourceOffset = 136;
+static_assert(sizeof(CUdevResource) == 144 && offsetof(CUdevResource, sm) == 96 &&
+                  offsetof(CUdevResource, sm) + sizeof(CUdevSmResource) <= kNextResourceOffset,
               "CUdevResource's layout is not CUDA 13's");
 
 // The device's workqueue configuration with the balanced scope, in *config (false, with
 // *why, where the driver has none or refuses the query).
 bool balanced_workqueues(const cuda_driver::Api& a, CUdevice dev, CUdevResource* config,
                          std::string* why) {
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess) (void)cudaGetLastError();
+  if (driver < kWorkqueueDriver) {
+    *why = "the driver is CUDA " + std::to_string(driver / 1000) + "." +
+           std::to_string(driver % 1000 / 10) +
+           "; a workqueue configuration needs CUDA 13.1 or later";
+    return false;
+  }
   if (a.device_get_dev_resource_13010 == nullptr || a.resource_generate_desc_13010 == nullptr ||
       a.green_ctx_create_13010 == nullptr) {
     *why = "the driver has no workqueue configuration (CUDA 13.1 or later): " +
@@ -116,6 +128,10 @@ void CudaShared::try_green_context(int reserved_wanted, int least_priority) {
   // the driver refuses them, saying why.
   std::string not_had;
   CUdevResource parts[2] = {group, CUdevResource{}};
+  // The SM group came from the 12.4 calls, for which those bytes were the union's: no
+  // pointer for 13.1's call to follow.
+  std::memset(reinterpret_cast<unsigned char*>(&parts[0]) + kNextResourceOffset, 0,
+              sizeof(CUdevResource) - kNextResourceOffset);
   if (balanced_wanted && balanced_workqueues(a, dev, &parts[1], &not_had)) {
     res = a.resource_generate_desc_13010(&desc, parts, 2);
     if (res != CUDA_SUCCESS) {

@@ -172,7 +172,7 @@ LaunchEnd CudaRunner::wait_for_end(const Launch& l) {
     // (each flag taken once either way).
     // (A load first: under FREERIDE_ADMISSION=spin this runs at every yield.)
     bool untaken = interrupt_.load() && interrupt_.exchange(false);
-    if (!untaken && l.waits_open && hand_back_.exchange(false)) {
+    if (!untaken && l.waits_open && hand_back_.load() && hand_back_.exchange(false)) {
       untaken = !ring_.started(l.number, launch_no_.load());
     }
     if (untaken) {
@@ -206,8 +206,9 @@ LaunchEnd CudaRunner::wait_for_end(const Launch& l) {
       if (idle || next_began) return ended_without_record(l, idle);
       next_query = now + (not_begun_in_compute() ? kNotBegunWait : kStreamQueryEvery);
     }
-    // Under FREERIDE_ADMISSION=spin, unless it has not begun and the gate is closed (a
-    // launch queued at an open that has not come: the GPU begins it by itself): its end
+    // Under FREERIDE_ADMISSION=spin, unless it has not begun and the gate reads closed (a
+    // launch queued at an open that has not come: the GPU begins it by itself; one queued
+    // at a later open while an earlier bubble is open spins through that bubble): its end
     // makes the executor's next launch due, which spin makes without a sleep's overshoot
     // (up to kEndPollFar, past a slice in an open gate).
     const bool spinning = spin && (s_->mirror() == FREERIDE_GATE_OPEN ||

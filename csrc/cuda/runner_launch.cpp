@@ -427,7 +427,9 @@ void CudaRunner::enqueue_locked(cudaEvent_t opened, uint32_t seq, bool at_open, 
                                      : s.open_ordinals.next_close(seq);
     ctx.slice_ns = launch_slice_ns(s.slice_ns, at_open, ctx.next_close, s.stream_wait);
     l.slice_ns = ctx.slice_ns;
-    ctx.max_slices = s.max_slices;
+    // The harvester's bound where it has a slice; under time_slice=None the slice above
+    // is the hang guard's, bounded by the default (launch_slice_rule.hpp).
+    ctx.max_slices = s.slice_ns == 0 ? 0u : s.max_slices;
     // An error a previous task's failure left as this thread's last error (a handled
     // one: a sticky error fails every call anyway) must not be taken for this launch's.
     (void)cudaGetLastError();

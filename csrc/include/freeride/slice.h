@@ -26,10 +26,10 @@
  * as pending.
  *
  * Even with a close pending the extension is bounded, to fr_item_ctx.max_slices slices
- * (FREERIDE_MAX_SLICES by default) from the launch's start: a training kernel larger than the reserve, launched in a bubble on
- * another stream (a bucket copy, a reduction, an optimizer on its own stream), gets the
- * SMs the side launch holds when it ends, so the bound is how long such a kernel can be
- * confined to the reserve.
+ * (FREERIDE_MAX_SLICES by default) from the launch's start: a training kernel larger
+ * than the reserve, launched in a bubble on another stream (a bucket copy, a reduction,
+ * an optimizer on its own stream), gets the SMs the side launch holds when it ends, so
+ * the bound is how long such a kernel can be confined to the reserve.
  *
  * The latest ordinal lives in host memory, so each look at it is a read across the bus.
  * A launch has up to thousands of blocks claiming an item every few microseconds: one
