@@ -27,16 +27,26 @@ def _open(ex):
     return _C._testing.queue_open(ex)
 
 
+def _urgent_over_queued(ex, running, urgent, queued):
+    """`running` (task, priority) with `queued` launches queued at opens, none begun; then
+    `urgent` (task, a higher priority) submitted and armed for the next open. (running's
+    id, its launches, urgent's id, its launches)."""
+    low = ex.submit(*running)
+    q_low = _launches(ex, 0)
+    assert q_low.arrive(queued) == queued
+    high = ex.submit(*urgent)
+    q_high = _launches(ex, 1)
+    wait_until(lambda: _open(ex) == (1, 1))
+    return low, q_low, high, q_high
+
+
 def test_a_more_urgent_task_takes_the_next_open_before_any_launch_queued_ahead_began(ex):
     """None of the running task's three launches has begun (the GPU is in compute): the
     more urgent task is armed at once (PhaseRunner::hand_back), not when the GPU reaches
     the first of those opens."""
-    low = ex.submit(_C.spin_task(50, 1, 1000), 0)
-    q_low = _launches(ex, 0)
-    assert q_low.arrive(3) == 3
-    high = ex.submit(_C.spin_task(4, 1, 1000), 1)
-    q_high = _launches(ex, 1)
-    wait_until(lambda: _open(ex) == (1, 1))
+    low, q_low, high, q_high = _urgent_over_queued(
+        ex, (_C.spin_task(50, 1, 1000), 0), (_C.spin_task(4, 1, 1000), 1), 3
+    )
     assert q_low.not_ended == 3 and q_low.stopped
     for _ in range(3):
         q_low.end(5)  # began stopped: nothing
@@ -94,12 +104,9 @@ def test_a_yet_more_urgent_task_waits_for_the_armed_tasks_launches(ex):
     """A armed B (more urgent), B took two opens; C, more urgent still, stops B (no
     further open for it) and is armed once B's launches are drained. Each task runs its
     items exactly once, most urgent first."""
-    a = ex.submit(_C.spin_task(20, 1, 1000), 0)
-    q_a = _launches(ex, 0)
-    assert q_a.arrive(1) == 1
-    b = ex.submit(_C.spin_task(20, 1, 1000), 1)
-    q_b = _launches(ex, 1)
-    wait_until(lambda: _open(ex) == (1, 1))
+    a, q_a, b, q_b = _urgent_over_queued(
+        ex, (_C.spin_task(20, 1, 1000), 0), (_C.spin_task(20, 1, 1000), 1), 1
+    )
     assert _open(ex) == (1, 1)
     c = ex.submit(_C.spin_task(5, 1, 1000), 2)
     wait_until(lambda: q_b.stopped)
@@ -340,13 +347,10 @@ def test_a_failed_task_cancelled_with_launches_in_flight_keeps_the_next_task_una
     cancelled and retired (a waiter): the loop drains X's runner first and arms the next
     task meanwhile, but not G (0) past F: a failed task's launches are drained before
     anything is armed (the failure may have broken the context), cancelled or not."""
-    f = ex.submit(_C.spin_task(100, 1, 1000), 1)
-    g = ex.submit(_C.spin_task(5, 1, 1000), 0)
-    q_f = _launches(ex, 0)
-    assert q_f.arrive(3) == 3
-    x = ex.submit(_C.spin_task(20, 1, 1000), 2)
-    q_x = _launches(ex, 1)
-    wait_until(lambda: _open(ex) == (1, 1))
+    f, q_f, x, q_x = _urgent_over_queued(
+        ex, (_C.spin_task(100, 1, 1000), 1), (_C.spin_task(20, 1, 1000), 2), 3
+    )
+    g = ex.submit(_C.spin_task(5, 1, 1000), 0)  # waits behind both
     q_f.fail("a broken launch", drop_pending=False)
     wait_until(lambda: q_f.pending == 2)
     assert ex.cancel(f, False)
