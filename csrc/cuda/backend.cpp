@@ -167,8 +167,7 @@ class CudaBackend final : public Backend {
     FR_CUDA_CHECK(cudaStreamCreateWithPriority(&s.control, cudaStreamNonBlocking, greatest));
     // Rings serve stream_wait too: iterative tasks wait for the gate on the host.
     s.admission = admission;
-    s.ring = admission != AdmissionMode::kPoll;
-    if (s.ring) s.watcher = std::make_unique<OpenWatcher>(device, s.stamps);
+    if (s.ring()) s.watcher = std::make_unique<OpenWatcher>(device, s.stamps);
     // stream_wait holds every launch on the GPU already: launches at opens are its own.
     s.launch_at_opens = at_opens && !options.stream_wait;
     s.successors = successors && !options.stream_wait;

@@ -172,7 +172,7 @@ LaunchMarks CudaRunner::run(bool record) {
     // carried no launch, or the rest of a bubble whose launch ended with its slice), or
     // a stop. Not under an open the training thread skipped (predicted too short for a
     // launch: SkippedOpens): a launch this late would land in the compute after it.
-    if (!s.ring) tighten_timer_slack();  // this thread only ever waits for the gate
+    if (!s.ring()) tighten_timer_slack();  // this thread only ever waits for the gate
     // A launch at an open that failed meanwhile (launch_at_open rang) ends the wait too:
     // its error is this run()'s, not one for the next open to bring, or a close to drop.
     auto arrived = [&] {

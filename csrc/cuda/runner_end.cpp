@@ -152,7 +152,7 @@ LaunchEnd CudaRunner::wait_for_end(const Launch& l) {
   auto next_query = started_wait + kStreamQueryEvery;
   // Sleeps on the bell for long: rung when this launch can begin (see kNotBegunWait).
   auto not_begun_in_compute = [&] {
-    return s_->ring && !s_->unrung.any() && s_->mirror() != FREERIDE_GATE_OPEN &&
+    return s_->ring() && !s_->unrung.any() && s_->mirror() != FREERIDE_GATE_OPEN &&
            !ring_.started(l.number, launch_no_.load());
   };
   auto end_is_near = [&] {

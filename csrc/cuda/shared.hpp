@@ -121,8 +121,8 @@ struct CudaShared {
   // (FREERIDE_ADMISSION=poll), or by spinning on the mirror and the bell ("spin": the
   // watcher still rings). Null where polling, and after shutdown.
   std::unique_ptr<OpenWatcher> watcher;
-  bool ring = true;  // the watcher rings (ring and spin)
   AdmissionMode admission = AdmissionMode::kRing;
+  bool ring() const { return admission != AdmissionMode::kPoll; }  // the watcher rings
   // When the host-started path passed its steps (Backend::admission_stamps): the
   // watcher's thread stamps `reached`, run() `woke`, a host-made launch `launched`.
   // Shared with the watcher, whose thread may outlive this.
