@@ -424,13 +424,38 @@ def _held_row(setting: str, source: Source) -> Row:
     return Row(HELD_METRIC, setting, measured, HELD_TARGET, judge(d["held"] == never == 0))
 
 
-def overhead_rows(pipeline: Source) -> list[Row]:
+def overhead_rows(pipeline: Source, preempt: Source | None = None) -> list[Row]:
+    """bench pipeline's overhead per side task and hardware queues; with what a close cost
+    training where the run says, and beside it what the gate's writes alone take on the
+    training stream (bench preempt's close+open cost, no side work): the rest of a close's
+    cost is the pause, about the item in flight."""
     metric = "training overhead (bench pipeline)"
     target = f"≤ {OVERHEAD_PCT:g}%"
     found = {}
     for r in (pipeline.data or {}).get("rows", []):
         found[(r.get("variant"), str(r.get("connections")))] = r
-    iters = ((pipeline.data or {}).get("settings") or {}).get("iterations_per_variant")
+    settings = (pipeline.data or {}).get("settings") or {}
+    iters = settings.get("iterations_per_variant")
+    # What the percentage is of: each close costs about an item in flight, whatever the
+    # actions' length, so the same closes weigh four times as much in --quick's 1 ms
+    # forwards as in the emulation's own 4 ms.
+    ran = f"{iters} iterations"
+    if _num(settings.get("t_forward_ms")) and settings.get("closes_per_iteration"):
+        ran += (
+            f" of {settings['closes_per_iteration']} closes and {settings['t_forward_ms']:g} ms "
+            "forwards"
+        )
+    writes = None
+    if preempt is not None:
+        writes = _gate_row(
+            preempt,
+            "close+open cost",
+            variant="gate write",
+            mechanism="batch",
+            gate="device",
+            admission="ring",
+        )
+        writes = writes if writes is not None and _num(writes.get("p50_us")) else None
     rows = []
     for connections, shown in PIPELINE_CONNECTIONS:
         for task in PIPELINE_TASKS:
@@ -439,9 +464,17 @@ def overhead_rows(pipeline: Source) -> list[Row]:
             if r is None or not _num(r.get("overhead_pct")):
                 rows.append(_not_run(metric, setting, target, pipeline))
                 continue
-            measured = f"{r['overhead_pct']:.2f}%"
+            parts = []
+            if _num(r.get("overhead_us_per_close")):
+                close = f"{us(r['overhead_us_per_close'])} µs a close"
+                if writes is not None:
+                    close += f", the gate writes alone {us(writes['p50_us'])} µs a pair"
+                parts.append(close)
             if _num(r.get("harvest_eff_pct")):
-                measured += f" (harvest {r['harvest_eff_pct']:.1f}%, {iters} iterations)"
+                parts.append(f"harvest {r['harvest_eff_pct']:.1f}%, {ran}")
+            measured = f"{r['overhead_pct']:.2f}%"
+            if parts:
+                measured += f" ({'; '.join(parts)})"
             verdict = judge(r["overhead_pct"] <= OVERHEAD_PCT)
             rows.append(Row(metric, setting, measured, target, verdict))
     return rows
@@ -719,7 +752,7 @@ def rows_of(folder: str) -> list[Row]:
         ),
         *harvest_rows(src["harvest"]),
         *held_rows(channels, load(folder, BALANCED_CHANNELS)),
-        *overhead_rows(src["pipeline"]),
+        *overhead_rows(src["pipeline"], src["preempt"]),
         *item_rows(src["items"]),
         *bandwidth_rows(src["items"]),
         *host_cost_rows(src["preempt"], src["hooks"]),

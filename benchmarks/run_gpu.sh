@@ -196,7 +196,8 @@ measure_bench() {
   shift 4
   local program=("$@")
   [ ${#program[@]} -eq 0 ] && program=(-m freeride bench "$bench")
-  [ "${MEASURE_QUICK:-0}" = 1 ] && quick=(--quick)
+  # QUICK_ARGS: what MEASURE_QUICK=1 passes instead of --quick (bench pipeline's).
+  [ "${MEASURE_QUICK:-0}" = 1 ] && read -r -a quick <<<"${QUICK_ARGS:---quick}"
   budgeted $deadline "measure_bench_$bench" $limit $py "${program[@]}" --mode gpu \
     ${quick[@]+"${quick[@]}"} --out "$m/$bench.json"
   stand_in "$m/$bench.json" $? "measure_bench_$bench"
@@ -319,13 +320,16 @@ if step measure; then
     # 7. Training overhead (and the pipeline's harvest), under the default hardware
     #    queues and one, each in a fresh process: the full emulation (20 iterations a
     #    variant of 4 and 8 ms actions) [~95 s measured at 51c0fe7]; MEASURE_QUICK=1 runs
-    #    --quick (3 iterations of 1 and 2 ms actions) [~21 s measured at cf361a5], where
-    #    the same 16 closes an iteration weigh four times as much against its time (Spin
-    #    1.5% there at cf361a5). Listed NOT RUN where less than its estimate is left: a
-    #    run its limit cuts short measures nothing and costs the machine's time.
+    #    5 iterations of the same actions (--iterations 5) [~40 s est.: the 1.1 s
+    #    iterations of "stream priority only" under 8 queues are most of it], not
+    #    --quick's 1 and 2 ms actions, where the same 16 closes an iteration weigh four
+    #    times as much against its time (Spin 1.5% there at cf361a5, 0.3-0.45% for the
+    #    others in the full run at 51c0fe7). Each row also says what a close cost, which
+    #    carries over to other lengths. Listed NOT RUN where less than its estimate is
+    #    left: a run its limit cuts short measures nothing and costs the machine's time.
     need=90
-    [ "${MEASURE_QUICK:-0}" = 1 ] && need=25
-    BUDGET_NEED=$need measure_bench $deadline pipeline 130 \
+    [ "${MEASURE_QUICK:-0}" = 1 ] && need=40
+    QUICK_ARGS="--iterations 5" BUDGET_NEED=$need measure_bench $deadline pipeline 130 \
       "^ *(baseline|freeride: (spin|saxpy|pagerank|blur)) "
     # 8. Where time is left: host-started admission with the executor polling. [~10 s est.]
     probe $deadline measure_admission_poll 30 FREERIDE_LAUNCH_AT_OPEN=0 FREERIDE_ADMISSION=poll \

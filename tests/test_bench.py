@@ -61,6 +61,28 @@ def test_pipeline_variants_do_side_work_only_when_allowed(tmp_path):
     for name, row in rows.items():
         if name != "baseline":
             assert row["side_items"] > 0, name
+    # Each close's share of the overhead, for freeride's variants only (the others close
+    # nothing): the iteration's extra time over the closes the stage's actions made.
+    closes = result["settings"]["closes_per_iteration"]
+    assert closes == 16  # stage 1 of a 4-stage 1F1B, 8 microbatches: 8 forwards, 8 backwards
+    base = rows["baseline"]["iter_ms"]
+    for name, row in rows.items():
+        if name.startswith("freeride"):
+            expected = (row["iter_ms"] - base) * 1000 / closes
+            assert row["overhead_us_per_close"] == pytest.approx(expected), name
+        else:
+            assert row["overhead_us_per_close"] is None, name
+
+
+def test_pipeline_iterations_keep_the_actions_length():
+    # --iterations shortens the run without shortening the compute actions (--quick
+    # shortens both, and each close then weighs four times as much).
+    full = bench.run("pipeline", mode="cpu", options={"iterations": 1})["settings"]
+    assert full["iterations_per_variant"] == 1
+    assert full["t_forward_ms"] == 4.0
+    for bad in (0, -1, 2.5, True, "3"):
+        with pytest.raises(ValueError, match="iterations must be a positive int"):
+            bench.run("pipeline", mode="cpu", quick=True, options={"iterations": bad})
 
 
 def test_items_has_a_copy_row_to_read_bandwidth_against():

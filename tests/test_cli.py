@@ -71,6 +71,8 @@ def error_line(proc):
         (["bench", "items", "--plot", "x.png"], "--plot", "only preempt draws a plot"),
         (["bench", "items", "--minutes", "1"], "--minutes", "only soak runs for a set time"),
         (["bench", "items", "--attack"], "--attack", "only soak runs with an attacker"),
+        (["bench", "items", "--iterations", "5"], "--iterations", "only pipeline takes it"),
+        (["bench", "pipeline", "--iterations", "0"], "--iterations", "must be in [1, 1000]"),
         (["bench", "soak", "--minutes", "0"], "--minutes", "must be > 0 and <= 1440, got 0"),
         (["bench", "soak", "--minutes", "-1"], "--minutes", "must be > 0 and <= 1440, got -1"),
         (["bench", "soak", "--minutes", "ten"], "--minutes", "must be a number, got 'ten'"),

@@ -466,6 +466,30 @@ def test_overhead_and_item_overhead_boundaries(tmp_path, pct, verdict):
     assert {r.verdict for r in rows if r.metric.startswith("item overhead")} == {verdict}
 
 
+def test_overhead_rows_say_what_a_close_costs_and_what_the_iterations_were(tmp_path):
+    # The H200's JSON predates the per-close column: rows without it keep their text.
+    old = bench("pipeline")
+    write(tmp_path, "pipeline.json", old)
+    before = [r for r in mt.rows_of(str(tmp_path)) if r.metric.startswith("training overhead")]
+    assert before and all("a close" not in r.measured for r in before)
+    new = bench("pipeline")
+    new["settings"].update(closes_per_iteration=16, t_forward_ms=4.0, iterations_per_variant=5)
+    for row in new["rows"]:
+        row["overhead_us_per_close"] = 12.34 if row["variant"].startswith("freeride") else None
+    write(tmp_path, "pipeline.json", new)
+    rows = [r for r in mt.rows_of(str(tmp_path)) if r.metric.startswith("training overhead")]
+    assert rows and all(r.verdict in (mt.MET, mt.MISSED) for r in rows)
+    for r in rows:
+        assert " (12.3 µs a close; harvest " in r.measured, r.measured
+        assert "5 iterations of 16 closes and 4 ms forwards)" in r.measured, r.measured
+    # With bench preempt's gate writes beside it: how much of a close they are (the H200's
+    # batch, gate in device memory, ring: 9.08 µs a pair on the training stream).
+    write(tmp_path, "preempt.json", preempt_now())
+    rows = [r for r in mt.rows_of(str(tmp_path)) if r.metric.startswith("training overhead")]
+    for r in rows:
+        assert "(12.3 µs a close, the gate writes alone 9.08 µs a pair; harvest " in r.measured
+
+
 @pytest.mark.parametrize("p50_us, verdict", [(10.0, mt.MET), (10.01, mt.MISSED)])
 def test_host_cost_boundary(tmp_path, p50_us, verdict):
     """The host cost per pair is bench hooks' (the metric's definition: the hooks around a

@@ -298,6 +298,8 @@ def bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parser.error(f"argument --minutes: only soak runs for a set time, not {args.name}")
     if args.attack and args.name != "soak":
         parser.error(f"argument --attack: only soak runs with an attacker, not {args.name}")
+    if args.iterations is not None and args.name != "pipeline":
+        parser.error(f"argument --iterations: only pipeline takes it, not {args.name}")
     _check_writable_file(parser, "--out", args.out)
     _check_writable_file(parser, "--plot", args.plot)
     from .bench import run
@@ -305,6 +307,8 @@ def bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     options: dict[str, Any] = {} if args.minutes is None else {"minutes": args.minutes}
     if args.attack:
         options["attack"] = True
+    if args.iterations is not None:
+        options["iterations"] = args.iterations
     run(
         args.name,
         mode=args.mode,
@@ -443,6 +447,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="soak only: a process attacks the queue's port all along (idle connections, "
         "huge frames before the handshake, hello floods with and without a credential)",
+    )
+    p.add_argument(
+        "--iterations",
+        type=_int_in(1, 1000),
+        default=None,
+        help="pipeline only: iterations a variant (None: 20, or 3 with --quick); unlike "
+        "--quick it keeps the compute actions' length, so each close weighs as in the "
+        "full run",
     )
     p.set_defaults(func=bench_command, parser=p)
 

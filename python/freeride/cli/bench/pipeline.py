@@ -44,10 +44,17 @@ CONNECTIONS = (None, "1")
 _CHILD = "FREERIDE_BENCH_PIPELINE_CHILD"
 
 
-def measure(mode: str, quick: bool) -> dict:
+def measure(mode: str, quick: bool, iterations: int | None = None) -> dict:
+    """`iterations` a variant (default 20, 3 with `quick`); `quick` also shortens the
+    compute actions fourfold, which weighs each close four times as much against an
+    iteration: `iterations` alone keeps the emulation's own lengths for a short run."""
+    if iterations is not None and (
+        isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1
+    ):
+        raise ValueError(f"iterations must be a positive int, got {iterations!r}")
     if mode != "gpu" or os.environ.get(_CHILD):
-        return _measure_here(mode, quick)
-    runs = [_measure_in_child(quick, connections) for connections in CONNECTIONS]
+        return _measure_here(mode, quick, iterations)
+    runs = [_measure_in_child(quick, iterations, connections) for connections in CONNECTIONS]
     rows = [row for run in runs for row in run["rows"]]
     notes = [
         f"{note} [connections={run['connections']}]" for run in runs for note in run["notes"][:1]
@@ -59,7 +66,7 @@ def measure(mode: str, quick: bool) -> dict:
     }
 
 
-def _measure_in_child(quick: bool, connections: str | None) -> dict:
+def _measure_in_child(quick: bool, iterations: int | None, connections: str | None) -> dict:
     """_measure_here in a fresh process with CUDA_DEVICE_MAX_CONNECTIONS as given; its
     rows carry the setting."""
     env = dict(os.environ, **{_CHILD: "1"})
@@ -68,7 +75,7 @@ def _measure_in_child(quick: bool, connections: str | None) -> dict:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = connections
     code = (
         "import json, sys; from freeride.cli.bench.pipeline import _measure_here; "
-        f"print('RESULT ' + json.dumps(_measure_here('gpu', {quick!r})))"
+        f"print('RESULT ' + json.dumps(_measure_here('gpu', {quick!r}, {iterations!r})))"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
@@ -87,9 +94,9 @@ def _measure_in_child(quick: bool, connections: str | None) -> dict:
     return result
 
 
-def _measure_here(mode: str, quick: bool) -> dict:
+def _measure_here(mode: str, quick: bool, iterations: int | None = None) -> dict:
     schedule, stages, microbatches, stage = "1f1b", 4, 8, 1
-    iters = 3 if quick else 20
+    iters = iterations or (3 if quick else 20)
     t_f_ms = 1.0 if quick else 4.0
     sim = simulate.simulate(
         schedule,
@@ -100,6 +107,7 @@ def _measure_here(mode: str, quick: bool) -> dict:
         t_comm=0.05 * t_f_ms,
     )
     timeline = sim.ranks[stage]
+    closes = len(timeline.actions)  # h.compute() closes the gate before each action
     dev = _Device(mode)
     with contextlib.ExitStack() as stack:
         h = stack.enter_context(Harvester("cuda:0" if mode == "gpu" else "cpu", workers=1))
@@ -143,6 +151,11 @@ def _measure_here(mode: str, quick: bool) -> dict:
                 "variant": name,
                 "iter_ms": med,
                 "overhead_pct": (med / base - 1) * 100,
+                # What each close costs training, whatever the compute's length: the
+                # figure that carries over to another model's iteration.
+                "overhead_us_per_close": (
+                    (med - base) * 1000 / closes if name.startswith("freeride") else None
+                ),
                 "side_items": items[name],
                 "harvest_eff_pct": 100 * items[name] / capacity if capacity else 0.0,
             }
@@ -155,6 +168,7 @@ def _measure_here(mode: str, quick: bool) -> dict:
             "microbatches": microbatches,
             "stage": stage,
             "iterations_per_variant": iters,
+            "closes_per_iteration": closes,
             "t_forward_ms": t_f_ms,
             "t_backward_ms": 2 * t_f_ms,
             "spin_item_us": ITEM_US,
@@ -164,6 +178,11 @@ def _measure_here(mode: str, quick: bool) -> dict:
             "idle side throughput (items/s): "
             + ", ".join(f"{k} {v:,.0f}" for k, v in idle.items()),
             "harvest_eff_pct = side items during training / (idle rate x bubble time)",
+            (
+                f"overhead_us_per_close = (iter_ms - baseline's) / {closes} closes an "
+                "iteration: a pause costs about one item in flight, so this, not the "
+                "percentage, carries over to compute actions of another length"
+            ),
             (
                 "GPU: training runs on a torch stream of the highest priority; the rows "
                 f"'{AT_DEFAULT_PRIORITY.strip(', ')}' run it at priority 0 (torch's default, "
