@@ -16,6 +16,21 @@ inline bool waits_behind_another_stream(bool newest_at_open, bool newest_begun,
   return newest_at_open && !newest_begun && !same_stream;
 }
 
+// Whether an open's launch is left out because the executor's own launch for the same open
+// is already on the side stream: under FREERIDE_ADMISSION=spin or poll (or in the ring's
+// first looks) the executor may see the open take effect, where the GPU had caught up
+// with the host, before the training thread that wrote it enqueues the launch at it. That
+// launch serves the bubble. One at the open behind it would wait for it on the stream,
+// and it ends only with this bubble's close, which training enqueues after the open's
+// launch: under one hardware queue (or any shared with training) the waiting launch would
+// hold training's work, that close included, for the slice bound, or for good with
+// time_slice=None. Such an open is counted (Harvester.launch_counts().served_by_executor).
+// `newest_seq`: the open the newest launch on the side stream was enqueued at or seen
+// under; 0 (no open known) serves nothing.
+inline bool served_by_executor(bool newest_at_open, unsigned int newest_seq, unsigned int seq) {
+  return !newest_at_open && newest_seq != 0u && newest_seq == seq;
+}
+
 // The lookahead bound (issue 36, review G2): whether an open may carry a launch while
 // `opens_ahead` launches enqueued at earlier opens wait for theirs (not begun). Each waits
 // on the side stream for a future open, and under shared hardware queues (the default

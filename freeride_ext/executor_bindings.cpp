@@ -158,6 +158,11 @@ void bind_executor(py::module_& m) {
           "Stream-ordered opens whose launch was left out: it would have waited behind "
           "another training stream's open.")
       .def_property_readonly(
+          "opens_served_by_executor",
+          [](Executor& ex) { return ex.backend().opens_served_by_executor(); },
+          "Stream-ordered opens whose launch was left out: the executor's own launch for "
+          "the same open was on the side stream already.")
+      .def_property_readonly(
           "max_lookahead", [](Executor& ex) { return ex.backend().max_lookahead(); },
           "The most launches at opens enqueued and not yet begun at once.")
       .def_property_readonly(

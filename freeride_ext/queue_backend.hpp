@@ -230,6 +230,7 @@ class QueueBackend final : public Backend {
   bool withholds() const override { return on_.withhold; }
   uint64_t opens_beyond_lookahead() const override { return beyond_lookahead_->load(); }
   uint64_t skipped_open_launches() const override { return cross_stream_skips_->load(); }
+  uint64_t opens_served_by_executor() const override { return served_by_executor_->load(); }
   std::string kind() const override { return "queue"; }
   int device() const override { return -1; }
   std::string gate_write_mechanism() const override { return "host"; }
@@ -294,6 +295,7 @@ class QueueBackend final : public Backend {
     q->lookahead_bound = on_.lookahead_bound;
     q->beyond_lookahead = beyond_lookahead_;
     q->cross_stream_skips = cross_stream_skips_;
+    q->served_by_executor = served_by_executor_;
     q->stamps = stamps_;
     q->task = std::move(task);
     q->refusing = refusing_;
@@ -340,12 +342,14 @@ class QueueBackend final : public Backend {
   // `count` stream-ordered opens (open_one): (the armed runner's index in admission order,
   // or -1 where none is armed, and how many launches it took). The follower's show in its
   // own launches (follower()).
-  // `stream`: the training stream they are written on (the cross-stream rule).
-  std::pair<int64_t, size_t> open(size_t count, uint64_t stream = 0) {
+  // `stream`: the training stream they are written on (the cross-stream rule); `seq`: the
+  // first one's number, each next one's one more (0: not given).
+  std::pair<int64_t, size_t> open(size_t count, uint64_t stream = 0, uint32_t seq = 0) {
     int64_t armed = -1;
     size_t taken = 0;
     for (size_t n = 0; n < count; ++n) {
-      const auto [index, queued] = open_one_counted(nullptr, stream);
+      const uint32_t number = seq == 0u ? 0u : seq + static_cast<uint32_t>(n);
+      const auto [index, queued] = open_one_counted(nullptr, stream, number);
       armed = index;
       taken += queued;
     }
@@ -393,6 +397,8 @@ class QueueBackend final : public Backend {
       std::make_shared<std::atomic<uint64_t>>(0);
   std::shared_ptr<std::atomic<uint64_t>> cross_stream_skips_ =
       std::make_shared<std::atomic<uint64_t>>(0);
+  std::shared_ptr<std::atomic<uint64_t>> served_by_executor_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
   std::shared_ptr<std::atomic<uint64_t>> stamps_ = std::make_shared<std::atomic<uint64_t>>(0);
   std::shared_ptr<std::atomic<bool>> refusing_ = std::make_shared<std::atomic<bool>>(false);
   std::shared_ptr<ArmSlot> arm_ = std::make_shared<ArmSlot>();
@@ -403,7 +409,8 @@ class QueueBackend final : public Backend {
 
   // One open, as CudaShared::launch_at_open: (the armed runner's index or -1, what it
   // took); every launch queued appended to `queued` by runner index.
-  std::pair<int64_t, size_t> open_one_counted(std::vector<int64_t>* queued, uint64_t stream) {
+  std::pair<int64_t, size_t> open_one_counted(std::vector<int64_t>* queued, uint64_t stream,
+                                              uint32_t seq = 0) {
     std::shared_ptr<QueuedLaunches> armed;
     std::shared_ptr<QueuedLaunches> follower;
     {
@@ -434,12 +441,12 @@ class QueueBackend final : public Backend {
     size_t took = 0;
     if (armed) {
       const auto [waiting, newest] = others_of(armed);
-      took = armed->arrive(1, true, waiting, false, stream, &newest);
+      took = armed->arrive(1, true, waiting, false, stream, &newest, seq);
       note(armed, took);
     }
     if (follower) {
       const auto [waiting, newest] = others_of(follower);
-      note(follower, follower->arrive(1, true, waiting, took > 0, stream, &newest));
+      note(follower, follower->arrive(1, true, waiting, took > 0, stream, &newest, seq));
     }
     return {armed ? static_cast<int64_t>(armed->index) : -1, took};
   }

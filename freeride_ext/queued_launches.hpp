@@ -47,6 +47,7 @@ struct QueuedLaunches {
     bool saw_stop = false;    // it began with the stop set: it claims nothing
     uint64_t stamp = 0;       // its place in the backend's order of enqueues (1, 2, ...)
     uint64_t stream = 0;      // the training stream of its open (0 for the executor's own)
+    uint32_t seq = 0;         // the open it was enqueued at or seen under (0: not given)
   };
   // The newest launch on the side stream that waits for an open of its own, or the
   // executor's (one chained behind another waits for none): what a launch enqueued now
@@ -56,6 +57,7 @@ struct QueuedLaunches {
     bool at_open = false;
     bool begun = false;
     uint64_t stream = 0;
+    uint32_t seq = 0;
   };
   static Newest newer(const Newest& a, const Newest& b) { return b.stamp > a.stamp ? b : a; }
   std::deque<Launch> pending;
@@ -78,6 +80,10 @@ struct QueuedLaunches {
   // left without a launch because it would wait behind another stream's open (the
   // backend's count), and the backend's stamps, which order launches across runners.
   std::shared_ptr<std::atomic<uint64_t>> cross_stream_skips =
+      std::make_shared<std::atomic<uint64_t>>(0);
+  // The executor's rule (open_launch_rule.hpp's served_by_executor): opens left without a
+  // launch because the executor's own for the same open was queued already.
+  std::shared_ptr<std::atomic<uint64_t>> served_by_executor =
       std::make_shared<std::atomic<uint64_t>>(0);
   std::shared_ptr<std::atomic<uint64_t>> stamps = std::make_shared<std::atomic<uint64_t>>(0);
   std::map<uint64_t, uint64_t> phase_done_items;
@@ -112,8 +118,9 @@ struct QueuedLaunches {
   // right behind the armed runner's at the same open, which waits for none of its own.
   // `stream`: the training stream the opens are written on; `newest_other`: the newest
   // launch of other runners on the side stream, if any (the cross-stream rule weighs it).
+  // `seq`: the open's number (the executor's own: the open it saw), 0 where not given.
   size_t arrive(size_t count, bool at_open = true, uint64_t others = 0, bool chained = false,
-                uint64_t stream = 0, const Newest* newest_other = nullptr) {
+                uint64_t stream = 0, const Newest* newest_other = nullptr, uint32_t seq = 0) {
     size_t taken = 0;
     {
       std::lock_guard<std::mutex> lk(mu);
@@ -125,9 +132,14 @@ struct QueuedLaunches {
                                                  phase_done, kCapacity - pending.size());
         if (!go.current && !go.next) break;
         if (at_open && !chained) {
-          // As CudaRunner::launch_at_open: the cross-stream rule, then the lookahead bound.
+          // As CudaRunner::launch_at_open: the executor's launch for this open, the
+          // cross-stream rule, then the lookahead bound.
           const Newest n =
               newest_other != nullptr ? newer(newest_locked(), *newest_other) : newest_locked();
+          if (n.stamp != 0 && freeride::served_by_executor(n.at_open, n.seq, seq)) {
+            served_by_executor->fetch_add(1);
+            continue;
+          }
           if (n.stamp != 0 && waits_behind_another_stream(n.at_open, n.begun, n.stream == stream)) {
             cross_stream_skips->fetch_add(1);
             continue;
@@ -142,6 +154,7 @@ struct QueuedLaunches {
           pending.push_back({-1, at_open, launch_phase, guarded, waits_open});
           pending.back().stamp = stamps->fetch_add(1) + 1;
           pending.back().stream = at_open ? stream : 0;
+          pending.back().seq = seq;
         };
         if (go.current) push(phase, false, waits);
         if (go.next) push(phase + 1, true, waits && !go.current);
@@ -156,7 +169,9 @@ struct QueuedLaunches {
   // This runner's newest launch that a launch enqueued now waits behind (caller holds mu).
   Newest newest_locked() const {
     for (auto it = pending.rbegin(); it != pending.rend(); ++it) {
-      if (it->waits_open || !it->at_open) return {it->stamp, it->at_open, it->begun, it->stream};
+      if (it->waits_open || !it->at_open) {
+        return {it->stamp, it->at_open, it->begun, it->stream, it->seq};
+      }
     }
     return {};
   }

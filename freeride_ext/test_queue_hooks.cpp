@@ -48,11 +48,14 @@ void register_queue_hooks(py::module_& t) {
   py::class_<QueuedLaunches, std::shared_ptr<QueuedLaunches>>(t, "QueuedLaunches")
       .def(
           "arrive",
-          [](QueuedLaunches& q, size_t count, bool at_open) { return q.arrive(count, at_open); },
-          py::arg("count") = 1, py::arg("at_open") = true, py::call_guard<py::gil_scoped_release>(),
+          [](QueuedLaunches& q, size_t count, bool at_open, uint32_t seq) {
+            return q.arrive(count, at_open, 0, false, 0, nullptr, seq);
+          },
+          py::arg("count") = 1, py::arg("at_open") = true, py::arg("seq") = 0,
+          py::call_guard<py::gil_scoped_release>(),
            "Launches enqueued at opens (as many as the runner takes); how many were taken. "
            "at_open=False: launches of the executor's own (it backs off after one that "
-           "ran nothing).")
+           "ran nothing). seq: the open's number (the executor's own: the open it saw).")
       .def("begin", &QueuedLaunches::begin, py::call_guard<py::gil_scoped_release>(),
            "The oldest launch not yet begun begins: with the stop set, it claims nothing.")
       .def("end", &QueuedLaunches::end, py::arg("items"),
@@ -157,14 +160,14 @@ void register_queue_hooks(py::module_& t) {
       "The launches of the index-th runner the executor made (admission order).");
   t.def(
       "queue_open",
-      [](Executor& ex, size_t count, uint64_t stream) {
-        return queue_backend(ex).open(count, stream);
+      [](Executor& ex, size_t count, uint64_t stream, uint32_t seq) {
+        return queue_backend(ex).open(count, stream, seq);
       },
-      py::arg("executor"), py::arg("count") = 1, py::arg("stream") = 0,
+      py::arg("executor"), py::arg("count") = 1, py::arg("stream") = 0, py::arg("seq") = 0,
       py::call_guard<py::gil_scoped_release>(),
-      "`count` stream-ordered opens on training stream `stream` (a number), each launching "
-      "the runner armed then: (its index in admission order, or -1 where none is armed, "
-      "launches it took).");
+      "`count` stream-ordered opens on training stream `stream` (a number), numbered from "
+      "`seq` (0: not given), each launching the runner armed then: (its index in admission "
+      "order, or -1 where none is armed, launches it took).");
   t.def(
       "queue_open_one",
       [](Executor& ex, uint64_t stream) {

@@ -147,6 +147,25 @@ def test_hooks_times_every_pair_of_both_ways_of_calling_them():
     assert any("close+open pair" in note for note in result["notes"])
 
 
+def test_hooks_keep_the_compute_row_when_attach_fails(monkeypatch):
+    # attach() runs on whatever torch the machine has: its failure is its row's, and the
+    # h.compute() row (the metric's own) stands.
+    from freeride.cli.bench import hooks
+
+    def broken(*_):
+        raise RuntimeError("gloo refused")
+
+    monkeypatch.setattr(hooks, "_attach_row", broken)
+    result = hooks.measure("cpu", quick=True)
+    rows = {row["hooks"]: row for row in result["rows"]}
+    assert rows["h.compute()"]["pairs"] > 0
+    assert rows["attach()"] == {
+        "backend": "host",
+        "hooks": "attach()",
+        "unavailable": "attach() failed: RuntimeError: gloo refused",
+    }
+
+
 def _load_hook_cost():
     """benchmarks/hook_cost.py as a module (benchmarks/ is not a package)."""
     path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "hook_cost.py"

@@ -44,6 +44,11 @@ bool CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint3
     waiting_opens_locked(waiting, stream_);
     if (!context.chained) {
       if (waiting.newest_stamp != 0 &&
+          served_by_executor(waiting.newest_at_open, waiting.newest_seq, seq)) {
+        s_->served_by_executor.fetch_add(1);
+        return false;
+      }
+      if (waiting.newest_stamp != 0 &&
           waits_behind_another_stream(waiting.newest_at_open, waiting.newest_begun,
                                       waiting.newest_training == training)) {
         s_->cross_stream_skips.fetch_add(1);
@@ -181,6 +186,7 @@ void CudaRunner::waiting_opens_locked(WaitingOpens& into, cudaStream_t stream) c
   into.newest_at_open = newest->at_open;
   into.newest_begun = ring_.started(newest->number, launch_no_.load());
   into.newest_training = newest->training;
+  into.newest_seq = newest->gate_seq;
 }
 
 // Both return without waiting for the GPU: the executor calls them under its lock, and

@@ -48,6 +48,7 @@ struct WaitingOpens {
   bool newest_at_open = false;
   bool newest_begun = false;
   cudaStream_t newest_training = nullptr;
+  uint32_t newest_seq = 0;  // the open it was enqueued at or seen under (served_by_executor)
 };
 
 // What CudaShared::launch_at_open hands the runner it launches.
@@ -400,6 +401,8 @@ struct CudaShared {
   cudaEvent_t opened = nullptr;
   // Opens whose launch waits_behind_another_stream left out (open_launch_rule.hpp).
   std::atomic<uint64_t> cross_stream_skips{0};
+  // Opens whose launch served_by_executor left out (open_launch_rule.hpp).
+  std::atomic<uint64_t> served_by_executor{0};
   // Backend::max_lookahead: raised by each launch at an open as it is enqueued.
   std::atomic<uint64_t> max_lookahead{0};
   // The lookahead bound (open_launch_rule.hpp's within_lookahead; 0: none), and the opens

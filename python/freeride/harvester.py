@@ -317,6 +317,7 @@ class Harvester:
             ex.skipped_open_launches,
             ex.max_lookahead,
             ex.opens_beyond_lookahead,
+            ex.opens_served_by_executor,
         )
 
     @property

@@ -165,6 +165,15 @@ __device__ __forceinline__ unsigned long long globaltimer_ns() {
   return t;
 }
 
+// How long the launch has run, from its start as enter_launch returned it. Saturating: the
+// start is whichever block's stamp won the race, so a block that lost it may read the
+// clock a moment below that stamp, and an unsigned difference would wrap to past the
+// bound (the block would leave at its first claim).
+__device__ __forceinline__ unsigned long long ran_since(unsigned long long started_ns) {
+  const unsigned long long now = globaltimer_ns();
+  return now > started_ns ? now - started_ns : 0ull;
+}
+
 // Leader only, once per block as it starts: the launch's start on %globaltimer, taken by
 // the first block to get here (every block's time slice counts from it). That block also
 // writes it to the host-visible end record: the host then knows the launch has begun
@@ -325,14 +334,14 @@ __device__ __forceinline__ unsigned long long claim_item(const fr_item_ctx& ctx,
                                                          bool ready) {
   bool in_time = ready && may_run_in_bubble(ctx);
   if (in_time) {
-    const SliceTime t = slice_time(globaltimer_ns() - started_ns, ctx.slice_ns, ctx.max_slices);
+    const SliceTime t = slice_time(ran_since(started_ns), ctx.slice_ns, ctx.max_slices);
     if (t != kWithinSlice) {
       bool read = false;
       in_time = t == kExtendable && close_pending(ctx, read);
       // After a read (or a wait for one) time has passed: the gate and the bound again.
       if (in_time && read) {
         in_time = may_run_in_bubble(ctx) &&
-                  slice_time(globaltimer_ns() - started_ns, ctx.slice_ns, ctx.max_slices) == kExtendable;
+                  slice_time(ran_since(started_ns), ctx.slice_ns, ctx.max_slices) == kExtendable;
       }
     }
   }

@@ -406,6 +406,9 @@ class Report:
         beyond = counts.get("beyond_lookahead", 0)
         if beyond:
             text += f"; {beyond:,} opens left without, past the lookahead bound"
+        served = counts.get("served_by_executor", 0)
+        if served:
+            text += f"; {served:,} opens left without, the executor's launch there first"
         return [("side launches", text)]
 
     def __str__(self) -> str:

@@ -67,7 +67,13 @@ def measure(mode: str, quick: bool) -> dict[str, Any]:
             between=lambda: h.bubble_stats(),
         )
         rows.append(row(backend, "h.compute()", "all", [c - floor for c in costs]))
-    rows.append(_attach_row(device, backend, steps))
+    try:
+        rows.append(_attach_row(device, backend, steps))
+    except Exception as exc:  # noqa: BLE001 - the row says why; h.compute()'s stands
+        # attach() to torch's pipelining runs on whatever torch the machine has: a failure
+        # there must not lose the h.compute() row measured already (the metric's own).
+        why = f"attach() failed: {type(exc).__name__}: {exc}"
+        rows.append({"backend": backend, "hooks": "attach()", "unavailable": why})
     return {
         "rows": rows,
         "settings": {
