@@ -70,7 +70,7 @@
 # Usage (one device call each; carry .whl). A session's device time (15 minutes, the
 # machine's start and idle time included) holds one qualify and one measure call only
 # with smaller budgets: STEPS="build qualify" QUALIFY_BUDGET=340 (~380 s with the
-# build: items 1-5b take ~320 s when they pass, so item 6, which the measure step runs
+# build: items 1-5b take ~330 s when they pass, so item 6, which the measure step runs
 # in full, is the first cut), then STEPS="build measure"
 # MEASURE_QUICK=1 MEASURE_BUDGET=300 (~340 s: its estimates add up to ~300 s quick, the
 # last items listed NOT RUN where it runs short), and no rerun; the defaults (480 each)
@@ -422,8 +422,12 @@ if step qualify; then
   #    exactly once, by a stream-ordered open [~8 s est.]; the green context with its own
   #    workqueues where the driver has them (CUDA 13.1; on r580 the fallback says why)
   #    [~6 s est.]; _C.measure_call_costs, whose rows the measure step's hooks item
-  #    prints, and its release of a held stream when a call fails [~10 s est.].
+  #    prints, and its release of a held stream when a call fails [~10 s est.]; an open
+  #    the spinning executor sees take effect before its launch at the open is enqueued
+  #    (a test switch delays it), under one hardware queue and time_slice=None: the
+  #    open's launch left out, training's kernels not held [~10 s est.].
   pytest_file $deadline 30 tests/test_gate.py -m gpu -k "follows_the_environment and spin"
+  pytest_file $deadline 40 tests/test_open_seen_first.py -m gpu
   pytest_file $deadline 30 tests/test_reserve_gpu.py -m gpu -k own_workqueues
   pytest_file $deadline 40 tests/test_bench.py -m gpu -k call_costs
   # 6. The pause and the training overhead, small (--quick: 50 pause trials; 3 pipeline

@@ -24,11 +24,14 @@ inline bool waits_behind_another_stream(bool newest_at_open, bool newest_begun,
 // and it ends only with this bubble's close, which training enqueues after the open's
 // launch: under one hardware queue (or any shared with training) the waiting launch would
 // hold training's work, that close included, for the slice bound, or for good with
-// time_slice=None. Such an open is counted (Harvester.launch_counts().served_by_executor).
-// `newest_seq`: the open the newest launch on the side stream was enqueued at or seen
-// under; 0 (no open known) serves nothing.
-inline bool served_by_executor(bool newest_at_open, unsigned int newest_seq, unsigned int seq) {
-  return !newest_at_open && newest_seq != 0u && newest_seq == seq;
+// time_slice=None. Such a launch is counted (Harvester.launch_counts().served_by_executor).
+// `newest_holds`: that launch may run until the bubble's close (it has not ended, and no
+// stop its runner enqueued is ahead of this launch: a stopped launch leaves at its next
+// claim, and one behind it waits an item at most). `newest_seq`: the open it was
+// enqueued at or seen under; 0 (no open known) serves nothing.
+inline bool served_by_executor(bool newest_at_open, bool newest_holds, unsigned int newest_seq,
+                               unsigned int seq) {
+  return !newest_at_open && newest_holds && newest_seq != 0u && newest_seq == seq;
 }
 
 // The lookahead bound (issue 36, review G2): whether an open may carry a launch while

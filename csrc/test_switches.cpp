@@ -4,6 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <thread>
 
 namespace freeride::test_switches {
 namespace {
@@ -14,6 +15,7 @@ std::atomic<bool> g_streams_never_idle{false};
 std::atomic<bool> g_green_partition_overflow{false};
 std::atomic<KernelLoadFailure> g_fail_kernel_load{KernelLoadFailure::kNone};
 std::atomic<unsigned> g_fail_call_costs_block{0};
+std::atomic<unsigned> g_delay_open_launch_us{0};
 
 // delay_launch_end: the delay, and what a release wakes.
 std::atomic<unsigned> g_delay_launch_end_ms{0};
@@ -52,6 +54,13 @@ void delay_launch_end() {
   std::unique_lock<std::mutex> lock(g_delay_mutex);
   g_delay_cv.wait_for(lock, std::chrono::milliseconds(ms),
                       [] { return g_delay_launch_end_ms.load() == 0; });
+}
+
+void set_delay_open_launch_us(unsigned us) noexcept { g_delay_open_launch_us.store(us); }
+
+void delay_open_launch() noexcept {
+  const unsigned us = g_delay_open_launch_us.load();
+  if (us != 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
 }
 
 void set_refuse_idle_cgroup(bool on) noexcept { g_refuse_idle_cgroup.store(on); }

@@ -31,6 +31,13 @@ void set_delay_launch_end_ms(unsigned ms);
 // Called where the end is taken: returns at once unless a delay is set.
 void delay_launch_end();
 
+// A stream-ordered open's launch is enqueued this many microseconds after the open's
+// writes (CudaShared::ring_and_launch), as where the training thread is descheduled
+// between the two: an executor looking at the mirror then sees the open first (a GPU
+// caught up with the host), which open_launch_rule.hpp's served_by_executor handles.
+void set_delay_open_launch_us(unsigned us) noexcept;
+void delay_open_launch() noexcept;
+
 // The CUDA backend's shutdown finds its streams still busy (CudaShared::wait_idle answers
 // "not ready" at once) and so does reclaiming what it then holds (CudaShared::reclaim),
 // as where launches are left queued behind a training stream that has stalled.

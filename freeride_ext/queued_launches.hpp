@@ -58,6 +58,7 @@ struct QueuedLaunches {
     bool begun = false;
     uint64_t stream = 0;
     uint32_t seq = 0;
+    bool holds = false;  // not ended, its runner not stopped: it may run until the close
   };
   static Newest newer(const Newest& a, const Newest& b) { return b.stamp > a.stamp ? b : a; }
   std::deque<Launch> pending;
@@ -136,7 +137,7 @@ struct QueuedLaunches {
           // cross-stream rule, then the lookahead bound.
           const Newest n =
               newest_other != nullptr ? newer(newest_locked(), *newest_other) : newest_locked();
-          if (n.stamp != 0 && freeride::served_by_executor(n.at_open, n.seq, seq)) {
+          if (n.stamp != 0 && freeride::served_by_executor(n.at_open, n.holds, n.seq, seq)) {
             served_by_executor->fetch_add(1);
             continue;
           }
@@ -170,7 +171,8 @@ struct QueuedLaunches {
   Newest newest_locked() const {
     for (auto it = pending.rbegin(); it != pending.rend(); ++it) {
       if (it->waits_open || !it->at_open) {
-        return {it->stamp, it->at_open, it->begun, it->stream, it->seq};
+        return {it->stamp, it->at_open, it->begun, it->stream, it->seq,
+                it->items < 0 && !stopped};
       }
     }
     return {};

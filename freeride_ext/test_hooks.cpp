@@ -331,6 +331,12 @@ void register_test_hooks(py::module_& m) {
         "milliseconds after its workers left it, as an idle-priority thread waiting for a "
         "core on a loaded machine does; 0 takes them at once, ending the delays under way.");
 
+  t.def("delay_open_launch", &freeride::test_switches::set_delay_open_launch_us,
+        py::arg("us"),
+        "CUDA: each stream-ordered open's launch is enqueued `us` microseconds after the "
+        "open's writes, as where the training thread is descheduled between them; 0: at "
+        "once.");
+
   t.def("refuse_idle_cgroup", &freeride::test_switches::set_refuse_idle_cgroup, py::arg("on"),
         "Host backends made from now on find no idle cgroup, as an unprivileged user's "
         "(a session leader's then backs off).");

@@ -223,7 +223,7 @@ void register_rule_hooks(py::module_& t) {
         py::arg("newest_at_open"), py::arg("newest_begun"), py::arg("same_stream"),
         "freeride/open_launch_rule.hpp's waits_behind_another_stream.");
   t.def("served_by_executor", &freeride::served_by_executor, py::arg("newest_at_open"),
-        py::arg("newest_seq"), py::arg("seq"),
+        py::arg("newest_holds"), py::arg("newest_seq"), py::arg("seq"),
         "freeride/open_launch_rule.hpp's served_by_executor.");
   t.def("launch_block_item_ns", &freeride::launch_block_item_ns, py::arg("duration_ns"),
         py::arg("blocks"), py::arg("items"), "freeride/item_time.hpp's launch_block_item_ns.");

@@ -76,14 +76,17 @@ def _hang_report(proc: subprocess.Popen) -> str:
     native = ""
     spy = shutil.which("py-spy")
     if spy:
-        dumped = subprocess.run(
-            [spy, "dump", "--native", "--pid", str(proc.pid)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        native = dumped.stdout + dumped.stderr
+        try:
+            dumped = subprocess.run(
+                [spy, "dump", "--native", "--pid", str(proc.pid)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            native = dumped.stdout + dumped.stderr
+        except subprocess.TimeoutExpired:  # the child is still signalled and reaped below
+            native = "py-spy dump took more than 60 s"
     proc.send_signal(signal.SIGABRT)
     try:
         out, err = proc.communicate(timeout=15)

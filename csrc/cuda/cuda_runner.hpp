@@ -231,6 +231,10 @@ class CudaRunner final : public PhaseRunner, public OpenLauncher {
   // Guards the three below: stop()/resume() on any thread, launches on theirs.
   mutable std::mutex stop_mu_;
   uint32_t device_stop_ = 0;         // the stop word's value as last enqueued
+  // device_stop_ is 1, read without stop_mu_ (waiting_opens_locked): a launch of this
+  // runner leaves at its next claim once the GPU reaches that write, which is ahead of any
+  // launch enqueued after this reads true.
+  std::atomic<bool> stop_enqueued_{false};
   cudaEvent_t stop_written_ = nullptr;  // recorded on the control stream after that write
   bool launch_waits_ = false;        // the next launch must wait for stop_written_
   // inert(): when a look first saw the latest stop write landed (zero: not yet), and how

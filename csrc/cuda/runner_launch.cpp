@@ -44,7 +44,8 @@ bool CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint3
     waiting_opens_locked(waiting, stream_);
     if (!context.chained) {
       if (waiting.newest_stamp != 0 &&
-          served_by_executor(waiting.newest_at_open, waiting.newest_seq, seq)) {
+          served_by_executor(waiting.newest_at_open, waiting.newest_holds, waiting.newest_seq,
+                             seq)) {
         s_->served_by_executor.fetch_add(1);
         return false;
       }
@@ -187,6 +188,10 @@ void CudaRunner::waiting_opens_locked(WaitingOpens& into, cudaStream_t stream) c
   into.newest_begun = ring_.started(newest->number, launch_no_.load());
   into.newest_training = newest->training;
   into.newest_seq = newest->gate_seq;
+  // Until the bubble's close, unless it has ended or this runner's stop is ahead of
+  // whatever is enqueued next (it leaves at its next claim then).
+  into.newest_holds = !ring_.published(newest->number) &&
+                      !stop_enqueued_.load(std::memory_order_acquire);
 }
 
 // Both return without waiting for the GPU: the executor calls them under its lock, and
@@ -517,6 +522,7 @@ void CudaRunner::set_stop(uint32_t value) {
   FR_CUDA_CHECK(cudaEventRecord(stop_written_, s.control));
   stop_landed_seen_ = {};
   device_stop_ = value;
+  stop_enqueued_.store(value != 0u, std::memory_order_release);
   launch_waits_ = true;
 }
 

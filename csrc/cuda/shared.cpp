@@ -237,6 +237,7 @@ void CudaShared::write_gate_now(uint32_t value, uint32_t seq) {
 }
 
 void CudaShared::ring_and_launch(cudaStream_t stream, uint32_t seq, bool launch) noexcept {
+  if (launch) test_switches::delay_open_launch();
   if (watcher == nullptr) {
     if (launch) launch_at_open(stream, seq, nullptr);
     return;

@@ -49,6 +49,7 @@ struct WaitingOpens {
   bool newest_begun = false;
   cudaStream_t newest_training = nullptr;
   uint32_t newest_seq = 0;  // the open it was enqueued at or seen under (served_by_executor)
+  bool newest_holds = false;  // it may run until its bubble's close (served_by_executor)
 };
 
 // What CudaShared::launch_at_open hands the runner it launches.
@@ -487,16 +488,23 @@ struct CudaShared {
   uint64_t gate_word() const { return (uint64_t{mirror_seq()} << 32) | mirror(); }
   GateWatch gate_watch() const { return GateWatch{*gate.bell, unrung, admission}; }
   // The mirror reads open under an open that was not skipped (SkippedOpens): the mirror,
-  // its number, then the mirror again. A close writes its value, then its number: one
-  // landing between the first two reads would pair the open value read before it with
-  // the close's number, which no skip names (an executor's launch into the closed gate:
-  // an idle launch and a backoff). Where true, `open_seq` (if given) gets that open's
-  // number: a launch for it carries that open's ordinal (OpenOrdinals), which a second
-  // read of the number could miss, a close having landed since.
+  // its number, the mirror again, then the number again. A close writes its value, then
+  // its number: one landing between the first two reads would pair the open value read
+  // before it with the close's number, which no skip names (an executor's launch into the
+  // closed gate: an idle launch and a backoff), and where the next open lands too before
+  // the third read, the mirror reads open again under the close's number, which no
+  // ordinal names either (a launch that knows no bubble, queued ahead of the new open's
+  // own: open_launch_rule.hpp's served_by_executor would not see it). An open writes its
+  // number before its value, so a number read the same on both sides of an open mirror
+  // is that open's. Where true, `open_seq` (if given) gets that open's number: a launch
+  // for it carries that open's ordinal (OpenOrdinals), which a later read of the number
+  // could miss, a close having landed since.
   bool open_unskipped(uint32_t* open_seq = nullptr) const {
     if (mirror() != FREERIDE_GATE_OPEN) return false;
     const uint32_t seq = mirror_seq();
-    if (skipped.contains(seq) || mirror() != FREERIDE_GATE_OPEN) return false;
+    if (skipped.contains(seq) || mirror() != FREERIDE_GATE_OPEN || mirror_seq() != seq) {
+      return false;
+    }
     if (open_seq != nullptr) *open_seq = seq;
     return true;
   }

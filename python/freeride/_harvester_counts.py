@@ -21,9 +21,9 @@ class LaunchCounts(NamedTuple):
     # Stream-ordered opens that got no launch because that many were queued ahead already
     # (CUDA: FREERIDE_MAX_LOOKAHEAD, none by default).
     beyond_lookahead: int = 0
-    # Stream-ordered opens that got no launch because the executor had launched for the
-    # same open already, having seen it take effect first (CUDA: a GPU that had caught up
-    # with the host; that launch serves the bubble).
+    # Launches at opens left out because the executor had launched for the same open
+    # already, having seen it take effect first (CUDA: a GPU that had caught up with the
+    # host; that launch serves the bubble). A follower's counts too.
     served_by_executor: int = 0
 
 

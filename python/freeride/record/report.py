@@ -408,7 +408,7 @@ class Report:
             text += f"; {beyond:,} opens left without, past the lookahead bound"
         served = counts.get("served_by_executor", 0)
         if served:
-            text += f"; {served:,} opens left without, the executor's launch there first"
+            text += f"; {served:,} launches at opens left out, the executor's there first"
         return [("side launches", text)]
 
     def __str__(self) -> str:
