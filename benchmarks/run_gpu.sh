@@ -209,14 +209,17 @@ measure_bench() {
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 
 note "freeride GPU qualification: commit $FREERIDE_COMMIT, steps:$steps, $(date -u +%FT%TZ)"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$work/gpu.csv" 2>&1
+# The few commands outside run's watchdog have limits of their own: a wedged driver must
+# cost seconds of the call, not all of it.
+timeout 30 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv \
+  >"$work/gpu.csv" 2>&1
 note "gpu: $(tail -1 "$work/gpu.csv")"
 
 if step build; then
   run build 420 $py -m pip install --no-build-isolation --no-deps -e . || { pack; exit 1; }
-  $py -c "import freeride as fr, json; print(json.dumps(fr.backend_info(), indent=1))" \
+  timeout 60 $py -c "import freeride as fr, json; print(json.dumps(fr.backend_info(), indent=1))" \
     >"$work/backend_info.json" 2>&1
-  note "backend: $($py -c "import freeride as fr; i = fr.backend_info(); print(i['cuda'], i['gate_write'], i['reserve_mechanism'])" 2>&1 | tail -1)"
+  note "backend: $(timeout 60 $py -c "import freeride as fr; i = fr.backend_info(); print(i['cuda'], i['gate_write'], i['reserve_mechanism'])" 2>&1 | tail -1)"
 fi
 
 if step measure; then
