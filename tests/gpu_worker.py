@@ -1075,5 +1075,27 @@ def serve(modes: dict) -> None:
     print(RESULT + json.dumps(modes[mode](args)), flush=True)
 
 
+def serve_stuck_aware(modes: dict) -> None:
+    """serve() for measurements that may leave the GPU stuck: a mode that raises prints
+    its traceback and the process leaves at once (status 1), and one whose result says
+    "hung" or "exit_at_once" leaves at once after its RESULT line, skipping CUDA's
+    teardown, which would wait for the stuck work."""
+    import traceback
+
+    mode = sys.argv[1]
+    args = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+    try:
+        result = modes[mode](args)
+    except BaseException:  # noqa: BLE001 - the parent shows the traceback
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # a GPU left busy must not hold the exit
+    print(RESULT + json.dumps(result), flush=True)
+    if result.get("hung") or result.get("exit_at_once"):
+        sys.stderr.flush()
+        os._exit(0)
+
+
 if __name__ == "__main__":
     serve(MODES)

@@ -14,13 +14,10 @@ Nothing here imports torch or freeride at module level (see gpu_worker.py).
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
-import traceback
 
-from gpu_worker import RESULT, wait_for
+from gpu_worker import serve_stuck_aware, wait_for
 
 
 def mode_seen_first(args: dict) -> dict:
@@ -91,21 +88,5 @@ def mode_seen_first(args: dict) -> dict:
 MODES = {"seen_first": mode_seen_first}
 
 
-def main() -> None:
-    mode = sys.argv[1]
-    args = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
-    try:
-        result = MODES[mode](args)
-    except BaseException:  # noqa: BLE001 - the parent shows the traceback
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)  # a GPU left busy must not hold the exit
-    print(RESULT + json.dumps(result), flush=True)
-    if result.get("exit_at_once"):
-        sys.stderr.flush()
-        os._exit(0)  # skips CUDA's teardown, which would wait for the stuck work
-
-
 if __name__ == "__main__":
-    main()
+    serve_stuck_aware(MODES)

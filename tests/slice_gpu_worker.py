@@ -13,17 +13,13 @@ Nothing here imports torch, CuPy or freeride at module level (see gpu_worker.py)
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import random
 import re
-import sys
 import threading
 import time
-import traceback
 
-from gpu_worker import CYCLES_PER_MS, RESULT, wait_for
+from gpu_worker import CYCLES_PER_MS, serve_stuck_aware, wait_for
 
 # -- helpers ----------------------------------------------------------------------------------
 
@@ -411,21 +407,5 @@ def mode_g4(args: dict) -> dict:
 MODES = {"g1_pair": mode_g1_pair, "g1_pipeline": mode_g1_pipeline, "g4": mode_g4}
 
 
-def main() -> None:
-    mode = sys.argv[1]
-    args = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
-    try:
-        result = MODES[mode](args)
-    except BaseException:  # noqa: BLE001 - the parent shows the traceback
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)  # a GPU left busy must not hold the exit
-    print(RESULT + json.dumps(result), flush=True)
-    if result.get("hung") or result.get("exit_at_once"):
-        sys.stderr.flush()
-        os._exit(0)  # skips CUDA's teardown, which would wait for the stuck work
-
-
 if __name__ == "__main__":
-    main()
+    serve_stuck_aware(MODES)
