@@ -268,9 +268,9 @@ class Backend {
   // Stream-ordered opens whose launch was left out because it would wait behind another
   // training stream's open (freeride/open_launch_rule.hpp's G11); any thread.
   virtual uint64_t skipped_open_launches() const { return 0; }
-  // Stream-ordered opens whose launch was left out because the executor's own launch for
-  // the same open was on the side stream already (open_launch_rule.hpp's
-  // served_by_executor); any thread.
+  // Launches at stream-ordered opens left out because the executor's own launch for the
+  // same open was on the side stream already (open_launch_rule.hpp's served_by_executor;
+  // a follower's counts too); any thread.
   virtual uint64_t opens_served_by_executor() const { return 0; }
   // The most launches at opens enqueued and not yet begun at once, each counted as one
   // more was enqueued: how far ahead of the GPU the host queued side work (the lookahead

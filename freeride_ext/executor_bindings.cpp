@@ -160,8 +160,8 @@ void bind_executor(py::module_& m) {
       .def_property_readonly(
           "opens_served_by_executor",
           [](Executor& ex) { return ex.backend().opens_served_by_executor(); },
-          "Stream-ordered opens whose launch was left out: the executor's own launch for "
-          "the same open was on the side stream already.")
+          "Launches at stream-ordered opens left out: the executor's own launch for the "
+          "same open was on the side stream already.")
       .def_property_readonly(
           "max_lookahead", [](Executor& ex) { return ex.backend().max_lookahead(); },
           "The most launches at opens enqueued and not yet begun at once.")

@@ -230,7 +230,7 @@ class QueueBackend final : public Backend {
   bool withholds() const override { return on_.withhold; }
   uint64_t opens_beyond_lookahead() const override { return beyond_lookahead_->load(); }
   uint64_t skipped_open_launches() const override { return cross_stream_skips_->load(); }
-  uint64_t opens_served_by_executor() const override { return served_by_executor_->load(); }
+  uint64_t opens_served_by_executor() const override { return executor_served_skips_->load(); }
   std::string kind() const override { return "queue"; }
   int device() const override { return -1; }
   std::string gate_write_mechanism() const override { return "host"; }
@@ -295,7 +295,7 @@ class QueueBackend final : public Backend {
     q->lookahead_bound = on_.lookahead_bound;
     q->beyond_lookahead = beyond_lookahead_;
     q->cross_stream_skips = cross_stream_skips_;
-    q->served_by_executor = served_by_executor_;
+    q->executor_served_skips = executor_served_skips_;
     q->stamps = stamps_;
     q->task = std::move(task);
     q->refusing = refusing_;
@@ -397,7 +397,7 @@ class QueueBackend final : public Backend {
       std::make_shared<std::atomic<uint64_t>>(0);
   std::shared_ptr<std::atomic<uint64_t>> cross_stream_skips_ =
       std::make_shared<std::atomic<uint64_t>>(0);
-  std::shared_ptr<std::atomic<uint64_t>> served_by_executor_ =
+  std::shared_ptr<std::atomic<uint64_t>> executor_served_skips_ =
       std::make_shared<std::atomic<uint64_t>>(0);
   std::shared_ptr<std::atomic<uint64_t>> stamps_ = std::make_shared<std::atomic<uint64_t>>(0);
   std::shared_ptr<std::atomic<bool>> refusing_ = std::make_shared<std::atomic<bool>>(false);

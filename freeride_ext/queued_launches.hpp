@@ -82,9 +82,9 @@ struct QueuedLaunches {
   // backend's count), and the backend's stamps, which order launches across runners.
   std::shared_ptr<std::atomic<uint64_t>> cross_stream_skips =
       std::make_shared<std::atomic<uint64_t>>(0);
-  // The executor's rule (open_launch_rule.hpp's served_by_executor): opens left without a
-  // launch because the executor's own for the same open was queued already.
-  std::shared_ptr<std::atomic<uint64_t>> served_by_executor =
+  // The executor's rule (open_launch_rule.hpp's served_by_executor): launches at opens
+  // left out because the executor's own for the same open was queued already.
+  std::shared_ptr<std::atomic<uint64_t>> executor_served_skips =
       std::make_shared<std::atomic<uint64_t>>(0);
   std::shared_ptr<std::atomic<uint64_t>> stamps = std::make_shared<std::atomic<uint64_t>>(0);
   std::map<uint64_t, uint64_t> phase_done_items;
@@ -137,8 +137,8 @@ struct QueuedLaunches {
           // cross-stream rule, then the lookahead bound.
           const Newest n =
               newest_other != nullptr ? newer(newest_locked(), *newest_other) : newest_locked();
-          if (n.stamp != 0 && freeride::served_by_executor(n.at_open, n.holds, n.seq, seq)) {
-            served_by_executor->fetch_add(1);
+          if (n.stamp != 0 && served_by_executor(n.at_open, n.holds, n.seq, seq)) {
+            executor_served_skips->fetch_add(1);
             continue;
           }
           if (n.stamp != 0 && waits_behind_another_stream(n.at_open, n.begun, n.stream == stream)) {

@@ -397,7 +397,7 @@ class CudaBackend final : public Backend {
   bool device_phases() const override { return device_phases_; }
   bool withholds() const override { return withhold_; }
   uint64_t skipped_open_launches() const override { return s_->cross_stream_skips.load(); }
-  uint64_t opens_served_by_executor() const override { return s_->served_by_executor.load(); }
+  uint64_t opens_served_by_executor() const override { return s_->executor_served_skips.load(); }
   uint64_t max_lookahead() const override { return s_->max_lookahead.load(); }
   uint64_t opens_beyond_lookahead() const override { return s_->beyond_lookahead.load(); }
   uint64_t watcher_launches() const override { return s_->watcher_launches.load(); }

@@ -46,7 +46,7 @@ bool CudaRunner::launch_at_open(cudaStream_t training, cudaEvent_t opened, uint3
       if (waiting.newest_stamp != 0 &&
           served_by_executor(waiting.newest_at_open, waiting.newest_holds, waiting.newest_seq,
                              seq)) {
-        s_->served_by_executor.fetch_add(1);
+        s_->executor_served_skips.fetch_add(1);
         return false;
       }
       if (waiting.newest_stamp != 0 &&

@@ -402,8 +402,8 @@ struct CudaShared {
   cudaEvent_t opened = nullptr;
   // Opens whose launch waits_behind_another_stream left out (open_launch_rule.hpp).
   std::atomic<uint64_t> cross_stream_skips{0};
-  // Opens whose launch served_by_executor left out (open_launch_rule.hpp).
-  std::atomic<uint64_t> served_by_executor{0};
+  // Launches at opens served_by_executor left out (open_launch_rule.hpp).
+  std::atomic<uint64_t> executor_served_skips{0};
   // Backend::max_lookahead: raised by each launch at an open as it is enqueued.
   std::atomic<uint64_t> max_lookahead{0};
   // The lookahead bound (open_launch_rule.hpp's within_lookahead; 0: none), and the opens
