@@ -303,6 +303,9 @@ def side_admission_rows(
         )
         if watcher_on and _num(d.get("watcher_launches")):
             measured += f"; {d['watcher_launches']} launches the watcher's"
+        if at_opens and _num(d.get("served_by_executor")) and d["served_by_executor"] > 0:
+            served = d["served_by_executor"]
+            measured += f"; {served} opens' launches left out, the executor's there first"
         if admission == "spin" and _num(d.get("closed_cpu_per_s")):
             measured += f"; gate closed, task waiting: {d['closed_cpu_per_s']:.2f} CPU-s a second"
         split = _split_text(d.get("parts"))

@@ -695,6 +695,17 @@ def test_the_watcher_row_is_of_its_setting(tmp_path, name, data, why):
     assert row.verdict == mt.FAILED and why in row.measured, row
 
 
+@pytest.mark.parametrize("served, shown", [(None, False), (0, False), (7, True)])
+def test_the_device_started_row_says_how_many_opens_the_executor_served(tmp_path, served, shown):
+    # A launch at an open left out because the executor launched for it first: that
+    # trial's open was host-started after all (a probe before the count has none).
+    write(tmp_path, "admission_at_open.json", admission(5.0, True, served_by_executor=served))
+    rows = by_setting(mt.rows_of(str(tmp_path)), "side admission")
+    row = rows["device-started: launches at opens (default)"]
+    assert row.verdict == mt.MET
+    assert ("7 opens' launches left out, the executor's there first" in row.measured) is shown
+
+
 def test_the_watcher_row_reads_its_launch_count(tmp_path):
     rows = mt.rows_of(str(full_folder(tmp_path)))
     row = by_setting(rows, "side admission")[mt.WATCHER_SETTING]

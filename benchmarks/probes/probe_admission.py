@@ -203,6 +203,10 @@ def measure(
     )
     d.sort()
     out.update(delays_us=d, kept=len(d), stuck=stuck, watcher_launches=watcher_launches)
+    # Launches at opens left out because the executor launched for the open first (a
+    # look at an open that took effect before its launch was enqueued): how often the
+    # trials' opens were host-started after all.
+    out["served_by_executor"] = getattr(h.launch_counts(), "served_by_executor", None)
     if d:
         figures = {f"p{q}_us": percentile(d, q) for q in (50, 90, 99)}
         out.update(figures, min_us=d[0], max_us=d[-1])
