@@ -118,12 +118,84 @@ def test_bad_saxpy_arrays(host, x, y, exc, match):
 
 def test_saxpy_aliasing_and_readonly(host):
     y = np.ones(8, np.float32)
-    with pytest.raises(ValueError, match="same memory"):
+    with pytest.raises(ValueError, match="x and y must not share memory"):
         host.submit(fr.tasks.Saxpy(1.0, y, y))
+    # Partly overlapping: each result would depend on which item ran first.
+    buf = np.arange(1, 11, dtype=np.float32)
+    with pytest.raises(ValueError, match="x and y must not share memory"):
+        host.submit(fr.tasks.Saxpy(2.0, buf[:-1], buf[1:], chunk=1))
+    # Adjacent halves of one buffer share nothing.
+    t = host.submit(fr.tasks.Saxpy(2.0, buf[:5], buf[5:], chunk=1))
+    assert t.wait(10) and t.state == "done"
+    assert buf[5:].tolist() == [8.0, 11.0, 14.0, 17.0, 20.0]
     ro = np.ones(8, np.float32)
     ro.flags.writeable = False
     with pytest.raises(ValueError, match="y must be writable"):
         host.submit(fr.tasks.Saxpy(1.0, np.ones(8, np.float32), ro))
+
+
+def test_arrays_in_the_other_byte_order_are_refused(host):
+    # numpy names '>f4' "float32" too: its bytes would be read as garbage.
+    x = np.arange(1, 5, dtype=">f4")
+    with pytest.raises(TypeError, match="x must be in this machine's byte order, got dtype >f4"):
+        host.submit(fr.tasks.Saxpy(2.0, x, np.zeros(4, np.float32)))
+    with pytest.raises(TypeError, match="images must be in this machine's byte order"):
+        host.submit(fr.tasks.GaussianBlur(np.ones((1, 8, 8), dtype=">f4"), 1.0))
+
+
+def test_a_tensor_over_read_only_memory_is_refused(host, tmp_path):
+    # torch keeps no read-only flag: from_numpy of a memmap opened "r" faulted the side
+    # task's first write (a segfault).
+    torch = pytest.importorskip("torch")
+    path = tmp_path / "ro.bin"
+    np.ones(1024, np.float32).tofile(path)
+    ro = np.memmap(path, dtype=np.float32, mode="r")
+    with pytest.warns(UserWarning):  # torch's own, about the array not being writable
+        y = torch.from_numpy(ro)
+    with pytest.raises(ValueError, match="y must be writable: its memory is mapped read-only"):
+        host.submit(fr.tasks.Saxpy(1.0, torch.ones(1024), y))
+    # A writable mapping of the same file is fine.
+    rw = torch.from_numpy(np.memmap(path, dtype=np.float32, mode="r+"))
+    t = host.submit(fr.tasks.Saxpy(1.0, torch.ones(1024), rw))
+    assert t.wait(10) and t.state == "done" and float(rw[0]) == 2.0
+
+
+def test_images_resized_since_the_task_was_made_are_refused(host):
+    # The kernels read the shape recorded when the task was made: past the end of an
+    # array shrunk since (a segfault before).
+    torch = pytest.importorskip("torch")
+    images = torch.rand(1, 64, 64)
+    task = fr.tasks.GaussianBlur(images, 0.5)
+    images.set_(torch.rand(1, 1, 1))
+    with pytest.raises(ValueError, match=r"images changed shape since the task was made"):
+        host.submit(task)
+
+
+@pytest.mark.parametrize(
+    "timeout, exc, match",
+    [
+        (-5, ValueError, "timeout must be None or >= 0, got -5.0"),
+        (float("nan"), ValueError, "timeout must be None or >= 0, got nan"),
+        ("1", TypeError, "timeout must be None or a number of seconds, got str"),
+        (True, TypeError, "timeout must be None or a number of seconds, got bool"),
+    ],
+)
+def test_bad_timeouts_are_refused_not_waited_out(host, timeout, exc, match):
+    # A negative or NaN timeout waited for ever before (h.wait_all(-5) until the gate
+    # opened), a string failed deep in a wait.
+    host.gate.close(stream="host")
+    t = host.submit(fr.tasks.Spin(4, 100))
+    for call in (
+        lambda: t.wait(timeout),
+        lambda: t.result(timeout),
+        lambda: t.cancel(timeout=timeout),
+        lambda: host.wait_all(timeout),
+        lambda: host.report(timeout=timeout),
+    ):
+        with pytest.raises(exc, match=match):
+            call()
+    host.gate.open(stream="host")
+    assert t.wait(float("inf")) and t.state == "done"  # infinity: no limit
 
 
 def test_torch_tensor_checks(host):

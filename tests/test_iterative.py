@@ -96,6 +96,24 @@ def test_iterative_failure_is_reported_and_teardown_runs(host):
     assert ok.wait(timeout=30) and ok.state == "done"
 
 
+class Exits(Stepper):
+    """A step that raises SystemExit (a BaseException, not an Exception)."""
+
+    def step(self):
+        raise SystemExit(3)
+
+
+def test_a_step_raising_system_exit_fails_its_task_only(host):
+    # Before, the runner's thread caught only Exception and died: the task stayed
+    # "running" and every iterative task behind it "queued", close() included.
+    exits = host.submit(Exits(step_s=0.001, steps=5))
+    ok = host.submit(Stepper(step_s=0.001, steps=2))
+    assert exits.wait(timeout=30) and exits.state == "failed"
+    with pytest.raises(fr.TaskFailedError, match="SystemExit"):
+        exits.result()
+    assert ok.wait(timeout=30) and ok.state == "done"
+
+
 def test_iterative_waits_while_gate_closed(host):
     host.gate.close()
     handle = host.submit(Stepper(step_s=0.001, steps=3))

@@ -613,6 +613,16 @@ def test_a_reconnecting_link_takes_its_session_over_at_once(job):
             again.close()
 
 
+def test_the_status_file_must_not_be_the_secret_file(job, tmp_path):
+    """Both at one path, the status file was written over the secret file: the client
+    credential lost, and the read-only one where clients look for theirs."""
+    q, _, _ = job
+    path = tmp_path / "queue.json"
+    with pytest.raises(ValueError, match="status_file must not be secret_file"):
+        fr.JobQueue(q._h, host="127.0.0.1", secret_file=path, status_file=str(path))
+    assert not path.exists()
+
+
 def test_a_status_file_reads_the_table_and_nothing_more(job, tmp_path):
     """Review J11: one credential gave full rights, so a user who only watches the queue
     could submit code. JobQueue(status_file=...) writes a read-only credential: its

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+import freeride as fr
 from freeride.record.model import Bubble, Compute, Iteration, SideLaunch, TaskSummary
 from freeride.record.report import Report, merge_chrome_traces
 
@@ -362,6 +363,18 @@ def test_chrome_trace_without_rank_uses_pid_0(tmp_path):
     path = tmp_path / "trace.json"
     make_report(rank=None).to_chrome_trace(path)
     assert {e["pid"] for e in _load(path)["traceEvents"]} == {0}
+
+
+@pytest.mark.parametrize("path", [True, 1, 3.5, None])
+def test_a_trace_path_must_be_a_file_name(path, tmp_path):
+    # open() takes an int (a bool too) for a file descriptor: True wrote the trace to
+    # stdout and closed it.
+    with pytest.raises(TypeError, match="path must be a str or os.PathLike file name"):
+        make_report(rank=0).to_chrome_trace(path)
+    with pytest.raises(TypeError, match="path must be a str or os.PathLike file name"):
+        merge_chrome_traces([make_report(rank=0)], path)
+    with pytest.raises(TypeError, match="path must be a str or os.PathLike file name"):
+        fr.merge_with_profiler_trace(make_report(rank=0), tmp_path / "no.json", path)
 
 
 def test_merge_chrome_traces(tmp_path):

@@ -53,12 +53,18 @@ def as_array(
         ref = ArrayRef(
             x, int(x.data_ptr()), int(x.numel()), dtype, int(x.numel() * x.element_size())
         )
+        # torch keeps no read-only flag: a tensor over a read-only mapping (from_numpy of
+        # a memmap opened "r") would fault the side task's first write.
+        if writable and kind == "host" and ref.nbytes > 0 and not _host_writable(ref):
+            raise ValueError(f"{name} must be writable: its memory is mapped read-only")
     elif isinstance(x, np.ndarray):
         if kind != "host":
             raise ValueError(
                 f"{name} is a numpy array (host memory) but the harvester is on {where}"
             )
         dtype = x.dtype.name
+        if not x.dtype.isnative:
+            raise TypeError(f"{name} must be in this machine's byte order, got dtype {x.dtype.str}")
         contiguous = x.flags.c_contiguous
         if writable and not x.flags.writeable:
             raise ValueError(f"{name} must be writable")
@@ -68,6 +74,8 @@ def as_array(
             raise ValueError(f"{name} is in CUDA memory but the harvester is on cpu")
         cai = x.__cuda_array_interface__
         dtype = np.dtype(cai["typestr"]).name
+        if not np.dtype(cai["typestr"]).isnative:
+            raise TypeError(f"{name} must be in this machine's byte order, got {cai['typestr']}")
         size = int(np.prod(cai["shape"])) if cai["shape"] else 1
         itemsize = np.dtype(cai["typestr"]).itemsize
         strides = cai.get("strides")
@@ -90,6 +98,28 @@ def as_array(
     if ref.size <= 0:
         raise ValueError(f"{name} must not be empty")
     return ref
+
+
+def _host_writable(ref: ArrayRef) -> bool:
+    """Whether every page of `ref`'s bytes lies in a writable mapping of this process
+    (/proc/self/maps); True where that cannot be read (not Linux)."""
+    start, end = ref.ptr, ref.ptr + ref.nbytes
+    try:
+        with open("/proc/self/maps") as maps:
+            lines = maps.readlines()
+    except OSError:
+        return True
+    covered = start
+    for line in lines:
+        span, perms = line.split(maxsplit=2)[:2]
+        low, high = (int(v, 16) for v in span.split("-"))
+        if low <= covered < high:
+            if "w" not in perms:
+                return False
+            covered = high
+            if covered >= end:
+                return True
+    return covered >= end
 
 
 def _c_strides(shape: Sequence[int], itemsize: int) -> tuple:

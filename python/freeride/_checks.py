@@ -37,6 +37,20 @@ def check_float(value: Any, name: str) -> float:
     return value
 
 
+def check_timeout(value: Any, name: str = "timeout") -> float | None:
+    """Seconds to wait: None or infinity (no limit, None), or a number >= 0. NaN, a
+    negative number, a bool or a string would otherwise wait for ever or fail deep in a
+    wait."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise TypeError(f"{name} must be None or a number of seconds, got {type(value).__name__}")
+    value = float(value)
+    if math.isnan(value) or value < 0:
+        raise ValueError(f"{name} must be None or >= 0, got {value}")
+    return None if math.isinf(value) else value
+
+
 _UNITS = {
     "": 1,
     "b": 1,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from ._C import ERROR_MEMORY_BUDGET, Executor
+from ._checks import check_timeout
 from .errors import MemoryBudgetError, TaskCancelledError, TaskFailedError
 
 FINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
@@ -170,9 +171,8 @@ class TaskHandle:
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until the task is final or `timeout` seconds passed; True if final.
         Releases the GIL while it waits."""
-        if timeout is not None and timeout < 0:
-            raise ValueError(f"timeout must be None or >= 0, got {timeout}")
-        return self._ex.wait(self._id, -1.0 if timeout is None else float(timeout))
+        timeout = check_timeout(timeout)
+        return self._ex.wait(self._id, -1.0 if timeout is None else timeout)
 
     def result(self, timeout: float | None = None) -> Any:
         """Waits for the task and returns its result; re-raises its error
@@ -198,8 +198,7 @@ class TaskHandle:
         harvester keeps the task's memory until they have ended. False if the task was
         already final, or with `wait` not final within `timeout` seconds (None: no
         limit). See Handle.cancel."""
-        if timeout is not None and timeout < 0:
-            raise ValueError(f"timeout must be None or >= 0, got {timeout}")
+        timeout = check_timeout(timeout)
         cancelled = self._ex.cancel(self._id, False)
         if cancelled and wait:
             # What the core's cancel(id, wait=True) does, with a limit: the task is final

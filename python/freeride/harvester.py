@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import sys
 import threading
 import time
@@ -13,7 +14,7 @@ from typing import Any
 
 from . import _abandoned, _shutdown
 from ._C import MAX_SLICES, Executor
-from ._checks import check_count, parse_memory
+from ._checks import check_count, check_timeout, parse_memory
 from ._closing import ABORT_DEADLINE_S, ABORT_STEP_TIMEOUT_S, Parts
 from ._device import host_instead, resolve_device
 from ._harvester_args import (
@@ -457,8 +458,9 @@ class Harvester:
     def wait_all(self, timeout: float | None = None) -> bool:
         """Blocks until every submitted task is final; True if they are."""
         self._check_open()
+        timeout = check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
-        if not self._ex.wait_all(-1.0 if timeout is None else float(timeout)):
+        if not self._ex.wait_all(-1.0 if timeout is None else timeout):
             return False
         for handle in self.tasks():
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -526,8 +528,9 @@ class Harvester:
         to take every side launch that ended in it (or ends at the gate's last close); a
         launch still running in an open bubble is in a later report."""
         self._check_open()
+        timeout = check_timeout(timeout)
         self._reap()
-        self._recorder.flush(block=True, timeout=timeout)
+        self._recorder.flush(block=True, timeout=math.inf if timeout is None else timeout)
         iterations = self._recorder.iterations()
         launches = self._recorder.launches()
         attribute_side_work(iterations, launches)

@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from ._C import GATE_OPEN, _relax_capture_mode, step_stream
+from ._checks import check_timeout
 from .errors import MemoryBudgetError, TaskCancelledError, TaskFailedError
 from .gate import MANUAL_BUBBLE, Gate
 from .record.recorder import Recorder
@@ -154,8 +155,7 @@ class IterativeHandle:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until the task is final or `timeout` seconds passed; True if final."""
-        if timeout is not None and timeout < 0:
-            raise ValueError(f"timeout must be None or >= 0, got {timeout}")
+        timeout = check_timeout(timeout)
         return self._done.wait(timeout)
 
     def result(self, timeout: float | None = None) -> Any:
@@ -175,8 +175,7 @@ class IterativeHandle:
         """No further step starts; with `wait`, returns once a running step finished and
         the task is final, or `timeout` seconds passed (None: no limit). False if the task
         was already final, or with `wait` not final within `timeout`. See Handle.cancel."""
-        if timeout is not None and timeout < 0:
-            raise ValueError(f"timeout must be None or >= 0, got {timeout}")
+        timeout = check_timeout(timeout)
         if self.done():
             return False
         self._runner.cancel(self)
@@ -346,7 +345,7 @@ class IterativeRunner:
             try:
                 with self._on_step_stream():
                     handle.task.teardown()
-            except Exception as exc:  # noqa: BLE001 - user code: a failing teardown fails the task
+            except BaseException as exc:  # noqa: BLE001 - user code: a failing teardown fails it
                 if error is None and state == "done":
                     state, error = "failed", exc
         with self._lock:
@@ -435,7 +434,9 @@ class IterativeRunner:
             if handle._cancel or self._closing:
                 self._drop(handle)
                 self._finish(handle, "cancelled")
-        except Exception as exc:  # noqa: BLE001 - user code: any error fails this task only
+        # BaseException: a step that raises SystemExit (or any other non-Exception) fails
+        # its task too; let through, it would end this thread and every task behind it.
+        except BaseException as exc:  # noqa: BLE001 - user code: any error fails this task only
             self._drop(handle)
             self._finish(handle, "failed", exc)
 

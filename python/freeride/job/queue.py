@@ -101,6 +101,14 @@ class JobQueue:
             raise RuntimeError("JobQueue needs an initialised torch.distributed process group")
         if harvester.closed:
             raise HarvesterClosedError("the harvester is closed")
+        if (
+            secret_file is not None
+            and status_file is not None
+            and os.path.abspath(os.fspath(secret_file)) == os.path.abspath(os.fspath(status_file))
+        ):
+            # The status file would be written over the secret file: the client
+            # credential lost, and the read-only one left where clients look for theirs.
+            raise ValueError(f"status_file must not be secret_file ({os.fspath(secret_file)!r})")
         self._h = harvester
         self._cuda = harvester.backend == "cuda"
         self._policy = Policy(check_count(depth, "depth", 1, 1024))

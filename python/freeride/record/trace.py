@@ -102,6 +102,8 @@ def merge_with_profiler_trace(
     """
     # A Report is not iterable, which tells one report from a collection of them.
     reps = list(reports) if isinstance(reports, Iterable) else [reports]
+    _check_path(path)
+    _check_path(profiler_trace, "profiler_trace")
     with open(profiler_trace, encoding="utf-8") as f:
         trace = json.load(f)
     base_ns = int(trace.get("baseTimeNanoseconds", 0))
@@ -249,9 +251,17 @@ def _span(
     }
 
 
+def _check_path(path: Any, name: str = "path") -> None:
+    """A file name: open() would take an int (or a bool) for a file descriptor, write
+    there and close it (True: stdout)."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"{name} must be a str or os.PathLike file name, got {type(path).__name__}")
+
+
 def _write_json(path: str | os.PathLike[str], obj: Any) -> None:
     # dumps + one write: json.dump's many small writes are several times slower on traces
     # with tens of thousands of events.
+    _check_path(path)
     text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)

@@ -38,6 +38,13 @@ class _ImageTask(Task):
         self, kind: str, device: int, out_hw: tuple[int, int]
     ) -> tuple[Any, Any, int, Any]:
         src = as_array(self.images, "images", kind, device, dtypes=_DTYPES)
+        # The kernels read self.shape's elements: an array resized since (torch's set_ or
+        # resize_, numpy's resize) would have them read past its end.
+        now = tuple(int(d) for d in getattr(self.images, "shape", ()))
+        if now != self.shape:
+            raise ValueError(
+                f"images changed shape since the task was made: {self.shape} then, {now} now"
+            )
         out_shape = self.shape[:-2] + out_hw
         # The output in the input's own library: CuPy in, CuPy out (torch otherwise).
         library = "cupy" if type(self.images).__module__.startswith("cupy") else "torch"

@@ -35,8 +35,10 @@ class Saxpy(Task):
             raise ValueError(
                 f"x and y must have the same number of elements, got {x.size} and {y.size}"
             )
-        if x.ptr == y.ptr:
-            raise ValueError("x and y must not be the same memory")
+        # Items run in any order: where y's elements are also x's, each result would
+        # depend on whether the item holding its x ran first.
+        if x.ptr < y.ptr + y.nbytes and y.ptr < x.ptr + x.nbytes:
+            raise ValueError("x and y must not share memory (they overlap)")
         itemsize = x.nbytes // x.size
         chunk = self.chunk or max(1, _ITEM_BYTES // itemsize)
         core = saxpy_task(self.a, x.ptr, y.ptr, x.size, chunk, 0 if x.dtype == "float32" else 1)
