@@ -3,6 +3,7 @@
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import freeride as fr
@@ -112,6 +113,34 @@ def test_a_step_raising_system_exit_fails_its_task_only(host):
     with pytest.raises(fr.TaskFailedError, match="SystemExit"):
         exits.result()
     assert ok.wait(timeout=30) and ok.state == "done"
+
+
+@pytest.mark.parametrize(
+    "field, value, exc, match",
+    [
+        ("memory_bytes", 1.9, TypeError, "Stepper.memory_bytes must be an int"),
+        ("memory_bytes", "lots", ValueError, "Stepper.memory_bytes: cannot parse 'lots'"),
+        ("memory_bytes", -5, ValueError, "Stepper.memory_bytes must be positive"),
+        ("total_steps", -10, ValueError, "Stepper.total_steps must be >= 0, got -10"),
+        ("total_steps", "5", TypeError, "Stepper.total_steps must be an integer, got str"),
+    ],
+)
+def test_bad_memory_bytes_and_total_steps_are_refused_at_submit(host, field, value, exc, match):
+    # Before: 1.9 truncated, "8GiB" failed in int(), a negative total made progress
+    # negative and a string total made progress raise.
+    task = Stepper(step_s=0.001, steps=2)
+    setattr(task, field, value)
+    with pytest.raises(exc, match=match):
+        host.submit(task)
+
+
+def test_memory_bytes_may_be_a_size_string_or_a_numpy_integer():
+    with fr.Harvester("cpu", workers=1, memory_budget="1MiB") as h:
+        for value, state in (("512KiB", "done"), (np.int64(2**21), "failed")):
+            task = Stepper(step_s=0.001, steps=2)
+            task.memory_bytes = value
+            handle = h.submit(task)
+            assert handle.wait(timeout=30) and handle.state == state, value
 
 
 def test_iterative_waits_while_gate_closed(host):

@@ -67,3 +67,44 @@ def test_bad_arguments():
         fr.simulate.simulate("1f1b", 4, 8, t_forward=-1)
     with pytest.raises(ValueError, match="multiple of tensor_parallel"):
         fr.simulate.harvestable_share(gpus=1000, tensor_parallel=8, pipeline_parallel=8)
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        # Before, these gave a bubble fraction of 9.0, NaN or infinity rather than an error.
+        (
+            lambda: fr.simulate.simulate("zbv", 2, 4, t_backward_input=-5),
+            ValueError,
+            "t_backward_input must be >= 0, got -5.0",
+        ),
+        (
+            lambda: fr.simulate.simulate("zbv", 2, 4, t_backward_weight=float("nan")),
+            ValueError,
+            "t_backward_weight must be finite, got nan",
+        ),
+        (lambda: fr.simulate.simulate(t_comm=float("inf")), ValueError, "t_comm must be finite"),
+        (lambda: fr.simulate.simulate(ranks=2.0), TypeError, "ranks must be an integer, got float"),
+        (
+            lambda: fr.simulate.simulate(microbatches=None),
+            TypeError,
+            "microbatches must be an integer",
+        ),
+        (lambda: fr.simulate.simulate(None), TypeError, "schedule must be a str"),
+        # A bare ZeroDivisionError, and negative GPU counts and fractions above 1, before.
+        (
+            lambda: fr.simulate.harvestable_share(tensor_parallel=0),
+            ValueError,
+            "tensor_parallel must be >= 1, got 0",
+        ),
+        (lambda: fr.simulate.harvestable_share(gpus=-40), ValueError, "gpus must be >= 1"),
+        (
+            lambda: fr.simulate.harvestable_share(dp_sync=-100),
+            ValueError,
+            "dp_sync must be >= 0, got -100.0",
+        ),
+    ],
+)
+def test_arguments_that_made_nonsense_are_refused(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()

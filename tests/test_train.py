@@ -74,6 +74,32 @@ def test_model_on_another_device_is_refused(host):
         host.submit(task)
 
 
+class _Recording(nn.Module):
+    """A linear layer that notes the first input of each forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(1, 1)
+        self.inputs: list[int] = []
+
+    def forward(self, x):
+        self.inputs.append(int(x.item()))
+        return self.linear(x)
+
+
+@pytest.mark.parametrize("one_shot", [True, False])
+def test_every_batch_is_trained_on_in_order(host, one_shot):
+    # The constructor looks at the first batch: from a generator that look took it, and
+    # training ran on batches 1, 2, 1, 2 of three.
+    model = _Recording()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = [(torch.full((1, 1), float(k)), torch.zeros(1, 1)) for k in range(3)]
+    batches = (pair for pair in data) if one_shot else data
+    task = fr.tasks.TrainModel(model, batches, opt, nn.functional.mse_loss, steps=6)
+    assert len(host.submit(task).result(timeout=30)["losses"]) == 6
+    assert model.inputs == [0, 1, 2, 0, 1, 2]
+
+
 def test_train_model_argument_errors():
     model = nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

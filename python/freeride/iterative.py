@@ -22,13 +22,14 @@ import contextlib
 import heapq
 import importlib
 import itertools
+import operator
 import sys
 import threading
 import time
 from typing import Any
 
 from ._C import GATE_OPEN, _relax_capture_mode, step_stream
-from ._checks import check_timeout
+from ._checks import check_count, check_timeout, parse_memory
 from .errors import MemoryBudgetError, TaskCancelledError, TaskFailedError
 from .gate import MANUAL_BUBBLE, Gate
 from .record.recorder import Recorder
@@ -54,6 +55,20 @@ _WAIT_NS = int(_WAIT_S * 1e9)
 _REOPEN_IS_NEW_BUBBLE = True
 # How long close() waits for a running step before abandoning it.
 CLOSE_TIMEOUT_S = 5.0
+
+
+def _memory_bytes(task: Any) -> int:
+    """The task's memory_bytes in bytes: an int or a size string such as "8GiB" (0 or None:
+    none), checked as the harvester's memory_budget is (not truncated, not NaN)."""
+    value = getattr(task, "memory_bytes", 0)
+    if value is None:
+        return 0
+    if not isinstance(value, (bool, str)):
+        with contextlib.suppress(TypeError):
+            value = operator.index(value)  # numpy's integers too
+    if type(value) is int and value == 0:
+        return 0
+    return parse_memory(value, f"{type(task).__name__}.memory_bytes")
 
 
 class IterativeTask:
@@ -266,10 +281,11 @@ class IterativeRunner:
         ready = self._record_ready(after)
         handle = IterativeHandle(self, task, priority)
         self._recorder.name_task(handle.id, name)
-        need = int(getattr(task, "memory_bytes", 0) or 0)
+        need = _memory_bytes(task)
+        total = getattr(task, "total_steps", None)
+        if total is not None:  # progress divides by it
+            check_count(total, f"{type(task).__name__}.total_steps", minimum=0)
         budget = self._ex.memory_budget
-        if need < 0:
-            raise ValueError(f"{task!r}.memory_bytes must be >= 0, got {need}")
         if budget and need > budget:
             self._finish(
                 handle,
@@ -362,7 +378,7 @@ class IterativeRunner:
         for _, _, handle in sorted(self._queue):
             if handle._cancel:
                 return handle
-            need = int(getattr(handle.task, "memory_bytes", 0) or 0)
+            need = _memory_bytes(handle.task)
             if (
                 handle._reserved
                 or not budget
@@ -387,7 +403,7 @@ class IterativeRunner:
                     break
                 handle = self._pick()
                 if not handle._reserved:
-                    handle._reserved = int(getattr(handle.task, "memory_bytes", 0) or 0)
+                    handle._reserved = _memory_bytes(handle.task)
                     self._reserved += handle._reserved
             if handle._cancel:
                 self._drop(handle)

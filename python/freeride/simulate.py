@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._checks import check_count, check_float
+
 # name -> (torch class, stages per rank, placement: "loop" (rank r holds r, r+R, ...)
 # or "v" (rank r holds r and 2R-1-r))
 SCHEDULES: dict[str, tuple[str, int, str]] = {
@@ -118,6 +120,8 @@ def stage_ids(schedule: str, rank: int, ranks: int) -> list[int]:
 
 
 def _spec(schedule: str) -> tuple[str, int, str]:
+    if not isinstance(schedule, str):
+        raise TypeError(f"schedule must be a str, one of {sorted(SCHEDULES)}, got {schedule!r}")
     key = schedule.lower()
     if key not in SCHEDULES:
         raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
@@ -126,10 +130,8 @@ def _spec(schedule: str) -> tuple[str, int, str]:
 
 def schedule_order(schedule: str, ranks: int, microbatches: int) -> dict[int, list[Action]]:
     """Every rank's compute actions in the order its schedule runs them."""
-    if ranks < 1:
-        raise ValueError(f"ranks must be >= 1, got {ranks}")
-    if microbatches < 1:
-        raise ValueError(f"microbatches must be >= 1, got {microbatches}")
+    check_count(ranks, "ranks")
+    check_count(microbatches, "microbatches")
     cls_name, per_rank, _ = _spec(schedule)
     num_stages = ranks * per_rank
     if per_rank == 1:
@@ -225,11 +227,26 @@ def simulate(
     `microbatches` microbatches. Times are in any unit (all the same): a forward, a full
     backward, its input and weight halves (default: half a backward each), and the
     latency of a send between ranks."""
-    for name, value in (("t_forward", t_forward), ("t_backward", t_backward), ("t_comm", t_comm)):
-        if not value >= 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
-    t_in = t_backward / 2 if t_backward_input is None else t_backward_input
-    t_w = t_backward / 2 if t_backward_weight is None else t_backward_weight
+    # Finite and >= 0: a negative, infinite or NaN time gives a makespan and bubble
+    # fraction that mean nothing (a fraction of 9.0, or NaN).
+    t_forward, t_backward, t_comm = (
+        _duration(value, name)
+        for name, value in (
+            ("t_forward", t_forward),
+            ("t_backward", t_backward),
+            ("t_comm", t_comm),
+        )
+    )
+    t_in = (
+        t_backward / 2
+        if t_backward_input is None
+        else _duration(t_backward_input, "t_backward_input")
+    )
+    t_w = (
+        t_backward / 2
+        if t_backward_weight is None
+        else _duration(t_backward_weight, "t_backward_weight")
+    )
     duration = {"F": t_forward, "B": t_backward, "I": t_in, "W": t_w}
     order = schedule_order(schedule, ranks, microbatches)
     num_stages = ranks * _spec(schedule)[1]
@@ -291,6 +308,13 @@ def _hop(owner: dict[int, int], src: int, dst: int, t_comm: float) -> float:
     return t_comm if owner[src] != owner[dst] else 0.0
 
 
+def _duration(value: Any, name: str) -> float:
+    value = check_float(value, name)
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
 def harvestable_share(
     gpus: int = 1000,
     tensor_parallel: int = 8,
@@ -308,6 +332,10 @@ def harvestable_share(
     repeats it, so the harvestable share is the pipeline's bubble share; `dp_sync` adds
     the data-parallel gradient all-reduce after each iteration as idle time of every
     stage (in the same unit as the action times)."""
+    check_count(gpus, "gpus")
+    check_count(tensor_parallel, "tensor_parallel")
+    check_count(pipeline_parallel, "pipeline_parallel")
+    dp_sync = _duration(dp_sync, "dp_sync")
     if gpus % (tensor_parallel * pipeline_parallel) != 0:
         raise ValueError(
             f"gpus ({gpus}) must be a multiple of tensor_parallel * pipeline_parallel "

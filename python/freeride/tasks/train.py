@@ -55,9 +55,14 @@ class TrainModel(IterativeTask):
             )
         self.device = devices.pop()
         param_bytes = sum(p.numel() * p.element_size() for p in params)
-        first = next(iter(batches), None)
+        it = iter(batches)
+        first = next(it, None)
         if first is None:
             raise ValueError("batches must not be empty")
+        # A one-shot iterator (a generator) gave up its first batch to this look: train on
+        # it too, before the rest.
+        if it is batches:
+            self._batches = itertools.chain([first], it)
         if not isinstance(first, (tuple, list)) or len(first) != 2:
             raise TypeError("batches must yield (inputs, targets) pairs")
         for name, t in zip(("inputs", "targets"), first):
