@@ -476,3 +476,37 @@ def test_timeline_title_lanes_and_gaps():
     # A chosen, non-contiguous set of iterations is listed.
     assert "shown: iterations 0, 2 (2 of 4)" in r.timeline(iterations=[0, 2]).axes[0].get_title()
     assert "shown: iteration 3 (1 of 4)" in r.timeline(iterations=[3]).axes[0].get_title()
+
+
+def _launch_dict(**over):
+    """A SideLaunch as to_dict writes it, with `over` changed."""
+    return {"task_id": 1, "phase": 0, "start_ns": 0, "end_ns": 5, "items": 1, **over}
+
+
+@pytest.mark.parametrize(
+    "d, exc, match",
+    [
+        ([], TypeError, "d must be the dict Report.to_dict wrote, got list"),
+        ({}, ValueError, "not a report Report.to_dict wrote: KeyError: 'device'"),
+        ({"device": "cpu", "backend": "host", "format": 999}, ValueError, "of format 999"),
+        (
+            {"device": "cpu", "backend": "host", "iterations": [{"index": 0, "start_ns": "5"}]},
+            ValueError,
+            "Iteration.start_ns must be an int, got '5'",
+        ),
+        (
+            {"device": "cpu", "backend": "host", "launches": [_launch_dict(end_ns=float("nan"))]},
+            ValueError,
+            "SideLaunch.end_ns must be an int, got nan",
+        ),
+        (
+            {"device": "cpu", "backend": "host", "launches": [_launch_dict(start_ns=9, end_ns=5)]},
+            ValueError,
+            "SideLaunch ends before it starts: start_ns 9, end_ns 5",
+        ),
+    ],
+)
+def test_from_dict_refuses_what_to_dict_never_wrote(d, exc, match):
+    # Such dicts loaded before and failed later, far from the bad value (a total, a trace).
+    with pytest.raises(exc, match=match):
+        Report.from_dict(d)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import warnings
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -84,9 +84,20 @@ def _table(rows: list[tuple[str, ...]], right: set[int]) -> list[str]:
 
 def _build(cls: type, data: dict[str, Any]) -> Any:
     """Construct a record.model dataclass from a dict, ignoring keys it does not know, so
-    that a report written by a newer version with extra fields still loads."""
-    names = {f.name for f in fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in names})
+    that a report written by a newer version with extra fields still loads. Its integer
+    fields must be integers, and an interval must not end before it starts: either would
+    load and fail later, far from the bad value (a total, a trace)."""
+    known = {f.name: f for f in fields(cls)}
+    kept = {k: v for k, v in data.items() if k in known}
+    for name, value in kept.items():
+        if known[name].type == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{cls.__name__}.{name} must be an int, got {value!r}")
+    if kept.get("end_ns", 0) < kept.get("start_ns", 0):
+        raise ValueError(
+            f"{cls.__name__} ends before it starts: start_ns {kept['start_ns']}, "
+            f"end_ns {kept['end_ns']}"
+        )
+    return cls(**kept)
 
 
 @dataclass(repr=False)
@@ -489,7 +500,20 @@ class Report:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Report:
         """The report `to_dict` wrote (also after a JSON round trip); ``totals`` is ignored
-        since every total is recomputed from the record."""
+        since every total is recomputed from the record. ValueError where `d` is not one."""
+        if not isinstance(d, Mapping):
+            raise TypeError(f"d must be the dict Report.to_dict wrote, got {type(d).__name__}")
+        if d.get("format", FORMAT) != FORMAT:
+            raise ValueError(f"d is of format {d['format']!r}; this version reads {FORMAT!r}")
+        try:
+            return cls._from_dict(d)
+        except (KeyError, TypeError, IndexError, AttributeError) as exc:
+            raise ValueError(
+                f"d is not a report Report.to_dict wrote: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    @classmethod
+    def _from_dict(cls, d: Mapping[str, Any]) -> Report:
         iterations = []
         for it in d.get("iterations", []):
             compute = [_build(Compute, c) for c in it.get("compute", [])]
