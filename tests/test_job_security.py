@@ -1307,6 +1307,23 @@ def test_a_status_message_is_one_small_part(status_queue):
         peer.close()
 
 
+def test_a_message_of_many_frames_is_read_in_rounds_and_dropped(status_queue):
+    """Round 5, S2: the hub built an object for every frame of a message before looking at
+    it, so one status session's message of 400,000 empty frames (14 MB) held its thread
+    for 6.7 s, beats included, and a live rank was declared lost. It now reads a budget
+    of frames a round (tests/test_frame_reader.py), drops the rest of a message past what
+    one may have, and serves on."""
+    q, credential = status_queue
+    before = q.stats()["dropped"]
+    peer = _status_session(q, credential)
+    try:
+        peer.send(b"msg", *([b""] * 100_000))
+        wait_until(lambda: q.stats()["dropped"] >= before + 1, timeout=30)
+    finally:
+        peer.close()
+    _status_session(q, credential).close()  # the hub still answers handshakes
+
+
 def test_held_messages_are_bounded_and_only_of_the_ended_sessions_kind(bare_hub, monkeypatch):
     """Round 4, S1 and S3: a message from the routing id of an ended session is held for
     its Link's return only from a key of that session's kind, at most _HELD_MESSAGES a

@@ -242,6 +242,7 @@ class Hub:
             copy=False,
             extra=(self._zap.sock, self._zap.answer),
             round_s=_ROUND_S,
+            max_frames=fr.MAX_PARTS + 2,
         )
         try:
             self._flush()  # the last messages (byes, "closed") before the socket closes
