@@ -1391,6 +1391,46 @@ def test_table_requests_are_paced_and_placement_goes_on_under_a_flood(job):
     assert len(housekept) >= 3 and max(gaps) < 0.3, gaps  # every 0.05 s, not never
 
 
+def test_status_boxes_leave_no_state_behind(monkeypatch):
+    """Round 5, S4: every status session's hello added its box to the clients told
+    "closed" at the end, and its bye to the closed boxes, both for ever: a box a session,
+    and sessions come and go without end. Now the latest _STATUS_BOXES are kept to be
+    told, and a status box's bye leaves nothing; clients' boxes are kept as before."""
+    from freeride.job import coordinator as coordinator_module
+
+    monkeypatch.setattr(coordinator_module, "_STATUS_BOXES", 4)
+
+    class Hub:
+        def __init__(self) -> None:
+            self.sent: list[tuple[str, Any]] = []
+            self.dropped: list[str] = []
+
+        def send(self, box: str, message: Any) -> None:
+            self.sent.append((box, message))
+
+        def drop(self, box: str) -> None:
+            self.dropped.append(box)
+
+    hub = Hub()
+    coord = coordinator_module.Coordinator(Policy(4), hub, [0], 0, 3.0)
+    boxes = [f"fr-status/{k:04x}" for k in range(10)]
+    for box in boxes[:3]:
+        coord.handle(box, ("hello", box))
+        coord.handle(box, ("bye", box))
+    for box in boxes[3:]:  # seven sessions that never say bye: the latest four kept
+        coord.handle(box, ("hello", box))
+    coord.handle("fr-client/aa", ("hello", "fr-client/aa"))
+    coord.handle("fr-client/bb", ("hello", "fr-client/bb"))
+    coord.handle("fr-client/bb", ("bye", "fr-client/bb"))
+    assert coord.malformed == 0
+    assert list(coord._status_boxes) == boxes[6:]
+    assert coord._closed_boxes == {"fr-client/bb"}
+    assert hub.dropped == [*boxes[:3], "fr-client/bb"]
+    coord._finish()
+    told = {box for box, message in hub.sent if message == ("closed",)}
+    assert told == {*boxes[6:], "fr-client/aa"}
+
+
 def test_labels_are_bounded():
     """Round 4, C1: a task's label had no bound and was kept for 2,000 final tasks and
     sent in every table: three 88 MiB names broke status() for everyone. A label is at

@@ -10,7 +10,7 @@ import logging
 import pickle
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,8 @@ _HOUSEKEEP_S = 0.05
 # up to thousands of rows sent); a request that comes sooner is answered then, with the
 # latest of its box's requests.
 _TABLE_EVERY_S = 0.1
+# Status readers' boxes kept to be told "closed": as many as the hub keeps their sessions.
+_STATUS_BOXES = 256
 
 
 @dataclass
@@ -85,6 +87,10 @@ class Coordinator(Serving):
         self._closing: set[int] = set()
         self._gone: set[int] = set()
         self._clients: set[str] = set()
+        # Status readers' boxes, told "closed" at the end: the latest _STATUS_BOXES to say
+        # hello (a box per session, and sessions come and go without end), never closed
+        # boxes (nothing is sent them but what they ask).
+        self._status_boxes: OrderedDict[str, None] = OrderedDict()
         self._closed_boxes: set[str] = set()
         self._tasks: dict[str, _Placed] = {}
         self._finals: deque[str] = deque()
@@ -292,7 +298,13 @@ class Coordinator(Serving):
             self._depart(rank, lost=False)  # but its own reports already came in
 
     def _on_hello(self, box: str) -> None:
-        self._clients.add(box)
+        if m.is_status_box(box):
+            self._status_boxes[box] = None
+            self._status_boxes.move_to_end(box)
+            while len(self._status_boxes) > _STATUS_BOXES:
+                self._status_boxes.popitem(last=False)
+        else:
+            self._clients.add(box)
         if self._finished.is_set():
             self._send(box, ("closed",))
 
@@ -339,8 +351,14 @@ class Coordinator(Serving):
         self._send(box, ("status", request, rows))
 
     def _on_bye(self, box: str) -> None:
-        self._clients.discard(box)
-        self._closed_boxes.add(box)
+        if m.is_status_box(box):
+            # Nothing is sent a status box but what it asks for: it needs no closed mark
+            # (one a session, and status sessions come and go without end).
+            self._status_boxes.pop(box, None)
+            self._table_due.pop(box, None)
+        else:
+            self._clients.discard(box)
+            self._closed_boxes.add(box)
         self._hub.drop(box)  # its session ends: beaten no more
 
     # -- ranks that go away -------------------------------------------------------------------
@@ -483,7 +501,7 @@ class Coordinator(Serving):
         # closed yet learns the queue is closed, and its close() returns at once.
         for rank in set(self._ranks) - self._gone - self._lost:
             self._hub.send(m.agent_box(rank), ("bye",))
-        for box in self._clients:
+        for box in [*self._clients, *self._status_boxes]:
             self._send(box, ("closed",))
         self._bye_at = time.monotonic()
         self._finished.set()
