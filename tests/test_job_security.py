@@ -1345,6 +1345,34 @@ def test_held_messages_are_bounded_and_only_of_the_ended_sessions_kind(bare_hub,
     assert hub._unhold(rid) == [b"x" * 300] * 3 and hub._held_bytes == 0
 
 
+def test_status_sessions_hold_apart_from_clients(bare_hub, monkeypatch):
+    """Round 5, S5: status sessions pushed out by the cap on them could each keep 64
+    held messages of 4 KiB, and about a thousand of them took the 256 MiB every client's
+    held messages share: a returning client's were then dropped. A status session's are
+    table requests, the latest alone counting: one held a session, in a budget apart."""
+    hub, _ = bare_hub
+    monkeypatch.setattr(hub_module, "_HELD_STATUS_BYTES", 500)
+    monkeypatch.setattr(hub_module, "_HELD_BYTES", 1000)
+    status = [os.urandom(16) for _ in range(3)]
+    for rid in status:
+        hub._ended[rid] = ("fr-status/" + rid.hex()[:4], auth.STATUS_KIND)
+    client = os.urandom(16)
+    hub._ended[client] = ("fr-client/aa", auth.CLIENT_KIND)
+    payload = b'["status", 1]' + b" " * 200
+    request = [zmq.Frame(payload)]
+    for rid in status:
+        for _ in range(3):
+            hub._hold(rid, auth.STATUS_KIND, request)
+    # One a session, and the third passes the status sessions' 500 bytes.
+    assert [len(hub._held.get(rid, [])) for rid in status] == [1, 1, 0]
+    assert hub._held_status_bytes == 2 * len(payload) and hub._held_bytes == 0
+    for _ in range(3):  # the clients' budget is untouched
+        hub._hold(client, auth.CLIENT_KIND, [zmq.Frame(b"x" * 300)])
+    assert len(hub._held[client]) == 3 and hub._held_bytes == 900
+    assert hub._unhold(status[0]) == [payload]
+    assert hub._held_status_bytes == len(payload) and hub._held_bytes == 900
+
+
 def test_table_requests_are_paced_and_placement_goes_on_under_a_flood(job):
     """Round 4, S4: the coordinator handled every waiting message before it placed or
     looked at liveness, and built the whole task table for each request: a status

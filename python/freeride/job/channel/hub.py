@@ -46,6 +46,11 @@ _STATUS_SESSIONS = 256
 _REMEMBERED = 4096  # boxes of ended client sessions kept for their Links' return
 _HELD_MESSAGES = 64  # messages of an ended session kept until its Link authenticates again
 _HELD_BYTES = MAX_MESSAGE  # all ended sessions' held messages together, at most
+# A status session's messages are table requests, of which the latest alone counts: one
+# held a session, and a budget of their own, so that status sessions pushed out by the
+# cap on them cannot take the clients' (round 5, S5).
+_HELD_STATUS_MESSAGES = 1
+_HELD_STATUS_BYTES = 1 << 20
 _STATUS_BYTES = 4096  # the longest message a status session may send (JSON, one part)
 # A rank's session heard within this long is live: no other session may take its box (its
 # Link sends its stats at least every beat, pings every second otherwise).
@@ -132,6 +137,8 @@ class Hub:
         self._ended: collections.OrderedDict[bytes, tuple[str, str]] = collections.OrderedDict()
         self._held: dict[bytes, list[bytes]] = {}  # routing id (ended) -> messages
         self._held_bytes = 0
+        self._held_status: set[bytes] = set()  # those of status sessions, apart
+        self._held_status_bytes = 0
         self._max_pending = _MAX_PENDING + len(self._ranks)
         # routing id -> (client nonce, server nonce, role, when the hello came)
         self._pending: dict[bytes, tuple[bytes, bytes, bytes, float]] = {}
@@ -327,13 +334,20 @@ class Hub:
     def _hold(self, rid: bytes, kind: str | None, parts: list[Any]) -> None:
         """Keeps a message of an ended session's Link, sent before it heard "who", until
         it authenticates again (it does not send it twice): only from a connection of the
-        ended session's key kind, _HELD_MESSAGES a session and _HELD_BYTES in all."""
+        ended session's key kind, _HELD_MESSAGES a session and _HELD_BYTES in all (a
+        status session's: _HELD_STATUS_MESSAGES and _HELD_STATUS_BYTES)."""
         ended = self._ended.get(rid)
         if ended is None or ended[1] != kind or not self._fits(kind, parts):
             return
         size = sum(len(p) for p in parts)
         held = self._held.get(rid, [])
-        if len(held) >= _HELD_MESSAGES or self._held_bytes + size > _HELD_BYTES:
+        status = kind == auth.STATUS_KIND
+        most, used, budget = (
+            (_HELD_STATUS_MESSAGES, self._held_status_bytes, _HELD_STATUS_BYTES)
+            if status
+            else (_HELD_MESSAGES, self._held_bytes, _HELD_BYTES)
+        )
+        if len(held) >= most or used + size > budget:
             log.warning(
                 "freeride job queue: a message of %s, whose session had ended, was dropped:"
                 " too many held",
@@ -342,11 +356,20 @@ class Hub:
             return
         held.append(fr.join([p.bytes for p in parts]))
         self._held[rid] = held
-        self._held_bytes += size
+        if status:
+            self._held_status.add(rid)
+            self._held_status_bytes += size
+        else:
+            self._held_bytes += size
 
     def _unhold(self, rid: bytes) -> list[bytes]:
         held = self._held.pop(rid, [])
-        self._held_bytes -= sum(len(p) for p in held)
+        size = sum(len(p) for p in held)
+        if rid in self._held_status:
+            self._held_status.discard(rid)
+            self._held_status_bytes -= size
+        else:
+            self._held_bytes -= size
         return held
 
     def _deliver(self, kind: str, box: str, payload: bytes) -> None:
