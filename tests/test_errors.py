@@ -240,3 +240,23 @@ def test_workers_argument(host):
         fr.Harvester("cpu", workers=0)
     with pytest.raises(TypeError, match="gate_in_host_memory"):
         fr.Harvester("cpu", gate_in_host_memory="yes")
+
+
+def test_flags_labels_and_sizes_of_the_wrong_type_are_refused(host):
+    # bool("no") is True: record_times="no" turned recording on and cancel(wait="no")
+    # waited; a numpy array raised numpy's ambiguity error naming no argument; a label
+    # that is not a str was stored in the report as it was; a bare Task raised an empty
+    # NotImplementedError.
+    cases = [
+        (lambda: fr.tasks.ItemCounter(4, 1, record_times="no"), "record_times must be a bool"),
+        (lambda: fr.tasks.ItemCounter(4, 1, record_times=np.array([1, 2])), "record_times must"),
+        (lambda: host.submit(fr.tasks.Spin(4, 100)).cancel(wait="no"), "wait must be a bool"),
+        (lambda: host.compute(label=123), "label must be a str, got int"),
+        (lambda: fr.Reserve(shared_memory=False), "reserve.shared_memory must be bytes"),
+        (lambda: fr.Reserve(shared_memory=np.array([1, 2])), "reserve.shared_memory must be"),
+        (lambda: host.submit(fr.tasks.Task()), "Task builds no side task"),
+    ]
+    for call, match in cases:
+        with pytest.raises(TypeError, match=match):
+            call()
+    assert fr.tasks.ItemCounter(4, 1, record_times=np.bool_(True)).record_times is True

@@ -613,6 +613,11 @@ def test_a_reconnecting_link_takes_its_session_over_at_once(job):
             again.close()
 
 
+def test_the_harvester_argument_must_be_a_harvester(job):
+    with pytest.raises(TypeError, match="harvester must be this rank's fr.Harvester, got NoneType"):
+        fr.JobQueue(None)
+
+
 def test_the_status_file_must_not_be_the_secret_file(job, tmp_path):
     """Both at one path, the status file was written over the secret file: the client
     credential lost, and the read-only one where clients look for theirs."""

@@ -37,6 +37,14 @@ def check_float(value: Any, name: str) -> float:
     return value
 
 
+def check_bool(value: Any, name: str) -> bool:
+    """A bool (numpy's too): bool() of a string or an array would read "no" as True, or
+    raise numpy's ambiguity error naming no argument."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
 def check_timeout(value: Any, name: str = "timeout") -> float | None:
     """Seconds to wait: None or infinity (no limit, None), or a number >= 0. NaN, a
     negative number, a bool or a string would otherwise wait for ever or fail deep in a

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from ._C import ERROR_MEMORY_BUDGET, Executor
-from ._checks import check_timeout
+from ._checks import check_bool, check_timeout
 from .errors import MemoryBudgetError, TaskCancelledError, TaskFailedError
 
 FINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
@@ -198,6 +198,7 @@ class TaskHandle:
         harvester keeps the task's memory until they have ended. False if the task was
         already final, or with `wait` not final within `timeout` seconds (None: no
         limit). See Handle.cancel."""
+        wait = check_bool(wait, "wait")
         timeout = check_timeout(timeout)
         cancelled = self._ex.cancel(self._id, False)
         if cancelled and wait:

@@ -475,6 +475,8 @@ class Harvester:
         reopens it after, in stream order: the manual hook for training loops freeride
         does not attach to. Inside ``iteration()`` it is recorded as a compute action.
         Raises HarvesterClosedError on entering once the harvester is closed."""
+        if not isinstance(label, str):  # a report and its trace name the action by it
+            raise TypeError(f"label must be a str, got {type(label).__name__}")
         return self._recorder.compute(label, stream, self._not_closed, self._check_open)
 
     @contextlib.contextmanager

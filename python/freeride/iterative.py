@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from ._C import GATE_OPEN, _relax_capture_mode, step_stream
-from ._checks import check_count, check_timeout, parse_memory
+from ._checks import check_bool, check_count, check_timeout, parse_memory
 from .errors import MemoryBudgetError, TaskCancelledError, TaskFailedError
 from .gate import MANUAL_BUBBLE, Gate
 from .record.recorder import Recorder
@@ -190,6 +190,7 @@ class IterativeHandle:
         """No further step starts; with `wait`, returns once a running step finished and
         the task is final, or `timeout` seconds passed (None: no limit). False if the task
         was already final, or with `wait` not final within `timeout`. See Handle.cancel."""
+        wait = check_bool(wait, "wait")
         timeout = check_timeout(timeout)
         if self.done():
             return False

@@ -83,6 +83,11 @@ class Reserve:
         check_count(self.blocks, "reserve.blocks", 0, 32)
         check_count(self.threads, "reserve.threads", 1, 1024)  # CUDA's largest block
         check_count(self.registers_per_thread, "reserve.registers_per_thread", 0, 255)
+        if isinstance(self.shared_memory, bool) or not isinstance(self.shared_memory, (int, str)):
+            raise TypeError(
+                "reserve.shared_memory must be bytes (an int) or a size string such as "
+                f"'48KiB', got {type(self.shared_memory).__name__}"
+            )
         if self.shared_memory != 0:
             shared = parse_memory(self.shared_memory, "reserve.shared_memory")
             if shared > 2**30:

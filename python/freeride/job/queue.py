@@ -97,6 +97,10 @@ class JobQueue:
     ) -> None:
         import torch.distributed as dist
 
+        if not hasattr(harvester, "submit") or not hasattr(harvester, "closed"):
+            raise TypeError(
+                f"harvester must be this rank's fr.Harvester, got {type(harvester).__name__}"
+            )
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("JobQueue needs an initialised torch.distributed process group")
         if harvester.closed:

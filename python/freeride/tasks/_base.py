@@ -30,7 +30,10 @@ class Task:
     def _build(self, kind: str, device: int) -> BoundTask:
         """Validates the task against a harvester's backend `kind` ("host" or "cuda") and
         `device` (the CUDA ordinal; -1 on the host) and creates the core task."""
-        raise NotImplementedError
+        raise TypeError(
+            f"{type(self).__name__} builds no side task: submit one of fr.tasks' tasks "
+            "(Spin, Saxpy, PageRank, ...), a RawKernel, or a Task subclass that builds one"
+        )
 
 
 def zeros(

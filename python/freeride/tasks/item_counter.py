@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._C import item_counter_task
-from .._checks import check_count
+from .._checks import check_bool, check_count
 from ._base import BoundTask, Task, describe, to_numpy, zeros
 from .spin import MAX_NS_PER_ITEM
 
@@ -53,7 +53,7 @@ class ItemCounter(Task):
                 check_count(fail_at[1], "fail_at[1]", 0, self.items - 1),
             )
         self.fail_at = fail_at
-        self.record_times = bool(record_times)
+        self.record_times = check_bool(record_times, "record_times")
         self._last = None
 
     def _build(self, kind: str, device: int) -> BoundTask:
