@@ -12,6 +12,7 @@ Each rank writes what it saw to rank<N>.json."""
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 
@@ -38,10 +39,17 @@ def _wait(predicate, seconds: float) -> bool:
     return False
 
 
-def _resume(queue: fr.JobQueue, rank: int, result: dict) -> None:
+def _resume(queue: fr.JobQueue, rank: int, result: dict, outdir: str) -> None:
+    # Rank 1 cuts itself off only once the leader has heard that the task runs: a task
+    # whose start the leader never heard of is placed again, not lost, and with no other
+    # rank to run it is never final (the submitter's result() timed out under a loaded
+    # machine, where rank 1's "running" was still in its Link when the cut came).
+    marker = os.path.join(outdir, "running-at-the-leader")
     if rank == 0:
         queue.leave()  # the task goes to rank 1
         handle = queue.submit(_spin(10**7, 1_000_000))
+        if _wait(lambda: handle.state == "running", 30):
+            open(marker, "w").close()
         try:
             handle.result(timeout=60)
             result["outcome"] = "done"
@@ -52,6 +60,7 @@ def _resume(queue: fr.JobQueue, rank: int, result: dict) -> None:
             result["outcome"] = f"{type(exc).__name__}: {exc}"
         return
     assert _wait(lambda: "running" in queue.hosted().values(), 30), queue.hosted()
+    assert _wait(lambda: os.path.exists(marker), 30), "the leader never heard the task run"
     local = dict(queue._agent.hosted())
     queue._link.hold(True)  # cut off: nothing this rank says reaches the leader
     time.sleep(RANK_TIMEOUT + 1.5)
@@ -60,7 +69,7 @@ def _resume(queue: fr.JobQueue, rank: int, result: dict) -> None:
     result["local_states"] = {tid: h.state for tid, h in local.items()}
 
 
-def _no_close(queue: fr.JobQueue, rank: int, result: dict) -> None:
+def _no_close(queue: fr.JobQueue, rank: int, result: dict, outdir: str) -> None:
     if rank == 0:
         return  # closes at once below
     time.sleep(CLOSE_TIMEOUT + 3.0)  # "training" on, not closing
@@ -79,7 +88,7 @@ def run_rank(rank: int, world: int, outdir: str, scenario: str) -> None:
             queue = fr.JobQueue(
                 h, host="127.0.0.1", rank_timeout=RANK_TIMEOUT, close_timeout=CLOSE_TIMEOUT
             )
-            {"resume": _resume, "no_close": _no_close}[scenario](queue, rank, result)
+            {"resume": _resume, "no_close": _no_close}[scenario](queue, rank, result, outdir)
             started = time.monotonic()
             try:
                 queue.close()
