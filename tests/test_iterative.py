@@ -52,7 +52,23 @@ def train(h, iterations):
                 time.sleep(gap)
 
 
-def test_steps_start_only_in_bubbles_that_fit(host):
+def test_steps_start_only_in_bubbles_that_fit(host, monkeypatch):
+    # The runner's decisions, each with the predicted length of the bubble it was made
+    # in: what the rule decides, whatever the machine's load does to when a step then
+    # starts.
+    from freeride.iterative import IterativeRunner
+
+    decided = []
+    fits = IterativeRunner._fits
+
+    def spy(runner, handle, seq, elapsed_ns):
+        ok = fits(runner, handle, seq, elapsed_ns)
+        if ok and runner._recorder.recording:
+            slot = runner._gate.slot_of(seq)
+            decided.append(runner._recorder.predicted_slot_ns(slot))
+        return ok
+
+    monkeypatch.setattr(IterativeRunner, "_fits", spy)
     task = Stepper(step_s=0.008)
     handle = host.submit(task)
     train(host, 12)
@@ -69,8 +85,11 @@ def test_steps_start_only_in_bubbles_that_fit(host):
     long_ = [b for b in bubbles if b[1] - b[0] >= 0.02e9]
     in_long = sum(any(s <= t < e for s, e in long_) for t in task.starts)
     in_short = sum(any(s <= t < e for s, e in short) for t in task.starts)
-    assert in_short == 0, "a step started in a bubble too short for it"
-    # Allow the rare start that races the bubble's end (it then counts as an overrun).
+    assert decided and all(p is not None and p >= 0.02e9 for p in decided), decided
+    # Allow the rare start that races its bubble's end (it then counts as an overrun): on
+    # a loaded machine the runner, an idle-priority thread, can start a step decided in a
+    # long bubble in the short one after it (seen once in CI's wheel stage).
+    assert in_short <= handle.overruns, "a step started in a bubble too short for it"
     assert in_long >= len(task.starts) - handle.overruns
     assert handle.step_ns is not None and handle.step_ns >= 0.008e9
     # Iterative steps appear in the report as side launches.
