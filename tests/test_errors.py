@@ -260,3 +260,12 @@ def test_flags_labels_and_sizes_of_the_wrong_type_are_refused(host):
         with pytest.raises(TypeError, match=match):
             call()
     assert fr.tasks.ItemCounter(4, 1, record_times=np.bool_(True)).record_times is True
+
+
+def test_a_saxpy_factor_past_float32s_range_is_refused_for_float32_arrays(host):
+    # The kernels take `a` in the arrays' dtype: 1e39 was inf in float32, and so was y.
+    with pytest.raises(ValueError, match="a must be within float32's range"):
+        host.submit(fr.tasks.Saxpy(1e39, np.ones(4, np.float32), np.ones(4, np.float32)))
+    y = np.ones(4)
+    t = host.submit(fr.tasks.Saxpy(1e39, np.ones(4), y))  # float64 holds it
+    assert t.wait(10) and t.state == "done" and y[0] == 1e39 + 1

@@ -614,8 +614,13 @@ def test_a_reconnecting_link_takes_its_session_over_at_once(job):
 
 
 def test_the_harvester_argument_must_be_a_harvester(job):
+    q, _, _ = job
     with pytest.raises(TypeError, match="harvester must be this rank's fr.Harvester, got NoneType"):
         fr.JobQueue(None)
+    with pytest.raises(TypeError, match="host must be None or a str address, got int"):
+        fr.JobQueue(q._h, host=5)
+    with pytest.raises(ValueError, match="timeout must be at most 1e"):
+        fr.JobQueue(q._h, host="127.0.0.1", timeout=1e300)
 
 
 def test_the_status_file_must_not_be_the_secret_file(job, tmp_path):

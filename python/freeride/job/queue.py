@@ -52,6 +52,11 @@ _KEY_BYTES = 40  # a CurveZMQ public key, Z85 text
 _WILDCARDS = ("0.0.0.0", "::", "", "*")
 
 
+# The longest timeout taken (about 31 years): the gloo group's comes as a timedelta, whose
+# days are a C int (1e300 s failed deep in its construction).
+_MAX_TIMEOUT_S = 1e9
+
+
 class JobQueue:
     """A job-wide side-task queue. Collective: every rank of `group` (default: the whole
     world) constructs it with its own Harvester, and calls close() at the end.
@@ -105,6 +110,8 @@ class JobQueue:
             raise RuntimeError("JobQueue needs an initialised torch.distributed process group")
         if harvester.closed:
             raise HarvesterClosedError("the harvester is closed")
+        if host is not None and not isinstance(host, str):
+            raise TypeError(f"host must be None or a str address, got {type(host).__name__}")
         if (
             secret_file is not None
             and status_file is not None
@@ -122,6 +129,8 @@ class JobQueue:
             raise ValueError(
                 "timeout must be a positive number of seconds, close_timeout at least 0"
             )
+        if timeout > _MAX_TIMEOUT_S:
+            raise ValueError(f"timeout must be at most {_MAX_TIMEOUT_S:g} s, got {timeout:g}")
         ranks = (
             list(range(dist.get_world_size()))
             if group is None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .._arrays import as_array
 from .._C import saxpy_task
 from .._checks import check_count, check_float
@@ -12,6 +14,7 @@ from ._base import BoundTask, Task, describe
 # Bytes of x per item: small enough that an item takes microseconds even when every
 # resident block shares the memory bandwidth, large enough to amortise the claim.
 _ITEM_BYTES = 16384
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class Saxpy(Task):
@@ -31,6 +34,10 @@ class Saxpy(Task):
         y = as_array(self.y, "y", kind, device, writable=True)
         if x.dtype != y.dtype:
             raise TypeError(f"x and y must have the same dtype, got {x.dtype} and {y.dtype}")
+        # The kernels take `a` in the arrays' dtype: a float32 past its range is inf, and
+        # every result with it.
+        if x.dtype == "float32" and abs(self.a) > _FLOAT32_MAX:
+            raise ValueError(f"a must be within float32's range for float32 arrays, got {self.a}")
         if x.size != y.size:
             raise ValueError(
                 f"x and y must have the same number of elements, got {x.size} and {y.size}"
