@@ -16,6 +16,7 @@
 #include "graph_layout.hpp"
 #include "raw_kernel_task.hpp"
 #include "task.hpp"
+#include "unbuilt_task.hpp"
 
 namespace py = pybind11;
 using freeride::Task;
@@ -37,6 +38,11 @@ void bind_tasks(py::module_& m) {
   m.def("item_counter_task", &freeride::make_item_counter_task, py::arg("items"),
         py::arg("phases"), py::arg("counts"), py::arg("phase_done"), py::arg("violations"),
         py::arg("times"), py::arg("ns_per_item"), py::arg("fail_phase"), py::arg("fail_item"));
+
+  m.def("unbuilt_task", &freeride::make_unbuilt_task, py::arg("name"), py::arg("memory_bytes"),
+        "A placeholder for a task refused before its buffers were made (unbuilt_task.hpp): "
+        "it has no items, and the executor fails it at submit for needing more than the "
+        "whole memory budget.");
 
   using Int64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
   m.def(

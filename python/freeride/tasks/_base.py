@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from .._C import unbuilt_task
+
 
 class BoundTask:
     """A task bound to one harvester: the core task, its result reader, and references
@@ -34,6 +36,25 @@ class Task:
             f"{type(self).__name__} builds no side task: submit one of fr.tasks' tasks "
             "(Spin, Saxpy, PageRank, ...), a RawKernel, or a Task subclass that builds one"
         )
+
+    def _memory_need(self) -> int | None:
+        """The `memory_bytes` _build would give the core, told from what the task was
+        made with and before anything is allocated; None where it cannot be told without
+        building (the task is then built, and the executor checks what it holds). A task
+        needing more than the harvester's whole budget is refused without its buffers
+        being made: on a GPU they would take memory training may need."""
+        return None
+
+
+def build_within(task: Task, kind: str, device: int, budget: int) -> BoundTask:
+    """`task` built for a harvester of backend `kind` on `device` whose memory budget is
+    `budget` bytes (0: none); where it needs more than the whole budget (as far as
+    _memory_need tells), an unbuilt placeholder the executor fails at submit for it,
+    with nothing allocated."""
+    need = task._memory_need() if budget else None
+    if need is not None and need > budget:
+        return BoundTask(unbuilt_task(type(task).__name__, need))
+    return task._build(kind, device)
 
 
 def zeros(

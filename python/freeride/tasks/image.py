@@ -29,6 +29,13 @@ def _shape_of(images: Any) -> tuple[int, ...]:
     return shape
 
 
+def _itemsize(images: Any) -> int | None:
+    """Bytes an element of `images` takes where its dtype is one the kernels take (uint8,
+    float32), else None (as_array then says what is wrong)."""
+    name = str(getattr(images, "dtype", "")).replace("torch.", "")
+    return {"uint8": 1, "float32": 4}.get(name)
+
+
 class _ImageTask(Task):
     def __init__(self, images: Any) -> None:
         self.images = images
@@ -85,6 +92,15 @@ class GaussianBlur(_ImageTask):
                 f"sigma * truncate gives a radius of {self.radius} pixels; at most 10000"
             )
 
+    def _memory_need(self) -> int | None:
+        itemsize = _itemsize(self.images)
+        if itemsize is None:
+            return None
+        # The images and their blur (same dtype), the float32 pass between the two
+        # filters, and the taps.
+        pixels = math.prod(self.shape)
+        return 2 * itemsize * pixels + 4 * pixels + 4 * (2 * self.radius + 1)
+
     def _build(self, kind: str, device: int) -> BoundTask:
         h, w = self.shape[-2:]
         src, (out, out_ptr), dtype, _ = self._prepare(kind, device, (h, w))
@@ -104,7 +120,7 @@ class GaussianBlur(_ImageTask):
             self.radius,
             _ROWS_PER_ITEM,
         )
-        core.memory_bytes = 2 * src.nbytes + 4 * src.size + 4 * x.size
+        core.memory_bytes = self._memory_need()
         return BoundTask(core, lambda: self._wrap(out), keep=(src, out, tmp, weights))
 
     def __repr__(self) -> str:
@@ -128,11 +144,17 @@ class Resize(_ImageTask):
         if math.prod(self.size) * self.planes > 2**40:
             raise ValueError(f"size {self.size} gives an output of more than 2**40 pixels")
 
+    def _memory_need(self) -> int | None:
+        itemsize = _itemsize(self.images)
+        if itemsize is None:
+            return None
+        return itemsize * (math.prod(self.shape) + self.planes * math.prod(self.size))
+
     def _build(self, kind: str, device: int) -> BoundTask:
         h, w = self.shape[-2:]
         src, (out, out_ptr), dtype, _ = self._prepare(kind, device, self.size)
         core = resize_task(self.planes, h, w, *self.size, dtype, src.ptr, out_ptr, _ROWS_PER_ITEM)
-        core.memory_bytes = src.nbytes + src.nbytes // max(1, h * w) * math.prod(self.size)
+        core.memory_bytes = self._memory_need()
         return BoundTask(core, lambda: self._wrap(out), keep=(src, out))
 
     def __repr__(self) -> str:

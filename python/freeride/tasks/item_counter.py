@@ -56,6 +56,9 @@ class ItemCounter(Task):
         self.record_times = check_bool(record_times, "record_times")
         self._last = None
 
+    def _memory_need(self) -> int:
+        return (4 + 16 * self.record_times) * self.items * self.phases + 8 * self.phases + 8
+
     def _build(self, kind: str, device: int) -> BoundTask:
         counts, counts_ptr = zeros((self.phases, self.items), "uint32", kind, device)
         phase_done, phase_done_ptr = zeros((self.phases,), "uint64", kind, device)
@@ -75,9 +78,7 @@ class ItemCounter(Task):
             fail_phase,
             fail_item,
         )
-        core.memory_bytes = (
-            (4 + 16 * self.record_times) * self.items * self.phases + 8 * self.phases + 8
-        )
+        core.memory_bytes = self._memory_need()
 
         def read() -> ItemCounts:
             return ItemCounts(

@@ -90,6 +90,11 @@ class PageRank(Task):
     def n(self) -> int:
         return self.indptr.size - 1
 
+    def _memory_need(self) -> int:
+        # int64 in-links (n + 1 offsets, at least one index), float64 inverse out-degrees,
+        # two rank vectors and the contributions, and one dangling sum an iteration.
+        return 8 * ((self.n + 1) + max(1, int(self.indices.size)) + 4 * self.n + self.iters)
+
     def _build(self, kind: str, device: int) -> BoundTask:
         n, ptr, idx = self.n, self.indptr, self.indices
         # Pull needs in-links: the CSC of the same graph, built once on the host.
@@ -125,7 +130,7 @@ class PageRank(Task):
             self.damping,
             self.nodes_per_item,
         )
-        core.memory_bytes = int(sum(_nbytes(b[0]) for b in bufs.values()))
+        core.memory_bytes = self._memory_need()
         final = bufs["rank_a" if self.iters % 2 == 0 else "rank_b"][0]
 
         def result() -> Any:
@@ -145,9 +150,3 @@ class PageRank(Task):
         return describe(
             self, nodes=self.n, edges=int(self.indices.size), iters=self.iters, damping=self.damping
         )
-
-
-def _nbytes(buf: Any) -> int:
-    if hasattr(buf, "nbytes") and not callable(buf.nbytes):
-        return int(buf.nbytes)
-    return int(buf.numel() * buf.element_size())
