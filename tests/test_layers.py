@@ -41,6 +41,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "freeride._closing",
             "freeride._harvester_args",
             "freeride._harvester_counts",
+            "freeride._harvester_mechanisms",
         ),
     ),
     ("engines and the job queue", ("freeride.integrations", "freeride.job")),
