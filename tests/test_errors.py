@@ -207,6 +207,13 @@ def test_torch_tensor_checks(host):
         host.submit(fr.tasks.Saxpy(1.0, torch.ones(4, 4).t(), torch.ones(4, 4)))
     with pytest.raises(TypeError, match="x must have dtype"):
         host.submit(fr.tasks.Saxpy(1.0, torch.ones(8, dtype=torch.float16), torch.ones(8)))
+    # no single data pointer to hand the core: refused by name, not torch's own error
+    with pytest.raises(TypeError, match="x must be a dense tensor; got layout torch.sparse_coo"):
+        host.submit(fr.tasks.Saxpy(1.0, torch.ones(8).to_sparse(), torch.ones(8)))
+    with pytest.raises(TypeError, match="y must be a dense tensor; got layout torch.sparse_csr"):
+        host.submit(fr.tasks.Saxpy(1.0, torch.ones(2, 4), torch.ones(2, 4).to_sparse_csr()))
+    with pytest.raises(TypeError, match="images must be a dense tensor"):
+        host.submit(fr.tasks.GaussianBlur(torch.ones(2, 8, 8).to_sparse(), 1.0))
     if not torch.cuda.is_available():
         meta = torch.ones(8, device="meta")
         with pytest.raises(ValueError, match="x must be on cpu"):

@@ -90,11 +90,39 @@ def test_scipy_and_torch_inputs(host):
         (np.array([0]), np.array([], np.int64), ValueError, "at least 2 entries"),
         (np.array([0.0, 1.0]), np.array([0]), TypeError, "indptr must have an integer dtype"),
         (np.zeros((2, 2), np.int64), np.array([0]), ValueError, "indptr must be 1-D"),
+        # unsigned values past int64 would wrap to negative ones the caller never passed
+        (
+            np.array([0, 1], np.uint64),
+            np.array([2**63 + 5], np.uint64),
+            ValueError,
+            r"indices must fit in int64 \(at most 9223372036854775807\), found 9223372036854775813",
+        ),
+        (
+            np.array([0, 2**64 - 1], np.uint64),
+            np.array([0], np.uint64),
+            ValueError,
+            "indptr must fit in int64",
+        ),
     ],
 )
 def test_malformed_csr(indptr, indices, exc, match):
     with pytest.raises(exc, match=match):
         fr.tasks.PageRank(indptr, indices)
+
+
+def test_sparse_tensors_are_refused_by_name():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match="indptr must be a dense tensor; got layout torch.sparse"):
+        fr.tasks.PageRank(torch.tensor([0, 1]).to_sparse(), torch.tensor([0]))
+    with pytest.raises(TypeError, match="indices must be a dense tensor"):
+        fr.tasks.PageRank(torch.tensor([0, 1]), torch.tensor([0]).to_sparse())
+
+
+def test_unsigned_indices_within_int64_are_taken(host):
+    task = fr.tasks.PageRank(np.array([0, 1, 2], np.uint64), np.array([1, 0], np.uint32))
+    handle = host.submit(task)
+    assert handle.wait(timeout=30)
+    np.testing.assert_allclose(handle.result(), [0.5, 0.5])
 
 
 def test_bad_parameters():

@@ -38,6 +38,7 @@ def as_array(
     None accepts any dtype."""
     where = "cpu" if kind == "host" else f"cuda:{device}"
     if _is_torch_tensor(x):
+        check_dense(x, name)
         dev = x.device
         on_it = (
             dev.type == "cpu"
@@ -98,6 +99,14 @@ def as_array(
     if ref.size <= 0:
         raise ValueError(f"{name} must not be empty")
     return ref
+
+
+def check_dense(x: Any, name: str) -> None:
+    """Refuses a torch tensor whose elements are not laid out densely in its storage (a
+    sparse or nested tensor has no single data pointer to hand the core)."""
+    layout = getattr(x, "layout", None)
+    if layout is not None and str(layout) != "torch.strided":
+        raise TypeError(f"{name} must be a dense tensor; got layout {layout} (call .to_dense())")
 
 
 def _host_writable(ref: ArrayRef) -> bool:

@@ -6,17 +6,20 @@ from typing import Any
 
 import numpy as np
 
+from .._arrays import check_dense
 from .._C import csr_transpose, pagerank_task
 from .._checks import check_count, check_float
 from ._base import BoundTask, Task, describe, to_numpy, upload, zeros
 
 # Nodes per item: a few microseconds of work for a block on a GPU.
 _NODES_PER_ITEM = 2048
+_INT64_MAX = 2**63 - 1
 
 
 def _host_int_array(x: Any, name: str) -> np.ndarray:
     """A 1-D integer array on the host (torch tensors are copied there for validation)."""
     if hasattr(x, "detach") and hasattr(x, "cpu"):
+        check_dense(x, name)
         x = x.detach().cpu().numpy()
     elif hasattr(x, "get") and type(x).__module__.startswith("cupy"):
         x = x.get()
@@ -26,6 +29,10 @@ def _host_int_array(x: Any, name: str) -> np.ndarray:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(x.shape)}")
     if not np.issubdtype(x.dtype, np.integer):
         raise TypeError(f"{name} must have an integer dtype, got {x.dtype}")
+    # Past int64's range an unsigned value would wrap to a negative one, and the error
+    # would name a value the caller never passed.
+    if x.dtype.kind == "u" and x.size and int(x.max()) > _INT64_MAX:
+        raise ValueError(f"{name} must fit in int64 (at most {_INT64_MAX}), found {int(x.max())}")
     return x.astype(np.int64, copy=False)
 
 
