@@ -510,3 +510,31 @@ def test_from_dict_refuses_what_to_dict_never_wrote(d, exc, match):
     # Such dicts loaded before and failed later, far from the bad value (a total, a trace).
     with pytest.raises(exc, match=match):
         Report.from_dict(d)
+
+
+def test_placement_table_orders_rank_and_client_tasks_together():
+    # An outside client's ids ("box prefix:number") beside the ranks' ("rank:number"):
+    # sorting them used to compare a str with an int.
+    def entry(label):
+        return {"local_id": 1, "label": label, "state": "done", "items": 10}
+
+    hosted = {
+        "c3dca:10": entry("late client"),
+        "1:2": entry("rank 1 second"),
+        "c3dca:9": entry("early client"),
+        "0:11": entry("rank 0 eleventh"),
+        "0:2": entry("rank 0 second"),
+        "other": entry("odd id"),
+    }
+    report = fr.Report(device="cpu", backend="host", rank=0, placement={"hosted": hosted})
+    table = fr.placement_table([report], legend=False)
+    order = [e["label"] for e in hosted.values()]
+    seen = sorted(order, key=table.index)
+    assert seen == [
+        "rank 0 second",
+        "rank 0 eleventh",
+        "rank 1 second",
+        "early client",
+        "late client",
+        "odd id",
+    ]

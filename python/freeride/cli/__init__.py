@@ -504,7 +504,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--kwargs",
         type=_json_of(dict, "object"),
         default={},
-        help="FACTORY's keyword arguments as a JSON object, e.g. '{\"items\": 1000}', or "
+        help='FACTORY\'s keyword arguments as a JSON object, e.g. \'{"items": 1000, "ns_per_item": 50000}\', or '
         "@FILE holding one",
     )
     p.add_argument(
@@ -557,7 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="print what this build and machine offer",
         description="Print a summary of what this build and machine offer: where side "
         "tasks run with device='auto', the build (CUDA backend, nvcc, architectures), the "
-        "CUDA runtime and driver, each device, the reserve, and why a GPU goes unused where "
+        "CUDA runtime and driver, each device, the reserve (where CUDA is usable), and why a GPU goes unused where "
         "freeride's CUDA backend cannot use one that torch sees or whose driver is "
         "installed (the warning device='auto' gives).",
         formatter_class=_HELP,

@@ -38,7 +38,7 @@ def _device(dev: dict[str, Any]) -> str:
 def summary(info: dict[str, Any]) -> str:
     """Lines for a person: the version and where side tasks run with device="auto", the
     build, CUDA's runtime and driver (and why CUDA is unusable, where it is), each device,
-    how kernels are loaded, the reserve, and why a GPU goes unused, where one does."""
+    how kernels are loaded, the reserve (where CUDA is usable), and why a GPU goes unused, where one does."""
     where = "CUDA" if info["default_backend"] == "cuda" else "the host backend (CPU threads)"
     lines = [f'freeride {info["version"]}: side tasks run on {where} with device="auto"']
     rows = [("build", _build(info))]

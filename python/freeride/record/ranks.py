@@ -60,10 +60,16 @@ def stage_table(reports: list[Report], legend: bool = True) -> str:
     return "\n".join(rows)
 
 
-def _job_order(job_id: str) -> tuple:
-    """Job task ids ("submitting rank:number") in submission order, not text order."""
+def _job_order(job_id: str) -> tuple[int, int, str, int, str]:
+    """Job task ids in submission order, not text order: the ranks' ("submitting
+    rank:number") by rank, then outside clients' ("box prefix:number") by client, then
+    any other; one key shape for all, so that ids of every kind compare."""
     head, _, tail = job_id.partition(":")
-    return (int(head), int(tail)) if head.isdigit() and tail.isdigit() else (job_id,)
+    if tail.isdigit():
+        if head.isdigit():
+            return (0, int(head), "", int(tail), "")
+        return (1, 0, head, int(tail), "")
+    return (2, 0, "", 0, job_id)
 
 
 PLACEMENT_TABLE_LEGEND = (
