@@ -6,8 +6,6 @@ with fr.Harvester(device="cuda:0", memory_budget="8GiB") as h:
     ...
 """
 
-from __future__ import annotations
-
 from . import integrations as integrations
 from . import simulate, tasks
 from ._moved import package_getattr as __getattr__  # noqa: F401 - old module paths
