@@ -428,11 +428,13 @@ if step qualify; then
   #    prints, and its release of a held stream when a call fails [~10 s est.]; an open
   #    the spinning executor sees take effect before its launch at the open is enqueued
   #    (a test switch delays it), under one hardware queue and time_slice=None: the
-  #    open's launch left out, training's kernels not held [~10 s est.].
+  #    open's launch left out, training's kernels not held [~10 s est.]; a task past the
+  #    whole memory budget refused with no device memory taken [~5 s est.].
   pytest_file $deadline 30 tests/test_gate.py -m gpu -k "follows_the_environment and spin"
   pytest_file $deadline 40 tests/test_open_seen_first.py -m gpu
   pytest_file $deadline 30 tests/test_reserve_gpu.py -m gpu -k own_workqueues
   pytest_file $deadline 40 tests/test_bench.py -m gpu -k call_costs
+  pytest_file $deadline 20 tests/test_memory_need.py -m gpu
   # 6. The pause and the training overhead, small (--quick: 50 pause trials; 3 pipeline
   #    iterations per variant, both hardware-queue settings), their JSON in the archive
   #    and their main rows in the summary. [~22 s, ~17 s measured at cf361a5]

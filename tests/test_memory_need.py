@@ -111,3 +111,20 @@ def test_the_placeholder_runs_nothing():
     assert built.core.num_phases == 0 and built.core.total_items == 0
     assert built.core.memory_bytes == 4 * 1000 + 8 + 8
     assert built.keep == ()
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_refused_task_takes_no_device_memory():
+    task = fr.tasks.PageRank(*_graph(200_000, 1_000_000), iters=5)
+    need = task._memory_need()  # about 16 MB
+    with fr.Harvester("cuda", memory_budget=need // 2) as h:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        handle = h.submit(task)
+        assert handle.wait(timeout=30) and handle.state == "failed"
+        assert torch.cuda.memory_allocated() == before
+        with pytest.raises(fr.MemoryBudgetError, match=f"PageRank needs {need} bytes"):
+            handle.result()
+        small = h.submit(fr.tasks.PageRank(*_graph(1000, 5000), iters=5))
+        assert small.wait(timeout=60) and small.state == "done"
+        assert abs(float(small.result().sum()) - 1.0) < 1e-9
