@@ -276,3 +276,16 @@ def test_a_saxpy_factor_past_float32s_range_is_refused_for_float32_arrays(host):
     y = np.ones(4)
     t = host.submit(fr.tasks.Saxpy(1e39, np.ones(4), y))  # float64 holds it
     assert t.wait(10) and t.state == "done" and y[0] == 1e39 + 1
+
+
+def test_integrations_refuse_what_is_not_a_harvester():
+    from freeride.integrations import deepspeed, megatron
+
+    with pytest.raises(TypeError, match="h must be an fr.Harvester, got NoneType"):
+        megatron.attach(None)
+    with pytest.raises(TypeError, match="h must be an fr.Harvester, got str"):
+        deepspeed.attach("cuda:0", object())
+    h = fr.Harvester("cpu", workers=1)
+    h.close()
+    with pytest.raises(fr.HarvesterClosedError):
+        megatron.attach(h)

@@ -538,3 +538,25 @@ def test_placement_table_orders_rank_and_client_tasks_together():
         "late client",
         "odd id",
     ]
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: fr.placement_table(None), "got None .gather_reports.. returns None"),
+        (lambda: fr.placement_table("rank0.json"), "reports must be a list of freeride Reports"),
+        (lambda: fr.stage_table([Report("cpu", "host"), 1]), r"reports\[1\] must be a freeride"),
+        (lambda: fr.gather_reports(None), "report must be a freeride Report, got NoneType"),
+        (lambda: fr.merge_chrome_traces("r.json", "out.json"), "reports must be a list"),
+        (lambda: fr.merge_chrome_traces([None], "out.json"), r"reports\[0\] must be a freeride"),
+        (
+            lambda: fr.merge_with_profiler_trace("r.json", "p.json", "out.json"),
+            "reports must be a freeride Report or a list of them, got str",
+        ),
+    ],
+)
+def test_what_is_not_a_report_is_refused_by_name(call, match, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TypeError, match=match):
+        call()
+    assert list(tmp_path.iterdir()) == []  # nothing written

@@ -11,11 +11,21 @@ from typing import Any
 
 from ..attach import _Patch
 from ..errors import FreerideError, HarvesterClosedError
+from ..harvester import Harvester
 
 
 class IntegrationError(FreerideError, RuntimeError):
     """An engine (or a setting of it) that an integration cannot hook completely: refused
     rather than letting compute run with the gate open."""
+
+
+def check_harvester(h: Any) -> None:
+    """Refuses what is not an open fr.Harvester, naming the argument (an integration's
+    first parameter)."""
+    if not isinstance(h, Harvester):
+        raise TypeError(f"h must be an fr.Harvester, got {type(h).__name__}")
+    if h.closed:
+        raise HarvesterClosedError("the harvester is closed")
 
 
 class Attachment:

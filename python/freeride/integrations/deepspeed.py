@@ -29,8 +29,7 @@ import threading
 import weakref
 from typing import Any
 
-from ..errors import HarvesterClosedError
-from ._common import Attachment, IntegrationError, close_gate, code_names
+from ._common import Attachment, IntegrationError, check_harvester, close_gate, code_names
 
 # Instruction class name -> compute label.
 COMPUTE = {
@@ -102,8 +101,7 @@ def attach(h: Any, engine: Any) -> Attachment:
     side work runs only inside train_batch()/eval_batch() bubbles. Replaces an earlier
     attachment to the same engine (of this or another harvester) rather than stacking on
     it. Returns the attachment; its detach() restores the engine exactly."""
-    if h.closed:
-        raise HarvesterClosedError("the harvester is closed")
+    check_harvester(h)
     _check_engine(engine)
     with _lock:
         ref = _attached.get(id(engine))

@@ -35,8 +35,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ..errors import HarvesterClosedError
-from ._common import Attachment, IntegrationError, close_gate, code_names
+from ._common import Attachment, IntegrationError, check_harvester, close_gate, code_names
 
 # The schedule functions get_forward_backward_func() chooses from (module globals).
 SCHEDULES = (
@@ -116,8 +115,7 @@ def attach(h: Any) -> Attachment:
     another harvester) rather than stacking on it. Returns the attachment; its detach()
     restores the module exactly."""
     global _current
-    if h.closed:
-        raise HarvesterClosedError("the harvester is closed")
+    check_harvester(h)
     ms = _schedules_module()
     with _lock:
         previous = _current

@@ -16,14 +16,14 @@ def gather_reports(
     on the other ranks. Every rank of `group` must call it. With a JobQueue `queue`, each
     report carries the queue's record on its rank in ``report.placement`` (the tasks
     placed there; on the coordinator's rank, every placement decision)."""
-    if queue is not None:
-        report.placement = queue.record()
+    if not isinstance(report, Report):
+        raise TypeError(f"report must be a freeride Report, got {type(report).__name__}")
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("gather_reports() needs an initialised torch.distributed process group")
-    if not isinstance(report, Report):
-        raise TypeError(f"report must be a freeride Report, got {type(report).__name__}")
+    if queue is not None:
+        report.placement = queue.record()
     rank = dist.get_rank(group)
     payload = report.to_dict()
     out: list[Any] | None = [None] * dist.get_world_size(group) if rank == dst else None
@@ -31,6 +31,22 @@ def gather_reports(
     if out is None:
         return None
     return [Report.from_dict(d) for d in out]
+
+
+def _check_reports(reports: Any) -> list[Report]:
+    """The tables' `reports`: a list (or other sequence) of Reports."""
+    if reports is None:
+        raise TypeError(
+            "reports must be a list of freeride Reports, got None (gather_reports() "
+            "returns None on every rank but dst)"
+        )
+    if isinstance(reports, (str, bytes)) or not hasattr(reports, "__iter__"):
+        raise TypeError(f"reports must be a list of freeride Reports, got {type(reports).__name__}")
+    reports = list(reports)
+    for i, r in enumerate(reports):
+        if not isinstance(r, Report):
+            raise TypeError(f"reports[{i}] must be a freeride Report, got {type(r).__name__}")
+    return reports
 
 
 STAGE_TABLE_LEGEND = (
@@ -46,7 +62,7 @@ def stage_table(reports: list[Report], legend: bool = True) -> str:
     estimated overhead; with `legend`, followed by a line that explains the columns."""
     header = f"{'rank':>4}  {'iter ms':>8}  {'bubbles':>7}  {'harvested':>9}  {'items':>10}  {'overhead':>8}"
     rows = [header, "-" * len(header)]
-    for r in reports:
+    for r in _check_reports(reports):
         iters = max(1, len(r.iterations))
         harvested = r.harvested_ns / r.bubble_ns if r.bubble_ns else 0.0
         items = sum(r.items_per_task.values())
@@ -85,6 +101,7 @@ def placement_table(reports: list[Report], legend: bool = True) -> str:
     `legend`, followed by a line that explains the columns."""
     header = f"{'rank':>4}  {'bubbles ms/it':>13}  {'task':<40}  {'state':>9}  {'items':>10}  {'of bubbles':>10}"
     rows = [header, "-" * len(header)]
+    reports = _check_reports(reports)
     for r in reports:
         iters = max(1, len(r.iterations))
         used = r.harvested_ns_per_task

@@ -44,6 +44,14 @@ class _ReportView(Protocol):
     def totals(self) -> dict[str, Any]: ...
 
 
+def _check_views(reports: Sequence[Any]) -> None:
+    """Refuses what is not a report (a str, a path, None), by its position, before a
+    file is read or written."""
+    for i, rep in enumerate(reports):
+        if not all(hasattr(rep, a) for a in ("device", "rank", "iterations", "launches")):
+            raise TypeError(f"reports[{i}] must be a freeride Report, got {type(rep).__name__}")
+
+
 def write_chrome_trace(report: _ReportView, path: str | os.PathLike[str]) -> None:
     pid = report.rank if report.rank is not None else 0
     name = f"rank {report.rank}" if report.rank is not None else f"freeride {report.device}"
@@ -63,6 +71,10 @@ def merge_chrome_traces(reports: Sequence[_ReportView], path: str | os.PathLike[
     Each rank's times are on its own recording's timeline, so alignment across ranks is
     only as good as the recordings' common start.
     """
+    if isinstance(reports, (str, bytes)) or not isinstance(reports, Iterable):
+        raise TypeError(f"reports must be a list of freeride Reports, got {type(reports).__name__}")
+    reports = list(reports)
+    _check_views(reports)
     events: list[dict[str, Any]] = []
     ranks: list[dict[str, Any]] = []
     for rep, pid in zip(reports, _rank_pids(reports, set())):
@@ -101,7 +113,16 @@ def merge_with_profiler_trace(
     answered neither way within a second), else they are refused with ValueError.
     """
     # A Report is not iterable, which tells one report from a collection of them.
-    reps = list(reports) if isinstance(reports, Iterable) else [reports]
+    one = isinstance(reports, (str, bytes)) or not isinstance(reports, Iterable)
+    reps = [reports] if one else list(reports)
+    try:
+        _check_views(reps)
+    except TypeError:
+        if not one:
+            raise
+        raise TypeError(
+            f"reports must be a freeride Report or a list of them, got {type(reports).__name__}"
+        ) from None
     _check_path(path)
     _check_path(profiler_trace, "profiler_trace")
     with open(profiler_trace, encoding="utf-8") as f:
