@@ -604,7 +604,7 @@ def test_a_reconnecting_link_takes_its_session_over_at_once(job):
         again = Attacker(q, routing_id=rid, credential=credential)
         try:
             began = time.monotonic()
-            again.send(b"msg", pickle.dumps(("status", client._box, 99)))
+            again.send(b"msg", pickle.dumps(("status", client._box, 99, None)))
             reply = again.recv(5.0)
             assert reply is not None and reply[0] == b"msg", reply
             assert pickle.loads(b"".join(reply[1:]))[:2] == ("status", 99)
@@ -921,7 +921,7 @@ def test_clients_get_unguessable_boxes_and_cannot_act_for_each_other(job):
         spec = _spin().dumps()
         b._link.send(("submit", a._prefix + "77", spec, 0, b._box))  # a's id
         b._link.send(("submit", b._prefix + "78", spec, 0, a._box))  # replies to a's box
-        b._link.send(("status", a._box, 1))
+        b._link.send(("status", a._box, 1, None))
         b._link.send(("bye", a._box))
         b._link.send(("cancel", victim.id))
         wait_until(lambda: q.stats()["malformed"] >= before + 5, timeout=10)
@@ -1393,18 +1393,22 @@ def test_table_requests_are_paced_and_placement_goes_on_under_a_flood(job):
     from freeride.job import coordinator as coordinator_module
 
     class FloodHub:
-        """Table requests from one box, without end."""
+        """Table requests from one box, without end (each with the last table's ticket:
+        a box that reads its tables)."""
 
         def __init__(self) -> None:
             self.request = 0
+            self.ticket = None
             self.sent: list[tuple[str, Any]] = []
 
         def poll(self):
             self.request += 1
-            return ("fr-client/aa", ("status", "fr-client/aa", self.request))
+            return ("fr-client/aa", ("status", "fr-client/aa", self.request, self.ticket))
 
         def send(self, box: str, message: Any) -> None:
             self.sent.append((box, message))
+            if message[0] == "status":
+                self.ticket = message[2]
 
         def take_stats(self) -> dict:
             return {}

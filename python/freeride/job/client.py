@@ -20,6 +20,11 @@ from .serving import Serving
 
 log = logging.getLogger("freeride.job")
 
+# A table request not answered within this long is made again, with the latest ticket:
+# the request, or its table, may have been lost on the way (a reconnect; a session the
+# hub ended), and the leader waives a lost table's ticket after tickets.WAIVE_S.
+_ASK_AGAIN_S = 0.5
+
 
 def _split_address(address: str) -> tuple[str, int]:
     if not isinstance(address, str) or ":" not in address:
@@ -87,7 +92,10 @@ class JobClient:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._handles: dict[str, RemoteHandle] = {}
-        self._replies: dict[int, list[dict]] = {}
+        # The latest table received, (request, rows), and its ticket, which the next
+        # request presents: recorded whatever request it answers, a timed-out one's too.
+        self._table: tuple[int, list[dict]] | None = None
+        self._ticket: int | None = None
         self._replied = threading.Condition(self._lock)
         self._requests = itertools.count(1)
         self.closed_by_job = False
@@ -131,19 +139,26 @@ class JobClient:
     def status(self, timeout: float = 5.0) -> list[dict[str, Any]]:
         """Every task the queue knows (the last 2,000 final ones included): dicts with
         "id", "label", "state", "rank", "items_done", "items_total", "priority" and
-        "origin" (the submitter's box)."""
-        request = next(self._requests)
-        self._send_coord(("status", self._box, request))
+        "origin" (the submitter's box). Asks again every _ASK_AGAIN_S until answered (or
+        `timeout` s): any table answering this call's requests, or a later one, will do."""
         deadline = time.monotonic() + check_float(timeout, "timeout")
+        first = ask_at = None
         with self._replied:
-            while request not in self._replies:
-                left = deadline - time.monotonic()
-                if left <= 0 or self.closed_by_job:
+            while True:
+                table = self._table
+                if first is not None and table is not None and table[0] >= first:
+                    return [dict(row) for row in table[1]]  # (another call may have it)
+                now = time.monotonic()
+                if now >= deadline or self.closed_by_job:
                     raise TimeoutError(
                         f"the job queue at {self.address} did not answer within {timeout} s"
                     )
-                self._replied.wait(left)
-            return self._replies.pop(request)
+                if ask_at is None or now >= ask_at:
+                    request = next(self._requests)
+                    first = request if first is None else first
+                    self._send_coord(("status", self._box, request, self._ticket))
+                    ask_at = now + _ASK_AGAIN_S
+                self._replied.wait(min(deadline, ask_at) - now)
 
     def close(self, cancel: bool = False) -> None:
         """Stops following this client's tasks (with `cancel`, cancels those not final
@@ -188,7 +203,7 @@ class JobClient:
                 handle._apply(m.Update(*message[2:]))
         elif kind == "status":
             with self._replied:
-                self._replies[message[1]] = message[2]
+                self._table, self._ticket = (message[1], message[3]), message[2]
                 self._replied.notify_all()
         elif kind == "closed":
             self.closed_by_job = True

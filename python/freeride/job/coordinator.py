@@ -20,6 +20,7 @@ from . import messages as m
 from .channel import Hub
 from .placement import Decision, Policy, RankState, TaskSpec
 from .serving import Serving
+from .tickets import Tickets
 
 log = logging.getLogger("freeride.job")
 
@@ -103,7 +104,7 @@ class Coordinator(Serving):
         self.decisions: deque[Decision] = deque(maxlen=_KEEP_DECISIONS)
         self.malformed = 0
         self._busy_since: float | None = None  # when messages began to come without a break
-        self._table_at: dict[str, float] = {}  # box -> when its last table was sent
+        self._tickets = Tickets()  # each box's last table: its ticket, when it went
         self._table_due: dict[str, int] = {}  # box -> its latest request not answered yet
 
     # -- lifetime ----------------------------------------------------------------------------
@@ -308,33 +309,38 @@ class Coordinator(Serving):
         if self._finished.is_set():
             self._send(box, ("closed",))
 
-    def _on_status(self, box: str, request: int) -> None:
+    def _on_status(self, box: str, request: int, ticket: int | None) -> None:
         now = time.monotonic()
+        if not self._tickets.admits(box, ticket, now):
+            return  # it has not read its last table (counted): at most one queued a box
         if not self._table_may_go(box, now):
             self._table_due[box] = request  # answered by _answer_tables, with the latest
             return
         self._send_table(box, request, now)
 
+    @property
+    def unanswered(self) -> int:
+        """Table requests not answered: they did not present their box's last ticket."""
+        return self._tickets.refused
+
     def _table_may_go(self, box: str, now: float) -> bool:
         """Whether `box`'s last table went at least _TABLE_EVERY_S ago (or never)."""
-        return now - self._table_at.get(box, -_TABLE_EVERY_S) >= _TABLE_EVERY_S
+        sent = self._tickets.sent_at(box)
+        return sent is None or now - sent >= _TABLE_EVERY_S
 
     def _answer_tables(self, now: float) -> None:
         """Answers the table requests that came too soon after their box's last table,
-        once they may be, and forgets boxes that asked nothing for a while."""
+        once they may be."""
         for box, request in list(self._table_due.items()):
             if self._table_may_go(box, now):
                 del self._table_due[box]
                 self._send_table(box, request, now)
-        if len(self._table_at) > 1024:
-            self._table_at = {
-                b: t
-                for b, t in self._table_at.items()
-                if now - t < _TABLE_EVERY_S or b in self._table_due
-            }
 
     def _send_table(self, box: str, request: int, now: float) -> None:
-        self._table_at[box] = now
+        """Sends `box` the task table, answering `request`, with the fresh ticket its next
+        request must present (tickets.py)."""
+        if box in self._closed_boxes:
+            return  # nothing goes there (_send): no table to build, no ticket to keep
         rows = [
             {
                 "id": t.task_id,
@@ -348,17 +354,22 @@ class Coordinator(Serving):
             }
             for t in self._tasks.values()
         ]
-        self._send(box, ("status", request, rows))
+        self._send(box, ("status", request, self._tickets.issue(box, now), rows))
 
     def _on_bye(self, box: str) -> None:
         if m.is_status_box(box):
             # Nothing is sent a status box but what it asks for: it needs no closed mark
             # (one a session, and status sessions come and go without end).
+            # Its ticket is kept: the hub gives its box back to its connection if it
+            # authenticates again, and a box whose ticket a bye cleared would be sent a
+            # table more each time.
             self._status_boxes.pop(box, None)
             self._table_due.pop(box, None)
         else:
             self._clients.discard(box)
             self._closed_boxes.add(box)
+            self._tickets.forget(box)  # closed: never sent a table again
+            self._table_due.pop(box, None)
         self._hub.drop(box)  # its session ends: beaten no more
 
     # -- ranks that go away -------------------------------------------------------------------

@@ -22,7 +22,9 @@ To the coordinator:
     ("closing", rank)       the rank is closing: place nothing more there
     ("gone", rank)          the rank's agent has stopped (after close, or abort)
     ("hello", reply_box)    an outside client connected
-    ("status", reply_box, request)   asks for the task table
+    ("status", reply_box, request, ticket | None)   asks for the task table, presenting
+                            the ticket of the last table the box was sent (tickets.py:
+                            unanswered without it, but for a box's first, or after a wait)
     ("bye", reply_box)      the client closed: send nothing more there
 To a rank's agent or a client:
     ("run", task_id, spec_bytes, priority)
@@ -32,7 +34,8 @@ To a rank's agent or a client:
     ("lost", rank)          the queue declared `rank` lost (sent to the rank itself too,
                             if it is heard from again: it cancels what it runs)
     ("bye",)                every final state the coordinator will send has been sent
-    ("status", request, rows)
+    ("status", request, ticket, rows)   the table, and the ticket the box's next request
+                            presents
     ("closed",)             (to clients) the queue closed
 `result` is the pickled result of a final "done" (TaskSpec.result "return" or a path).
 """
@@ -197,7 +200,7 @@ _TO_COORD: dict[str, tuple[Callable[[Any], bool], ...]] = {
     "closing": (_RANK,),
     "gone": (_RANK,),
     "hello": (_box,),
-    "status": (_box, _int),
+    "status": (_box, _int, _opt(_int)),
     "bye": (_box,),
 }
 _TO_AGENT: dict[str, tuple[Callable[[Any], bool], ...]] = {
@@ -215,7 +218,7 @@ _TO_AGENT: dict[str, tuple[Callable[[Any], bool], ...]] = {
     ),
     "lost": (_RANK,),
     "bye": (),
-    "status": (_int, _rows),
+    "status": (_int, _int, _rows),
     "closed": (),
 }
 

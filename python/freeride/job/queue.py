@@ -344,11 +344,13 @@ class JobQueue:
         session or of no known shape, never unpickled), "denied" (connections whose Curve
         key is no credential's, refused by the transport, on the leader), "refused"
         (connections whose proof did not verify, on the leader), "malformed"
-        (authenticated but of no known shape, or speaking for someone else), "lost_ranks" (ranks declared lost), and
-        "sessions" (connections authenticated now, on the leader; 0 elsewhere)."""
+        (authenticated but of no known shape, or speaking for someone else),
+        "unanswered" (table requests that did not present the ticket of their box's last
+        table, on the leader), "lost_ranks" (ranks declared lost), and "sessions"
+        (connections authenticated now, on the leader; 0 elsewhere)."""
         dropped = self._agent.dropped
         malformed = self._agent.malformed + self._agent.unreadable
-        refused = sessions = denied = 0
+        refused = sessions = denied = unanswered = 0
         lost = set(self._agent.lost)
         coord = self._coordinator
         if coord is not None and self._hub is not None:
@@ -357,6 +359,7 @@ class JobQueue:
             denied = self._hub.denied
             sessions = self._hub.sessions()
             malformed += coord.malformed + self._hub.malformed
+            unanswered = coord.unanswered
             lost |= coord.lost
         if self._broken is not None and self._broken.rank is not None:
             lost.add(self._broken.rank)
@@ -365,6 +368,7 @@ class JobQueue:
             "denied": denied,
             "refused": refused,
             "malformed": malformed,
+            "unanswered": unanswered,
             "lost_ranks": sorted(lost),
             "sessions": sessions,
         }

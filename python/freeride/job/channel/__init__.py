@@ -37,7 +37,9 @@ reaches its port, and one bad write could break the connection the whole queue s
   are retried, not waited for until the timeout.
 - Sessions end: a client's at its bye (the coordinator drops it) or after
   `_CLIENT_IDLE_S` without a frame; a client Link that comes back later with the same
-  routing id gets its box back (the last `_REMEMBERED` are remembered), and what it sent
+  routing id gets its box back (the last `_REMEMBERED` are remembered; after a bye too,
+  so that a connection cannot make itself new boxes, each a first task table asked for
+  without a ticket: ../tickets.py), and what it sent
   before it noticed (up to `_HELD_MESSAGES`) is delivered once it has authenticated
   again, never before.
 - One thread owns each socket. Sends never wait: what a peer does not read within its

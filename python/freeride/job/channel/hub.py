@@ -200,11 +200,13 @@ class Hub:
 
     def drop(self, box: str) -> None:
         """Ends the session holding `box` (a client that said bye): it is beaten no more,
-        and a Link that still sends is asked to authenticate again."""
+        and a Link that still sends is asked to authenticate again. Its box is
+        remembered as a silent session's: a connection that says bye and authenticates
+        again gets it back, not a new box to be sent a first table without a ticket."""
         with self._lock:
-            rid = self._boxes.pop(box, None)
-            if rid is not None:
-                self._sessions.pop(rid, None)
+            rid = self._boxes.get(box)
+            if rid is not None and rid in self._sessions:
+                self._end_session(rid)
 
     def sessions(self) -> int:
         """Sessions open now."""
@@ -395,8 +397,9 @@ class Hub:
     def _status_message(self, box: str, payload: bytes) -> tuple | None:
         """A status session's message, which is JSON, never a pickle (nothing a status
         credential's holder sends runs on the leader): ["hello"], ["bye"] or ["status",
-        request] become the coordinator's message from `box`; anything else is dropped
-        and counted. One list of at most two items, looked at before it is parsed: no
+        request, ticket] (ticket: an int, or null or left out where the box has read no
+        table) become the coordinator's message from `box`; anything else is dropped
+        and counted. One list of at most three items, looked at before it is parsed: no
         nesting reaches the parser."""
         message = None
         if len(payload) <= _STATUS_BYTES and payload.count(b"[") == 1 and b"{" not in payload:
@@ -408,11 +411,12 @@ class Hub:
             return (message[0], box)
         if (
             isinstance(message, list)
-            and len(message) == 2
+            and len(message) in (2, 3)
             and message[0] == "status"
             and type(message[1]) is int
+            and (len(message) == 2 or message[2] is None or type(message[2]) is int)
         ):
-            return ("status", box, message[1])
+            return ("status", box, message[1], message[2] if len(message) == 3 else None)
         self.malformed += 1
         return None
 
