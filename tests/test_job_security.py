@@ -621,6 +621,8 @@ def test_the_harvester_argument_must_be_a_harvester(job):
         fr.JobQueue(q._h, host=5)
     with pytest.raises(ValueError, match="timeout must be at most 1e"):
         fr.JobQueue(q._h, host="127.0.0.1", timeout=1e300)
+    with pytest.raises(TypeError, match="group must be None .the world. or a torch.distributed"):
+        fr.JobQueue(q._h, group="x")
 
 
 def test_the_status_file_must_not_be_the_secret_file(job, tmp_path):

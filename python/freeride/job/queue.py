@@ -110,6 +110,12 @@ class JobQueue:
             raise RuntimeError("JobQueue needs an initialised torch.distributed process group")
         if harvester.closed:
             raise HarvesterClosedError("the harvester is closed")
+        if group is not None and not isinstance(group, dist.ProcessGroup):
+            # (also what dist.new_group hands a rank outside the group it made)
+            raise TypeError(
+                "group must be None (the world) or a torch.distributed ProcessGroup this "
+                f"rank belongs to, got {type(group).__name__}"
+            )
         if host is not None and not isinstance(host, str):
             raise TypeError(f"host must be None or a str address, got {type(host).__name__}")
         if (
