@@ -198,6 +198,7 @@ def test_bad_timeouts_are_refused_not_waited_out(host, timeout, exc, match):
     assert t.wait(float("inf")) and t.state == "done"  # infinity: no limit
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
 def test_torch_tensor_checks(host):
     torch = pytest.importorskip("torch")
     x = torch.ones(8)
