@@ -25,11 +25,11 @@ import tempfile
 import threading
 import time
 import warnings
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from job_harness import Attacker, one_rank_job
 
 import freeride as fr
 from conftest import wait_until
@@ -41,7 +41,6 @@ from freeride.job.placement import Policy, TaskSpec
 
 torch = pytest.importorskip("torch")
 zmq = pytest.importorskip("zmq")
-dist = torch.distributed
 hypothesis = pytest.importorskip("hypothesis")
 st = hypothesis.strategies
 
@@ -61,18 +60,9 @@ def job(tmp_path_factory):
     """A one-rank job (this process) with a harvester and a queue that wrote its secret
     file."""
     folder = tmp_path_factory.mktemp("job")
-    os.chmod(folder, 0o700)
-    dist.init_process_group(
-        "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=30)
-    )
-    h = fr.Harvester("cpu", workers=2)
-    h.gate.open(stream="host")
-    q = fr.JobQueue(h, host="127.0.0.1", secret_file=folder / "queue.json", rank_timeout=3.0)
-    secret = bytes.fromhex(json.loads((folder / "queue.json").read_text())["secret"])
-    yield q, folder, secret
-    q.close()
-    h.close()
-    dist.destroy_process_group()
+    with one_rank_job(folder) as q:
+        secret = bytes.fromhex(json.loads((folder / "queue.json").read_text())["secret"])
+        yield q, folder, secret
 
 
 def _port(q) -> int:
@@ -91,55 +81,6 @@ def _still_works(q) -> None:
 
 def _queue_threads_alive() -> set[str]:
     return {t.name for t in threading.enumerate() if t.name.startswith("freeride-jobqueue")}
-
-
-class Attacker:
-    """A ZeroMQ peer of the queue's port that sends whatever frames it likes. Without a
-    `credential` it knows the hub's public key (which is public) but holds no credential,
-    so its Curve key is its own: the hub's ZAP handler refuses it, and it never finishes
-    the transport handshake. With one, it connects under that credential's key of `kind`
-    (a client holding the secret file, running the protocol by hand)."""
-
-    def __init__(
-        self,
-        q,
-        routing_id: bytes | None = None,
-        credential: bytes | None = None,
-        kind: str = auth.CLIENT_KIND,
-    ) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.linger = 0
-        if credential is None:
-            public, private = zmq.curve_keypair()
-        else:
-            public, private = auth.curve_keys(credential, kind)
-        self.sock.curve_serverkey = q.server_key.encode()
-        self.sock.curve_publickey, self.sock.curve_secretkey = public, private
-        self.sock.routing_id = routing_id or os.urandom(16)
-        self.sock.connect(f"tcp://127.0.0.1:{_port(q)}")
-
-    def send(self, *frames: bytes) -> None:
-        """Sends without waiting (dropped where the transport never connects)."""
-        try:
-            self.sock.send_multipart(list(frames), zmq.NOBLOCK)
-        except zmq.Again:
-            pass
-
-    def recv(self, timeout: float = 2.0) -> list[bytes] | None:
-        """The next frames other than beats, or None."""
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            if not self.sock.poll(int(left * 1000) + 1):
-                return None
-            frames = self.sock.recv_multipart()
-            if frames != [b"beat"]:
-                return frames
-        return None
-
-    def close(self) -> None:
-        self.sock.close(0)
-        self.ctx.term()
 
 
 # -- B1: binding --------------------------------------------------------------------------

@@ -15,9 +15,9 @@ import pickle
 import threading
 import time
 import types
-from datetime import timedelta
 
 import pytest
+from job_harness import Attacker, one_rank_job
 
 import freeride as fr
 from conftest import wait_until
@@ -25,38 +25,19 @@ from freeride.job import auth, tickets
 from freeride.job import messages as m
 from freeride.job.channel import hub as hub_module
 
-torch = pytest.importorskip("torch")
 zmq = pytest.importorskip("zmq")
-dist = torch.distributed
 
 
 @pytest.fixture(scope="module")
 def queue(tmp_path_factory):
     """A one-rank job (this process) whose queue wrote a secret file and a status file."""
     folder = tmp_path_factory.mktemp("job")
-    os.chmod(folder, 0o700)
-    dist.init_process_group(
-        "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=30)
-    )
-    h = fr.Harvester("cpu", workers=2)
-    h.gate.open(stream="host")
-    q = fr.JobQueue(
-        h,
-        host="127.0.0.1",
-        secret_file=folder / "queue.json",
-        status_file=folder / "status.json",
-        rank_timeout=3.0,
-    )
-    credentials = {
-        role: bytes.fromhex(json.loads((folder / f"{name}.json").read_text())["secret"])
-        for role, name in ((auth.CLIENT_KIND, "queue"), (auth.STATUS_KIND, "status"))
-    }
-    try:
+    with one_rank_job(folder, status_file=folder / "status.json") as q:
+        credentials = {
+            role: bytes.fromhex(json.loads((folder / f"{name}.json").read_text())["secret"])
+            for role, name in ((auth.CLIENT_KIND, "queue"), (auth.STATUS_KIND, "status"))
+        }
         yield q, folder, credentials
-    finally:
-        q.close()
-        h.close()
-        dist.destroy_process_group()
 
 
 @pytest.fixture
@@ -86,19 +67,13 @@ def waive_after(queue, monkeypatch):
     return set_to
 
 
-class Peer:
+class Peer(Attacker):
     """A connection that runs the protocol by hand with a credential of `kind`: it reads
     only when told to (a Link's thread always reads)."""
 
     def __init__(self, q, credential: bytes, kind: str) -> None:
+        super().__init__(q, credential=credential, kind=kind)
         self.kind, self.credential = kind, credential
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.linger = 0
-        self.sock.curve_serverkey = q.server_key.encode()
-        self.sock.curve_publickey, self.sock.curve_secretkey = auth.curve_keys(credential, kind)
-        self.sock.routing_id = os.urandom(16)
-        self.sock.connect(f"tcp://127.0.0.1:{q.address.rpartition(':')[2]}")
         self.box = self.handshake()
 
     def handshake(self) -> str:
@@ -124,15 +99,7 @@ class Peer:
         self.sock.send_multipart([b"msg", payload], zmq.NOBLOCK)
 
     def recv(self, timeout: float = 5.0) -> list[bytes] | None:
-        """The next frames other than beats, or None."""
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            if not self.sock.poll(int(left * 1000) + 1):
-                return None
-            frames = self.sock.recv_multipart()
-            if frames != [b"beat"]:
-                return frames
-        return None
+        return super().recv(timeout)
 
     def table(self, timeout: float = 5.0) -> tuple | None:
         """The next table, ("status", request, ticket, rows), or None."""
@@ -141,10 +108,6 @@ class Peer:
             return None
         assert frames[0] == b"msg", frames
         return m.to_agent(pickle.loads(b"".join(frames[1:])))
-
-    def close(self) -> None:
-        self.sock.close(0)
-        self.ctx.term()
 
 
 KINDS = [auth.STATUS_KIND, auth.CLIENT_KIND]
