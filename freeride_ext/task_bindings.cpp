@@ -40,9 +40,10 @@ void bind_tasks(py::module_& m) {
         py::arg("times"), py::arg("ns_per_item"), py::arg("fail_phase"), py::arg("fail_item"));
 
   m.def("unbuilt_task", &freeride::make_unbuilt_task, py::arg("name"), py::arg("memory_bytes"),
+        py::arg("phases"), py::arg("items"),
         "A placeholder for a task refused before its buffers were made (unbuilt_task.hpp): "
-        "it has no items, and the executor fails it at submit for needing more than the "
-        "whole memory budget.");
+        "`phases` of `items` items, as the task it stands for; the executor fails it at "
+        "submit for needing more than the whole memory budget, and its items fail it.");
 
   using Int64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
   m.def(

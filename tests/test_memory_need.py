@@ -43,13 +43,18 @@ def _held(buffers) -> int:
 def test_the_need_is_what_the_built_task_holds(make):
     task = make()
     built = task._build("host", -1)
-    assert task._memory_need() == built.core.memory_bytes == _held(built.keep)
+    assert task._memory_need("host", -1) == built.core.memory_bytes == _held(built.keep)
+    # and the phases and items a refused task's handle reports are the built core's
+    phases, items = task._work()
+    assert (built.core.num_phases, built.core.total_items) == (phases, phases * items)
+    assert all(built.core.num_items(p) == items for p in range(phases))
 
 
 @pytest.mark.parametrize("make", TASKS.values(), ids=TASKS.keys())
 def test_a_task_past_the_whole_budget_is_refused_before_anything_is_made(make, monkeypatch):
     task = make()
-    need = task._memory_need()
+    need = task._memory_need("host", -1)
+    phases, items = task._work()
 
     def made(*args):
         raise AssertionError("buffers made for a task past the whole budget")
@@ -65,6 +70,9 @@ def test_a_task_past_the_whole_budget_is_refused_before_anything_is_made(make, m
             f"harvester's whole memory_budget of {need - 1} bytes"
         )
         assert h.memory_used == 0
+        # it reads as the task it stands for, not as one with nothing to do
+        assert handle.items_total == phases * items
+        assert handle.items_done == 0 and handle.progress == 0.0
         # the harvester goes on: a task within the budget still runs
         small = h.submit(fr.tasks.Spin(4, 0))
         assert small.wait(timeout=10) and small.state == "done"
@@ -73,7 +81,7 @@ def test_a_task_past_the_whole_budget_is_refused_before_anything_is_made(make, m
 @pytest.mark.parametrize("make", TASKS.values(), ids=TASKS.keys())
 def test_a_task_within_the_whole_budget_is_built_and_runs(make):
     task = make()
-    with fr.Harvester("cpu", memory_budget=task._memory_need(), workers=1) as h:
+    with fr.Harvester("cpu", memory_budget=task._memory_need("host", -1), workers=1) as h:
         handle = h.submit(task)
         assert handle.wait(timeout=30) and handle.state == "done"
         handle.result()
@@ -84,7 +92,7 @@ def test_a_task_that_cannot_tell_its_need_is_built_and_checked_on_what_it_holds(
     # judges it, as before.
     x, y = np.ones(1024, np.float32), np.ones(1024, np.float32)
     task = fr.tasks.Saxpy(2.0, x, y)
-    assert task._memory_need() is None
+    assert task._memory_need("host", -1) is None
     built = build_within(task, "host", -1, budget=100)
     assert built.core.name == "Saxpy" and built.core.memory_bytes == 8192
     with fr.Harvester("cpu", memory_budget=100, workers=1) as h:
@@ -95,28 +103,42 @@ def test_a_task_that_cannot_tell_its_need_is_built_and_checked_on_what_it_holds(
     np.testing.assert_array_equal(y, np.ones(1024, np.float32))
 
 
-def test_an_image_of_a_dtype_the_kernels_refuse_says_so_whatever_the_budget():
-    task = fr.tasks.GaussianBlur(np.zeros((2, 50, 50), np.float64), 1.0)
-    assert task._memory_need() is None
-    with (
-        fr.Harvester("cpu", memory_budget=1, workers=1) as h,
-        pytest.raises(TypeError, match="images"),
-    ):
+@pytest.mark.parametrize(
+    "images, exc, match",
+    [
+        (np.zeros((2, 50, 50), np.float64), TypeError, "images must have dtype uint8 or float32"),
+        (torch.zeros(2, 50, 50).to_sparse(), TypeError, "images must be a dense tensor"),
+        (torch.zeros(2, 50, 50).transpose(1, 2), ValueError, "images must be contiguous"),
+    ],
+)
+def test_bad_images_are_reported_as_such_whatever_the_budget(images, exc, match):
+    # not as over the budget: the need is told after the checks that allocate nothing
+    task = fr.tasks.GaussianBlur(images, 1.0)
+    with fr.Harvester("cpu", memory_budget=1, workers=1) as h, pytest.raises(exc, match=match):
         h.submit(task)
 
 
-def test_the_placeholder_runs_nothing():
-    built = build_within(fr.tasks.ItemCounter(1000), "host", -1, budget=16)
+def test_the_placeholder_stands_for_the_task_and_fails_if_ever_run():
+    built = build_within(fr.tasks.ItemCounter(1000, phases=3), "host", -1, budget=16)
     assert built.core.name == "ItemCounter"
-    assert built.core.num_phases == 0 and built.core.total_items == 0
-    assert built.core.memory_bytes == 4 * 1000 + 8 + 8
+    assert built.core.num_phases == 3 and built.core.total_items == 3000
+    assert built.core.memory_bytes == 4 * 3000 + 8 * 3 + 8
     assert built.keep == ()
+    # Only a harvester whose budget it exceeds is given one; on one without a budget
+    # (the executor reached by hand) its first item fails it: no hang, nothing done.
+    with fr.Harvester("cpu", workers=1) as h:
+        task_id = h._ex.submit(built.core, 0, [])
+        assert h._ex.wait(task_id, 10.0)
+        state, done, total = h._ex.status(task_id)[:3]
+        assert (state, done, total) == ("failed", 0, 3000)
+    with pytest.raises(ValueError, match="at least one phase and item"):
+        fr._C.unbuilt_task("X", 10, 0, 5)
 
 
 @pytest.mark.gpu
 def test_on_a_gpu_a_refused_task_takes_no_device_memory():
     task = fr.tasks.PageRank(*_graph(200_000, 1_000_000), iters=5)
-    need = task._memory_need()  # about 16 MB
+    need = task._memory_need("cuda", 0)  # about 16 MB
     with fr.Harvester("cuda", memory_budget=need // 2) as h:
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()

@@ -107,6 +107,8 @@ def check_dense(x: Any, name: str) -> None:
     layout = getattr(x, "layout", None)
     if layout is not None and str(layout) != "torch.strided":
         raise TypeError(f"{name} must be a dense tensor; got layout {layout} (call .to_dense())")
+    if getattr(x, "is_nested", False):  # torch.nested's default layout says strided
+        raise TypeError(f"{name} must be a dense tensor, got a nested tensor")
 
 
 def _host_writable(ref: ArrayRef) -> bool:

@@ -37,23 +37,30 @@ class Task:
             "(Spin, Saxpy, PageRank, ...), a RawKernel, or a Task subclass that builds one"
         )
 
-    def _memory_need(self) -> int | None:
-        """The `memory_bytes` _build would give the core, told from what the task was
-        made with and before anything is allocated; None where it cannot be told without
-        building (the task is then built, and the executor checks what it holds). A task
-        needing more than the harvester's whole budget is refused without its buffers
-        being made: on a GPU they would take memory training may need."""
+    def _memory_need(self, kind: str, device: int) -> int | None:
+        """The `memory_bytes` _build would give the core on backend `kind` and `device`,
+        told before anything is allocated, after the checks of the task's inputs that
+        need no allocation (bad input is reported as such, not as over the budget); None
+        where it cannot be told without building (the task is then built, and the
+        executor checks what it holds). A task needing more than the harvester's whole
+        budget is refused without its buffers being made: on a GPU they would take
+        memory training may need."""
         return None
+
+    def _work(self) -> tuple[int, int]:
+        """(phases, items a phase) of the core _build would make, for the handle of a
+        task refused before it was built (a task with _memory_need has them)."""
+        raise NotImplementedError
 
 
 def build_within(task: Task, kind: str, device: int, budget: int) -> BoundTask:
     """`task` built for a harvester of backend `kind` on `device` whose memory budget is
     `budget` bytes (0: none); where it needs more than the whole budget (as far as
-    _memory_need tells), an unbuilt placeholder the executor fails at submit for it,
-    with nothing allocated."""
-    need = task._memory_need() if budget else None
+    _memory_need tells), an unbuilt placeholder of the same phases and items that the
+    executor fails at submit, with nothing allocated."""
+    need = task._memory_need(kind, device) if budget else None
     if need is not None and need > budget:
-        return BoundTask(unbuilt_task(type(task).__name__, need))
+        return BoundTask(unbuilt_task(type(task).__name__, need, *task._work()))
     return task._build(kind, device)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .._arrays import as_array
+from .._arrays import ArrayRef, as_array
 from .._C import gaussian_blur_task, resize_task
 from .._checks import check_count, check_float
 from ._base import BoundTask, Task, describe, upload, zeros
@@ -29,21 +29,14 @@ def _shape_of(images: Any) -> tuple[int, ...]:
     return shape
 
 
-def _itemsize(images: Any) -> int | None:
-    """Bytes an element of `images` takes where its dtype is one the kernels take (uint8,
-    float32), else None (as_array then says what is wrong)."""
-    name = str(getattr(images, "dtype", "")).replace("torch.", "")
-    return {"uint8": 1, "float32": 4}.get(name)
-
-
 class _ImageTask(Task):
     def __init__(self, images: Any) -> None:
         self.images = images
         self.shape = _shape_of(images)
 
-    def _prepare(
-        self, kind: str, device: int, out_hw: tuple[int, int]
-    ) -> tuple[Any, Any, int, Any]:
+    def _source(self, kind: str, device: int) -> ArrayRef:
+        """The images, checked against the harvester's backend `kind` and `device`
+        (nothing allocated)."""
         src = as_array(self.images, "images", kind, device, dtypes=_DTYPES)
         # The kernels read self.shape's elements: an array resized since (torch's set_ or
         # resize_, numpy's resize) would have them read past its end.
@@ -52,6 +45,19 @@ class _ImageTask(Task):
             raise ValueError(
                 f"images changed shape since the task was made: {self.shape} then, {now} now"
             )
+        return src
+
+    def _memory_need(self, kind: str, device: int) -> int:
+        return self._need(self._source(kind, device).nbytes)
+
+    def _need(self, src_bytes: int) -> int:
+        """memory_bytes for images of `src_bytes` bytes."""
+        raise NotImplementedError
+
+    def _prepare(
+        self, kind: str, device: int, out_hw: tuple[int, int]
+    ) -> tuple[Any, Any, int, Any]:
+        src = self._source(kind, device)
         out_shape = self.shape[:-2] + out_hw
         # The output in the input's own library: CuPy in, CuPy out (torch otherwise).
         library = "cupy" if type(self.images).__module__.startswith("cupy") else "torch"
@@ -92,14 +98,13 @@ class GaussianBlur(_ImageTask):
                 f"sigma * truncate gives a radius of {self.radius} pixels; at most 10000"
             )
 
-    def _memory_need(self) -> int | None:
-        itemsize = _itemsize(self.images)
-        if itemsize is None:
-            return None
+    def _need(self, src_bytes: int) -> int:
         # The images and their blur (same dtype), the float32 pass between the two
         # filters, and the taps.
-        pixels = math.prod(self.shape)
-        return 2 * itemsize * pixels + 4 * pixels + 4 * (2 * self.radius + 1)
+        return 2 * src_bytes + 4 * math.prod(self.shape) + 4 * (2 * self.radius + 1)
+
+    def _work(self) -> tuple[int, int]:
+        return 2, self.planes * -(-self.shape[-2] // _ROWS_PER_ITEM)  # rows, then columns
 
     def _build(self, kind: str, device: int) -> BoundTask:
         h, w = self.shape[-2:]
@@ -120,7 +125,7 @@ class GaussianBlur(_ImageTask):
             self.radius,
             _ROWS_PER_ITEM,
         )
-        core.memory_bytes = self._memory_need()
+        core.memory_bytes = self._need(src.nbytes)
         return BoundTask(core, lambda: self._wrap(out), keep=(src, out, tmp, weights))
 
     def __repr__(self) -> str:
@@ -144,17 +149,18 @@ class Resize(_ImageTask):
         if math.prod(self.size) * self.planes > 2**40:
             raise ValueError(f"size {self.size} gives an output of more than 2**40 pixels")
 
-    def _memory_need(self) -> int | None:
-        itemsize = _itemsize(self.images)
-        if itemsize is None:
-            return None
-        return itemsize * (math.prod(self.shape) + self.planes * math.prod(self.size))
+    def _need(self, src_bytes: int) -> int:
+        # the images and the resized ones (same dtype)
+        return src_bytes + src_bytes // math.prod(self.shape) * self.planes * math.prod(self.size)
+
+    def _work(self) -> tuple[int, int]:
+        return 1, self.planes * -(-self.size[0] // _ROWS_PER_ITEM)
 
     def _build(self, kind: str, device: int) -> BoundTask:
         h, w = self.shape[-2:]
         src, (out, out_ptr), dtype, _ = self._prepare(kind, device, self.size)
         core = resize_task(self.planes, h, w, *self.size, dtype, src.ptr, out_ptr, _ROWS_PER_ITEM)
-        core.memory_bytes = self._memory_need()
+        core.memory_bytes = self._need(src.nbytes)
         return BoundTask(core, lambda: self._wrap(out), keep=(src, out))
 
     def __repr__(self) -> str:

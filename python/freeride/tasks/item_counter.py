@@ -56,8 +56,11 @@ class ItemCounter(Task):
         self.record_times = check_bool(record_times, "record_times")
         self._last = None
 
-    def _memory_need(self) -> int:
+    def _memory_need(self, kind: str, device: int) -> int:
         return (4 + 16 * self.record_times) * self.items * self.phases + 8 * self.phases + 8
+
+    def _work(self) -> tuple[int, int]:
+        return self.phases, self.items
 
     def _build(self, kind: str, device: int) -> BoundTask:
         counts, counts_ptr = zeros((self.phases, self.items), "uint32", kind, device)
@@ -78,7 +81,7 @@ class ItemCounter(Task):
             fail_phase,
             fail_item,
         )
-        core.memory_bytes = self._memory_need()
+        core.memory_bytes = self._memory_need(kind, device)
 
         def read() -> ItemCounts:
             return ItemCounts(

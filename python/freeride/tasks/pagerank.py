@@ -97,7 +97,11 @@ class PageRank(Task):
     def n(self) -> int:
         return self.indptr.size - 1
 
-    def _memory_need(self) -> int:
+    def _work(self) -> tuple[int, int]:
+        # two phases an iteration, each over every node, nodes_per_item an item
+        return 2 * self.iters, -(-self.n // self.nodes_per_item)
+
+    def _memory_need(self, kind: str, device: int) -> int:
         # int64 in-links (n + 1 offsets, at least one index), float64 inverse out-degrees,
         # two rank vectors and the contributions, and one dangling sum an iteration.
         return 8 * ((self.n + 1) + max(1, int(self.indices.size)) + 4 * self.n + self.iters)
@@ -137,7 +141,7 @@ class PageRank(Task):
             self.damping,
             self.nodes_per_item,
         )
-        core.memory_bytes = self._memory_need()
+        core.memory_bytes = self._memory_need(kind, device)
         final = bufs["rank_a" if self.iters % 2 == 0 else "rank_b"][0]
 
         def result() -> Any:
