@@ -1298,6 +1298,36 @@ def test_held_messages_are_bounded_and_only_of_the_ended_sessions_kind(bare_hub,
     assert hub._unhold(rid) == [b"x" * 300] * 3 and hub._held_bytes == 0
 
 
+def test_ended_status_sessions_never_push_out_a_clients_box(bare_hub, monkeypatch):
+    """Every `freeride status` ends its session with a bye, and the hub remembers the box
+    of each ended session for its Link's return: status sessions ending without end
+    pushed the boxes of clients that had gone quiet for a while out of that memory, and
+    such a client coming back got a new box, its handles no longer followed. Each kind
+    has its own _REMEMBERED."""
+    hub, _ = bare_hub
+    monkeypatch.setattr(hub_module, "_REMEMBERED", 3)
+    client = os.urandom(16)
+    with hub._lock:
+        hub._sessions[client] = hub_module._Session("fr-client/aa", auth.CLIENT_KIND, 0.0)
+        hub._end_session(client)
+        for _ in range(50):
+            rid = os.urandom(16)
+            hub._sessions[rid] = hub_module._Session(
+                "fr-status/" + rid.hex()[:6], auth.STATUS_KIND, 0.0
+            )
+            hub._end_session(rid)
+        assert len(hub._ended) == 4  # the client's and the latest 3 status sessions'
+        assert hub._box_for(client, auth.CLIENT_ROLE, auth.CLIENT_KIND) == "fr-client/aa"
+        assert client not in hub._ended and len(hub._ended_order[auth.CLIENT_KIND]) == 0
+        for _ in range(4):  # clients push out clients, the oldest first
+            rid = os.urandom(16)
+            hub._sessions[rid] = hub_module._Session(
+                "fr-client/" + rid.hex(), auth.CLIENT_KIND, 0.0
+            )
+            hub._end_session(rid)
+        assert len(hub._ended) == 6 and len(hub._ended_order[auth.STATUS_KIND]) == 3
+
+
 def test_status_sessions_hold_apart_from_clients(bare_hub, monkeypatch):
     """Round 5, S5: status sessions pushed out by the cap on them could each keep 64
     held messages of 4 KiB, and about a thousand of them took the 256 MiB every client's

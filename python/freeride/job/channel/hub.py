@@ -5,7 +5,6 @@ a session per authenticated connection, and hands the coordinator (box, message)
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import pickle
 import secrets
@@ -16,6 +15,7 @@ from typing import Any
 from .. import auth
 from ..messages import MAX_MESSAGE, STATS_BYTES, agent_box, is_status_box
 from . import frames as fr
+from . import status_json
 from .sockets import (
     ROUTING_ID_BYTES,
     Waker,
@@ -43,7 +43,7 @@ _CLIENT_IDLE_S = 60.0  # a client session not heard from this long ends
 # monitoring tools are given, and the hub walks every session at every beat: a holder
 # opening connections without end would otherwise leave thousands for it to walk.
 _STATUS_SESSIONS = 256
-_REMEMBERED = 4096  # boxes of ended client sessions kept for their Links' return
+_REMEMBERED = 4096  # boxes of ended sessions kept for their Links' return, of each kind
 _HELD_MESSAGES = 64  # messages of an ended session kept until its Link authenticates again
 _HELD_BYTES = MAX_MESSAGE  # all ended sessions' held messages together, at most
 # A status session's messages are table requests, of which the latest alone counts: one
@@ -51,7 +51,6 @@ _HELD_BYTES = MAX_MESSAGE  # all ended sessions' held messages together, at most
 # cap on them cannot take the clients' (round 5, S5).
 _HELD_STATUS_MESSAGES = 1
 _HELD_STATUS_BYTES = 1 << 20
-_STATUS_BYTES = 4096  # the longest message a status session may send (JSON, one part)
 # A rank's session heard within this long is live: no other session may take its box (its
 # Link sends its stats at least every beat, pings every second otherwise).
 _RANK_LIVE_S = 3.0
@@ -133,8 +132,14 @@ class Hub:
         self._stats: dict[str, bytes] = {}  # each rank's latest stats, by box
         self._sessions: dict[bytes, _Session] = {}
         self._boxes: dict[str, bytes] = {}
-        # routing id of an ended session -> its (box, key kind)
-        self._ended: collections.OrderedDict[bytes, tuple[str, str]] = collections.OrderedDict()
+        # routing id of an ended session -> its (box, key kind); _REMEMBERED of each kind,
+        # oldest first in _ended_order, so that status sessions ending without end (each
+        # `freeride status` says bye) never push out a client's box
+        self._ended: dict[bytes, tuple[str, str]] = {}
+        self._ended_order: dict[str, collections.OrderedDict[bytes, None]] = {
+            auth.CLIENT_KIND: collections.OrderedDict(),
+            auth.STATUS_KIND: collections.OrderedDict(),
+        }
         self._held: dict[bytes, list[bytes]] = {}  # routing id (ended) -> messages
         self._held_bytes = 0
         self._held_status: set[bytes] = set()  # those of status sessions, apart
@@ -328,9 +333,10 @@ class Hub:
     @staticmethod
     def _fits(kind: str | None, parts: list[Any]) -> bool:
         """Whether `parts` may be one message of a session of `kind`: a status session's
-        is one part of JSON, at most _STATUS_BYTES; anyone else's at most a message."""
+        is one part of JSON, at most status_json.STATUS_BYTES; anyone else's at most a
+        message."""
         if kind == auth.STATUS_KIND:
-            return len(parts) == 1 and len(parts[0]) <= _STATUS_BYTES
+            return len(parts) == 1 and len(parts[0]) <= status_json.STATUS_BYTES
         return fr.fits(parts)
 
     def _hold(self, rid: bytes, kind: str | None, parts: list[Any]) -> None:
@@ -395,30 +401,12 @@ class Hub:
         self._arrived.set()
 
     def _status_message(self, box: str, payload: bytes) -> tuple | None:
-        """A status session's message, which is JSON, never a pickle (nothing a status
-        credential's holder sends runs on the leader): ["hello"], ["bye"] or ["status",
-        request, ticket] (ticket: an int, or null or left out where the box has read no
-        table) become the coordinator's message from `box`; anything else is dropped
-        and counted. One list of at most three items, looked at before it is parsed: no
-        nesting reaches the parser."""
-        message = None
-        if len(payload) <= _STATUS_BYTES and payload.count(b"[") == 1 and b"{" not in payload:
-            try:
-                message = json.loads(payload)
-            except Exception:  # noqa: BLE001 - whatever a holder of the key sends
-                message = None
-        if message in (["hello"], ["bye"]):
-            return (message[0], box)
-        if (
-            isinstance(message, list)
-            and len(message) in (2, 3)
-            and message[0] == "status"
-            and type(message[1]) is int
-            and (len(message) == 2 or message[2] is None or type(message[2]) is int)
-        ):
-            return ("status", box, message[1], message[2] if len(message) == 3 else None)
-        self.malformed += 1
-        return None
+        """A status session's message as the coordinator's message from `box`
+        (status_json.parse), or None: dropped and counted."""
+        made = status_json.parse(box, payload)
+        if made is None:
+            self.malformed += 1
+        return made
 
     def _may_answer_hello(self, rid: bytes, now: float) -> bool:
         """Whether a hello is answered: at most one per connection every
@@ -535,8 +523,10 @@ class Hub:
             return current.box
         prefix = "fr-status/" if kind == auth.STATUS_KIND else "fr-client/"
         ended = self._ended.pop(rid, None)
-        if ended is not None and ended[1] == kind:
-            return ended[0]
+        if ended is not None:
+            self._ended_order[ended[1]].pop(rid, None)
+            if ended[1] == kind:
+                return ended[0]
         return f"{prefix}{secrets.token_hex(8)}"
 
     def _make_room_for_status(self) -> None:
@@ -556,8 +546,13 @@ class Hub:
         session = self._sessions.pop(rid)
         self._boxes.pop(session.box, None)
         self._ended[rid] = (session.box, session.kind)
-        if len(self._ended) > _REMEMBERED:
-            self._unhold(self._ended.popitem(last=False)[0])
+        order = self._ended_order[session.kind]
+        order[rid] = None
+        order.move_to_end(rid)
+        if len(order) > _REMEMBERED:
+            oldest = order.popitem(last=False)[0]
+            del self._ended[oldest]
+            self._unhold(oldest)
 
     def _expire(self, now: float) -> None:
         for rid, (*_, begun) in list(self._pending.items()):
