@@ -525,6 +525,7 @@ def test_placement_table_orders_rank_and_client_tasks_together():
         "0:11": entry("rank 0 eleventh"),
         "0:2": entry("rank 0 second"),
         "other": entry("odd id"),
+        "cab:²": entry("superscript"),  # a client's own choice: int() refuses "²"
     }
     report = fr.Report(device="cpu", backend="host", rank=0, placement={"hosted": hosted})
     table = fr.placement_table([report], legend=False)
@@ -536,6 +537,7 @@ def test_placement_table_orders_rank_and_client_tasks_together():
         "rank 1 second",
         "early client",
         "late client",
+        "superscript",  # the rest by their text
         "odd id",
     ]
 
@@ -545,6 +547,10 @@ def test_placement_table_orders_rank_and_client_tasks_together():
     [
         (lambda: fr.placement_table(None), "got None .gather_reports.. returns None"),
         (lambda: fr.placement_table("rank0.json"), "reports must be a list of freeride Reports"),
+        (
+            lambda: fr.placement_table({"r": 1}),
+            "reports must be a list of freeride Reports, got dict",
+        ),
         (lambda: fr.stage_table([Report("cpu", "host"), 1]), r"reports\[1\] must be a freeride"),
         (lambda: fr.gather_reports(None), "report must be a freeride Report, got NoneType"),
         (lambda: fr.merge_chrome_traces("r.json", "out.json"), "reports must be a list"),

@@ -209,7 +209,7 @@ def _job_order(task_id: str) -> tuple:
     head, _, tail = str(task_id).partition(":")
     client = head.startswith("c")
     number = head[1:] if client else head
-    if number.isdigit() and tail.isdigit():
+    if number.isdecimal() and tail.isdecimal():
         return (int(client), int(number), int(tail))
     return (2, 0, 0, str(task_id))
 

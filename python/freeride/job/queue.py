@@ -351,8 +351,8 @@ class JobQueue:
         key is no credential's, refused by the transport, on the leader), "refused"
         (connections whose proof did not verify, on the leader), "malformed"
         (authenticated but of no known shape, or speaking for someone else),
-        "unanswered" (table requests that did not present the ticket of their box's last
-        table, on the leader), "lost_ranks" (ranks declared lost), and "sessions"
+        "unanswered" (table requests without the ticket of their box's last table and
+        with no waiver due, on the leader), "lost_ranks" (ranks declared lost), and "sessions"
         (connections authenticated now, on the leader; 0 elsewhere)."""
         dropped = self._agent.dropped
         malformed = self._agent.malformed + self._agent.unreadable

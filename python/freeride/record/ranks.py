@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Mapping
 from typing import Any
 
 from .report import Report
@@ -40,7 +41,7 @@ def _check_reports(reports: Any) -> list[Report]:
             "reports must be a list of freeride Reports, got None (gather_reports() "
             "returns None on every rank but dst)"
         )
-    if isinstance(reports, (str, bytes)) or not hasattr(reports, "__iter__"):
+    if isinstance(reports, (str, bytes, Mapping)) or not hasattr(reports, "__iter__"):
         raise TypeError(f"reports must be a list of freeride Reports, got {type(reports).__name__}")
     reports = list(reports)
     for i, r in enumerate(reports):
@@ -81,8 +82,8 @@ def _job_order(job_id: str) -> tuple[int, int, str, int, str]:
     rank:number") by rank, then outside clients' ("box prefix:number") by client, then
     any other; one key shape for all, so that ids of every kind compare."""
     head, _, tail = job_id.partition(":")
-    if tail.isdigit():
-        if head.isdigit():
+    if tail.isdecimal():  # (isdigit takes "²", which int() refuses)
+        if head.isdecimal():
             return (0, int(head), "", int(tail), "")
         return (1, 0, head, int(tail), "")
     return (2, 0, "", 0, job_id)
