@@ -199,6 +199,7 @@ def test_bad_timeouts_are_refused_not_waited_out(host, timeout, exc, match):
 
 
 @pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
 def test_torch_tensor_checks(host):
     torch = pytest.importorskip("torch")
     x = torch.ones(8)
@@ -215,6 +216,11 @@ def test_torch_tensor_checks(host):
         host.submit(fr.tasks.Saxpy(1.0, torch.ones(2, 4), torch.ones(2, 4).to_sparse_csr()))
     with pytest.raises(TypeError, match="images must be a dense tensor"):
         host.submit(fr.tasks.GaussianBlur(torch.ones(2, 8, 8).to_sparse(), 1.0))
+    nested = torch.nested.nested_tensor([torch.ones(4), torch.ones(4)])  # layout: strided
+    with pytest.raises(TypeError, match="x must be a dense tensor, got a nested tensor"):
+        host.submit(fr.tasks.Saxpy(1.0, nested, torch.ones(8)))
+    with pytest.raises(TypeError, match="images must be a dense tensor, got a nested tensor"):
+        fr.tasks.Resize(nested, 4)
     if not torch.cuda.is_available():
         meta = torch.ones(8, device="meta")
         with pytest.raises(ValueError, match="x must be on cpu"):

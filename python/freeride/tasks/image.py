@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .._arrays import ArrayRef, as_array
+from .._arrays import ArrayRef, as_array, check_dense
 from .._C import gaussian_blur_task, resize_task
 from .._checks import check_count, check_float
 from ._base import BoundTask, Task, describe, upload, zeros
@@ -18,6 +18,7 @@ _ROWS_PER_ITEM = 8
 
 
 def _shape_of(images: Any) -> tuple[int, ...]:
+    check_dense(images, "images")  # (a nested tensor's shape raises torch's internal error)
     shape = getattr(images, "shape", None)
     if shape is None:
         raise TypeError(f"images must be a torch tensor or an array, got {type(images).__name__}")

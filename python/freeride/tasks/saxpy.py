@@ -53,5 +53,8 @@ class Saxpy(Task):
         return BoundTask(core, lambda: self.y, keep=(x, y))
 
     def __repr__(self) -> str:
-        n = getattr(self.x, "shape", None)
-        return describe(self, a=self.a, shape=tuple(n) if n is not None else None)
+        try:  # (a nested tensor's shape raises: submit names the task before checking it)
+            shape = tuple(self.x.shape)
+        except Exception:  # noqa: BLE001
+            shape = None
+        return describe(self, a=self.a, shape=shape)
