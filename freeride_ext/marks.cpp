@@ -23,14 +23,15 @@ void bind_marks(py::class_<Executor>& executor) {
             return ex.backend().mark(static_cast<uintptr_t>(stream));
           },
           py::arg("stream"))
+      // A query that never waits (cudaEventElapsedTime answers NotReady; host: a map
+      // lookup), so the GIL stays held: the iterative runner calls it after every step,
+      // and a thread that drops and retakes the GIL that often keeps one waiting for it
+      // from ever asking for it (the wait restarts at every hand-over), the training
+      // thread held off for a whole task of short Python steps.
       .def(
           "elapsed_ns",
           [](Executor& ex, uint64_t from, uint64_t to) -> py::object {
-            int64_t ns;
-            {
-              py::gil_scoped_release release;
-              ns = ex.backend().elapsed_ns(from, to);
-            }
+            const int64_t ns = ex.backend().elapsed_ns(from, to);
             if (ns == freeride::kPending) return py::none();
             return py::int_(ns);
           },

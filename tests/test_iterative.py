@@ -1,7 +1,10 @@
 """Iterative side tasks: steps start only in bubbles they are predicted to fit."""
 
+import gc
+import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -102,6 +105,57 @@ def test_iterative_task_finishes_and_returns_result(host):
     assert handle.wait(timeout=30)
     assert handle.state == "done" and handle.result() == 5 and handle.progress == 1.0
     assert task.events == ["setup", "teardown"]
+
+
+def test_the_runner_lets_go_of_a_finished_task(host):
+    """Its thread kept the last task it served (a TrainModel's model, optimizer and
+    data; on a GPU their memory) until the next one came."""
+    task = Stepper(step_s=0.0, steps=3)
+    gone = weakref.ref(task)
+    handle = host.submit(task)
+    assert handle.wait(timeout=30) and handle.state == "done"
+    del task, handle
+
+    def collected() -> bool:
+        gc.collect()
+        return gone() is None
+
+    wait_until(collected, timeout=10)
+    assert host.tasks() == []
+
+
+def test_the_runners_time_queries_keep_the_gil(host):
+    """elapsed_ns, which the runner calls after every step, never waits: dropping and
+    retaking the GIL there, as it did, kept a thread waiting for the GIL (training's)
+    from ever asking for it while short Python steps ran back to back (86 ms of a
+    1 ms sleep, the whole task's length). With a long switch interval, a thread
+    spinning beside calls that keep the GIL never runs during them."""
+    ex = host._ex
+    first, last = ex.mark(0), ex.mark(0)
+    ran, stop, started = [0], threading.Event(), threading.Event()
+
+    def spin() -> None:
+        started.set()
+        while not stop.is_set():
+            ran[0] += 1
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.5)
+    spinner = threading.Thread(target=spin)
+    try:
+        spinner.start()
+        started.wait()
+        before = ran[0]
+        for _ in range(3):
+            ex.elapsed_ns(first, last)
+        during = ran[0] - before
+    finally:
+        stop.set()
+        spinner.join()
+        sys.setswitchinterval(interval)
+        ex.release_mark(first)
+        ex.release_mark(last)
+    assert during == 0
 
 
 def test_iterative_failure_is_reported_and_teardown_runs(host):

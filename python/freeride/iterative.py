@@ -409,8 +409,9 @@ class IterativeRunner:
             if handle._cancel:
                 self._drop(handle)
                 self._finish(handle, "cancelled")
-                continue
-            self._serve(handle)
+            else:
+                self._serve(handle)
+            handle = None  # (a final task, its model and data, is not kept until the next)
         for handle in pending:
             if not handle.done():
                 self._finish(handle, "cancelled")
