@@ -34,6 +34,7 @@ from job_harness import Attacker, one_rank_job
 import freeride as fr
 from conftest import wait_until
 from freeride.job import auth, channel, files
+from freeride.job import coordinator as coordinator_module
 from freeride.job import messages as m
 from freeride.job.channel import hub as hub_module
 from freeride.job.channel import sockets as channel_sockets
@@ -1296,6 +1297,23 @@ def test_held_messages_are_bounded_and_only_of_the_ended_sessions_kind(bare_hub,
     assert len(hub._held[rid]) == 3 and other not in hub._held
     assert hub._held_bytes == 900
     assert hub._unhold(rid) == [b"x" * 300] * 3 and hub._held_bytes == 0
+
+
+def test_the_closed_client_boxes_the_coordinator_keeps_are_bounded(job, monkeypatch):
+    """A box is marked closed at its client's bye so that nothing more is sent there: one
+    mark for every client that ever connected, never let go. The latest
+    _CLOSED_CLIENTS are kept (an older box the hub has forgotten too); a lost rank's
+    box stays closed."""
+    q, _, _ = job
+    coord = q._coordinator
+    monkeypatch.setattr(coordinator_module, "_CLOSED_CLIENTS", 3)
+    before = set(coord._closed_boxes)
+    boxes = [f"fr-client/{i:016x}" for i in range(10)]
+    for box in boxes:
+        coord._on_bye(box)
+    closed = set(coord._closed_boxes)
+    assert set(boxes[-3:]) <= closed and not closed & set(boxes[:-3])
+    assert {b for b in before if not b.startswith("fr-client/")} <= closed
 
 
 def test_ended_status_sessions_never_push_out_a_clients_box(bare_hub, monkeypatch):

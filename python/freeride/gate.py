@@ -15,7 +15,9 @@ from ._streams import current_stream, stream_handle
 _SEQ_MASK = 2**32 - 1
 # slot_of() of a gate opened by hand, outside the bubbles of recorded iterations.
 MANUAL_BUBBLE = -1
-_KEEP_SLOTS = 65536
+# Opens whose slot slot_of() answers (the iterative runner asks of the current one): the
+# latest half to all of these.
+_KEEP_SLOTS = 4096
 
 
 class Gate:

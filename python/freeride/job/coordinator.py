@@ -26,6 +26,7 @@ log = logging.getLogger("freeride.job")
 
 _GRACE_S = 1.0  # how long placement waits for every rank's first bubble measurement
 _KEEP_FINAL = 2_000  # final tasks kept for status(); older ones are forgotten
+_CLOSED_CLIENTS = 8192  # twice the ended sessions the hub remembers (channel/hub.py)
 _KEEP_DECISIONS = 2_000
 # With messages waiting without a break, placement and liveness still run this often: a
 # flood (of table requests, say) delays them by at most this.
@@ -93,6 +94,10 @@ class Coordinator(Serving):
         # boxes (nothing is sent them but what they ask).
         self._status_boxes: OrderedDict[str, None] = OrderedDict()
         self._closed_boxes: set[str] = set()
+        # Clients' closed boxes, oldest first: the latest _CLOSED_CLIENTS are kept (one is
+        # closed a client that ever connected; an older box, which the hub has forgotten
+        # too, can take no message)
+        self._closed_clients: deque[str] = deque()
         self._tasks: dict[str, _Placed] = {}
         self._finals: deque[str] = deque()
         self._pending: list[tuple[int, int, str]] = []
@@ -368,6 +373,9 @@ class Coordinator(Serving):
         else:
             self._clients.discard(box)
             self._closed_boxes.add(box)
+            self._closed_clients.append(box)
+            while len(self._closed_clients) > _CLOSED_CLIENTS:
+                self._closed_boxes.discard(self._closed_clients.popleft())
             self._tickets.forget(box)  # closed: never sent a table again
             self._table_due.pop(box, None)
         self._hub.drop(box)  # its session ends: beaten no more
