@@ -94,9 +94,9 @@ class Coordinator(Serving):
         # boxes (nothing is sent them but what they ask).
         self._status_boxes: OrderedDict[str, None] = OrderedDict()
         self._closed_boxes: set[str] = set()
-        # Clients' closed boxes, oldest first: the latest _CLOSED_CLIENTS are kept (one is
-        # closed a client that ever connected; an older box, which the hub has forgotten
-        # too, can take no message)
+        # Clients' closed boxes, oldest first: the latest _CLOSED_CLIENTS are kept, not
+        # one for every client that ever said bye (an older box, which the hub has
+        # forgotten too, can take no message)
         self._closed_clients: deque[str] = deque()
         self._tasks: dict[str, _Placed] = {}
         self._finals: deque[str] = deque()
@@ -325,7 +325,8 @@ class Coordinator(Serving):
 
     @property
     def unanswered(self) -> int:
-        """Table requests not answered: they did not present their box's last ticket."""
+        """Table requests not answered: they did not present their box's last ticket,
+        and no waiver was due (tickets.py)."""
         return self._tickets.refused
 
     def _table_may_go(self, box: str, now: float) -> bool:
