@@ -116,6 +116,7 @@ class IterativeHandle:
         self._error: BaseException | None = None
         self._cancel = False
         self._set_up = False
+        self._need = 0  # its memory_bytes, read and checked once at submit
         self._reserved = 0
         self._step_ns: list[int] = []
         self._warmup_ns: int | None = None
@@ -282,7 +283,7 @@ class IterativeRunner:
         ready = self._record_ready(after)
         handle = IterativeHandle(self, task, priority)
         self._recorder.name_task(handle.id, name)
-        need = _memory_bytes(task)
+        need = handle._need = _memory_bytes(task)
         total = getattr(task, "total_steps", None)
         if total is not None:  # progress divides by it
             check_count(total, f"{type(task).__name__}.total_steps", minimum=0)
@@ -379,11 +380,10 @@ class IterativeRunner:
         for _, _, handle in sorted(self._queue):
             if handle._cancel:
                 return handle
-            need = _memory_bytes(handle.task)
             if (
                 handle._reserved
                 or not budget
-                or (self._ex.memory_used + self._reserved + need <= budget)
+                or (self._ex.memory_used + self._reserved + handle._need <= budget)
             ):
                 return handle
         return None
@@ -404,7 +404,7 @@ class IterativeRunner:
                     break
                 handle = self._pick()
                 if not handle._reserved:
-                    handle._reserved = _memory_bytes(handle.task)
+                    handle._reserved = handle._need
                     self._reserved += handle._reserved
             if handle._cancel:
                 self._drop(handle)
