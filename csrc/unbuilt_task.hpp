@@ -28,10 +28,10 @@ class UnbuiltTask final : public Task {
   uint64_t num_phases() const override { return phases_; }
   uint64_t num_items(uint64_t) const override { return items_; }
   void run_item(uint64_t, uint64_t) override {
-    FR_CHECK(false, name_ << " was refused before its buffers were made: it has no items");
+    FR_CHECK(false, name_ << " was refused before its buffers were made: its items cannot run");
   }
   void launch_cuda(const CudaLaunch&) override {
-    FR_CHECK(false, name_ << " was refused before its buffers were made: it has no kernels");
+    FR_CHECK(false, name_ << " was refused before its buffers were made: it has no kernel");
   }
 
  private:

@@ -44,12 +44,24 @@ class _ReportView(Protocol):
     def totals(self) -> dict[str, Any]: ...
 
 
-def _check_views(reports: Sequence[Any]) -> None:
-    """Refuses what is not a report (a str, a path, None), by its position, before a
-    file is read or written."""
-    for i, rep in enumerate(reports):
-        if not all(hasattr(rep, a) for a in ("device", "rank", "iterations", "launches")):
-            raise TypeError(f"reports[{i}] must be a freeride Report, got {type(rep).__name__}")
+def _is_view(rep: Any) -> bool:
+    return all(hasattr(rep, a) for a in ("device", "rank", "iterations", "launches"))
+
+
+def _report_list(reports: Any, single: bool) -> list[Any]:
+    """`reports` as a list, each checked to be a report (not a str, a path, None), before a
+    file is read or written; with `single`, one report alone is taken too."""
+    if not isinstance(reports, (str, bytes)) and isinstance(reports, Iterable):
+        reps = list(reports)
+        for i, rep in enumerate(reps):
+            if not _is_view(rep):
+                raise TypeError(f"reports[{i}] must be a freeride Report, got {type(rep).__name__}")
+        return reps
+    # A Report is not iterable, which tells one report from a collection of them.
+    if single and _is_view(reports):
+        return [reports]
+    wanted = "a freeride Report or a list of them" if single else "a list of freeride Reports"
+    raise TypeError(f"reports must be {wanted}, got {type(reports).__name__}")
 
 
 def write_chrome_trace(report: _ReportView, path: str | os.PathLike[str]) -> None:
@@ -71,10 +83,7 @@ def merge_chrome_traces(reports: Sequence[_ReportView], path: str | os.PathLike[
     Each rank's times are on its own recording's timeline, so alignment across ranks is
     only as good as the recordings' common start.
     """
-    if isinstance(reports, (str, bytes)) or not isinstance(reports, Iterable):
-        raise TypeError(f"reports must be a list of freeride Reports, got {type(reports).__name__}")
-    reports = list(reports)
-    _check_views(reports)
+    reports = _report_list(reports, single=False)
     events: list[dict[str, Any]] = []
     ranks: list[dict[str, Any]] = []
     for rep, pid in zip(reports, _rank_pids(reports, set())):
@@ -112,17 +121,7 @@ def merge_with_profiler_trace(
     `clock_origin_unix_ns` for reports without one (one made by hand, or whose device
     answered neither way within a second), else they are refused with ValueError.
     """
-    # A Report is not iterable, which tells one report from a collection of them.
-    one = isinstance(reports, (str, bytes)) or not isinstance(reports, Iterable)
-    reps = [reports] if one else list(reports)
-    try:
-        _check_views(reps)
-    except TypeError:
-        if not one:
-            raise
-        raise TypeError(
-            f"reports must be a freeride Report or a list of them, got {type(reports).__name__}"
-        ) from None
+    reps = _report_list(reports, single=True)
     _check_path(path)
     _check_path(profiler_trace, "profiler_trace")
     with open(profiler_trace, encoding="utf-8") as f:
